@@ -1,0 +1,26 @@
+//! Column uniform — implementation pending (issue 3).
+
+use anyhow::{bail, Result};
+
+use super::{Approximation, HeadInputs, Method};
+use crate::numerics::sampling::TrialRng;
+
+pub struct ColumnUniform;
+
+impl Method for ColumnUniform {
+    fn id(&self) -> &'static str {
+        "column_uniform"
+    }
+    fn feature_meaning(&self) -> &'static str {
+        "pending"
+    }
+    fn is_random(&self) -> bool {
+        true
+    }
+    fn macs(&self, n: usize, p: usize, d: usize) -> f64 {
+        4.0 * (n * d * p) as f64
+    }
+    fn approximate(&self, _head: &HeadInputs, _d: usize, _rng: &mut TrialRng) -> Result<Approximation> {
+        bail!("method {} is not implemented yet", self.id())
+    }
+}

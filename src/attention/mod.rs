@@ -1,0 +1,158 @@
+//! Attention: the exact softmax target and every approximation, one file per method.
+//!
+//! A method sees one head's Q, K, V ([n, p] tensors on a candle `Device`, in the run's dtype)
+//! plus shared per-head products ([`HeadInputs`]), and a seeded generator for its randomness.
+
+use std::any::Any;
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
+use anyhow::Result;
+use candle_core::{DType, Device, Tensor};
+
+use crate::numerics::sampling::TrialRng;
+
+pub mod column_uniform;
+pub mod exact;
+pub mod informer;
+pub mod linformer;
+pub mod nystromformer;
+pub mod performer;
+pub mod skeinformer;
+pub mod skyformer;
+pub mod svd_optimal;
+pub mod vmean;
+
+/// One head's inputs and the products every method and d may share (computed once per head).
+pub struct HeadInputs {
+    pub q: Tensor,
+    pub k: Tensor,
+    pub v: Tensor,
+    /// The exact target O = softmax(QKᵀ/√p)V and log D (log row sums of exp(QKᵀ/√p)).
+    pub exact: exact::ExactAttention,
+    /// Per-head memo for products a method reuses across d (e.g. the SVD of P).
+    memo: Mutex<HashMap<&'static str, Arc<dyn Any + Send + Sync>>>,
+}
+
+impl HeadInputs {
+    /// Builds the head's inputs and computes the exact target once.
+    pub fn new(q: Tensor, k: Tensor, v: Tensor) -> Result<Self> {
+        let (q, k, v) = (q.contiguous()?, k.contiguous()?, v.contiguous()?);
+        let exact = exact::ExactAttention::compute(&q, &k, &v)?;
+        Ok(Self { q, k, v, exact, memo: Mutex::new(HashMap::new()) })
+    }
+
+    pub fn n(&self) -> usize {
+        self.q.dims()[0]
+    }
+    pub fn p(&self) -> usize {
+        self.q.dims()[1]
+    }
+    pub fn dtype(&self) -> DType {
+        self.q.dtype()
+    }
+    pub fn device(&self) -> &Device {
+        self.q.device()
+    }
+
+    /// Returns the memoized value under `key`, computing it with `f` on first use.
+    pub fn memo<T: Any + Send + Sync>(
+        &self,
+        key: &'static str,
+        f: impl FnOnce() -> Result<T>,
+    ) -> Result<Arc<T>> {
+        if let Some(v) = self.memo.lock().expect("memo lock").get(key) {
+            return Ok(v.clone().downcast::<T>().map_err(|_| anyhow::anyhow!("memo type mismatch for {key}"))?);
+        }
+        let value: Arc<T> = Arc::new(f()?);
+        self.memo.lock().expect("memo lock").insert(key, value.clone());
+        Ok(value)
+    }
+}
+
+/// What a method returns: Ô ([n, p]) and, for methods that divide by an estimated row
+/// normalizer D̂, that normalizer ([n]) so that rows with D̂ ≤ 0 can be counted (never clamped).
+pub struct Approximation {
+    pub output: Tensor,
+    pub normalizer: Option<Tensor>,
+}
+
+impl Approximation {
+    pub fn plain(output: Tensor) -> Self {
+        Self { output, normalizer: None }
+    }
+}
+
+/// An attention approximation scored by the benchmark.
+pub trait Method: Send + Sync {
+    /// The CLI and CSV id.
+    fn id(&self) -> &'static str;
+    /// One line: what the feature count d means for this method.
+    fn feature_meaning(&self) -> &'static str;
+    /// Whether Ô depends on the random generator (deterministic methods give one value per head).
+    fn is_random(&self) -> bool;
+    /// Leading multiply-add count (METHODS.md §2.11).
+    fn macs(&self, n: usize, p: usize, d: usize) -> f64;
+    /// Why (n, d) cannot be run, if it cannot.
+    fn check(&self, n: usize, d: usize) -> std::result::Result<(), String> {
+        if d == 0 {
+            return Err("d must be at least 1".into());
+        }
+        let _ = n;
+        Ok(())
+    }
+    /// Computes Ô for one head with d features.
+    fn approximate(&self, head: &HeadInputs, d: usize, rng: &mut TrialRng) -> Result<Approximation>;
+}
+
+/// Every method, in the order figures and tables list them.
+pub fn registry() -> Vec<Box<dyn Method>> {
+    use skeinformer::{Skeinformer, SkeinVariant};
+    vec![
+        Box::new(skyformer::Skyformer::pseudo_inverse()),
+        Box::new(nystromformer::Nystromformer),
+        Box::new(performer::Performer::reference()),
+        Box::new(informer::Informer::log_factor()),
+        Box::new(Skeinformer::new(SkeinVariant::Full)),
+        Box::new(vmean::VMean),
+        Box::new(linformer::Linformer::reference()),
+        Box::new(skyformer::Skyformer::iterative()),
+        Box::new(performer::Performer::favor()),
+        Box::new(informer::Informer::direct()),
+        Box::new(linformer::Linformer::unreduced_jlt()),
+        Box::new(Skeinformer::new(SkeinVariant::Uniform)),
+        Box::new(Skeinformer::new(SkeinVariant::NoNorm)),
+        Box::new(Skeinformer::new(SkeinVariant::SimpleNorm)),
+        Box::new(Skeinformer::new(SkeinVariant::NoPilot)),
+        Box::new(svd_optimal::SvdOptimal),
+        Box::new(column_uniform::ColumnUniform),
+    ]
+}
+
+/// The ids of every registered method.
+pub fn method_ids() -> Vec<&'static str> {
+    registry().iter().map(|m| m.id()).collect()
+}
+
+/// Looks a method up by id; the error lists the known ids.
+pub fn by_id(id: &str) -> std::result::Result<Box<dyn Method>, String> {
+    registry()
+        .into_iter()
+        .find(|m| m.id() == id)
+        .ok_or_else(|| format!("unknown method '{id}'; known methods: {}", method_ids().join(", ")))
+}
+
+/// Row-wise max-shifted softmax over the last dimension (re-exported so methods share one).
+pub fn row_softmax(x: &Tensor) -> Result<Tensor> {
+    Ok(candle_nn::ops::softmax_last_dim(x)?)
+}
+
+/// x · p^{-1/4}: the input scaling under which q̃·k̃ = q·k/√p (METHODS.md §1.1).
+pub fn quarter_scale(x: &Tensor, p: usize) -> Result<Tensor> {
+    Ok((x * (p as f64).powf(-0.25))?)
+}
+
+/// Ones column of length n, [n, 1].
+pub fn ones_col(n: usize, dtype: DType, device: &Device) -> Result<Tensor> {
+    Ok(Tensor::ones((n, 1), dtype, device)?)
+}

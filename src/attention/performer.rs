@@ -1,0 +1,27 @@
+//! Performer — implementation pending (issue 3).
+
+use anyhow::{bail, Result};
+
+use super::{Approximation, HeadInputs, Method};
+use crate::numerics::sampling::TrialRng;
+
+pub struct Performer { pub double_scaled: bool }
+impl Performer { pub fn reference() -> Self { Self { double_scaled: true } } pub fn favor() -> Self { Self { double_scaled: false } } }
+
+impl Method for Performer {
+    fn id(&self) -> &'static str {
+        if self.double_scaled { "performer" } else { "performer_favor" }
+    }
+    fn feature_meaning(&self) -> &'static str {
+        "pending"
+    }
+    fn is_random(&self) -> bool {
+        true
+    }
+    fn macs(&self, n: usize, p: usize, d: usize) -> f64 {
+        4.0 * (n * d * p) as f64
+    }
+    fn approximate(&self, _head: &HeadInputs, _d: usize, _rng: &mut TrialRng) -> Result<Approximation> {
+        bail!("method {} is not implemented yet", self.id())
+    }
+}

@@ -1,0 +1,1 @@
+//! Inputs: hub, corpus, model, Q/K/V.

@@ -1,0 +1,32 @@
+//! approx-bench: how well do fast-attention approximations reproduce exact softmax attention?
+//!
+//! The data flows one way, and the modules are named after the stages:
+//! `inputs` (hub, corpus, model, Q/K/V) → `attention` (exact target and approximations)
+//! → `numerics` (spectral norm, inverses, sampling) → `sweep` (the trial grid) → `report`
+//! (CSV, manifest, figures, regression check).
+
+pub mod attention;
+pub mod cli;
+pub mod config;
+pub mod inputs;
+pub mod numerics;
+pub mod report;
+pub mod sweep;
+pub mod tensor_util;
+
+/// Exit status for usage errors (bad flags, bad input files).
+pub const EXIT_USAGE: i32 = 2;
+/// Exit status for runtime failures.
+pub const EXIT_RUNTIME: i32 = 1;
+
+/// An error that is the user's to fix: bad flag values, missing or malformed input files.
+/// `main` maps it to exit status 2; every other error exits with 1.
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+pub struct UsageError(pub String);
+
+/// Shorthand for returning a [`UsageError`] wrapped in `anyhow`.
+#[macro_export]
+macro_rules! usage {
+    ($($arg:tt)*) => { ::anyhow::Error::new($crate::UsageError(format!($($arg)*))) };
+}

@@ -1,0 +1,101 @@
+//! Matrix inverses for the Nyström-type methods: the iterative (Razavi et al. 2014) inverse
+//! used by Nyströmformer and Skyformer's code path, and the symmetric pseudo-inverse of
+//! Skyformer's paper Eq. (5).
+
+use anyhow::Result;
+use candle_core::{DType, Tensor};
+use nalgebra::DMatrix;
+
+/// Default relative eigenvalue cut-off of [`symmetric_pinv`] (METHODS.md §2.3 [REC]: 1e-10·λ_max).
+pub const PINV_REL_CUTOFF: f64 = 1e-10;
+
+/// `steps` iterations of Z_{t+1} = ¼ Z_t (13I − NZ_t(15I − NZ_t(7I − NZ_t))) from
+/// Z₀ = Nᵀ / max_j Σ_i |N_ij| (METHODS.md §2.3; Nyströmformer Eq. (12)–(13), Razavi et al. 2014).
+/// Runs on `n`'s device and dtype.
+pub fn iterative_inverse(n: &Tensor, steps: usize) -> Result<Tensor> {
+    let d = n.dim(0)?;
+    let eye = Tensor::eye(d, n.dtype(), n.device())?;
+    // The largest column sum ‖N‖₁, one matrix at a time (METHODS.md §3 item 17).
+    let col_max = n.abs()?.sum(0)?.max(0)?;
+    let mut z = n.t()?.broadcast_div(&col_max)?;
+    for _ in 0..steps {
+        let y = n.matmul(&z)?;
+        let t = ((&eye * 7.0)? - &y)?;
+        let t = ((&eye * 15.0)? - y.matmul(&t)?)?;
+        let t = ((&eye * 13.0)? - y.matmul(&t)?)?;
+        z = (z.matmul(&t)? * 0.25)?;
+    }
+    Ok(z)
+}
+
+/// Moore–Penrose pseudo-inverse of a symmetric matrix from its eigen-decomposition in f64,
+/// dropping eigenvalues with |λ| ≤ `rel_cutoff`·max|λ|.
+pub fn symmetric_pinv(m: &DMatrix<f64>, rel_cutoff: f64) -> DMatrix<f64> {
+    let sym = (m + m.transpose()) * 0.5; // exact symmetry for the solver
+    let eig = nalgebra::SymmetricEigen::new(sym);
+    let lmax = eig.eigenvalues.iter().fold(0.0f64, |a, &b| a.max(b.abs()));
+    let cut = rel_cutoff * lmax;
+    let inv: Vec<f64> = eig
+        .eigenvalues
+        .iter()
+        .map(|&l| if l.abs() > cut && l.abs() > 0.0 { 1.0 / l } else { 0.0 })
+        .collect();
+    let u = &eig.eigenvectors;
+    let mut scaled = u.clone();
+    for (j, &w) in inv.iter().enumerate() {
+        scaled.column_mut(j).scale_mut(w);
+    }
+    scaled * u.transpose()
+}
+
+/// [`symmetric_pinv`] of a device tensor: computed on the host in f64, returned in f64 on the
+/// tensor's device.
+pub fn symmetric_pinv_tensor(m: &Tensor, rel_cutoff: f64) -> Result<Tensor> {
+    let host = crate::tensor_util::to_dmatrix(m)?;
+    crate::tensor_util::from_dmatrix(&symmetric_pinv(&host, rel_cutoff), m.device(), DType::F64)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::tensor_util::{from_dmatrix, to_dmatrix};
+    use candle_core::Device;
+    use rand::{Rng, SeedableRng};
+
+    #[test]
+    fn iterative_inverse_converges_on_row_stochastic_matrix() {
+        let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(2);
+        let d = 16;
+        // A diagonally dominant row-stochastic matrix (well conditioned).
+        let mut a = DMatrix::from_fn(d, d, |_, _| rng.random::<f64>());
+        for i in 0..d {
+            a[(i, i)] += d as f64;
+        }
+        for i in 0..d {
+            let s: f64 = a.row(i).sum();
+            a.row_mut(i).scale_mut(1.0 / s);
+        }
+        let t = from_dmatrix(&a, &Device::Cpu, DType::F64).unwrap();
+        let z = to_dmatrix(&iterative_inverse(&t, 6).unwrap()).unwrap();
+        let resid = (&a * &z - DMatrix::identity(d, d)).norm();
+        assert!(resid < 1e-10, "residual {resid}");
+        // The error contracts cubically: E_{t+1} = ¾E³ + ¼E⁴, so 2 steps leave a larger residual.
+        let z2 = to_dmatrix(&iterative_inverse(&t, 2).unwrap()).unwrap();
+        let resid2 = (&a * &z2 - DMatrix::identity(d, d)).norm();
+        assert!(resid2 > resid);
+    }
+
+    #[test]
+    fn pinv_satisfies_penrose_conditions_on_singular_psd() {
+        let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(3);
+        let b = DMatrix::from_fn(10, 4, |_, _| rng.random::<f64>() - 0.5);
+        let m = &b * b.transpose(); // rank 4, 10×10
+        let p = symmetric_pinv(&m, PINV_REL_CUTOFF);
+        assert!((&m * &p * &m - &m).norm() < 1e-10 * m.norm());
+        assert!((&p * &m * &p - &p).norm() < 1e-8 * p.norm());
+        // Full rank: the pseudo-inverse is the inverse.
+        let f = &m + DMatrix::identity(10, 10);
+        let pf = symmetric_pinv(&f, PINV_REL_CUTOFF);
+        assert!((&f * &pf - DMatrix::identity(10, 10)).norm() < 1e-10);
+    }
+}

@@ -1,0 +1,177 @@
+//! The metric: ‖O − Ô‖₂ = σ_max(E), by power iteration on the p×p Gram matrix G = EᵀE
+//! (METHODS.md §1.2), with an exact symmetric eigen-solver kept as the check.
+
+use anyhow::Result;
+use candle_core::{DType, Tensor};
+use nalgebra::{DMatrix, DVector};
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+
+/// Stopping rule of the power iteration: stop when the Rayleigh quotient changes by less than
+/// `REL_TOL` relative, or after `MAX_STEPS` steps. The quotient (not the vector) is tested because
+/// with clustered top singular values the vector converges slowly while the quotient does not
+/// (its error is second order in the vector's); 64×64 steps cost nothing, so the cap is generous.
+pub const REL_TOL: f64 = 1e-13;
+pub const MAX_STEPS: usize = 5000;
+
+/// Norms of one error matrix E = O − Ô.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct ErrorNorms {
+    /// ‖E‖₂ (spectral), by power iteration.
+    pub spectral: f64,
+    /// ‖E‖_F.
+    pub frobenius: f64,
+    /// Power-iteration steps used.
+    pub steps: usize,
+}
+
+/// Result of a power iteration.
+#[derive(Debug, Clone, Copy)]
+pub struct PowerResult {
+    /// The largest eigenvalue λ_max of the symmetric PSD input.
+    pub lambda: f64,
+    pub steps: usize,
+    pub converged: bool,
+}
+
+/// G = EᵀE accumulated in f64 on E's device, then copied to the host (p×p).
+pub fn gram(e: &Tensor) -> Result<DMatrix<f64>> {
+    let e = e.to_dtype(DType::F64)?;
+    let g = e.t()?.matmul(&e)?;
+    crate::tensor_util::to_dmatrix(&g)
+}
+
+/// Largest eigenvalue of a symmetric PSD matrix by power iteration from a seeded random start.
+pub fn power_iteration(g: &DMatrix<f64>, seed: u64) -> PowerResult {
+    let p = g.nrows();
+    if p == 0 {
+        return PowerResult { lambda: 0.0, steps: 0, converged: true };
+    }
+    let mut rng = ChaCha8Rng::seed_from_u64(seed);
+    let mut x = DVector::from_fn(p, |_, _| rng.random::<f64>() - 0.5);
+    let nx = x.norm();
+    if !(nx > 0.0) {
+        x = DVector::from_element(p, 1.0);
+    }
+    x /= x.norm();
+    let mut rho = f64::NAN;
+    for step in 1..=MAX_STEPS {
+        let y = g * &x;
+        let new_rho = x.dot(&y); // Rayleigh quotient xᵀGx with ‖x‖ = 1
+        let ny = y.norm();
+        if !(ny > 0.0) || !ny.is_finite() {
+            // G x = 0: x lies in the null space; G is zero (or non-finite) along the iterate.
+            let lambda = if ny == 0.0 { 0.0 } else { f64::NAN };
+            return PowerResult { lambda: lambda.max(new_rho), steps: step, converged: true };
+        }
+        if (new_rho - rho).abs() <= REL_TOL * new_rho.abs() {
+            return PowerResult { lambda: new_rho, steps: step, converged: true };
+        }
+        rho = new_rho;
+        x = y / ny;
+    }
+    PowerResult { lambda: rho, steps: MAX_STEPS, converged: false }
+}
+
+/// λ_max by nalgebra's exact symmetric eigen-solver (the check for the power iteration).
+pub fn exact_lambda_max(g: &DMatrix<f64>) -> f64 {
+    if g.nrows() == 0 {
+        return 0.0;
+    }
+    let eig = nalgebra::SymmetricEigen::new(g.clone());
+    eig.eigenvalues.iter().cloned().fold(f64::NEG_INFINITY, f64::max)
+}
+
+/// ‖E‖₂ and ‖E‖_F of E = exact − approx. Non-finite inputs give NaN norms (the caller counts
+/// non-finite rows separately and keeps such trials out of the means).
+pub fn error_norms(exact: &Tensor, approx: &Tensor) -> Result<ErrorNorms> {
+    let e = (exact.to_dtype(DType::F64)? - approx.to_dtype(DType::F64)?)?;
+    matrix_norms(&e)
+}
+
+/// ‖M‖₂ and ‖M‖_F of a tall matrix via its Gram matrix.
+pub fn matrix_norms(m: &Tensor) -> Result<ErrorNorms> {
+    let g = gram(m)?;
+    if g.iter().any(|x| !x.is_finite()) {
+        return Ok(ErrorNorms { spectral: f64::NAN, frobenius: f64::NAN, steps: 0 });
+    }
+    let pr = power_iteration(&g, 0x5eed_5eed);
+    let spectral = if pr.converged {
+        pr.lambda.max(0.0).sqrt()
+    } else {
+        // Not converged in MAX_STEPS: fall back to the exact solver rather than report a
+        // quotient that may be low (never observed on p×p Gram matrices, but cheap to guard).
+        exact_lambda_max(&g).max(0.0).sqrt()
+    };
+    Ok(ErrorNorms { spectral, frobenius: g.trace().max(0.0).sqrt(), steps: pr.steps })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use candle_core::Device;
+
+    fn random_matrix(rng: &mut ChaCha8Rng, r: usize, c: usize) -> DMatrix<f64> {
+        DMatrix::from_fn(r, c, |_, _| rng.random::<f64>() * 2.0 - 1.0)
+    }
+
+    #[test]
+    fn power_iteration_matches_eigensolver_on_random_grams() {
+        let mut rng = ChaCha8Rng::seed_from_u64(1);
+        for trial in 0..50 {
+            let e = random_matrix(&mut rng, 200, 64);
+            let g = e.transpose() * &e;
+            let pr = power_iteration(&g, trial);
+            let exact = exact_lambda_max(&g);
+            assert!(pr.converged);
+            assert!((pr.lambda - exact).abs() <= 1e-10 * exact, "{} vs {}", pr.lambda, exact);
+        }
+    }
+
+    #[test]
+    fn power_iteration_matches_eigensolver_on_clustered_top_singular_values() {
+        // E = U Σ Wᵀ with σ₁ = 1, σ₂ = 1 − 1e-6, σ₃ = 1 − 1e-3: the vector converges very slowly,
+        // the quotient must still be right.
+        let mut rng = ChaCha8Rng::seed_from_u64(7);
+        for gap in [1e-2, 1e-4, 1e-6, 0.0] {
+            let u = random_matrix(&mut rng, 300, 64).qr().q();
+            let w = random_matrix(&mut rng, 64, 64).qr().q();
+            let mut s = DMatrix::zeros(64, 64);
+            for i in 0..64 {
+                s[(i, i)] = if i == 0 { 3.0 } else if i == 1 { 3.0 * (1.0 - gap) } else { 1.0 / (i as f64) };
+            }
+            let e = u * s * w.transpose();
+            let g = e.transpose() * &e;
+            let pr = power_iteration(&g, 3);
+            let exact = exact_lambda_max(&g);
+            assert!((exact - 9.0).abs() < 1e-9);
+            assert!((pr.lambda - exact).abs() <= 1e-9 * exact, "gap {gap}: {} vs {}", pr.lambda, exact);
+        }
+    }
+
+    #[test]
+    fn error_norms_match_svd_of_thin_matrix() {
+        let mut rng = ChaCha8Rng::seed_from_u64(11);
+        let a = random_matrix(&mut rng, 120, 16);
+        let b = random_matrix(&mut rng, 120, 16);
+        let dev = Device::Cpu;
+        let ta = crate::tensor_util::from_dmatrix(&a, &dev, DType::F64).unwrap();
+        let tb = crate::tensor_util::from_dmatrix(&b, &dev, DType::F64).unwrap();
+        let norms = error_norms(&ta, &tb).unwrap();
+        let svd = (&a - &b).svd(false, false);
+        let smax = svd.singular_values.max();
+        assert!((norms.spectral - smax).abs() < 1e-10 * smax);
+        assert!((norms.frobenius - (&a - &b).norm()).abs() < 1e-10 * smax);
+    }
+
+    #[test]
+    fn zero_error_is_zero_and_nan_is_nan() {
+        let dev = Device::Cpu;
+        let a = Tensor::ones((10, 4), DType::F32, &dev).unwrap();
+        assert_eq!(error_norms(&a, &a).unwrap().spectral, 0.0);
+        let mut v = vec![1f32; 40];
+        v[5] = f32::NAN;
+        let b = Tensor::from_vec(v, (10, 4), &dev).unwrap();
+        assert!(error_norms(&a, &b).unwrap().spectral.is_nan());
+    }
+}

@@ -1,0 +1,4 @@
+//! Outputs: per-trial rows, summaries, the run manifest, figures and the regression check.
+
+pub mod summary;
+pub mod trials;
