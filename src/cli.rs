@@ -1,1 +1,144 @@
-//! pending
+//! Command-line definitions. The sweep is the main job (no subcommand); subcommands redraw
+//! figures, check against a baseline, merge shards, dump one window's Q/K/V, and benchmark.
+
+use std::path::PathBuf;
+
+use clap::{Args, Parser, Subcommand, ValueEnum};
+
+use crate::inputs::qkv::EmbeddingPolicy;
+
+#[derive(Debug, Parser)]
+#[command(
+    name = "approx-bench",
+    version,
+    about = "Spectral-norm error of fast-attention approximations against exact softmax attention",
+    long_about = "Runs the trial grid lengths × windows × heads × methods × features on BERT layer Q/K/V \
+                  from Wikitext-2, and writes trials.csv, summary.csv and manifest.json into --out.",
+    args_conflicts_with_subcommands = true
+)]
+pub struct Cli {
+    #[command(subcommand)]
+    pub command: Option<Command>,
+    #[command(flatten)]
+    pub sweep: SweepArgs,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Write one window's per-head Q, K, V ([heads, n, p], f32) and token ids to a safetensors file.
+    DumpQkv(DumpArgs),
+}
+
+/// Which weights: the pretrained checkpoint, or a fresh Hugging Face-style initialization.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ModelKind {
+    Pretrained,
+    Initialized,
+}
+
+impl ModelKind {
+    pub fn name(&self) -> &'static str {
+        match self {
+            Self::Pretrained => "pretrained",
+            Self::Initialized => "initialized",
+        }
+    }
+}
+
+/// Working dtype of the methods (cores and the metric are always f64).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum DtypeArg {
+    F32,
+    F64,
+}
+
+/// Model, corpus and Q/K/V options shared by the sweep and `dump-qkv`.
+#[derive(Debug, Clone, Args)]
+pub struct InputArgs {
+    /// Q/K/V weights: `pretrained` (needs model.safetensors) or `initialized` (HF init from --model-seed).
+    #[arg(long, value_enum, default_value = "pretrained")]
+    pub model: ModelKind,
+    /// Hugging Face model id, fetched through the hub cache (HF_HOME).
+    #[arg(long, default_value = "bert-base-cased")]
+    pub model_id: String,
+    /// Hub revision (branch, tag or commit) of --model-id.
+    #[arg(long, default_value = "main")]
+    pub revision: String,
+    /// Local model directory (config.json, tokenizer.json or vocab.txt, model.safetensors) instead of the hub.
+    #[arg(long)]
+    pub model_dir: Option<PathBuf>,
+    /// Seed of the Hugging Face-style initialization (--model initialized or --embeddings-from initialized).
+    #[arg(long, default_value_t = 12345)]
+    pub model_seed: u64,
+    /// Source of the embedding tables; defaults to --model (METHODS.md §1.4 item 8).
+    #[arg(long, value_enum)]
+    pub embeddings_from: Option<ModelKind>,
+    /// How token ids become X (positions beyond the table wrap modulo its size).
+    #[arg(long, value_enum, default_value = "word-pos")]
+    pub embedding: EmbeddingPolicy,
+    /// Encoder layer whose Q/K/V are measured (earlier layers run exactly over the window).
+    #[arg(long, default_value_t = 0)]
+    pub layer: usize,
+    /// Raw text corpus file (e.g. wiki.test.raw) or a parquet file with a `text` column, instead of the hub dataset.
+    #[arg(long)]
+    pub corpus: Option<PathBuf>,
+    /// Split of the hub dataset Salesforce/wikitext (wikitext-2-raw-v1) when no --corpus is given.
+    #[arg(long, default_value = "test")]
+    pub split: String,
+    /// Compute device: cpu, cuda or cuda:N (cuda needs a build with --features cuda).
+    #[arg(long, default_value = "cpu")]
+    pub device: String,
+    /// Working dtype of Q/K/V and the methods (Skyformer's kernel, inverse cores and the metric use f64 regardless).
+    #[arg(long, value_enum, default_value = "f32")]
+    pub dtype: DtypeArg,
+}
+
+#[derive(Debug, Clone, Args)]
+pub struct SweepArgs {
+    #[command(flatten)]
+    pub inputs: InputArgs,
+    /// Sequence lengths n, comma-separated.
+    #[arg(long, value_delimiter = ',', default_value = "512,1024,2048,4096")]
+    pub lengths: Vec<String>,
+    /// Numbers of features d, comma-separated.
+    #[arg(long, value_delimiter = ',', default_value = "8,16,32,64,128,256")]
+    pub features: Vec<String>,
+    /// Methods, comma-separated ids, or `all`, or `figure` (the methods of both Figure 1s).
+    #[arg(long, value_delimiter = ',', default_value = "figure")]
+    pub methods: Vec<String>,
+    /// Windows per length (consecutive, non-overlapping, from the start of the corpus).
+    #[arg(long, default_value_t = 64)]
+    pub windows: usize,
+    /// Attention heads to measure, comma-separated (default: all heads of the layer).
+    #[arg(long, value_delimiter = ',')]
+    pub heads: Option<Vec<usize>>,
+    /// Base seed of every trial's random stream.
+    #[arg(long, default_value_t = 0)]
+    pub seed: u64,
+    /// Output directory for trials.csv, summary.csv, manifest.json.
+    #[arg(long, default_value = "results/latest")]
+    pub out: PathBuf,
+    /// Start over in an --out that holds a run with another configuration.
+    #[arg(long)]
+    pub force: bool,
+    /// No progress bar and no end summary on stderr.
+    #[arg(long)]
+    pub quiet: bool,
+}
+
+#[derive(Debug, Clone, Args)]
+pub struct DumpArgs {
+    #[command(flatten)]
+    pub inputs: InputArgs,
+    /// Window length n.
+    #[arg(long)]
+    pub length: usize,
+    /// Window index (0-based).
+    #[arg(long, default_value_t = 0)]
+    pub window: usize,
+    /// Output safetensors file.
+    #[arg(long)]
+    pub out: PathBuf,
+}

@@ -1,1 +1,164 @@
-//! pending
+//! The validated run configuration: the one place that knows defaults, method groups and what
+//! makes two runs comparable (everything here changes results; output paths and verbosity don't).
+
+use anyhow::Result;
+use serde::{Deserialize, Serialize};
+
+use crate::attention;
+use crate::cli::{DtypeArg, InputArgs, ModelKind, SweepArgs};
+use crate::inputs::hub::ModelSource;
+use crate::inputs::qkv::EmbeddingPolicy;
+use crate::usage;
+
+/// The methods of both papers' Figure 1 (Skyformer's four, Skeinformer's four; Informer is shared).
+pub const FIGURE_METHODS: &[&str] =
+    &["skyformer", "nystromformer", "performer", "informer", "skeinformer", "vmean", "linformer"];
+
+/// Validated input options.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct InputConfig {
+    pub model: ModelKind,
+    pub embeddings_from: ModelKind,
+    /// `hub:<id>@<revision>` or `dir:<path>`.
+    pub model_source: String,
+    pub model_seed: u64,
+    pub embedding: EmbeddingPolicy,
+    pub layer: usize,
+    /// `file:<path>` or `hub:Salesforce/wikitext/wikitext-2-raw-v1/<split>`.
+    pub corpus: String,
+    pub device: String,
+    pub dtype: DtypeArg,
+}
+
+/// Validated sweep options.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct RunConfig {
+    pub inputs: InputConfig,
+    pub lengths: Vec<usize>,
+    pub features: Vec<usize>,
+    pub methods: Vec<String>,
+    pub windows: usize,
+    /// None = all heads.
+    pub heads: Option<Vec<usize>>,
+    pub seed: u64,
+}
+
+impl InputConfig {
+    pub fn from_args(a: &InputArgs) -> Result<Self> {
+        if a.split.is_empty() || a.split.contains('/') {
+            return Err(usage!("--split '{}': expected a split name such as test or validation", a.split));
+        }
+        Ok(Self {
+            model: a.model,
+            embeddings_from: a.embeddings_from.unwrap_or(a.model),
+            model_source: match &a.model_dir {
+                Some(d) => format!("dir:{}", d.display()),
+                None => format!("hub:{}@{}", a.model_id, a.revision),
+            },
+            model_seed: a.model_seed,
+            embedding: a.embedding,
+            layer: a.layer,
+            corpus: match &a.corpus {
+                Some(f) => format!("file:{}", f.display()),
+                None => format!("hub:{}/{}/{}", crate::inputs::hub::WIKITEXT_REPO, crate::inputs::hub::WIKITEXT_CONFIG, a.split),
+            },
+            device: a.device.clone(),
+            dtype: a.dtype,
+        })
+    }
+
+    pub fn source(&self) -> ModelSource {
+        if let Some(d) = self.model_source.strip_prefix("dir:") {
+            ModelSource::Dir(d.into())
+        } else {
+            let s = self.model_source.trim_start_matches("hub:");
+            let (id, rev) = s.rsplit_once('@').unwrap_or((s, "main"));
+            ModelSource::Hub { id: id.to_string(), revision: rev.to_string() }
+        }
+    }
+
+    pub fn needs_pretrained_weights(&self) -> bool {
+        self.model == ModelKind::Pretrained || self.embeddings_from == ModelKind::Pretrained
+    }
+
+    pub fn candle_dtype(&self) -> candle_core::DType {
+        match self.dtype {
+            DtypeArg::F32 => candle_core::DType::F32,
+            DtypeArg::F64 => candle_core::DType::F64,
+        }
+    }
+}
+
+/// Parses a comma-separated list of positive integers for `flag`.
+pub fn parse_positive_list(flag: &str, values: &[String]) -> Result<Vec<usize>> {
+    let values: Vec<&str> = values.iter().map(|s| s.trim()).filter(|s| !s.is_empty()).collect();
+    if values.is_empty() {
+        return Err(usage!("{flag} is empty: give comma-separated positive integers, e.g. {flag} 512,1024"));
+    }
+    let mut out = Vec::with_capacity(values.len());
+    for v in values {
+        let x: usize = v
+            .parse()
+            .map_err(|_| usage!("{flag}: '{v}' is not a positive integer; give comma-separated positive integers, e.g. {flag} 512,1024"))?;
+        if x == 0 {
+            return Err(usage!("{flag}: 0 is not allowed; every value must be at least 1"));
+        }
+        if !out.contains(&x) {
+            out.push(x);
+        }
+    }
+    Ok(out)
+}
+
+/// Expands `all` / `figure` and checks every id.
+pub fn parse_methods(values: &[String]) -> Result<Vec<String>> {
+    let mut out: Vec<String> = Vec::new();
+    let known = attention::method_ids();
+    for v in values.iter().map(|s| s.trim()).filter(|s| !s.is_empty()) {
+        let ids: Vec<String> = match v {
+            "all" => known.iter().map(|s| s.to_string()).collect(),
+            "figure" => FIGURE_METHODS.iter().map(|s| s.to_string()).collect(),
+            id => {
+                attention::by_id(id).map_err(|e| usage!("--methods: {e}"))?;
+                vec![id.to_string()]
+            }
+        };
+        for id in ids {
+            if !out.contains(&id) {
+                out.push(id);
+            }
+        }
+    }
+    if out.is_empty() {
+        return Err(usage!("--methods is empty; known methods: {}, or all / figure", known.join(", ")));
+    }
+    Ok(out)
+}
+
+impl RunConfig {
+    pub fn from_args(a: &SweepArgs) -> Result<Self> {
+        let lengths = parse_positive_list("--lengths", &a.lengths)?;
+        let features = parse_positive_list("--features", &a.features)?;
+        let methods = parse_methods(&a.methods)?;
+        if a.windows == 0 {
+            return Err(usage!("--windows 0: at least one window per length is needed"));
+        }
+        for m in &methods {
+            let method = attention::by_id(m).map_err(|e| usage!("{e}"))?;
+            for &n in &lengths {
+                for &d in &features {
+                    method.check(n, d).map_err(|why| usage!("method {m} cannot run n = {n}, d = {d}: {why}"))?;
+                }
+            }
+        }
+        Ok(Self {
+            inputs: InputConfig::from_args(&a.inputs)?,
+            lengths,
+            features,
+            methods,
+            windows: a.windows,
+            heads: a.heads.clone(),
+            seed: a.seed,
+        })
+    }
+}

@@ -24,3 +24,96 @@ pub struct SummaryRow {
     pub macs: f64,
     pub seconds_mean: f64,
 }
+
+use std::collections::BTreeMap;
+use std::path::Path;
+
+use anyhow::Result;
+
+use super::trials::TrialRow;
+
+/// Mean and standard error (sample sd / √k) of finite values; (NaN, NaN) when none.
+pub fn mean_stderr(values: &[f64]) -> (f64, f64) {
+    let k = values.len();
+    if k == 0 {
+        return (f64::NAN, f64::NAN);
+    }
+    let mean = values.iter().sum::<f64>() / k as f64;
+    if k == 1 {
+        return (mean, 0.0);
+    }
+    let var = values.iter().map(|v| (v - mean).powi(2)).sum::<f64>() / (k as f64 - 1.0);
+    (mean, (var / k as f64).sqrt())
+}
+
+/// Groups trials by (model, n, method, d) and averages over the finite ones. Order: model, n,
+/// method in `method_order` (unknown ones last, by name), d.
+pub fn summarize(rows: &[TrialRow], method_order: &[String]) -> Vec<SummaryRow> {
+    let rank = |m: &str| method_order.iter().position(|x| x == m).unwrap_or(usize::MAX);
+    let mut groups: BTreeMap<(String, usize, usize, String, usize), Vec<&TrialRow>> = BTreeMap::new();
+    for r in rows {
+        groups.entry((r.model.clone(), r.n, rank(&r.method), r.method.clone(), r.d)).or_default().push(r);
+    }
+    groups
+        .into_iter()
+        .map(|((model, n, _, method, d), rs)| {
+            let finite: Vec<&&TrialRow> = rs.iter().filter(|r| r.error.is_finite()).collect();
+            let errs: Vec<f64> = finite.iter().map(|r| r.error).collect();
+            let rels: Vec<f64> = finite.iter().map(|r| r.rel_error).filter(|x| x.is_finite()).collect();
+            let (mean, stderr) = mean_stderr(&errs);
+            let (rel_mean, rel_stderr) = mean_stderr(&rels);
+            SummaryRow {
+                model,
+                n,
+                method,
+                d,
+                trials: errs.len(),
+                mean,
+                stderr,
+                rel_mean,
+                rel_stderr,
+                nonfinite_trials: rs.len() - errs.len(),
+                flagged_trials: rs.iter().filter(|r| r.nonfinite_rows > 0).count(),
+                macs: rs[0].macs,
+                seconds_mean: rs.iter().map(|r| r.seconds).sum::<f64>() / rs.len() as f64,
+            }
+        })
+        .collect()
+}
+
+pub fn write(path: &Path, rows: &[SummaryRow]) -> Result<()> {
+    let tmp = path.with_extension("csv.tmp");
+    {
+        let mut w = csv::Writer::from_path(&tmp).map_err(|e| crate::usage!("cannot write {} ({e})", tmp.display()))?;
+        for r in rows {
+            w.serialize(r)?;
+        }
+        w.flush()?;
+    }
+    std::fs::rename(&tmp, path)?;
+    Ok(())
+}
+
+pub fn read(path: &Path) -> Result<Vec<SummaryRow>> {
+    let mut rdr = csv::Reader::from_path(path).map_err(|e| crate::usage!("{}: cannot read ({e})", path.display()))?;
+    let mut out = Vec::new();
+    for (i, r) in rdr.deserialize().enumerate() {
+        out.push(r.map_err(|e| crate::usage!("{}: malformed summary row {} ({e}); expected the columns of summary.csv", path.display(), i + 2))?);
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn stderr_is_sample_sd_over_root_k() {
+        let (m, se) = mean_stderr(&[1.0, 2.0, 3.0, 4.0]);
+        assert_eq!(m, 2.5);
+        // sd = sqrt(5/3), se = sd/2
+        assert!((se - (5.0f64 / 3.0).sqrt() / 2.0).abs() < 1e-15);
+        assert_eq!(mean_stderr(&[7.0]), (7.0, 0.0));
+        assert!(mean_stderr(&[]).0.is_nan());
+    }
+}

@@ -40,3 +40,136 @@ impl TrialRow {
         (self.model.clone(), self.n, self.window, self.head, self.method.clone(), self.d)
     }
 }
+
+use std::collections::HashSet;
+use std::fs::{File, OpenOptions};
+use std::io::{Read, Seek, SeekFrom, Write};
+use std::path::{Path, PathBuf};
+
+use anyhow::{Context, Result};
+
+/// Key of a trial as stored: (model, n, window, head, method, d).
+pub type TrialKeyOwned = (String, usize, usize, usize, String, usize);
+
+/// Reads every complete row of a trials.csv.
+pub fn read_rows(path: &Path) -> Result<Vec<TrialRow>> {
+    let mut rdr = csv::Reader::from_path(path).map_err(|e| crate::usage!("{}: cannot read trials ({e})", path.display()))?;
+    let mut rows = Vec::new();
+    for (i, r) in rdr.deserialize().enumerate() {
+        let row: TrialRow = r.map_err(|e| crate::usage!("{}: malformed row {} ({e})", path.display(), i + 2))?;
+        rows.push(row);
+    }
+    Ok(rows)
+}
+
+/// Appends trial rows, one flushed line each, so that a killed run keeps every finished trial.
+pub struct TrialWriter {
+    file: File,
+    path: PathBuf,
+}
+
+impl TrialWriter {
+    /// Opens `path` for appending. An existing file is resumed: a torn last line (a run killed
+    /// mid-write) is cut off, and the keys of the complete rows are returned so they are skipped.
+    pub fn open(path: &Path) -> Result<(Self, Vec<TrialRow>)> {
+        let mut existing = Vec::new();
+        if path.exists() {
+            let mut f = OpenOptions::new().read(true).write(true).open(path).with_context(|| format!("opening {}", path.display()))?;
+            let mut bytes = Vec::new();
+            f.read_to_end(&mut bytes)?;
+            let keep = match bytes.iter().rposition(|&b| b == b'\n') {
+                Some(i) => i + 1,
+                None => 0,
+            };
+            if keep < bytes.len() {
+                f.set_len(keep as u64)?;
+            }
+            f.seek(SeekFrom::End(0))?;
+            if keep > 0 {
+                existing = read_rows(path)?;
+            }
+        }
+        let fresh = !path.exists() || std::fs::metadata(path)?.len() == 0;
+        let mut file = OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(path)
+            .map_err(|e| crate::usage!("cannot write {} ({e}); choose a writable --out", path.display()))?;
+        if fresh {
+            let mut w = csv::WriterBuilder::new().has_headers(false).from_writer(Vec::new());
+            w.write_record(HEADER)?;
+            file.write_all(&w.into_inner()?)?;
+            file.flush()?;
+        }
+        Ok((Self { file, path: path.to_path_buf() }, existing))
+    }
+
+    /// Appends one row as a single write, then flushes it to the OS.
+    pub fn append(&mut self, row: &TrialRow) -> Result<()> {
+        let mut w = csv::WriterBuilder::new().has_headers(false).from_writer(Vec::new());
+        w.serialize(row)?;
+        let line = w.into_inner().map_err(|e| anyhow::anyhow!("{e}"))?;
+        self.file
+            .write_all(&line)
+            .and_then(|_| self.file.flush())
+            .with_context(|| format!("writing {} (disk full?)", self.path.display()))?;
+        Ok(())
+    }
+}
+
+/// The CSV header, in [`TrialRow`] field order.
+pub const HEADER: &[&str] = &[
+    "model", "model_id", "layer", "n", "window", "head", "method", "d", "seed", "error", "rel_error", "frob_error",
+    "exact_norm", "nonfinite_rows", "macs", "seconds",
+];
+
+/// Keys of rows, for skipping on resume.
+pub fn keys(rows: &[TrialRow]) -> HashSet<TrialKeyOwned> {
+    rows.iter().map(|r| r.key()).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn row(window: usize) -> TrialRow {
+        TrialRow {
+            model: "initialized".into(),
+            model_id: "m".into(),
+            layer: 0,
+            n: 8,
+            window,
+            head: 0,
+            method: "vmean".into(),
+            d: 4,
+            seed: 1,
+            error: 0.5,
+            rel_error: 0.1,
+            frob_error: 0.7,
+            exact_norm: 5.0,
+            nonfinite_rows: 0,
+            macs: 32.0,
+            seconds: 0.001,
+        }
+    }
+
+    #[test]
+    fn resume_drops_a_torn_last_line_and_keeps_complete_rows() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("trials.csv");
+        {
+            let (mut w, old) = TrialWriter::open(&p).unwrap();
+            assert!(old.is_empty());
+            w.append(&row(0)).unwrap();
+            w.append(&row(1)).unwrap();
+        }
+        // Simulate a kill mid-write.
+        let mut f = OpenOptions::new().append(true).open(&p).unwrap();
+        f.write_all(b"initialized,m,0,8,2,0,vm").unwrap();
+        drop(f);
+        let (mut w, old) = TrialWriter::open(&p).unwrap();
+        assert_eq!(old, vec![row(0), row(1)]);
+        w.append(&row(2)).unwrap();
+        assert_eq!(read_rows(&p).unwrap(), vec![row(0), row(1), row(2)]);
+    }
+}

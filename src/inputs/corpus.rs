@@ -1,0 +1,193 @@
+//! The text corpus as token windows: Wikitext-2 rows (raw text file or hub parquet) → the
+//! model's WordPiece tokens (no special tokens, truncation and padding off) → consecutive
+//! non-overlapping n-token windows (METHODS.md §1.4 item 3).
+
+use std::path::{Path, PathBuf};
+
+use anyhow::{Context, Result};
+use tokenizers::Tokenizer;
+
+use crate::usage;
+
+/// A tokenized corpus.
+#[derive(Debug, Clone)]
+pub struct Corpus {
+    pub path: PathBuf,
+    pub ids: Vec<u32>,
+}
+
+/// Rows of the dataset as HF `datasets` gives them: CRLF → LF, whitespace-only lines empty.
+/// Empty rows produce no tokens, so they are dropped here.
+pub fn text_rows(path: &Path) -> Result<Vec<String>> {
+    let bytes = std::fs::read(path).map_err(|e| usage!("corpus {}: cannot read it ({e}); pass an existing text file with --corpus", path.display()))?;
+    if path.extension().is_some_and(|e| e == "parquet") || bytes.starts_with(b"PAR1") {
+        return parquet_rows(path);
+    }
+    if bytes.iter().all(|b| b.is_ascii_whitespace()) {
+        return Err(usage!("corpus {}: the file is empty; pass a text file such as wiki.test.raw with --corpus", path.display()));
+    }
+    if bytes.contains(&0) {
+        return Err(usage!("corpus {}: the file is binary (it contains NUL bytes), not text; pass a UTF-8 text file with --corpus", path.display()));
+    }
+    let text = String::from_utf8(bytes).map_err(|e| {
+        usage!("corpus {}: not valid UTF-8 text (at byte {}); pass a UTF-8 text file with --corpus", path.display(), e.utf8_error().valid_up_to())
+    })?;
+    Ok(text
+        .split('\n')
+        .map(|l| l.strip_suffix('\r').unwrap_or(l))
+        .filter(|l| !l.trim().is_empty())
+        .map(|l| format!("{l}\n"))
+        .collect())
+}
+
+/// The `text` column of a hub parquet file.
+fn parquet_rows(path: &Path) -> Result<Vec<String>> {
+    use parquet::file::reader::{FileReader, SerializedFileReader};
+    use parquet::record::Field;
+    let file = std::fs::File::open(path).with_context(|| format!("opening {}", path.display()))?;
+    let reader = SerializedFileReader::new(file)
+        .map_err(|e| usage!("corpus {}: not a readable parquet file ({e})", path.display()))?;
+    let mut rows = Vec::new();
+    for row in reader.get_row_iter(None).map_err(|e| usage!("corpus {}: {e}", path.display()))? {
+        let row = row.map_err(|e| usage!("corpus {}: corrupt parquet row ({e})", path.display()))?;
+        let text = row.get_column_iter().find(|(name, _)| name.as_str() == "text").map(|(_, f)| f.clone());
+        match text {
+            Some(Field::Str(s)) => {
+                if !s.trim().is_empty() {
+                    rows.push(s);
+                }
+            }
+            Some(Field::Null) => {}
+            _ => return Err(usage!("corpus {}: parquet file has no string column 'text'", path.display())),
+        }
+    }
+    if rows.is_empty() {
+        return Err(usage!("corpus {}: the parquet file holds no text", path.display()));
+    }
+    Ok(rows)
+}
+
+/// Loads a tokenizer from tokenizer.json, or builds BERT's WordPiece pipeline from vocab.txt
+/// (lower-casing as tokenizer_config.json's `do_lower_case` says, default true as HF's
+/// BertTokenizer). Truncation and padding are turned off (MiniLM's tokenizer.json turns both on).
+pub fn load_tokenizer(path: &Path) -> Result<Tokenizer> {
+    let mut tok = if path.file_name().is_some_and(|f| f == "vocab.txt") {
+        use tokenizers::models::wordpiece::WordPiece;
+        use tokenizers::normalizers::bert::BertNormalizer;
+        use tokenizers::pre_tokenizers::bert::BertPreTokenizer;
+        let lower = path
+            .parent()
+            .map(|d| d.join("tokenizer_config.json"))
+            .and_then(|p| std::fs::read_to_string(p).ok())
+            .and_then(|s| serde_json::from_str::<serde_json::Value>(&s).ok())
+            .and_then(|v| v.get("do_lower_case").and_then(|b| b.as_bool()))
+            .unwrap_or(true);
+        let wp = WordPiece::from_file(&path.to_string_lossy())
+            .unk_token("[UNK]".into())
+            .build()
+            .map_err(|e| usage!("tokenizer {}: cannot read the vocabulary ({e})", path.display()))?;
+        let mut t = Tokenizer::new(wp);
+        let _ = t.with_normalizer(Some(BertNormalizer::new(true, true, None, lower)));
+        t.with_pre_tokenizer(Some(BertPreTokenizer));
+        t
+    } else {
+        Tokenizer::from_file(path)
+            .map_err(|e| usage!("tokenizer {}: not a valid tokenizer.json ({e})", path.display()))?
+    };
+    tok.with_truncation(None).map_err(|e| anyhow::anyhow!("disabling truncation: {e}"))?;
+    tok.with_padding(None);
+    Ok(tok)
+}
+
+/// Tokenizes every row (no special tokens) and concatenates the ids. Row-wise tokenization
+/// equals tokenizing the concatenated split for BERT, whose pre-tokenizer splits on whitespace.
+pub fn tokenize(path: &Path, tokenizer: &Tokenizer, vocab_size: usize) -> Result<Corpus> {
+    let rows = text_rows(path)?;
+    let encodings = tokenizer
+        .encode_batch(rows, false)
+        .map_err(|e| anyhow::anyhow!("tokenizing {}: {e}", path.display()))?;
+    let ids: Vec<u32> = encodings.iter().flat_map(|e| e.get_ids().iter().copied()).collect();
+    if ids.is_empty() {
+        return Err(usage!("corpus {}: no tokens after tokenization", path.display()));
+    }
+    if let Some(&bad) = ids.iter().find(|&&i| i as usize >= vocab_size) {
+        return Err(usage!(
+            "the tokenizer produced token id {bad}, but the model's vocab_size is {vocab_size}: the tokenizer \
+             belongs to another model; use the tokenizer that ships with the model"
+        ));
+    }
+    Ok(Corpus { path: path.to_path_buf(), ids })
+}
+
+impl Corpus {
+    /// How many non-overlapping n-token windows fit.
+    pub fn windows_available(&self, n: usize) -> usize {
+        self.ids.len() / n.max(1)
+    }
+
+    /// Window `w` (0-based) of length n: tokens [w·n, (w+1)·n).
+    pub fn window(&self, n: usize, w: usize) -> Result<&[u32]> {
+        let fit = self.windows_available(n);
+        if w >= fit {
+            return Err(usage!(
+                "corpus {} has {} tokens: only {fit} windows of n = {n} fit, but window {} was requested; \
+                 lower --windows to at most {fit}, use shorter --lengths, or a longer corpus",
+                self.path.display(),
+                self.ids.len(),
+                w + 1
+            ));
+        }
+        Ok(&self.ids[w * n..(w + 1) * n])
+    }
+
+    /// Checks that `count` windows of every length fit.
+    pub fn check_fits(&self, lengths: &[usize], count: usize) -> Result<()> {
+        for &n in lengths {
+            let fit = self.windows_available(n);
+            if fit < count {
+                return Err(usage!(
+                    "corpus {} has {} tokens: only {fit} windows of n = {n} fit, but --windows {count} were requested; \
+                     lower --windows to at most {fit}, use shorter --lengths, or a longer corpus",
+                    self.path.display(),
+                    self.ids.len()
+                ));
+            }
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rows_follow_the_hf_convention() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("t.raw");
+        std::fs::write(&p, " \r\n = Title = \r\n \r\n Some text , here .\r\n").unwrap();
+        let rows = text_rows(&p).unwrap();
+        assert_eq!(rows, vec![" = Title = \n".to_string(), " Some text , here .\n".to_string()]);
+    }
+
+    #[test]
+    fn bad_corpus_files_get_clear_errors() {
+        let dir = tempfile::tempdir().unwrap();
+        let empty = dir.path().join("empty.txt");
+        std::fs::write(&empty, "  \n").unwrap();
+        assert!(text_rows(&empty).unwrap_err().to_string().contains("the file is empty"));
+        let bin = dir.path().join("bin.txt");
+        std::fs::write(&bin, [0u8, 1, 2, 3]).unwrap();
+        assert!(text_rows(&bin).unwrap_err().to_string().contains("binary"));
+        let missing = dir.path().join("nope.txt");
+        assert!(text_rows(&missing).unwrap_err().to_string().contains("cannot read it"));
+    }
+
+    #[test]
+    fn windows_are_consecutive_and_too_few_tokens_says_how_many_fit() {
+        let c = Corpus { path: "x".into(), ids: (0..10).collect() };
+        assert_eq!(c.window(3, 2).unwrap(), &[6, 7, 8]);
+        let e = c.check_fits(&[4], 3).unwrap_err().to_string();
+        assert!(e.contains("only 2 windows of n = 4 fit"), "{e}");
+    }
+}

@@ -1,0 +1,195 @@
+//! One window's per-head Q, K, V: embeddings (by a named policy, METHODS.md §1.4 items 1–2) →
+//! encoder layers before the measured one, run exactly over the whole window → Q, K, V =
+//! X·Wᵀ + b of the measured layer, split into heads [heads, n, p].
+
+use anyhow::Result;
+use candle_core::{DType, Device, Tensor, D};
+use candle_transformers::models::bert::Config;
+
+use super::model::{BertWeights, LayerNormWeights, Linear};
+
+/// How token ids become the layer-0 input X.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum EmbeddingPolicy {
+    /// LayerNorm(word + position[i mod P]), no token-type embedding (METHODS.md §1.4 [REC]).
+    #[value(name = "word-pos")]
+    WordPos,
+    /// Hugging Face's full BertEmbeddings: word + position[i mod P] + token_type[0] (diagnostic).
+    #[value(name = "word-pos-type")]
+    WordPosType,
+    /// LayerNorm(word + position[i]) for the first P tokens, LayerNorm(word) after them.
+    #[value(name = "word-pos-first")]
+    WordPosFirst,
+    /// LayerNorm(word), no positions at all.
+    #[value(name = "word")]
+    Word,
+}
+
+impl EmbeddingPolicy {
+    pub fn name(&self) -> &'static str {
+        match self {
+            Self::WordPos => "word-pos",
+            Self::WordPosType => "word-pos-type",
+            Self::WordPosFirst => "word-pos-first",
+            Self::Word => "word",
+        }
+    }
+}
+
+fn layer_norm(x: &Tensor, w: &LayerNormWeights, eps: f64) -> Result<Tensor> {
+    let dtype = x.dtype();
+    let w_ = w.weight.to_dtype(dtype)?;
+    let b_ = w.bias.to_dtype(dtype)?;
+    Ok(candle_nn::ops::layer_norm(&x.contiguous()?, &w_, &b_, eps as f32)?)
+}
+
+fn apply(x: &Tensor, l: &Linear) -> Result<Tensor> {
+    let w = l.weight.to_dtype(x.dtype())?;
+    let b = l.bias.to_dtype(x.dtype())?;
+    Ok(x.matmul(&w.t()?)?.broadcast_add(&b)?)
+}
+
+/// X = the layer-0 input for `ids` under `policy`, [n, hidden], in `dtype`.
+pub fn embed(w: &BertWeights, cfg: &Config, ids: &[u32], policy: EmbeddingPolicy, dtype: DType) -> Result<Tensor> {
+    let dev = w.embeddings.word.device();
+    let n = ids.len();
+    let ids_t = Tensor::from_vec(ids.to_vec(), n, dev)?;
+    let mut x = w.embeddings.word.index_select(&ids_t, 0)?.to_dtype(dtype)?;
+    let max_pos = cfg.max_position_embeddings;
+    let positions: Option<Vec<u32>> = match policy {
+        EmbeddingPolicy::WordPos | EmbeddingPolicy::WordPosType => Some((0..n).map(|i| (i % max_pos) as u32).collect()),
+        EmbeddingPolicy::WordPosFirst => None,
+        EmbeddingPolicy::Word => None,
+    };
+    if let Some(pos) = positions {
+        let pos_t = Tensor::from_vec(pos, n, dev)?;
+        x = (x + w.embeddings.position.index_select(&pos_t, 0)?.to_dtype(dtype)?)?;
+    }
+    if policy == EmbeddingPolicy::WordPosFirst {
+        let m = n.min(max_pos);
+        let head = (x.narrow(0, 0, m)? + w.embeddings.position.narrow(0, 0, m)?.to_dtype(dtype)?)?;
+        x = if m < n { Tensor::cat(&[head, x.narrow(0, m, n - m)?], 0)? } else { head };
+    }
+    if policy == EmbeddingPolicy::WordPosType {
+        let t0 = w.embeddings.token_type.narrow(0, 0, 1)?.to_dtype(dtype)?;
+        x = x.broadcast_add(&t0)?;
+    }
+    layer_norm(&x, &w.embeddings.layer_norm, cfg.layer_norm_eps)
+}
+
+/// Splits [n, hidden] into [heads, n, p].
+fn split_heads(x: &Tensor, heads: usize) -> Result<Tensor> {
+    let (n, h) = x.dims2()?;
+    Ok(x.reshape((n, heads, h / heads))?.transpose(0, 1)?.contiguous()?)
+}
+
+/// One full BERT encoder layer (eval mode, no mask: windows are full), exact attention over n.
+fn encoder_layer(x: &Tensor, lw: &super::model::LayerWeights, cfg: &Config) -> Result<Tensor> {
+    let rest = lw.rest.as_ref().expect("earlier layers carry all weights");
+    let heads = cfg.num_attention_heads;
+    let p = cfg.hidden_size / heads;
+    let q = split_heads(&apply(x, &lw.query)?, heads)?;
+    let k = split_heads(&apply(x, &lw.key)?, heads)?;
+    let v = split_heads(&apply(x, &lw.value)?, heads)?;
+    let mut ctx = Vec::with_capacity(heads);
+    for h in 0..heads {
+        let o = crate::attention::exact::ExactAttention::compute(&q.get(h)?, &k.get(h)?, &v.get(h)?)?;
+        ctx.push(o.output);
+    }
+    let n = x.dims()[0];
+    let ctx = Tensor::stack(&ctx, 1)?.reshape((n, heads * p))?;
+    let a = layer_norm(&(apply(&ctx, &rest.attention_output)? + x)?, &rest.attention_norm, cfg.layer_norm_eps)?;
+    let i = apply(&a, &rest.intermediate)?.gelu_erf()?;
+    layer_norm(&(apply(&i, &rest.output)? + &a)?, &rest.output_norm, cfg.layer_norm_eps)
+}
+
+/// Q, K, V of the last loaded layer for one window, each [heads, n, p] in `dtype`.
+pub fn window_qkv(
+    w: &BertWeights,
+    cfg: &Config,
+    ids: &[u32],
+    policy: EmbeddingPolicy,
+    dtype: DType,
+) -> Result<(Tensor, Tensor, Tensor)> {
+    let mut x = embed(w, cfg, ids, policy, dtype)?;
+    let (last, earlier) = w.layers.split_last().expect("at least one layer");
+    for lw in earlier {
+        x = encoder_layer(&x, lw, cfg)?;
+    }
+    let heads = cfg.num_attention_heads;
+    Ok((
+        split_heads(&apply(&x, &last.query)?, heads)?,
+        split_heads(&apply(&x, &last.key)?, heads)?,
+        split_heads(&apply(&x, &last.value)?, heads)?,
+    ))
+}
+
+/// The run's compute device: CPU, or CUDA device `ordinal` when built with `--features cuda`.
+pub fn device(spec: &str) -> Result<Device> {
+    match spec {
+        "cpu" => Ok(Device::Cpu),
+        s if s == "cuda" || s.starts_with("cuda:") => {
+            let ordinal: usize = s.strip_prefix("cuda:").map(|o| o.parse()).transpose().map_err(|_| crate::usage!("--device {s}: expected cuda or cuda:N"))?.unwrap_or(0);
+            if !candle_core::utils::cuda_is_available() {
+                return Err(crate::usage!(
+                    "--device {s}: this build has no CUDA support; rebuild with `cargo build --release --features cuda` on a machine with the CUDA toolkit, or use --device cpu"
+                ));
+            }
+            Ok(Device::new_cuda(ordinal).map_err(|e| crate::usage!("--device {s}: cannot open the GPU ({e})"))?)
+        }
+        other => Err(crate::usage!("--device {other}: unknown device; use cpu, cuda or cuda:N")),
+    }
+}
+
+/// Mean of each row's L2 norm (a diagnostic of X's scale), used in tests.
+pub fn mean_row_norm(x: &Tensor) -> Result<f64> {
+    let norms = x.to_dtype(DType::F64)?.sqr()?.sum(D::Minus1)?.sqrt()?;
+    crate::tensor_util::scalar(&norms.mean_all()?)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::inputs::model::{load, WeightSource};
+
+    fn tiny() -> (Config, BertWeights) {
+        let cfg: Config = serde_json::from_str(
+            r#"{"vocab_size": 50, "hidden_size": 16, "num_hidden_layers": 2, "num_attention_heads": 4,
+                "intermediate_size": 32, "hidden_act": "gelu", "hidden_dropout_prob": 0.1,
+                "max_position_embeddings": 8, "type_vocab_size": 2, "initializer_range": 0.02,
+                "layer_norm_eps": 1e-12, "pad_token_id": 0}"#,
+        )
+        .unwrap();
+        let w = load(&cfg, 1, &WeightSource::Initialized { seed: 1 }, &WeightSource::Initialized { seed: 1 }, &Device::Cpu).unwrap();
+        (cfg, w)
+    }
+
+    #[test]
+    fn positions_wrap_modulo_the_table() {
+        let (cfg, w) = tiny();
+        let ids: Vec<u32> = (1..=16).collect();
+        let x = embed(&w, &cfg, &ids, EmbeddingPolicy::WordPos, DType::F64).unwrap();
+        // Token 9 (index 8) gets position 0: equals embedding ids [9] alone at position 0.
+        let alone = embed(&w, &cfg, &[9], EmbeddingPolicy::WordPos, DType::F64).unwrap();
+        let a: Vec<f64> = x.get(8).unwrap().to_vec1().unwrap();
+        let b: Vec<f64> = alone.get(0).unwrap().to_vec1().unwrap();
+        assert_eq!(a, b);
+        // LayerNorm with γ = 1, β = 0: every row has mean 0 and variance 1.
+        let r: Vec<f64> = x.get(3).unwrap().to_vec1().unwrap();
+        let m = r.iter().sum::<f64>() / 16.0;
+        let var = r.iter().map(|v| (v - m).powi(2)).sum::<f64>() / 16.0;
+        assert!(m.abs() < 1e-12 && (var - 1.0).abs() < 1e-9);
+    }
+
+    #[test]
+    fn qkv_shapes_and_zero_bias_at_init() {
+        let (cfg, w) = tiny();
+        let ids: Vec<u32> = (1..=12).collect();
+        let (q, k, v) = window_qkv(&w, &cfg, &ids, EmbeddingPolicy::WordPos, DType::F32).unwrap();
+        assert_eq!(q.dims(), &[4, 12, 4]);
+        assert_eq!(k.dims(), v.dims());
+        // Zero ids row → X row is LN(pos) only; all finite.
+        assert!(q.flatten_all().unwrap().to_vec1::<f32>().unwrap().iter().all(|x| x.is_finite()));
+    }
+}

@@ -1,0 +1,35 @@
+//! The one-screen summary printed at the end of a sweep: where the files went and the best
+//! method per (model, n, d).
+
+use std::collections::BTreeMap;
+
+use crate::sweep::SweepOutcome;
+
+pub fn print_summary(o: &SweepOutcome) {
+    eprintln!(
+        "{} new trials ({} in total) → {}/trials.csv, summary.csv, manifest.json",
+        o.new_trials,
+        o.total_trials,
+        o.out.display()
+    );
+    let mut best: BTreeMap<(String, usize, usize), (String, f64, f64)> = BTreeMap::new();
+    for r in &o.summary {
+        if !r.mean.is_finite() || r.method == "svd_optimal" {
+            continue;
+        }
+        let e = best.entry((r.model.clone(), r.n, r.d)).or_insert((r.method.clone(), r.mean, r.stderr));
+        if r.mean < e.1 {
+            *e = (r.method.clone(), r.mean, r.stderr);
+        }
+    }
+    if !best.is_empty() {
+        eprintln!("{:<12} {:>6} {:>5}  best method (mean ± SE of ‖O − Ô‖₂)", "model", "n", "d");
+        for ((model, n, d), (m, mean, se)) in best {
+            eprintln!("{model:<12} {n:>6} {d:>5}  {m} {mean:.4} ± {se:.4}");
+        }
+    }
+    let flagged: usize = o.summary.iter().map(|r| r.nonfinite_trials).sum();
+    if flagged > 0 {
+        eprintln!("warning: {flagged} trials had non-finite errors and are excluded from the means (see nonfinite_trials in summary.csv)");
+    }
+}

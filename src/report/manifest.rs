@@ -1,0 +1,78 @@
+//! manifest.json: the full configuration, crate versions, sha256 of every input file, and
+//! start/end times — what makes a run comparable and reproducible.
+
+use std::io::Read;
+use std::path::Path;
+
+use anyhow::{Context, Result};
+use serde::{Deserialize, Serialize};
+use sha2::{Digest, Sha256};
+
+use crate::config::RunConfig;
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct InputFile {
+    pub role: String,
+    pub path: String,
+    pub sha256: String,
+    pub bytes: u64,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Manifest {
+    pub tool: String,
+    pub version: String,
+    /// Versions of the numerical dependencies (from Cargo.lock at build time).
+    pub dependencies: String,
+    pub command: Vec<String>,
+    pub config: RunConfig,
+    pub model_id: String,
+    pub heads: usize,
+    pub head_dim: usize,
+    pub corpus_tokens: usize,
+    pub inputs: Vec<InputFile>,
+    pub started: String,
+    pub finished: Option<String>,
+    /// `running`, `complete` or `partial` (a shard).
+    pub status: String,
+    pub trials: usize,
+    pub threads: usize,
+    pub features_cuda: bool,
+}
+
+/// sha256 of a file, streamed.
+pub fn sha256_file(path: &Path) -> Result<(String, u64)> {
+    let mut f = std::fs::File::open(path).with_context(|| format!("hashing {}", path.display()))?;
+    let mut h = Sha256::new();
+    let mut buf = vec![0u8; 1 << 20];
+    let mut total = 0u64;
+    loop {
+        let k = f.read(&mut buf)?;
+        if k == 0 {
+            break;
+        }
+        total += k as u64;
+        h.update(&buf[..k]);
+    }
+    Ok((format!("{:x}", h.finalize()), total))
+}
+
+pub fn now() -> String {
+    humantime::format_rfc3339_seconds(std::time::SystemTime::now()).to_string()
+}
+
+impl Manifest {
+    pub fn write(&self, dir: &Path) -> Result<()> {
+        let tmp = dir.join("manifest.json.tmp");
+        std::fs::write(&tmp, serde_json::to_string_pretty(self)? + "\n")
+            .with_context(|| format!("writing {}", tmp.display()))?;
+        std::fs::rename(&tmp, dir.join("manifest.json")).with_context(|| format!("writing {}/manifest.json", dir.display()))?;
+        Ok(())
+    }
+
+    pub fn read(dir: &Path) -> Result<Self> {
+        let p = dir.join("manifest.json");
+        let s = std::fs::read_to_string(&p).with_context(|| format!("reading {}", p.display()))?;
+        serde_json::from_str(&s).map_err(|e| crate::usage!("{}: not a valid approx-bench manifest ({e})", p.display()))
+    }
+}
