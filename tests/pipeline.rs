@@ -1,0 +1,191 @@
+//! End-to-end tests of the CLI on fixtures the project makes itself (no ../shared needed).
+
+mod common;
+
+use common::*;
+
+fn base_args<'a>(model_dir: &'a str, corpus: &'a str, out: &'a str) -> Vec<&'a str> {
+    vec![
+        "--model-dir", model_dir, "--corpus", corpus, "--lengths", "16,32", "--windows", "2", "--methods",
+        "vmean", "--features", "4,8", "--out", out, "--quiet",
+    ]
+}
+
+#[test]
+fn initialized_and_pretrained_runs_write_every_trial_with_finite_errors() {
+    let tmp = tempfile::tempdir().unwrap();
+    let model = tiny_model(&tmp.path().join("m"), true);
+    let corpus = corpus_path();
+    for kind in ["initialized", "pretrained"] {
+        let out = tmp.path().join(kind);
+        let mut args = base_args(model.to_str().unwrap(), corpus.to_str().unwrap(), out.to_str().unwrap());
+        args.extend(["--model", kind]);
+        let o = run(&args, &[]);
+        assert!(o.status.success(), "{kind}: {}", stderr(&o));
+        let rows = approx_bench::report::trials::read_rows(&out.join("trials.csv")).unwrap();
+        // 2 lengths × 2 windows × 4 heads × 1 method × 2 d
+        assert_eq!(rows.len(), 32);
+        assert!(rows.iter().all(|r| r.error.is_finite() && r.error > 0.0 && r.model == kind));
+        let summary = approx_bench::report::summary::read(&out.join("summary.csv")).unwrap();
+        assert_eq!(summary.len(), 4);
+        assert!(summary.iter().all(|s| s.trials == 8));
+        let manifest = approx_bench::report::manifest::Manifest::read(&out).unwrap();
+        assert_eq!(manifest.status, "complete");
+        assert_eq!(manifest.trials, 32);
+        assert!(manifest.inputs.iter().all(|f| f.sha256.len() == 64));
+    }
+}
+
+#[test]
+fn same_seed_gives_identical_rows_and_other_seed_differs_only_for_random_methods() {
+    let tmp = tempfile::tempdir().unwrap();
+    let model = tiny_model(&tmp.path().join("m"), false);
+    let (m, c) = (model.to_str().unwrap().to_string(), corpus_path().to_str().unwrap().to_string());
+    let a = tmp.path().join("a");
+    let b = tmp.path().join("b");
+    for out in [&a, &b] {
+        let mut args = base_args(&m, &c, out.to_str().unwrap());
+        args.extend(["--model", "initialized", "--seed", "7"]);
+        let o = run(&args, &[]);
+        assert!(o.status.success(), "{}", stderr(&o));
+    }
+    assert_eq!(rows_without_timing(&a.join("trials.csv")), rows_without_timing(&b.join("trials.csv")));
+}
+
+#[test]
+fn resume_after_a_torn_write_gives_the_rows_of_an_uninterrupted_run() {
+    let tmp = tempfile::tempdir().unwrap();
+    let model = tiny_model(&tmp.path().join("m"), false);
+    let (m, c) = (model.to_str().unwrap().to_string(), corpus_path().to_str().unwrap().to_string());
+    let full = tmp.path().join("full");
+    let cut = tmp.path().join("cut");
+    for out in [&full, &cut] {
+        let mut args = base_args(&m, &c, out.to_str().unwrap());
+        args.extend(["--model", "initialized"]);
+        assert!(run(&args, &[]).status.success());
+    }
+    // Keep the header, 10 complete rows and half of the 11th, as a killed run would leave.
+    let text = std::fs::read_to_string(cut.join("trials.csv")).unwrap();
+    let lines: Vec<&str> = text.lines().collect();
+    let torn = format!("{}\n{}", lines[..11].join("\n"), &lines[11][..lines[11].len() / 2]);
+    std::fs::write(cut.join("trials.csv"), torn).unwrap();
+    let mut args = base_args(&m, &c, cut.to_str().unwrap());
+    args.extend(["--model", "initialized"]);
+    let o = run(&args, &[]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let mut got = rows_without_timing(&cut.join("trials.csv"));
+    let mut want = rows_without_timing(&full.join("trials.csv"));
+    assert_eq!(got.len(), want.len(), "no row missing, none twice");
+    got.sort();
+    want.sort();
+    assert_eq!(got, want);
+}
+
+#[test]
+fn a_different_configuration_in_an_existing_out_is_refused_with_the_difference() {
+    let tmp = tempfile::tempdir().unwrap();
+    let model = tiny_model(&tmp.path().join("m"), false);
+    let (m, c) = (model.to_str().unwrap().to_string(), corpus_path().to_str().unwrap().to_string());
+    let out = tmp.path().join("o");
+    let mut args = base_args(&m, &c, out.to_str().unwrap());
+    args.extend(["--model", "initialized"]);
+    assert!(run(&args, &[]).status.success());
+    args.extend(["--seed", "3"]);
+    let o = run(&args, &[]);
+    assert_eq!(o.status.code(), Some(2));
+    assert!(stderr(&o).contains("holds a run with another configuration (seed: 0 → 3)"), "{}", stderr(&o));
+    args.push("--force");
+    assert!(run(&args, &[]).status.success());
+}
+
+#[test]
+fn the_hub_cache_path_works_offline_and_matches_local_files() {
+    let tmp = tempfile::tempdir().unwrap();
+    let model = tiny_model(&tmp.path().join("m"), true);
+    let home = tmp.path().join("hf");
+    let files: Vec<(&str, std::path::PathBuf)> = ["config.json", "vocab.txt", "model.safetensors"]
+        .iter()
+        .map(|f| (*f, model.join(f)))
+        .collect();
+    let refs: Vec<(&str, &std::path::Path)> = files.iter().map(|(a, b)| (*a, b.as_path())).collect();
+    hf_cache_repo(&home, "model", "tiny-org/tiny-bert", &refs);
+    let rows = approx_bench::inputs::corpus::text_rows(&corpus_path()).unwrap();
+    let pq = tmp.path().join("test.parquet");
+    write_parquet(&pq, &rows);
+    hf_cache_repo(&home, "dataset", "Salesforce/wikitext", &[("wikitext-2-raw-v1/test-00000-of-00001.parquet", &pq)]);
+
+    let hub_out = tmp.path().join("hub");
+    let o = run(
+        &["--model", "pretrained", "--model-id", "tiny-org/tiny-bert", "--lengths", "16,32", "--windows", "2",
+          "--methods", "vmean", "--features", "4,8", "--out", hub_out.to_str().unwrap(), "--quiet"],
+        &[("HF_HOME", home.to_str().unwrap())],
+    );
+    assert!(o.status.success(), "{}", stderr(&o));
+    let local_out = tmp.path().join("local");
+    let corpus = corpus_path();
+    let mut args = base_args(model.to_str().unwrap(), corpus.to_str().unwrap(), local_out.to_str().unwrap());
+    args.extend(["--model", "pretrained"]);
+    assert!(run(&args, &[]).status.success());
+    let a = approx_bench::report::trials::read_rows(&hub_out.join("trials.csv")).unwrap();
+    let b = approx_bench::report::trials::read_rows(&local_out.join("trials.csv")).unwrap();
+    assert_eq!(a.len(), b.len());
+    for (x, y) in a.iter().zip(&b) {
+        assert_eq!(x.model_id, "tiny-org/tiny-bert");
+        assert_eq!((x.n, x.window, x.head, x.d, x.error), (y.n, y.window, y.head, y.d, y.error));
+    }
+}
+
+#[test]
+fn offline_without_cache_says_what_it_could_not_fetch_and_how_to_proceed() {
+    let tmp = tempfile::tempdir().unwrap();
+    let t0 = std::time::Instant::now();
+    let o = run(
+        &["--model", "initialized", "--lengths", "16", "--windows", "1", "--methods", "vmean", "--out",
+          tmp.path().join("o").to_str().unwrap()],
+        &[("HF_HOME", tmp.path().to_str().unwrap())],
+    );
+    assert!(t0.elapsed().as_secs() < 10);
+    assert_eq!(o.status.code(), Some(2));
+    let e = stderr(&o);
+    assert!(e.contains("cannot fetch config.json of bert-base-cased"), "{e}");
+    assert!(e.contains("HF_HOME") && e.contains("--model-dir") && e.contains("--corpus"), "{e}");
+}
+
+#[test]
+fn dump_qkv_writes_the_windows_heads_and_token_ids() {
+    let tmp = tempfile::tempdir().unwrap();
+    let model = tiny_model(&tmp.path().join("m"), true);
+    let out = tmp.path().join("qkv.safetensors");
+    let o = run(
+        &["dump-qkv", "--model", "pretrained", "--model-dir", model.to_str().unwrap(), "--corpus",
+          corpus_path().to_str().unwrap(), "--length", "16", "--window", "1", "--out", out.to_str().unwrap()],
+        &[],
+    );
+    assert!(o.status.success(), "{}", stderr(&o));
+    let t = candle_core::safetensors::load(&out, &candle_core::Device::Cpu).unwrap();
+    assert_eq!(t["q"].dims(), &[HEADS, 16, HIDDEN / HEADS]);
+    assert_eq!(t["v"].dtype(), candle_core::DType::F32);
+    let ids: Vec<u32> = t["token_ids"].to_vec1().unwrap();
+    let vocab: Vec<String> = std::fs::read_to_string(model.join("vocab.txt")).unwrap().lines().map(String::from).collect();
+    let tok = approx_bench::inputs::corpus::load_tokenizer(&model.join("vocab.txt")).unwrap();
+    let corpus = approx_bench::inputs::corpus::tokenize(&corpus_path(), &tok, vocab.len()).unwrap();
+    assert_eq!(ids, corpus.ids[16..32].to_vec());
+}
+
+#[test]
+fn deeper_layers_run_and_a_layer_beyond_the_model_is_refused() {
+    let tmp = tempfile::tempdir().unwrap();
+    let model = tiny_model(&tmp.path().join("m"), true);
+    let (m, c) = (model.to_str().unwrap().to_string(), corpus_path().to_str().unwrap().to_string());
+    let out = tmp.path().join("l1");
+    let mut args = base_args(&m, &c, out.to_str().unwrap());
+    args.extend(["--model", "pretrained", "--layer", "1", "--lengths", "48"]);
+    let o = run(&args, &[]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let out2 = tmp.path().join("l2");
+    let mut args = base_args(&m, &c, out2.to_str().unwrap());
+    args.extend(["--model", "pretrained", "--layer", "2"]);
+    let o = run(&args, &[]);
+    assert_eq!(o.status.code(), Some(2));
+    assert!(stderr(&o).contains("error: --layer 2 is beyond the model: it has 2 layers (0..=1)"), "{}", stderr(&o));
+}
