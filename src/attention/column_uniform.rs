@@ -1,26 +1,100 @@
-//! Column uniform — implementation pending (issue 3).
+//! Uniform column (key) sampling, the self-normalised textbook sketch (a reference curve; cf. the
+//! "w/o column sampling" ablation of Skeinformer Table 1 without its geometric-mean fill, METHODS.md §2.8):
+//! J ← d keys uniform without replacement; Ô = rowsoftmax(Q K_Jᵀ/√p)·V_J, the softmax taken over the
+//! sampled keys only. d ≥ n takes every key and is exact.
 
-use anyhow::{bail, Result};
+use anyhow::Result;
+use candle_core::Tensor;
 
 use super::{Approximation, HeadInputs, Method};
-use crate::numerics::sampling::TrialRng;
+use crate::numerics::sampling::{uniform_without_replacement, TrialRng};
+use crate::tensor_util::index_tensor;
 
 pub struct ColumnUniform;
+
+/// Ô = rowsoftmax(Q K_Jᵀ/√p)·V_J for the given key indices J.
+pub fn with_columns(q: &Tensor, k: &Tensor, v: &Tensor, cols: &[usize]) -> Result<Tensor> {
+    let p = q.dims2()?.1;
+    let idx = index_tensor(cols, q.device())?;
+    let (kj, vj) = (k.index_select(&idx, 0)?, v.index_select(&idx, 0)?);
+    let s = (q.matmul(&kj.t()?)? / (p as f64).sqrt())?; // [n, d]
+    Ok(super::row_softmax(&s)?.matmul(&vj)?)
+}
 
 impl Method for ColumnUniform {
     fn id(&self) -> &'static str {
         "column_uniform"
     }
     fn feature_meaning(&self) -> &'static str {
-        "pending"
+        "keys sampled uniformly without replacement (min(d, n)); softmax over the sampled keys only"
     }
     fn is_random(&self) -> bool {
         true
     }
     fn macs(&self, n: usize, p: usize, d: usize) -> f64 {
-        4.0 * (n * d * p) as f64
+        // Q K_Jᵀ and softmax·V_J: 2ndp.
+        2.0 * (n * d.min(n) * p) as f64
     }
-    fn approximate(&self, _head: &HeadInputs, _d: usize, _rng: &mut TrialRng) -> Result<Approximation> {
-        bail!("method {} is not implemented yet", self.id())
+    fn approximate(&self, head: &HeadInputs, d: usize, rng: &mut TrialRng) -> Result<Approximation> {
+        self.check(head.n(), d).map_err(anyhow::Error::msg)?;
+        let n = head.n();
+        let cols = uniform_without_replacement(rng, n, d.min(n));
+        Ok(Approximation::plain(with_columns(&head.q, &head.k, &head.v, &cols)?))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::numerics::sampling::normal_values;
+    use crate::numerics::spectral::error_norms;
+    use crate::tensor_util::from_f64;
+    use candle_core::{DType, Device};
+    use rand::SeedableRng;
+
+    fn head(n: usize, p: usize, seed: u64, dtype: DType) -> HeadInputs {
+        let mut rng = TrialRng::seed_from_u64(seed);
+        let mut mk = || from_f64(normal_values(&mut rng, n, p, 1.0), (n, p), &Device::Cpu, dtype).unwrap();
+        let (q, k, v) = (mk(), mk(), mk());
+        HeadInputs::new(q, k, v).unwrap()
+    }
+
+    #[test]
+    fn all_keys_is_exact() {
+        let h = head(50, 8, 1, DType::F64);
+        for d in [50, 80] {
+            let out = ColumnUniform.approximate(&h, d, &mut TrialRng::seed_from_u64(2)).unwrap().output;
+            assert!(error_norms(&h.exact.output, &out).unwrap().spectral < 1e-12, "d = {d}");
+        }
+    }
+
+    #[test]
+    fn matches_naive_softmax_over_sampled_keys() {
+        let h = head(30, 4, 3, DType::F64);
+        let cols = [4usize, 17, 2, 29, 11];
+        let out: Vec<Vec<f64>> = with_columns(&h.q, &h.k, &h.v, &cols).unwrap().to_vec2().unwrap();
+        let m = |t: &Tensor| -> Vec<Vec<f64>> { t.to_vec2().unwrap() };
+        let (q, k, v) = (m(&h.q), m(&h.k), m(&h.v));
+        for i in 0..30 {
+            let a: Vec<f64> = cols.iter().map(|&j| (q[i].iter().zip(&k[j]).map(|(x, y)| x * y).sum::<f64>() / 2.0).exp()).collect();
+            let z: f64 = a.iter().sum();
+            for c in 0..4 {
+                let want = cols.iter().zip(&a).map(|(&j, w)| w * v[j][c]).sum::<f64>() / z;
+                assert!((out[i][c] - want).abs() < 1e-12);
+            }
+        }
+    }
+
+    #[test]
+    fn seeded_reproducible_f32_agrees_and_finite() {
+        let h64 = head(128, 16, 4, DType::F64);
+        let h32 = HeadInputs::new(h64.q.to_dtype(DType::F32).unwrap(), h64.k.to_dtype(DType::F32).unwrap(), h64.v.to_dtype(DType::F32).unwrap()).unwrap();
+        let run = |h: &HeadInputs, seed| ColumnUniform.approximate(h, 16, &mut TrialRng::seed_from_u64(seed)).unwrap().output;
+        let a = run(&h64, 5);
+        assert_eq!(a.to_vec2::<f64>().unwrap(), run(&h64, 5).to_vec2::<f64>().unwrap());
+        assert_ne!(a.to_vec2::<f64>().unwrap(), run(&h64, 6).to_vec2::<f64>().unwrap());
+        let b = run(&h32, 5).to_dtype(DType::F64).unwrap();
+        assert!(error_norms(&a, &b).unwrap().spectral < 1e-5);
+        assert!(b.flatten_all().unwrap().to_vec1::<f64>().unwrap().iter().all(|x| x.is_finite()));
     }
 }

@@ -1,27 +1,206 @@
-//! Linformer — implementation pending (issue 3).
+//! Linformer (Wang et al., 2020; METHODS.md §2.7) and its unreduced-JLT form.
+//!
+//! - `linformer`: paper Eq. (7) with one projection shared by keys and values (E = F, as the
+//!   reference code does): Ô = rowsoftmax(Q (EK)ᵀ/√p)·(EV), E ∈ ℝ^{d×n} iid N(0, 0.02²), drawn fresh per
+//!   trial (the reference's "run_norm" init; [P≠C]: the paper learns E and F).
+//! - `linformer_jlt`: the sketch of paper Eq. (5) / Thm 1 with R = Sᵀ (Skeinformer Table 1
+//!   "w/ unreduced JLT"): Ô = P·S·(SᵀV) with the exact P = D⁻¹A and S ∈ ℝ^{n×d} iid N(0, 1/d), E[SSᵀ] = I.
 
-use anyhow::{bail, Result};
+use anyhow::Result;
+use candle_core::{DType, Device, Tensor};
 
 use super::{Approximation, HeadInputs, Method};
-use crate::numerics::sampling::TrialRng;
+use crate::numerics::sampling::{normal_values, TrialRng};
+use crate::tensor_util::from_f64;
 
-pub struct Linformer { pub jlt: bool }
-impl Linformer { pub fn reference() -> Self { Self { jlt: false } } pub fn unreduced_jlt() -> Self { Self { jlt: true } } }
+/// Standard deviation of the reference projection E (METHODS.md §2.7 [REC]).
+pub const SIGMA: f64 = 0.02;
+
+/// Linformer; `jlt` selects the unreduced JLT form.
+pub struct Linformer {
+    pub jlt: bool,
+}
+
+impl Linformer {
+    /// `linformer`: E ~ N(0, 0.02²), shared by K and V.
+    pub fn reference() -> Self {
+        Self { jlt: false }
+    }
+    /// `linformer_jlt`: Ô = P·S·(SᵀV), S ~ N(0, 1/d).
+    pub fn unreduced_jlt() -> Self {
+        Self { jlt: true }
+    }
+}
+
+/// E ∈ ℝ^{d×n}, iid N(0, 0.02²), drawn on the host from `rng`.
+pub fn draw_projection(rng: &mut TrialRng, n: usize, d: usize, dev: &Device, dt: DType) -> Result<Tensor> {
+    from_f64(normal_values(rng, d, n, SIGMA), (d, n), dev, dt)
+}
+
+/// S ∈ ℝ^{n×d}, iid N(0, 1/d) (so E[SSᵀ] = I), drawn on the host from `rng`.
+pub fn draw_sketch(rng: &mut TrialRng, n: usize, d: usize, dev: &Device, dt: DType) -> Result<Tensor> {
+    from_f64(normal_values(rng, n, d, 1.0 / (d as f64).sqrt()), (n, d), dev, dt)
+}
+
+/// Ô = rowsoftmax(Q (EK)ᵀ/√p)·(EV) for a given projection E ([d, n], same dtype and device as Q).
+pub fn with_projection(q: &Tensor, k: &Tensor, v: &Tensor, e: &Tensor) -> Result<Tensor> {
+    let p = q.dims2()?.1;
+    let ek = e.matmul(k)?; // [d, p]
+    let ev = e.matmul(v)?; // [d, p]
+    let s = (q.matmul(&ek.t()?)? / (p as f64).sqrt())?; // [n, d]
+    Ok(super::row_softmax(&s)?.matmul(&ev)?)
+}
+
+/// Rows per block of P: bounds the block to about 4 M entries.
+fn block_rows(n: usize) -> usize {
+    (4 * 1024 * 1024 / n.max(1)).clamp(1, n.max(1))
+}
+
+/// Ô = P·S·(SᵀV) for a given sketch S ([n, d]), with P = exp(QKᵀ/√p − log D) formed in row blocks
+/// from the exact log row sums `log_rowsum` ([n]), so no n×n matrix is held. Each block computes
+/// (P_b·S)·(SᵀV), the order of the method as written (cost n²(p + d) + 2ndp).
+pub fn with_sketch(q: &Tensor, k: &Tensor, v: &Tensor, log_rowsum: &Tensor, s: &Tensor) -> Result<Tensor> {
+    let (n, p) = q.dims2()?;
+    let scale = 1.0 / (p as f64).sqrt();
+    let stv = s.t()?.matmul(v)?; // [d, p]
+    let kt = k.t()?.contiguous()?;
+    let step = block_rows(n);
+    let mut outs = Vec::with_capacity(n.div_ceil(step));
+    let mut start = 0;
+    while start < n {
+        let len = step.min(n - start);
+        let logits = (q.narrow(0, start, len)?.matmul(&kt)? * scale)?;
+        let pb = logits.broadcast_sub(&log_rowsum.narrow(0, start, len)?.unsqueeze(1)?)?.exp()?; // rows of P
+        outs.push(pb.matmul(s)?.matmul(&stv)?);
+        start += len;
+    }
+    Ok(Tensor::cat(&outs, 0)?)
+}
 
 impl Method for Linformer {
     fn id(&self) -> &'static str {
-        if self.jlt { "linformer_jlt" } else { "linformer" }
+        if self.jlt {
+            "linformer_jlt"
+        } else {
+            "linformer"
+        }
     }
     fn feature_meaning(&self) -> &'static str {
-        "pending"
+        if self.jlt {
+            "sketch width: S is n×d with N(0, 1/d) entries, Ô = P·S·SᵀV"
+        } else {
+            "projected sequence length k: E is d×n with N(0, 0.02²) entries"
+        }
     }
     fn is_random(&self) -> bool {
         true
     }
     fn macs(&self, n: usize, p: usize, d: usize) -> f64 {
-        4.0 * (n * d * p) as f64
+        let (n, p, d) = (n as f64, p as f64, d as f64);
+        if self.jlt {
+            // n²(p + d) + 2ndp (METHODS.md §2.11).
+            n * n * (p + d) + 2.0 * n * d * p
+        } else {
+            // EK, EV, Q(EK)ᵀ, attention·(EV): 4ndp.
+            4.0 * n * d * p
+        }
     }
-    fn approximate(&self, _head: &HeadInputs, _d: usize, _rng: &mut TrialRng) -> Result<Approximation> {
-        bail!("method {} is not implemented yet", self.id())
+    fn approximate(&self, head: &HeadInputs, d: usize, rng: &mut TrialRng) -> Result<Approximation> {
+        self.check(head.n(), d).map_err(anyhow::Error::msg)?;
+        let (n, dev, dt) = (head.n(), head.device(), head.dtype());
+        let out = if self.jlt {
+            let s = draw_sketch(rng, n, d, dev, dt)?;
+            with_sketch(&head.q, &head.k, &head.v, &head.exact.log_rowsum, &s)?
+        } else {
+            let e = draw_projection(rng, n, d, dev, dt)?;
+            with_projection(&head.q, &head.k, &head.v, &e)?
+        };
+        Ok(Approximation::plain(out))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::numerics::spectral::error_norms;
+    use rand::SeedableRng;
+
+    fn head(n: usize, p: usize, seed: u64, dtype: DType) -> HeadInputs {
+        let mut rng = TrialRng::seed_from_u64(seed);
+        let mut mk = || from_f64(normal_values(&mut rng, n, p, 1.0), (n, p), &Device::Cpu, dtype).unwrap();
+        let (q, k, v) = (mk(), mk(), mk());
+        HeadInputs::new(q, k, v).unwrap()
+    }
+
+    #[test]
+    fn identity_projection_is_exact() {
+        let h = head(48, 8, 1, DType::F64);
+        let eye = Tensor::eye(48, DType::F64, &Device::Cpu).unwrap();
+        let out = with_projection(&h.q, &h.k, &h.v, &eye).unwrap();
+        assert!(error_norms(&h.exact.output, &out).unwrap().spectral < 1e-12);
+        // The unreduced JLT with S = I (d = n) is P·V = O as well.
+        let out = with_sketch(&h.q, &h.k, &h.v, &h.exact.log_rowsum, &eye).unwrap();
+        assert!(error_norms(&h.exact.output, &out).unwrap().spectral < 1e-12);
+    }
+
+    #[test]
+    fn projection_is_shared_and_rows_are_convex_combinations_of_ev() {
+        // With Q = 0 the softmax is uniform: every row is mean_r (EV)_r, so E enters both K and V paths
+        // only through EV here; check against a direct computation.
+        let h = head(32, 8, 2, DType::F64);
+        let mut rng = TrialRng::seed_from_u64(3);
+        let e = from_f64(normal_values(&mut rng, 5, 32, SIGMA), (5, 32), &Device::Cpu, DType::F64).unwrap();
+        let zero = h.q.zeros_like().unwrap();
+        let out = with_projection(&zero, &h.k, &h.v, &e).unwrap();
+        let want = e.matmul(&h.v).unwrap().mean_keepdim(0).unwrap().broadcast_as((32, 8)).unwrap();
+        assert!(error_norms(&want, &out).unwrap().spectral < 1e-14);
+    }
+
+    #[test]
+    fn jlt_is_unbiased_on_average() {
+        // E[S Sᵀ] = I, so the mean of Ô over many sketches approaches O (error ~ 1/√trials).
+        let h = head(16, 4, 4, DType::F64);
+        let m = Linformer::unreduced_jlt();
+        let mut rng = TrialRng::seed_from_u64(5);
+        let trials = 4000;
+        let mut acc = h.exact.output.zeros_like().unwrap();
+        for _ in 0..trials {
+            acc = (acc + m.approximate(&h, 4, &mut rng).unwrap().output).unwrap();
+        }
+        let mean = (acc / trials as f64).unwrap();
+        let bias = error_norms(&h.exact.output, &mean).unwrap().spectral;
+        let single = error_norms(&h.exact.output, &m.approximate(&h, 4, &mut rng).unwrap().output).unwrap().spectral;
+        assert!(bias < 0.1 * single, "bias {bias} vs single-trial error {single}");
+    }
+
+    #[test]
+    fn seeded_reproducible_f32_agrees_and_finite() {
+        let h64 = head(128, 16, 6, DType::F64);
+        let h32 = HeadInputs::new(h64.q.to_dtype(DType::F32).unwrap(), h64.k.to_dtype(DType::F32).unwrap(), h64.v.to_dtype(DType::F32).unwrap()).unwrap();
+        for m in [Linformer::reference(), Linformer::unreduced_jlt()] {
+            let run = |h: &HeadInputs, seed| m.approximate(h, 16, &mut TrialRng::seed_from_u64(seed)).unwrap().output;
+            let a = run(&h64, 7);
+            assert_eq!(a.to_vec2::<f64>().unwrap(), run(&h64, 7).to_vec2::<f64>().unwrap());
+            assert_ne!(a.to_vec2::<f64>().unwrap(), run(&h64, 8).to_vec2::<f64>().unwrap());
+            let b = run(&h32, 7).to_dtype(DType::F64).unwrap();
+            let scale = error_norms(&a, &a.zeros_like().unwrap()).unwrap().spectral;
+            let diff = error_norms(&a, &b).unwrap().spectral;
+            assert!(diff < 1e-5 * scale.max(1.0), "{}: f32 vs f64 {diff}", m.id());
+            assert!(b.flatten_all().unwrap().to_vec1::<f64>().unwrap().iter().all(|x| x.is_finite()));
+        }
+    }
+
+    #[test]
+    fn projection_has_the_reference_scale() {
+        let e = draw_projection(&mut TrialRng::seed_from_u64(1), 300, 64, &Device::Cpu, DType::F64).unwrap();
+        assert_eq!(e.dims2().unwrap(), (64, 300));
+        let v: Vec<f64> = e.flatten_all().unwrap().to_vec1().unwrap();
+        let mean = v.iter().sum::<f64>() / v.len() as f64;
+        let sd = (v.iter().map(|x| (x - mean).powi(2)).sum::<f64>() / v.len() as f64).sqrt();
+        assert!(mean.abs() < 5.0 * SIGMA / (v.len() as f64).sqrt() && (sd / SIGMA - 1.0).abs() < 0.02, "{mean} {sd}");
+        let s = draw_sketch(&mut TrialRng::seed_from_u64(2), 300, 64, &Device::Cpu, DType::F64).unwrap();
+        assert_eq!(s.dims2().unwrap(), (300, 64));
+        let ss: f64 = s.sqr().unwrap().sum_all().unwrap().to_scalar().unwrap();
+        assert!((ss / 300.0 - 1.0).abs() < 0.02, "mean diagonal of S Sᵀ {}", ss / 300.0);
     }
 }

@@ -153,7 +153,12 @@ pub fn hf_cache_repo(home: &Path, kind: &str, repo: &str, files: &[(&str, &Path)
     for (i, (name, src)) in files.iter().enumerate() {
         let blob = root.join("blobs").join(format!("blob{i}"));
         std::fs::create_dir_all(blob.parent().unwrap()).unwrap();
-        std::fs::copy(src, &blob).unwrap();
+        // Large files (real checkpoints) are linked, small ones copied.
+        if std::fs::metadata(src).unwrap().len() > 1 << 20 {
+            std::os::unix::fs::symlink(std::fs::canonicalize(src).unwrap(), &blob).unwrap();
+        } else {
+            std::fs::copy(src, &blob).unwrap();
+        }
         let link = root.join("snapshots").join(commit).join(name);
         std::fs::create_dir_all(link.parent().unwrap()).unwrap();
         std::os::unix::fs::symlink(&blob, &link).unwrap();
