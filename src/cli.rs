@@ -27,6 +27,8 @@ pub struct Cli {
 pub enum Command {
     /// Write one window's per-head Q, K, V ([heads, n, p], f32) and token ids to a safetensors file.
     DumpQkv(DumpArgs),
+    /// Combine shard outputs (--shard K/N runs) into one run with summary and manifest.
+    Merge(MergeArgs),
 }
 
 /// Which weights: the pretrained checkpoint, or a fresh Hugging Face-style initialization.
@@ -99,15 +101,20 @@ pub struct InputArgs {
 pub struct SweepArgs {
     #[command(flatten)]
     pub inputs: InputArgs,
-    /// Sequence lengths n, comma-separated.
-    #[arg(long, value_delimiter = ',', default_value = "512,1024,2048,4096")]
-    pub lengths: Vec<String>,
-    /// Numbers of features d, comma-separated.
-    #[arg(long, value_delimiter = ',', default_value = "8,16,32,64,128,256")]
-    pub features: Vec<String>,
-    /// Methods, comma-separated ids, or `all`, or `figure` (the methods of both Figure 1s).
-    #[arg(long, value_delimiter = ',', default_value = "figure")]
-    pub methods: Vec<String>,
+    /// Preset of a paper's Figure 1: sets --lengths, --methods and --features unless given.
+    /// `skyformer`: n = 512..4096, skyformer/nystromformer/performer/informer; `skeinformer`: n = 1024, 4096,
+    /// skeinformer/vmean/informer/linformer; both d = 8..256.
+    #[arg(long, value_enum)]
+    pub figure: Option<FigurePreset>,
+    /// Sequence lengths n, comma-separated [default: 512,1024,2048,4096].
+    #[arg(long, value_delimiter = ',')]
+    pub lengths: Option<Vec<String>>,
+    /// Numbers of features d, comma-separated [default: 8,16,32,64,128,256].
+    #[arg(long, value_delimiter = ',')]
+    pub features: Option<Vec<String>>,
+    /// Methods, comma-separated ids, or `all`, or `figure` (the methods of both Figure 1s) [default: figure].
+    #[arg(long, value_delimiter = ',')]
+    pub methods: Option<Vec<String>>,
     /// Windows per length (consecutive, non-overlapping, from the start of the corpus).
     #[arg(long, default_value_t = 64)]
     pub windows: usize,
@@ -126,6 +133,28 @@ pub struct SweepArgs {
     /// No progress bar and no end summary on stderr.
     #[arg(long)]
     pub quiet: bool,
+    /// Run only shard K of N (1-based): a deterministic 1/N slice of the (n, window) units, whose rows are
+    /// identical to the same rows of an unsharded run. Combine shards with `approx-bench merge`.
+    #[arg(long)]
+    pub shard: Option<String>,
+}
+
+/// A paper's Figure 1 preset.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum FigurePreset {
+    Skyformer,
+    Skeinformer,
+}
+
+#[derive(Debug, Clone, Args)]
+pub struct MergeArgs {
+    /// Shard output directories (each from a run with the same configuration and a different --shard).
+    #[arg(required = true)]
+    pub dirs: Vec<PathBuf>,
+    /// Directory for the merged trials.csv, summary.csv and manifest.json.
+    #[arg(long)]
+    pub out: PathBuf,
 }
 
 #[derive(Debug, Clone, Args)]

@@ -5,7 +5,7 @@ use anyhow::Result;
 use serde::{Deserialize, Serialize};
 
 use crate::attention;
-use crate::cli::{DtypeArg, InputArgs, ModelKind, SweepArgs};
+use crate::cli::{DtypeArg, FigurePreset, InputArgs, ModelKind, SweepArgs};
 use crate::inputs::hub::ModelSource;
 use crate::inputs::qkv::EmbeddingPolicy;
 use crate::usage;
@@ -13,6 +13,35 @@ use crate::usage;
 /// The methods of both papers' Figure 1 (Skyformer's four, Skeinformer's four; Informer is shared).
 pub const FIGURE_METHODS: &[&str] =
     &["skyformer", "nystromformer", "performer", "informer", "skeinformer", "vmean", "linformer"];
+
+/// Skyformer Figure 1's methods (Chen et al., NeurIPS 2021).
+pub const SKYFORMER_FIGURE: &[&str] = &["skyformer", "nystromformer", "performer", "informer"];
+/// Skeinformer Figure 1's methods (Chen et al., NAACL 2022).
+pub const SKEINFORMER_FIGURE: &[&str] = &["skeinformer", "vmean", "informer", "linformer"];
+
+/// A `--shard K/N` spec: this run takes the (n, window) units whose index ≡ K − 1 (mod N).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Shard {
+    pub index: usize,
+    pub count: usize,
+}
+
+impl Shard {
+    pub fn parse(spec: &str) -> Result<Self> {
+        let bad = || usage!("--shard {spec}: expected K/N with 1 ≤ K ≤ N, e.g. --shard 2/8");
+        let (k, n) = spec.split_once('/').ok_or_else(bad)?;
+        let (index, count): (usize, usize) = (k.trim().parse().map_err(|_| bad())?, n.trim().parse().map_err(|_| bad())?);
+        if count == 0 || index == 0 || index > count {
+            return Err(bad());
+        }
+        Ok(Self { index, count })
+    }
+
+    /// Whether unit number `unit` (0-based, in grid order) belongs to this shard.
+    pub fn takes(&self, unit: usize) -> bool {
+        unit % self.count == self.index - 1
+    }
+}
 
 /// Validated input options.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -137,9 +166,16 @@ pub fn parse_methods(values: &[String]) -> Result<Vec<String>> {
 
 impl RunConfig {
     pub fn from_args(a: &SweepArgs) -> Result<Self> {
-        let lengths = parse_positive_list("--lengths", &a.lengths)?;
-        let features = parse_positive_list("--features", &a.features)?;
-        let methods = parse_methods(&a.methods)?;
+        let strings = |v: &[&str]| v.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+        let (def_lengths, def_methods) = match a.figure {
+            Some(FigurePreset::Skyformer) => (strings(&["512", "1024", "2048", "4096"]), strings(SKYFORMER_FIGURE)),
+            Some(FigurePreset::Skeinformer) => (strings(&["1024", "4096"]), strings(SKEINFORMER_FIGURE)),
+            None => (strings(&["512", "1024", "2048", "4096"]), strings(&["figure"])),
+        };
+        let def_features = strings(&["8", "16", "32", "64", "128", "256"]);
+        let lengths = parse_positive_list("--lengths", a.lengths.as_ref().unwrap_or(&def_lengths))?;
+        let features = parse_positive_list("--features", a.features.as_ref().unwrap_or(&def_features))?;
+        let methods = parse_methods(a.methods.as_ref().unwrap_or(&def_methods))?;
         if a.windows == 0 {
             return Err(usage!("--windows 0: at least one window per length is needed"));
         }

@@ -15,11 +15,17 @@ fn run(cli: Cli) -> anyhow::Result<i32> {
                 force: cli.sweep.force,
                 quiet: cli.sweep.quiet,
                 command: std::env::args().collect(),
+                shard: cli.sweep.shard.as_deref().map(approx_bench::config::Shard::parse).transpose()?,
             };
             let outcome = sweep::run(&cfg, &opts)?;
             if !opts.quiet {
                 approx_bench::report::console::print_summary(&outcome);
             }
+            Ok(0)
+        }
+        Some(Command::Merge(a)) => {
+            let outcome = sweep::merge(&a.dirs, &a.out)?;
+            approx_bench::report::console::print_summary(&outcome);
             Ok(0)
         }
         Some(Command::DumpQkv(a)) => {

@@ -189,3 +189,109 @@ fn deeper_layers_run_and_a_layer_beyond_the_model_is_refused() {
     assert_eq!(o.status.code(), Some(2));
     assert!(stderr(&o).contains("error: --layer 2 is beyond the model: it has 2 layers (0..=1)"), "{}", stderr(&o));
 }
+
+#[test]
+fn shards_merge_into_the_rows_of_an_unsharded_run() {
+    let tmp = tempfile::tempdir().unwrap();
+    let model = tiny_model(&tmp.path().join("m"), false);
+    let (m, c) = (model.to_str().unwrap().to_string(), corpus_path().to_str().unwrap().to_string());
+    let base = |out: &str| -> Vec<String> {
+        ["--model", "initialized", "--model-dir", &m, "--corpus", &c, "--methods", "vmean,informer,skeinformer",
+         "--lengths", "16,32", "--windows", "3", "--features", "4,8", "--quiet", "--out", out]
+            .iter().map(|s| s.to_string()).collect()
+    };
+    let full = tmp.path().join("full");
+    let args = base(full.to_str().unwrap());
+    let args: Vec<&str> = args.iter().map(|s| s.as_str()).collect();
+    assert!(run(&args, &[]).status.success());
+    let mut shard_dirs = Vec::new();
+    for k in 1..=3 {
+        let dir = tmp.path().join(format!("s{k}"));
+        let spec = format!("{k}/3");
+        let mut args = base(dir.to_str().unwrap());
+        args.extend(["--shard".to_string(), spec]);
+        let args: Vec<&str> = args.iter().map(|s| s.as_str()).collect();
+        let o = run(&args, &[]);
+        assert!(o.status.success(), "{}", stderr(&o));
+        shard_dirs.push(dir);
+    }
+    let merged = tmp.path().join("merged");
+    let mut args: Vec<&str> = vec!["merge"];
+    args.extend(shard_dirs.iter().map(|d| d.to_str().unwrap()));
+    args.extend(["--out", merged.to_str().unwrap()]);
+    let o = run(&args, &[]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert_eq!(rows_without_timing(&merged.join("trials.csv")), rows_without_timing(&full.join("trials.csv")));
+    let a = std::fs::read_to_string(merged.join("summary.csv")).unwrap();
+    let b = std::fs::read_to_string(full.join("summary.csv")).unwrap();
+    let strip = |s: &str| s.lines().map(|l| l.rsplit_once(',').unwrap().0.to_string()).collect::<Vec<_>>();
+    assert_eq!(strip(&a), strip(&b));
+    let manifest = approx_bench::report::manifest::Manifest::read(&merged).unwrap();
+    assert_eq!(manifest.status, "complete");
+    // A bad shard spec is a usage error.
+    let bad = tmp.path().join("bad");
+    let mut args = base_args(&m, &c, bad.to_str().unwrap());
+    args.extend(["--model", "initialized", "--shard", "3/2"]);
+    let o = run(&args, &[]);
+    assert_eq!(o.status.code(), Some(2));
+    assert!(stderr(&o).contains("--shard 3/2: expected K/N with 1 ≤ K ≤ N"), "{}", stderr(&o));
+}
+
+#[test]
+fn a_sweep_killed_with_sigkill_resumes_to_exactly_the_rows_of_an_uninterrupted_run() {
+    let tmp = tempfile::tempdir().unwrap();
+    let model = tiny_model(&tmp.path().join("m"), false);
+    let (m, c) = (model.to_str().unwrap().to_string(), corpus_path().to_str().unwrap().to_string());
+    let features: String = (1..=48).map(|d| d.to_string()).collect::<Vec<_>>().join(",");
+    let grid = |out: &std::path::Path| -> Vec<String> {
+        ["--model", "initialized", "--model-dir", &m, "--corpus", &c, "--methods", "vmean,informer,skeinformer,linformer",
+         "--lengths", "64,128", "--windows", "2", "--features", &features, "--quiet", "--out", out.to_str().unwrap()]
+            .iter().map(|s| s.to_string()).collect()
+    };
+    let full = tmp.path().join("full");
+    let o = std::process::Command::new(bin()).args(grid(&full)).output().unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let total = rows_without_timing(&full.join("trials.csv")).len();
+
+    let cut = tmp.path().join("cut");
+    let mut child = std::process::Command::new(bin()).args(grid(&cut)).spawn().unwrap();
+    let trials = cut.join("trials.csv");
+    loop {
+        let lines = std::fs::read_to_string(&trials).map(|s| s.lines().count()).unwrap_or(0);
+        if lines > 200 {
+            break;
+        }
+        assert!(child.try_wait().unwrap().is_none(), "the sweep finished before it could be killed; enlarge the grid");
+        std::thread::sleep(std::time::Duration::from_millis(1));
+    }
+    // SIGKILL: no chance to clean up.
+    child.kill().unwrap();
+    child.wait().unwrap();
+    let before = rows_without_timing(&trials).len();
+    assert!(before < total, "killed after completion ({before} of {total} rows)");
+    let o = std::process::Command::new(bin()).args(grid(&cut)).output().unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let mut got = rows_without_timing(&trials);
+    let mut want = rows_without_timing(&full.join("trials.csv"));
+    assert_eq!(got.len(), want.len(), "none missing, none twice");
+    got.sort();
+    want.sort();
+    assert_eq!(got, want);
+}
+
+#[test]
+fn rows_do_not_depend_on_the_number_of_threads() {
+    let tmp = tempfile::tempdir().unwrap();
+    let model = tiny_model(&tmp.path().join("m"), false);
+    let (m, c) = (model.to_str().unwrap().to_string(), corpus_path().to_str().unwrap().to_string());
+    let mut outs = Vec::new();
+    for threads in ["1", "2"] {
+        let out = tmp.path().join(format!("t{threads}"));
+        let mut args = base_args(&m, &c, out.to_str().unwrap());
+        args.extend(["--model", "initialized", "--methods", "vmean,informer,skeinformer,linformer"]);
+        let o = run(&args, &[("RAYON_NUM_THREADS", threads)]);
+        assert!(o.status.success(), "{}", stderr(&o));
+        outs.push(rows_without_timing(&out.join("trials.csv")));
+    }
+    assert_eq!(outs[0], outs[1]);
+}

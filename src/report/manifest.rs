@@ -38,6 +38,9 @@ pub struct Manifest {
     pub trials: usize,
     pub threads: usize,
     pub features_cuda: bool,
+    /// The shard this run covered (`--shard K/N`), if any.
+    #[serde(default)]
+    pub shard: Option<crate::config::Shard>,
 }
 
 /// sha256 of a file, streamed.
