@@ -29,6 +29,18 @@ pub enum Command {
     DumpQkv(DumpArgs),
     /// Combine shard outputs (--shard K/N runs) into one run with summary and manifest.
     Merge(MergeArgs),
+    /// Time each stage (Q/K/V, exact attention with GFLOP/s, every method and d, the metric) on window 0
+    /// of each length, and report peak memory. Takes the sweep's flags; --windows and --out are ignored.
+    Bench(BenchArgs),
+}
+
+#[derive(Debug, Clone, Args)]
+pub struct BenchArgs {
+    #[command(flatten)]
+    pub sweep: SweepArgs,
+    /// Timed repetitions per stage (the median is reported).
+    #[arg(long, default_value_t = 5)]
+    pub repeats: usize,
 }
 
 /// Which weights: the pretrained checkpoint, or a fresh Hugging Face-style initialization.

@@ -6,6 +6,7 @@
 //! (CSV, manifest, figures, regression check).
 
 pub mod attention;
+pub mod bench;
 pub mod cli;
 pub mod config;
 pub mod inputs;

@@ -23,6 +23,11 @@ fn run(cli: Cli) -> anyhow::Result<i32> {
             }
             Ok(0)
         }
+        Some(Command::Bench(a)) => {
+            let cfg = RunConfig::from_args(&a.sweep)?;
+            approx_bench::bench::run(&cfg, a.repeats.max(1))?;
+            Ok(0)
+        }
         Some(Command::Merge(a)) => {
             let outcome = sweep::merge(&a.dirs, &a.out)?;
             approx_bench::report::console::print_summary(&outcome);

@@ -173,48 +173,36 @@ pub fn run(cfg: &RunConfig, opts: &SweepOptions) -> Result<SweepOutcome> {
             }
             let ids = prepared.corpus.window(n, w)?;
             let (q, k, v) = qkv::window_qkv(&prepared.weights, &prepared.config, ids, cfg.inputs.embedding, dtype)?;
-            for &h in &heads {
-                let head = HeadInputs::new(q.get(h)?, k.get(h)?, v.get(h)?)?;
-                let exact_norm = head.exact.norm()?;
-                for m in &methods {
-                    for &d in &cfg.features {
-                        if !missing(h, m.id(), d) {
-                            continue;
+            // Heads run in parallel (each trial's result depends only on its own inputs and seed);
+            // their rows are appended in head order through a reorder buffer, so trials.csv has
+            // the same order whatever the thread count, and every finished head is on disk.
+            let jobs: Vec<usize> =
+                heads.iter().copied().filter(|&h| methods.iter().any(|m| cfg.features.iter().any(|&d| missing(h, m.id(), d)))).collect();
+            let trial = TrialContext { cfg, n, window: w, model_name: &model_name, prepared: &prepared, methods: &methods, bar: &bar };
+            std::thread::scope(|scope| -> Result<()> {
+                let (tx, rx) = std::sync::mpsc::channel::<(usize, Result<Vec<TrialRow>>)>();
+                let (q, k, v, jobs_ref, missing_ref, trial_ref) = (&q, &k, &v, &jobs, &missing, &trial);
+                scope.spawn(move || {
+                    use rayon::prelude::*;
+                    jobs_ref.par_iter().enumerate().for_each_with(tx, |tx, (i, &h)| {
+                        let rows = trial_ref.head_trials(h, q, k, v, missing_ref);
+                        let _ = tx.send((i, rows));
+                    });
+                });
+                let mut pending = std::collections::BTreeMap::new();
+                let mut next = 0;
+                for (i, rows) in rx {
+                    pending.insert(i, rows);
+                    while let Some(rows) = pending.remove(&next) {
+                        for row in rows? {
+                            writer.append(&row)?;
+                            new_trials += 1;
                         }
-                        let key = TrialKey { seed: cfg.seed, n, window: w, head: h, method: m.id(), d };
-                        let mut rng = key.rng();
-                        bar.set_message(format!("n={n} w={w} h={h} {} d={d}", m.id()));
-                        let t0 = Instant::now();
-                        let approx = m
-                            .approximate(&head, d, &mut rng)
-                            .with_context(|| format!("method {} at n = {n}, window {w}, head {h}, d = {d}", m.id()))?;
-                        prepared.device.synchronize()?;
-                        let seconds = t0.elapsed().as_secs_f64();
-                        let norms = spectral::error_norms(&head.exact.output, &approx.output)?;
-                        let row = TrialRow {
-                            model: model_name.clone(),
-                            model_id: prepared.model_id.clone(),
-                            layer: cfg.inputs.layer,
-                            n,
-                            window: w,
-                            head: h,
-                            method: m.id().to_string(),
-                            d,
-                            seed: key.derive_seed(),
-                            error: norms.spectral,
-                            rel_error: norms.spectral / exact_norm,
-                            frob_error: norms.frobenius,
-                            exact_norm,
-                            nonfinite_rows: flagged_rows(&approx)?,
-                            macs: m.macs(n, prepared.head_dim(), d),
-                            seconds,
-                        };
-                        writer.append(&row)?;
-                        new_trials += 1;
-                        bar.inc(1);
+                        next += 1;
                     }
                 }
-            }
+                Ok(())
+            })?;
         }
     }
     bar.finish_and_clear();
@@ -226,6 +214,71 @@ pub fn run(cfg: &RunConfig, opts: &SweepOptions) -> Result<SweepOutcome> {
     manifest.trials = rows.len();
     manifest.write(&opts.out)?;
     Ok(SweepOutcome { out: opts.out.clone(), summary: summary_rows, new_trials, total_trials: rows.len() })
+}
+
+/// What one window's trials share.
+struct TrialContext<'a> {
+    cfg: &'a RunConfig,
+    n: usize,
+    window: usize,
+    model_name: &'a str,
+    prepared: &'a inputs::Prepared,
+    methods: &'a [Box<dyn attention::Method>],
+    bar: &'a indicatif::ProgressBar,
+}
+
+impl TrialContext<'_> {
+    /// Every missing trial of head `h`: the exact target once, then each method and d.
+    fn head_trials(
+        &self,
+        h: usize,
+        q: &candle_core::Tensor,
+        k: &candle_core::Tensor,
+        v: &candle_core::Tensor,
+        missing: &(dyn Fn(usize, &str, usize) -> bool + Sync),
+    ) -> Result<Vec<TrialRow>> {
+        let (cfg, n, w) = (self.cfg, self.n, self.window);
+        let head = HeadInputs::new(q.get(h)?, k.get(h)?, v.get(h)?)?;
+        let exact_norm = head.exact.norm()?;
+        let mut rows = Vec::new();
+        for m in self.methods {
+            for &d in &cfg.features {
+                if !missing(h, m.id(), d) {
+                    continue;
+                }
+                let key = TrialKey { seed: cfg.seed, n, window: w, head: h, method: m.id(), d };
+                let mut rng = key.rng();
+                self.bar.set_message(format!("n={n} w={w} {} d={d}", m.id()));
+                let t0 = Instant::now();
+                let approx = m
+                    .approximate(&head, d, &mut rng)
+                    .with_context(|| format!("method {} at n = {n}, window {w}, head {h}, d = {d}", m.id()))?;
+                self.prepared.device.synchronize()?;
+                let seconds = t0.elapsed().as_secs_f64();
+                let norms = spectral::error_norms(&head.exact.output, &approx.output)?;
+                rows.push(TrialRow {
+                    model: self.model_name.to_string(),
+                    model_id: self.prepared.model_id.clone(),
+                    layer: cfg.inputs.layer,
+                    n,
+                    window: w,
+                    head: h,
+                    method: m.id().to_string(),
+                    d,
+                    seed: key.derive_seed(),
+                    error: norms.spectral,
+                    rel_error: norms.spectral / exact_norm,
+                    frob_error: norms.frobenius,
+                    exact_norm,
+                    nonfinite_rows: flagged_rows(&approx)?,
+                    macs: m.macs(n, self.prepared.head_dim(), d),
+                    seconds,
+                });
+                self.bar.inc(1);
+            }
+        }
+        Ok(rows)
+    }
 }
 
 fn progress_bar(len: u64, quiet: bool) -> indicatif::ProgressBar {

@@ -4,39 +4,59 @@
 use anyhow::Result;
 use candle_core::{DType, Tensor, D};
 
-/// Rows per block: bounds the score block to about 4 M entries.
+/// Rows per block: bounds the score block to about 1 M entries (4 MB in f32), small enough for
+/// the allocator to reuse the same memory block after block instead of mapping fresh pages.
 fn block_rows(n: usize) -> usize {
-    (4 * 1024 * 1024 / n.max(1)).clamp(1, n.max(1))
+    (1024 * 1024 / n.max(1)).clamp(1, n.max(1))
 }
 
-/// O and the log row normalizers log D_i = log Σ_j exp(q_i·k_j/√p).
+/// O and, on demand, the log row normalizers log D_i = log Σ_j exp(q_i·k_j/√p).
 pub struct ExactAttention {
     /// O, [n, p], in the inputs' dtype.
     pub output: Tensor,
-    /// log D, [n], f64-accurate to the dtype's rounding.
-    pub log_rowsum: Tensor,
+    q: Tensor,
+    k: Tensor,
+    log_rowsum: std::sync::OnceLock<Tensor>,
 }
 
 impl ExactAttention {
     pub fn compute(q: &Tensor, k: &Tensor, v: &Tensor) -> Result<Self> {
         let (n, p) = q.dims2()?;
-        let scale = 1.0 / (p as f64).sqrt();
+        // Scale Q once (n×p) instead of every score block (n×n).
+        let qs = (q * (1.0 / (p as f64).sqrt()))?;
         let kt = k.t()?.contiguous()?;
         let step = block_rows(n);
         let mut outs = Vec::with_capacity(n.div_ceil(step));
+        let mut start = 0;
+        while start < n {
+            let len = step.min(n - start);
+            let s = qs.narrow(0, start, len)?.matmul(&kt)?;
+            // Fused max-shifted softmax: one pass, one allocation.
+            outs.push(candle_nn::ops::softmax_last_dim(&s)?.matmul(v)?);
+            start += len;
+        }
+        Ok(Self { output: Tensor::cat(&outs, 0)?, q: qs, k: kt, log_rowsum: std::sync::OnceLock::new() })
+    }
+
+    /// log D ([n]); computed on first use (only methods that divide by the exact D need it).
+    pub fn log_rowsum(&self) -> Result<&Tensor> {
+        if let Some(t) = self.log_rowsum.get() {
+            return Ok(t);
+        }
+        let n = self.q.dims()[0];
+        let step = block_rows(n);
         let mut logs = Vec::with_capacity(n.div_ceil(step));
         let mut start = 0;
         while start < n {
             let len = step.min(n - start);
-            let s = (q.narrow(0, start, len)?.matmul(&kt)? * scale)?;
+            let s = self.q.narrow(0, start, len)?.matmul(&self.k)?;
             let m = s.max_keepdim(D::Minus1)?;
-            let e = s.broadcast_sub(&m)?.exp()?;
-            let z = e.sum_keepdim(D::Minus1)?;
-            outs.push(e.matmul(v)?.broadcast_div(&z)?);
+            let z = s.broadcast_sub(&m)?.exp()?.sum_keepdim(D::Minus1)?;
             logs.push((m + z.log()?)?.squeeze(1)?);
             start += len;
         }
-        Ok(Self { output: Tensor::cat(&outs, 0)?, log_rowsum: Tensor::cat(&logs, 0)? })
+        let t = Tensor::cat(&logs, 0)?;
+        Ok(self.log_rowsum.get_or_init(|| t))
     }
 
     /// The attention matrix P = D⁻¹A (n×n); only for methods that need it (reference curves).
@@ -91,7 +111,7 @@ mod tests {
             assert!((row - 1.0).abs() < 1e-12);
         }
         // log D from the blocks equals the direct log-sum-exp.
-        let ld: Vec<f64> = ex.log_rowsum.to_vec1().unwrap();
+        let ld: Vec<f64> = ex.log_rowsum().unwrap().to_vec1().unwrap();
         let s0: f64 = k.iter().map(|kj| (q[0].iter().zip(kj).map(|(a, b)| a * b).sum::<f64>() / (p as f64).sqrt()).exp()).sum();
         assert!((ld[0] - s0.ln()).abs() < 1e-12);
     }

@@ -56,8 +56,11 @@ pub fn power_iteration(g: &DMatrix<f64>, seed: u64) -> PowerResult {
     }
     let mut rng = ChaCha8Rng::seed_from_u64(seed);
     let x0 = DVector::from_fn(p, |_, _| rng.random::<f64>() - 0.5);
-    // H = G^(2^k) / scale, by repeated squaring.
+    // H = G^(2^k) / trace, by repeated squaring, until it stops changing: trace(H²) = Σμ_i² for
+    // the trace-normalized eigenvalues μ, which reaches 1 when one eigenvalue dominates and
+    // 1/k for a k-fold cluster; squaring further then changes nothing.
     let mut h = g / tr;
+    let mut last = 0.0;
     for _ in 0..SQUARINGS {
         let h2 = &h * &h;
         let t = h2.trace();
@@ -65,6 +68,10 @@ pub fn power_iteration(g: &DMatrix<f64>, seed: u64) -> PowerResult {
             break;
         }
         h = h2 / t;
+        if (t - last).abs() <= 1e-15 * t {
+            break;
+        }
+        last = t;
     }
     let mut x = &h * &x0;
     if !(x.norm() > 0.0) {

@@ -1,0 +1,94 @@
+//! `approx-bench bench`: per-stage times of the sweep's work on real inputs — Q/K/V, exact
+//! attention (with achieved GFLOP/s against a measured matmul peak), each method at each d, the
+//! metric — and peak memory. Speed is measured here, never in tests.
+
+use std::time::Instant;
+
+use anyhow::Result;
+use candle_core::{DType, Device, Tensor};
+
+use crate::attention::{self, HeadInputs};
+use crate::config::RunConfig;
+use crate::inputs::{self, qkv};
+use crate::numerics::{sampling::TrialKey, spectral};
+
+/// Peak resident set size of this process in MiB (Linux /proc; None elsewhere).
+pub fn peak_rss_mib() -> Option<f64> {
+    let s = std::fs::read_to_string("/proc/self/status").ok()?;
+    let line = s.lines().find(|l| l.starts_with("VmHWM:"))?;
+    let kb: f64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kb / 1024.0)
+}
+
+/// Median wall time of `reps` runs of `f`, in seconds (after one warm-up run).
+fn time<T>(device: &Device, reps: usize, mut f: impl FnMut() -> Result<T>) -> Result<f64> {
+    f()?;
+    device.synchronize()?;
+    let mut ts = Vec::with_capacity(reps);
+    for _ in 0..reps {
+        let t0 = Instant::now();
+        f()?;
+        device.synchronize()?;
+        ts.push(t0.elapsed().as_secs_f64());
+    }
+    ts.sort_by(|a, b| a.partial_cmp(b).expect("finite"));
+    Ok(ts[ts.len() / 2])
+}
+
+/// f32/f64 matmul throughput at the attention shape [n, p]·[p, n], GFLOP/s.
+fn matmul_peak(device: &Device, dtype: DType, n: usize, p: usize) -> Result<f64> {
+    let a = Tensor::randn(0f32, 1.0, (n, p), device)?.to_dtype(dtype)?;
+    let b = Tensor::randn(0f32, 1.0, (p, n), device)?.to_dtype(dtype)?;
+    let t = time(device, 5, || Ok(a.matmul(&b)?))?;
+    Ok(2.0 * (n * n * p) as f64 / t / 1e9)
+}
+
+pub fn run(cfg: &RunConfig, reps: usize) -> Result<()> {
+    let t0 = Instant::now();
+    let prepared = inputs::prepare(&cfg.inputs)?;
+    println!("inputs: {:.3} s (resolve, tokenize {} tokens, load weights)", t0.elapsed().as_secs_f64(), prepared.corpus.ids.len());
+    let dtype = cfg.inputs.candle_dtype();
+    let dev = &prepared.device;
+    let p = prepared.head_dim();
+    println!("device {:?}, dtype {dtype:?}, threads {}", dev, rayon::current_num_threads());
+    for &n in &cfg.lengths {
+        let ids = prepared.corpus.window(n, 0)?;
+        let t_qkv = time(dev, reps, || qkv::window_qkv(&prepared.weights, &prepared.config, ids, cfg.inputs.embedding, dtype))?;
+        let (q, k, v) = qkv::window_qkv(&prepared.weights, &prepared.config, ids, cfg.inputs.embedding, dtype)?;
+        let (qh, kh, vh) = (q.get(0)?.contiguous()?, k.get(0)?.contiguous()?, v.get(0)?.contiguous()?);
+        let t_exact = time(dev, reps, || attention::exact::ExactAttention::compute(&qh, &kh, &vh))?;
+        let flops = 4.0 * (n * n * p) as f64;
+        let peak = matmul_peak(dev, dtype, n, p)?;
+        println!("\nn = {n}: Q/K/V of one window (all heads) {:.2} ms", t_qkv * 1e3);
+        println!(
+            "  exact attention per head {:.2} ms = {:.1} GFLOP/s (4n²p flops + n² exp) against a matmul peak of {:.1} GFLOP/s ({:.0} %)",
+            t_exact * 1e3,
+            flops / t_exact / 1e9,
+            peak,
+            100.0 * flops / t_exact / 1e9 / peak
+        );
+        let head = HeadInputs::new(qh, kh, vh)?;
+        let mut shown = None;
+        println!("  {:<18} {:>5} {:>10} {:>12}", "method", "d", "ms/head", "GMAC/s");
+        for m in &cfg.methods {
+            let method = attention::by_id(m).map_err(|e| crate::usage!("{e}"))?;
+            for &d in &cfg.features {
+                let key = TrialKey { seed: cfg.seed, n, window: 0, head: 0, method: m, d };
+                let t = time(dev, reps, || method.approximate(&head, d, &mut key.rng()))?;
+                let macs = method.macs(n, p, d);
+                println!("  {:<18} {:>5} {:>10.3} {:>12.2}", m, d, t * 1e3, macs / t / 1e9);
+                if shown.is_none() {
+                    shown = Some(method.approximate(&head, d, &mut key.rng())?.output);
+                }
+            }
+        }
+        if let Some(out) = shown {
+            let t_metric = time(dev, reps, || spectral::error_norms(&head.exact.output, &out))?;
+            println!("  metric ‖O − Ô‖₂ (Gram + power iteration) {:.3} ms", t_metric * 1e3);
+        }
+    }
+    if let Some(rss) = peak_rss_mib() {
+        println!("\npeak RSS {rss:.0} MiB");
+    }
+    Ok(())
+}
