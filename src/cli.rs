@@ -86,6 +86,14 @@ pub struct InputArgs {
     /// Seed of the Hugging Face-style initialization (--model initialized or --embeddings-from initialized).
     #[arg(long, default_value_t = 12345)]
     pub model_seed: u64,
+    /// Initialization of Linear layers when initialized: `hf` (N(0, 0.02²), biases 0) or `pytorch`
+    /// (nn.Linear's default kaiming-uniform, uniform biases).
+    #[arg(long, value_enum, default_value = "hf")]
+    pub init: crate::inputs::model::InitScheme,
+    /// Dropout probability applied to the embedding output, as in a model left in training mode
+    /// (seeded per window; 0 = eval mode).
+    #[arg(long, default_value_t = 0.0)]
+    pub embedding_dropout: f64,
     /// Source of the embedding tables; defaults to --model (METHODS.md §1.4 item 8).
     #[arg(long, value_enum)]
     pub embeddings_from: Option<ModelKind>,

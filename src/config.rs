@@ -57,6 +57,10 @@ pub struct InputConfig {
     pub corpus: String,
     pub device: String,
     pub dtype: DtypeArg,
+    #[serde(default)]
+    pub init: crate::inputs::model::InitScheme,
+    #[serde(default)]
+    pub embedding_dropout: f64,
 }
 
 /// Validated sweep options.
@@ -74,6 +78,9 @@ pub struct RunConfig {
 
 impl InputConfig {
     pub fn from_args(a: &InputArgs) -> Result<Self> {
+        if !(0.0..1.0).contains(&a.embedding_dropout) {
+            return Err(usage!("--embedding-dropout {}: must be in [0, 1)", a.embedding_dropout));
+        }
         if a.split.is_empty() || a.split.contains('/') {
             return Err(usage!("--split '{}': expected a split name such as test or validation", a.split));
         }
@@ -93,6 +100,8 @@ impl InputConfig {
             },
             device: a.device.clone(),
             dtype: a.dtype,
+            init: a.init,
+            embedding_dropout: a.embedding_dropout,
         })
     }
 
@@ -108,6 +117,13 @@ impl InputConfig {
 
     pub fn needs_pretrained_weights(&self) -> bool {
         self.model == ModelKind::Pretrained || self.embeddings_from == ModelKind::Pretrained
+    }
+
+    /// Embedding dropout (p, seed) for window `window` of length `n`, if enabled.
+    pub fn dropout_for(&self, n: usize, window: usize) -> Option<(f64, u64)> {
+        (self.embedding_dropout > 0.0).then(|| {
+            (self.embedding_dropout, crate::numerics::sampling::derive_labeled_seed(self.model_seed, &format!("embedding-dropout/{n}/{window}")))
+        })
     }
 
     pub fn candle_dtype(&self) -> candle_core::DType {

@@ -172,7 +172,7 @@ pub fn run(cfg: &RunConfig, opts: &SweepOptions) -> Result<SweepOutcome> {
                 continue;
             }
             let ids = prepared.corpus.window(n, w)?;
-            let (q, k, v) = qkv::window_qkv(&prepared.weights, &prepared.config, ids, cfg.inputs.embedding, dtype)?;
+            let (q, k, v) = qkv::window_qkv_dropout(&prepared.weights, &prepared.config, ids, cfg.inputs.embedding, dtype, cfg.inputs.dropout_for(n, w))?;
             // Heads run in parallel (each trial's result depends only on its own inputs and seed);
             // their rows are appended in head order through a reorder buffer, so trials.csv has
             // the same order whatever the thread count, and every finished head is on disk.
@@ -299,7 +299,7 @@ fn progress_bar(len: u64, quiet: bool) -> indicatif::ProgressBar {
 pub fn dump_qkv(inputs_cfg: &crate::config::InputConfig, n: usize, window: usize, out: &Path) -> Result<()> {
     let prepared = inputs::prepare(inputs_cfg)?;
     let ids = prepared.corpus.window(n, window)?;
-    let (q, k, v) = qkv::window_qkv(&prepared.weights, &prepared.config, ids, inputs_cfg.embedding, inputs_cfg.candle_dtype())?;
+    let (q, k, v) = qkv::window_qkv_dropout(&prepared.weights, &prepared.config, ids, inputs_cfg.embedding, inputs_cfg.candle_dtype(), inputs_cfg.dropout_for(n, window))?;
     let cpu = candle_core::Device::Cpu;
     let mut map = std::collections::HashMap::new();
     map.insert("q".to_string(), q.to_dtype(DType::F32)?.to_device(&cpu)?);

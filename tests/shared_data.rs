@@ -111,7 +111,7 @@ fn wikitext2_token_counts_with_the_bert_base_cased_tokenizer() {
 fn initialized_bert_base_cased_qkv_have_the_hf_init_distribution() {
     let dir = shared("bert-base-cased");
     let cfg = model::load_config(&dir.join("config.json")).unwrap();
-    let src = model::WeightSource::Initialized { seed: 12345 };
+    let src = model::WeightSource::Initialized { seed: 12345, scheme: model::InitScheme::Hf };
     let w = model::load(&cfg, 0, &src, &src, &Device::Cpu).unwrap();
     let tok = corpus::load_tokenizer(&dir.join("tokenizer.json")).unwrap();
     let c = corpus::tokenize(&shared("wikitext-2/wiki.test.raw"), &tok, cfg.vocab_size).unwrap();

@@ -51,7 +51,7 @@ pub fn prepare(inputs: &InputConfig) -> Result<Prepared> {
     let corpus = corpus::tokenize(&corpus_path, &tokenizer, config.vocab_size)?;
     let from = |kind: ModelKind| match kind {
         ModelKind::Pretrained => model::WeightSource::Pretrained(files.weights.as_deref().expect("weights resolved when needed")),
-        ModelKind::Initialized => model::WeightSource::Initialized { seed: inputs.model_seed },
+        ModelKind::Initialized => model::WeightSource::Initialized { seed: inputs.model_seed, scheme: inputs.init },
     };
     let weights = model::load(&config, inputs.layer, &from(inputs.embeddings_from), &from(inputs.model), &device)?;
     let mut list = vec![("config".to_string(), files.config.clone()), ("tokenizer".to_string(), files.tokenizer.clone())];

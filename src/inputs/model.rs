@@ -11,7 +11,7 @@ use candle_transformers::models::bert::Config;
 
 use crate::numerics::sampling::{derive_labeled_seed, normal_values, TrialRng};
 use crate::usage;
-use rand::SeedableRng;
+use rand::{Rng, SeedableRng};
 
 /// Reads and validates config.json.
 pub fn load_config(path: &Path) -> Result<Config> {
@@ -84,11 +84,16 @@ trait TensorSource {
     fn get(&mut self, name: &str, shape: &[usize], kind: Init) -> Result<Tensor>;
 }
 
-/// How Hugging Face initializes a parameter (`_init_weights`).
+/// How a parameter is initialized: Hugging Face's `_init_weights`, or for Linear layers under
+/// [`InitScheme::Pytorch`] PyTorch's own `nn.Linear.reset_parameters`.
 #[derive(Clone, Copy)]
 enum Init {
-    /// N(0, initializer_range²) — Linear weights.
+    /// N(0, initializer_range²) — Embedding weights (and Linear weights under HF init).
     Normal,
+    /// A Linear weight with this fan-in.
+    LinearWeight(usize),
+    /// A Linear bias with this fan-in.
+    LinearBias(usize),
     /// N(0, initializer_range²) with row `pad` zeroed — nn.Embedding(padding_idx = pad).
     NormalPadRow(usize),
     Zeros,
@@ -142,13 +147,38 @@ impl TensorSource for Pretrained<'_> {
 struct Initialized {
     seed: u64,
     std: f64,
+    scheme: InitScheme,
     device: Device,
+}
+
+/// Which initialization the Linear layers get (METHODS.md §4.5 calibration candidates).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum InitScheme {
+    /// Hugging Face `_init_weights`: Linear weights N(0, initializer_range²), biases 0.
+    #[default]
+    Hf,
+    /// PyTorch's default `nn.Linear` init (kaiming-uniform with a = √5, i.e. weights and biases
+    /// U(−1/√fan_in, 1/√fan_in)), as a model built without `_init_weights` would have; embeddings
+    /// and LayerNorms as Hugging Face.
+    Pytorch,
 }
 
 impl TensorSource for Initialized {
     fn get(&mut self, name: &str, shape: &[usize], kind: Init) -> Result<Tensor> {
         let numel: usize = shape.iter().product();
+        let kind = match (self.scheme, kind) {
+            (InitScheme::Hf, Init::LinearWeight(_)) => Init::Normal,
+            (InitScheme::Hf, Init::LinearBias(_)) => Init::Zeros,
+            (_, k) => k,
+        };
         let t = match kind {
+            Init::LinearWeight(fan_in) | Init::LinearBias(fan_in) => {
+                let bound = 1.0 / (fan_in as f64).sqrt();
+                let mut rng = TrialRng::seed_from_u64(derive_labeled_seed(self.seed, name));
+                let v: Vec<f32> = (0..numel).map(|_| ((rng.random::<f64>() * 2.0 - 1.0) * bound) as f32).collect();
+                Tensor::from_vec(v, shape, &self.device)?
+            }
             Init::Zeros => Tensor::zeros(shape, DType::F32, &self.device)?,
             Init::Ones => Tensor::ones(shape, DType::F32, &self.device)?,
             Init::Normal | Init::NormalPadRow(_) => {
@@ -169,8 +199,8 @@ impl TensorSource for Initialized {
 
 fn linear(src: &mut dyn TensorSource, prefix: &str, out_dim: usize, in_dim: usize) -> Result<Linear> {
     Ok(Linear {
-        weight: src.get(&format!("{prefix}.weight"), &[out_dim, in_dim], Init::Normal)?,
-        bias: src.get(&format!("{prefix}.bias"), &[out_dim], Init::Zeros)?,
+        weight: src.get(&format!("{prefix}.weight"), &[out_dim, in_dim], Init::LinearWeight(in_dim))?,
+        bias: src.get(&format!("{prefix}.bias"), &[out_dim], Init::LinearBias(in_dim))?,
     })
 }
 
@@ -221,7 +251,7 @@ fn layers(src: &mut dyn TensorSource, cfg: &Config, upto: usize) -> Result<Vec<L
 #[derive(Debug, Clone)]
 pub enum WeightSource<'a> {
     Pretrained(&'a Path),
-    Initialized { seed: u64 },
+    Initialized { seed: u64, scheme: InitScheme },
 }
 
 fn source<'a>(ws: &WeightSource<'a>, cfg: &Config, device: &Device) -> Result<Box<dyn TensorSource + 'a>> {
@@ -233,8 +263,8 @@ fn source<'a>(ws: &WeightSource<'a>, cfg: &Config, device: &Device) -> Result<Bo
             })?;
             Box::new(Pretrained { st, path, device: device.clone() })
         }
-        WeightSource::Initialized { seed } => {
-            Box::new(Initialized { seed: *seed, std: cfg.initializer_range, device: device.clone() })
+        WeightSource::Initialized { seed, scheme } => {
+            Box::new(Initialized { seed: *seed, std: cfg.initializer_range, scheme: *scheme, device: device.clone() })
         }
     })
 }
@@ -277,7 +307,7 @@ mod tests {
     #[test]
     fn initialized_weights_follow_hf_init_weights() {
         let cfg = tiny_config();
-        let w = load(&cfg, 1, &WeightSource::Initialized { seed: 3 }, &WeightSource::Initialized { seed: 3 }, &Device::Cpu).unwrap();
+        let w = load(&cfg, 1, &WeightSource::Initialized { seed: 3, scheme: InitScheme::Hf }, &WeightSource::Initialized { seed: 3, scheme: InitScheme::Hf }, &Device::Cpu).unwrap();
         let word: Vec<Vec<f32>> = w.embeddings.word.to_vec2().unwrap();
         assert!(word[0].iter().all(|&x| x == 0.0), "padding row must be zero");
         assert!(word[1].iter().any(|&x| x != 0.0));
@@ -287,7 +317,7 @@ mod tests {
         assert!(b.iter().all(|&x| x == 0.0));
         assert!(w.layers[1].rest.is_none() && w.layers[0].rest.is_some());
         // Same seed, same values; the tensor does not depend on what else was built.
-        let w0 = load(&cfg, 0, &WeightSource::Initialized { seed: 3 }, &WeightSource::Initialized { seed: 3 }, &Device::Cpu).unwrap();
+        let w0 = load(&cfg, 0, &WeightSource::Initialized { seed: 3, scheme: InitScheme::Hf }, &WeightSource::Initialized { seed: 3, scheme: InitScheme::Hf }, &Device::Cpu).unwrap();
         let a: Vec<Vec<f32>> = w0.layers[0].query.weight.to_vec2().unwrap();
         let c: Vec<Vec<f32>> = w.layers[0].query.weight.to_vec2().unwrap();
         assert_eq!(a, c);
@@ -298,7 +328,7 @@ mod tests {
         let mut cfg = tiny_config();
         cfg.hidden_size = 256;
         cfg.num_attention_heads = 4;
-        let w = load(&cfg, 0, &WeightSource::Initialized { seed: 9 }, &WeightSource::Initialized { seed: 9 }, &Device::Cpu).unwrap();
+        let w = load(&cfg, 0, &WeightSource::Initialized { seed: 9, scheme: InitScheme::Hf }, &WeightSource::Initialized { seed: 9, scheme: InitScheme::Hf }, &Device::Cpu).unwrap();
         let v: Vec<f32> = w.layers[0].key.weight.flatten_all().unwrap().to_vec1().unwrap();
         let n = v.len() as f64;
         let mean = v.iter().map(|&x| x as f64).sum::<f64>() / n;
@@ -309,9 +339,29 @@ mod tests {
     }
 
     #[test]
+    fn pytorch_linear_init_is_uniform_with_bound_one_over_root_fan_in() {
+        let mut cfg = tiny_config();
+        cfg.hidden_size = 256;
+        let src = WeightSource::Initialized { seed: 4, scheme: InitScheme::Pytorch };
+        let w = load(&cfg, 0, &src, &src, &Device::Cpu).unwrap();
+        let v: Vec<f32> = w.layers[0].query.weight.flatten_all().unwrap().to_vec1().unwrap();
+        let bound = 1.0 / 16.0;
+        assert!(v.iter().all(|&x| (x as f64).abs() <= bound));
+        let var = v.iter().map(|&x| (x as f64).powi(2)).sum::<f64>() / v.len() as f64;
+        // Var of U(−b, b) is b²/3.
+        assert!((var / (bound * bound / 3.0) - 1.0).abs() < 0.02, "{var}");
+        let b: Vec<f32> = w.layers[0].query.bias.to_vec1().unwrap();
+        assert!(b.iter().any(|&x| x != 0.0) && b.iter().all(|&x| (x as f64).abs() <= bound));
+        // Embeddings keep HF's N(0, 0.02²).
+        let e: Vec<f32> = w.embeddings.position.flatten_all().unwrap().to_vec1().unwrap();
+        let sd = (e.iter().map(|&x| (x as f64).powi(2)).sum::<f64>() / e.len() as f64).sqrt();
+        assert!((sd - 0.02).abs() < 0.002, "{sd}");
+    }
+
+    #[test]
     fn layer_beyond_model_is_a_clear_error() {
         let cfg = tiny_config();
-        let e = load(&cfg, 2, &WeightSource::Initialized { seed: 1 }, &WeightSource::Initialized { seed: 1 }, &Device::Cpu).unwrap_err();
+        let e = load(&cfg, 2, &WeightSource::Initialized { seed: 1, scheme: InitScheme::Hf }, &WeightSource::Initialized { seed: 1, scheme: InitScheme::Hf }, &Device::Cpu).unwrap_err();
         assert_eq!(e.to_string(), "--layer 2 is beyond the model: it has 2 layers (0..=1)");
     }
 }

@@ -117,7 +117,33 @@ pub fn window_qkv(
     policy: EmbeddingPolicy,
     dtype: DType,
 ) -> Result<(Tensor, Tensor, Tensor)> {
+    window_qkv_dropout(w, cfg, ids, policy, dtype, None)
+}
+
+/// Inverted dropout on X (a model left in training mode): each entry is zeroed with probability
+/// `p` and the survivors scaled by 1/(1 − p); the mask comes from `seed`.
+fn dropout(x: &Tensor, p: f64, seed: u64) -> Result<Tensor> {
+    use rand::{Rng, SeedableRng};
+    let numel = x.elem_count();
+    let mut rng = crate::numerics::sampling::TrialRng::seed_from_u64(seed);
+    let mask: Vec<f64> = (0..numel).map(|_| if rng.random::<f64>() < p { 0.0 } else { 1.0 / (1.0 - p) }).collect();
+    let mask = Tensor::from_vec(mask, x.shape(), x.device())?.to_dtype(x.dtype())?;
+    Ok((x * mask)?)
+}
+
+/// [`window_qkv`] with optional embedding dropout `(p, seed)`.
+pub fn window_qkv_dropout(
+    w: &BertWeights,
+    cfg: &Config,
+    ids: &[u32],
+    policy: EmbeddingPolicy,
+    dtype: DType,
+    embedding_dropout: Option<(f64, u64)>,
+) -> Result<(Tensor, Tensor, Tensor)> {
     let mut x = embed(w, cfg, ids, policy, dtype)?;
+    if let Some((p, seed)) = embedding_dropout.filter(|(p, _)| *p > 0.0) {
+        x = dropout(&x, p, seed)?;
+    }
     let (last, earlier) = w.layers.split_last().expect("at least one layer");
     for lw in earlier {
         x = encoder_layer(&x, lw, cfg)?;
@@ -166,7 +192,7 @@ mod tests {
                 "layer_norm_eps": 1e-12, "pad_token_id": 0}"#,
         )
         .unwrap();
-        let w = load(&cfg, 1, &WeightSource::Initialized { seed: 1 }, &WeightSource::Initialized { seed: 1 }, &Device::Cpu).unwrap();
+        let w = load(&cfg, 1, &WeightSource::Initialized { seed: 1, scheme: crate::inputs::model::InitScheme::Hf }, &WeightSource::Initialized { seed: 1, scheme: crate::inputs::model::InitScheme::Hf }, &Device::Cpu).unwrap();
         (cfg, w)
     }
 
