@@ -38,7 +38,8 @@ How to run (from the repository root, with a Python that has torch, transformers
 
 Flags: ``--n`` (1024), ``--windows`` (2), ``--out`` (``results/pytorch_sweep.csv``),
 ``--features`` (8,16,32,64,128,256), ``--methods`` (all seven), ``--threads`` (2),
-``--seed`` (0), ``--model-seed`` (12345), ``--model-dir``, ``--corpus``.
+``--seed`` (0), ``--model-seed`` (12345), ``--model-dir``, ``--corpus``, and ``--qkv FILE`` to score
+the Q/K/V of an ``approx-bench dump-qkv`` file (one window) instead of the model's (cross-checks).
 """
 
 import time
@@ -246,6 +247,9 @@ def main() -> int:
     ap.add_argument("--model-seed", type=int, default=12345)
     ap.add_argument("--model-dir", default=str(REPO.parent / "shared" / "data" / "bert-base-cased"))
     ap.add_argument("--corpus", default=str(REPO.parent / "shared" / "data" / "wikitext-2" / "wiki.test.raw"))
+    ap.add_argument("--qkv", default=None,
+                    help="score the Q/K/V of an `approx-bench dump-qkv` file (one window) instead of building "
+                         "the model and reading the corpus (for cross-checks against the Rust tool)")
     args = ap.parse_args()
 
     torch.set_num_threads(args.threads)
@@ -256,6 +260,13 @@ def main() -> int:
         if m not in METHODS:
             ap.error(f"unknown method {m!r}; known: {', '.join(METHODS)}")
     stage = {"imports": T_IMPORTS}
+
+    dumped = None
+    if args.qkv:
+        from safetensors.torch import load_file
+
+        dumped = load_file(args.qkv)
+        args.windows, args.n = 1, dumped["q"].shape[1]
 
     # model (HF init) ----------------------------------------------------------------------
     t = time.perf_counter()
@@ -293,6 +304,8 @@ def main() -> int:
             return lin(X).reshape(n, heads, p).transpose(0, 1).contiguous()  # [H, n, p]
 
         Q, K, V = split(sa.query), split(sa.key), split(sa.value)
+        if dumped is not None:
+            Q, K, V = (dumped[k].float().contiguous() for k in ("q", "k", "v"))
         stage["embed + Q/K/V"] += time.perf_counter() - t
 
         t = time.perf_counter()

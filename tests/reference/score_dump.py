@@ -182,7 +182,9 @@ def m_nystromformer(h: Head, d, rng):
 
 
 def m_svd_optimal(h: Head, d, rng):
-    U, sv, Vt = np.linalg.svd(h.P)
+    if not hasattr(h, "svdP"):
+        h.svdP = np.linalg.svd(h.P)
+    U, sv, Vt = h.svdP
     return (U[:, :d] * sv[:d]) @ (Vt[:d] @ h.V), 0
 
 
@@ -510,10 +512,46 @@ def fnum(x) -> float:
         return float("nan")
 
 
+def standalone(dumps, args, failures) -> int:
+    """No CSV: mean error over (window, head) and draws for every method, and its ratio to V-Mean."""
+    feats = [int(x) for x in args.features.split(",")]
+    names = list(DETERMINISTIC) + list(RANDOMIZED)
+    if args.methods:
+        names = [m for m in names if m in args.methods.split(",")]
+    heads = [Head(t["q"][h], t["k"][h], t["v"][h]) for t in dumps.values() for h in range(t["q"].shape[0])]
+    vm = np.mean([spectral_norm(h.O - h.vbar) for h in heads])
+    print(f"\n== mean error over {len(heads)} (window, head) trials, {args.draws} draws each for randomized "
+          f"methods; in brackets the ratio to V-Mean ({vm:.4f})")
+    print(f"  {'method':<17}" + "".join(f"{'d=' + str(d):>17}" for d in feats))
+    for m in names:
+        fn = DETERMINISTIC.get(m) or RANDOMIZED[m]
+        cells = []
+        for d in feats:
+            if m == "nystromformer" and heads[0].n % d:
+                cells.append("-")
+                continue
+            reps = 1 if m in DETERMINISTIC else args.draws
+            es = []
+            for i, h in enumerate(heads):
+                for r in range(reps):
+                    out, _ = fn(h, d, derive_rng(args.seed, 0, i, m, d, r))
+                    es.append(spectral_norm_gram(h.O - out))
+            es = np.array(es)
+            fin = es[np.isfinite(es)]
+            mean = fin.mean() if len(fin) else float("nan")
+            cells.append(f"{mean:.4f} ({mean / vm:.2f})" + ("*" if len(fin) < len(es) else ""))
+        print(f"  {m:<17}" + "".join(f"{c:>17}" for c in cells))
+    print("  (* = some draws non-finite, excluded)")
+    return 0 if failures == 0 else 1
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--qkv", action="append", required=True, help="dump-qkv safetensors, FILE[:WINDOW] (repeatable)")
-    ap.add_argument("--csv", action="append", required=True, help="trials.csv of a sweep on the same window(s) (repeatable)")
+    ap.add_argument("--csv", action="append", default=None,
+                    help="trials.csv of a sweep on the same window(s) (repeatable); without it, only the "
+                         "self-checks and a table of this implementation's mean errors are printed")
+    ap.add_argument("--features", default="8,16,32,64,128,256", help="d values of the table printed without --csv")
     ap.add_argument("--draws", type=int, default=8, help="draws per (window, head, method, d) for randomized methods")
     ap.add_argument("--seed", type=int, default=20240607)
     ap.add_argument("--det-tol", type=float, default=1e-5)
@@ -541,6 +579,8 @@ def main() -> int:
             print(f"error: cannot read {path}: {e}", file=sys.stderr)
             return 2
         dumps[int(w)] = t
+    if not args.csv:
+        return standalone(dumps, args, failures)
     rows = []
     for path in args.csv:
         try:
