@@ -1,6 +1,7 @@
 //! Outputs: per-trial rows, summaries, the run manifest, figures and the regression check.
 
 pub mod console;
+pub mod figures;
 pub mod manifest;
 pub mod summary;
 pub mod trials;
