@@ -27,6 +27,8 @@ pub struct Cli {
 pub enum Command {
     /// Write one window's per-head Q, K, V ([heads, n, p], f32) and token ids to a safetensors file.
     DumpQkv(DumpArgs),
+    /// Draw the figures (PNG) from one or more finished runs' summary.csv.
+    Plot(PlotArgs),
     /// Combine shard outputs (--shard K/N runs) into one run with summary and manifest.
     Merge(MergeArgs),
     /// Time each stage (Q/K/V, exact attention with GFLOP/s, every method and d, the metric) on window 0
@@ -190,4 +192,14 @@ pub struct DumpArgs {
     /// Output safetensors file.
     #[arg(long)]
     pub out: PathBuf,
+}
+
+#[derive(Debug, Clone, Args)]
+pub struct PlotArgs {
+    /// A run directory (with summary.csv and manifest.json) or a summary.csv file; repeat to combine runs.
+    #[arg(long, required = true)]
+    pub from: Vec<PathBuf>,
+    /// Where the PNGs go (default: the first --from directory).
+    #[arg(long)]
+    pub out: Option<PathBuf>,
 }

@@ -38,6 +38,27 @@ fn run(cli: Cli) -> anyhow::Result<i32> {
             sweep::dump_qkv(&inputs, a.length, a.window, &a.out)?;
             Ok(0)
         }
+        Some(Command::Plot(a)) => {
+            use approx_bench::report::figures;
+            let runs = a.from.iter().map(|d| figures::load_run(d)).collect::<anyhow::Result<Vec<_>>>()?;
+            let first = &a.from[0];
+            let out = match &a.out {
+                Some(o) => o.clone(),
+                None if first.is_file() => first.parent().map(|p| p.to_path_buf()).unwrap_or_default(),
+                None => first.clone(),
+            };
+            let written = figures::draw_all(&runs, &out)?;
+            if written.is_empty() {
+                return Err(approx_bench::usage!(
+                    "nothing to draw: no finite mean in {}",
+                    a.from.iter().map(|p| p.display().to_string()).collect::<Vec<_>>().join(", ")
+                ));
+            }
+            for p in written {
+                println!("{}", p.display());
+            }
+            Ok(0)
+        }
     }
 }
 

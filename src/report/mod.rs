@@ -2,6 +2,7 @@
 
 pub mod anchors;
 pub mod console;
+pub mod figures;
 pub mod manifest;
 pub mod summary;
 pub mod trials;

@@ -1,0 +1,308 @@
+//! The four figures, built from combined summary rows (model = display label).
+
+use std::collections::BTreeSet;
+
+use super::axis::{Axis, Scale, TickFormat};
+use super::draw::{Figure, LegendItem, Panel, Point, Series};
+use super::style::{self, Marker, SeriesStyle};
+use super::{grid, lengths_of, skeinformer_panels, skyformer_panels, SKEINFORMER_METHODS, SKYFORMER_METHODS};
+use crate::report::summary::SummaryRow;
+
+const X_FEATURES: &str = "number of features";
+const Y_LOSS: &str = "Spectral Norm Loss";
+
+/// Which x a point uses.
+#[derive(Clone, Copy)]
+enum XOf {
+    Features,
+    Seconds,
+    Macs,
+}
+
+impl XOf {
+    fn of(self, r: &SummaryRow) -> f64 {
+        match self {
+            XOf::Features => r.d as f64,
+            XOf::Seconds => r.seconds_mean,
+            XOf::Macs => r.macs,
+        }
+    }
+}
+
+/// The rows of one curve, by d.
+fn curve_rows<'a>(rows: &'a [SummaryRow], model: &str, n: usize, method: &str) -> Vec<&'a SummaryRow> {
+    let mut v: Vec<&SummaryRow> = rows.iter().filter(|r| r.model == model && r.n == n && r.method == method).collect();
+    v.sort_by_key(|r| r.d);
+    v
+}
+
+fn point(r: &SummaryRow, x: XOf) -> Point {
+    Point { x: x.of(r), y: r.mean, se: r.stderr, nonfinite: r.nonfinite_trials }
+}
+
+/// Values an axis must show for these points: each mean and its ±SE bar (on log axes the lower
+/// bar end is only followed down to half the mean; below that it is clipped at the axis).
+fn y_extent(points: &[Point], scale: Scale) -> Vec<f64> {
+    let mut v = vec![];
+    for q in points.iter().filter(|q| q.y.is_finite()) {
+        let se = if q.se.is_finite() { q.se } else { 0.0 };
+        v.push(q.y);
+        v.push(q.y + se);
+        v.push(if scale == Scale::Linear { q.y - se } else { (q.y - se).max(q.y * 0.5) });
+    }
+    v
+}
+
+/// What the notes under the legend say about the points a figure uses.
+#[derive(Default)]
+struct Tally {
+    trials: BTreeSet<usize>,
+    nonfinite: bool,
+    missing: Vec<String>,
+    methods: BTreeSet<(usize, String)>,
+}
+
+impl Tally {
+    fn add(&mut self, r: &SummaryRow, placeable: bool) {
+        if r.mean.is_finite() && placeable {
+            self.trials.insert(r.trials + r.nonfinite_trials);
+            self.nonfinite |= r.nonfinite_trials > 0;
+            self.methods.insert(style::method_rank(&r.method));
+        } else {
+            let why = if r.mean.is_finite() { "non-positive" } else { "no finite trial" };
+            self.missing.push(format!("{} n={} d={} ({why})", style::method_label(&r.method), r.n, r.d));
+        }
+    }
+
+    fn trials_text(&self) -> String {
+        match (self.trials.first(), self.trials.last()) {
+            (Some(a), Some(b)) if a == b => format!("{a} trials per point"),
+            (Some(a), Some(b)) => format!("{a}–{b} trials per point"),
+            _ => "no trials".into(),
+        }
+    }
+
+    fn notes(&self, first: String) -> Vec<String> {
+        let mut notes = vec![first];
+        if !self.missing.is_empty() {
+            let shown: Vec<&str> = self.missing.iter().take(4).map(String::as_str).collect();
+            let more = self.missing.len().saturating_sub(4);
+            let tail = if more > 0 { format!(" and {more} more") } else { String::new() };
+            notes.push(format!("Not drawn: {}{tail}", shown.join("; ")));
+        }
+        notes
+    }
+
+    /// Legend entries of the methods drawn, in `order` (ids not in it follow in legend order).
+    fn legend(&self, order: &[String], style_of: &dyn Fn(&str) -> SeriesStyle) -> Vec<LegendItem> {
+        let mut ids: Vec<&str> = order.iter().map(String::as_str).filter(|m| self.methods.iter().any(|(_, x)| x == m)).collect();
+        ids.extend(self.methods.iter().map(|(_, m)| m.as_str()).filter(|m| !order.iter().any(|o| o == m)));
+        let mut items: Vec<LegendItem> =
+            ids.into_iter().map(|m| LegendItem::Series(style::method_label(m), style_of(m))).collect();
+        if self.nonfinite {
+            items.push(LegendItem::Ring("has non-finite trials (count shown; excluded from the mean)".into()));
+        }
+        items
+    }
+}
+
+/// A panel of error against x for `methods` at (model, n).
+#[allow(clippy::too_many_arguments)]
+fn panel(
+    rows: &[SummaryRow],
+    model: &str,
+    n: usize,
+    methods: &[String],
+    style_of: &dyn Fn(&str) -> SeriesStyle,
+    x: (XOf, Axis, &str),
+    y_scale: Scale,
+    tally: &mut Tally,
+) -> Panel {
+    let (xof, x_axis, x_label) = x;
+    let mut series = vec![];
+    for m in methods {
+        let rs = curve_rows(rows, model, n, m);
+        if rs.is_empty() {
+            continue;
+        }
+        let mut pts: Vec<Point> = rs.iter().map(|r| point(r, xof)).collect();
+        for (r, q) in rs.iter().zip(&pts) {
+            tally.add(r, x_axis.scale.admits(q.x) && y_scale.admits(q.y));
+        }
+        if !matches!(xof, XOf::Features) {
+            pts.retain(|q| x_axis.scale.admits(q.x));
+        }
+        series.push(Series { style: style_of(m), points: pts });
+    }
+    let all: Vec<Point> = series.iter().flat_map(|s| s.points.iter().cloned()).collect();
+    let y = Axis::fit(y_scale, &y_extent(&all, y_scale), TickFormat::Number);
+    Panel { title: format!("{model} n={n}"), x: x_axis, y, x_label: x_label.into(), y_label: Y_LOSS.into(), series }
+}
+
+fn ds_of(rows: &[SummaryRow], keep: impl Fn(&SummaryRow) -> bool) -> Vec<usize> {
+    let ds: BTreeSet<usize> = rows.iter().filter(|r| keep(r)).map(|r| r.d).collect();
+    ds.into_iter().collect()
+}
+
+/// A paper figure: the given panels, its four methods in the paper's styles.
+fn paper_figure(
+    rows: &[SummaryRow],
+    panels: Vec<(String, usize)>,
+    grid_layout: bool,
+    methods: &[&str],
+    style_of: fn(&str) -> Option<SeriesStyle>,
+    y_scale: Scale,
+    name: &str,
+) -> Option<Figure> {
+    if panels.is_empty() {
+        return None;
+    }
+    let methods: Vec<String> = methods.iter().map(|s| s.to_string()).collect();
+    let style_of = |m: &str| style_of(m).unwrap_or_else(|| style::all_methods_style(m, 0));
+    let x_axis = Axis::features(&ds_of(rows, |r| {
+        panels.iter().any(|(m, n)| *m == r.model && *n == r.n) && methods.contains(&r.method)
+    }));
+    let mut tally = Tally::default();
+    let mut make = |m: &str, n: usize| {
+        let x = (XOf::Features, x_axis.clone(), X_FEATURES);
+        panel(rows, m, n, &methods, &style_of, x, y_scale, &mut tally)
+    };
+    let (cells, cols, empty_titles) = if grid_layout {
+        let (models, ns) = grid(&panels);
+        let mut cells = vec![];
+        let mut titles = vec![];
+        for m in &models {
+            for &n in &ns {
+                let present = panels.iter().any(|(pm, pn)| pm == m && *pn == n);
+                cells.push(present.then(|| make(m, n)));
+                titles.push(format!("{m} n={n}"));
+            }
+        }
+        (cells, ns.len(), titles)
+    } else {
+        let cells: Vec<Option<Panel>> = panels.iter().map(|(m, n)| Some(make(m, *n))).collect();
+        let k = cells.len();
+        (cells, k, vec![String::new(); k])
+    };
+    let scale = if y_scale == Scale::Linear { "linear y" } else { "log y" };
+    Some(Figure {
+        title: format!("{name} Fig. 1 reproduction: ‖O − Ô‖₂ against exact softmax attention"),
+        legend: tally.legend(&methods, &style_of),
+        notes: tally.notes(format!(
+            "Mean ± 1 standard error over {}; x: d on log₂ spacing; {scale}.",
+            tally.trials_text()
+        )),
+        cols,
+        cells,
+        empty_titles,
+        panel_w: 460,
+        panel_h: 430,
+    })
+}
+
+pub fn skyformer(rows: &[SummaryRow]) -> Option<Figure> {
+    let panels = skyformer_panels(rows);
+    paper_figure(rows, panels, true, &SKYFORMER_METHODS, style::skyformer_style, Scale::Linear, "Skyformer")
+}
+
+pub fn skeinformer(rows: &[SummaryRow]) -> Option<Figure> {
+    let panels = skeinformer_panels(rows);
+    paper_figure(rows, panels, false, &SKEINFORMER_METHODS, style::skeinformer_style, Scale::Log10, "Skeinformer")
+}
+
+/// Every method present for `model`, by legend order, with the floor (svd_optimal) first so
+/// that the others are drawn over it.
+fn methods_of(rows: &[SummaryRow], model: &str) -> Vec<String> {
+    let set: BTreeSet<(usize, String)> =
+        rows.iter().filter(|r| r.model == model).map(|r| style::method_rank(&r.method)).collect();
+    let mut v: Vec<String> = set.into_iter().map(|(_, m)| m).collect();
+    if let Some(i) = v.iter().position(|m| m == "svd_optimal") {
+        let floor = v.remove(i);
+        v.insert(0, floor);
+    }
+    v
+}
+
+/// A style per method, unknown ids numbered in order of appearance.
+fn all_styles(methods: &[String], marker_for_floor: bool) -> impl Fn(&str) -> SeriesStyle + '_ {
+    move |m: &str| {
+        let unknown = methods.iter().filter(|x| style::method_rank(x).0 == style::method_rank("?").0).position(|x| x == m);
+        let mut s = style::all_methods_style(m, unknown.unwrap_or(0));
+        if marker_for_floor && m == "svd_optimal" {
+            s.marker = Marker::Dot;
+            s.width = 3;
+        }
+        s
+    }
+}
+
+pub fn all_methods(rows: &[SummaryRow], model: &str) -> Option<Figure> {
+    let ns = lengths_of(rows, model);
+    if ns.is_empty() {
+        return None;
+    }
+    let methods = methods_of(rows, model);
+    let has_floor = methods.iter().any(|m| m == "svd_optimal");
+    let style_of = all_styles(&methods, false);
+    let x_axis = Axis::features(&ds_of(rows, |r| r.model == model));
+    let mut tally = Tally::default();
+    let cells: Vec<Option<Panel>> = ns
+        .iter()
+        .map(|&n| {
+            let x = (XOf::Features, x_axis.clone(), X_FEATURES);
+            Some(panel(rows, model, n, &methods, &style_of, x, Scale::Log10, &mut tally))
+        })
+        .collect();
+    Some(Figure {
+        title: format!("All methods, {model}: ‖O − Ô‖₂ against exact softmax attention"),
+        legend: tally.legend(&[], &style_of),
+        notes: tally.notes(format!(
+            "Mean ± 1 standard error over {}; x: d on log₂ spacing; log y.{}",
+            tally.trials_text(),
+            if has_floor { " Thick grey: the best rank-d approximation (SVD), a floor for every method." } else { "" }
+        )),
+        cols: ns.len().min(2),
+        empty_titles: vec![String::new(); cells.len()],
+        cells,
+        panel_w: 780,
+        panel_h: 560,
+    })
+}
+
+pub fn accuracy_cost(rows: &[SummaryRow], model: &str) -> Option<Figure> {
+    let ns = lengths_of(rows, model);
+    if ns.is_empty() {
+        return None;
+    }
+    let methods = methods_of(rows, model);
+    let style_of = all_styles(&methods, true);
+    let mut tally = Tally::default();
+    let mut cells = vec![];
+    for &n in &ns {
+        for (xof, fmt, label) in [
+            (XOf::Seconds, TickFormat::Seconds, "seconds per head (measured)"),
+            (XOf::Macs, TickFormat::Power10, "multiply-adds per head (analytic)"),
+        ] {
+            let keep = |r: &&SummaryRow| r.model == model && r.n == n && r.mean.is_finite();
+            let xs: Vec<f64> = rows.iter().filter(keep).map(|r| xof.of(r)).collect();
+            let x_axis = Axis::fit(Scale::Log10, &xs, fmt);
+            // Each n is tallied once (on the seconds panel) so that notes do not repeat.
+            let mut scratch = Tally::default();
+            let t = if matches!(xof, XOf::Seconds) { &mut tally } else { &mut scratch };
+            cells.push(Some(panel(rows, model, n, &methods, &style_of, (xof, x_axis, label), Scale::Log10, t)));
+        }
+    }
+    Some(Figure {
+        title: format!("Accuracy against cost, {model}: ‖O − Ô‖₂ per method across d"),
+        legend: tally.legend(&[], &style_of),
+        notes: tally.notes(format!(
+            "One point per d, joined in order of d; mean ± 1 standard error over {}; log–log axes.",
+            tally.trials_text()
+        )),
+        cols: 2,
+        empty_titles: vec![String::new(); cells.len()],
+        cells,
+        panel_w: 760,
+        panel_h: 500,
+    })
+}

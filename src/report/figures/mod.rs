@@ -1,0 +1,220 @@
+//! Figures: PNGs drawn from summary.csv (METHODS.md §4).
+//!
+//! * `skyformer-fig1.png`: Skyformer Fig. 1 — {initialized, pretrained} × n ∈ {512, 1024, 2048, 4096};
+//!   Skyformer, Nyströmformer, Performer, Informer in the paper's styles; linear y.
+//! * `skeinformer-fig1.png`: Skeinformer Fig. 1 — initialized/pretrained × n ∈ {1024, 4096};
+//!   Skeinformer, V-Mean, Informer, Linformer in the paper's styles; log y.
+//! * `all-methods-<model>.png`: every method present, one panel per n, the SVD optimum as a grey floor; log y.
+//! * `accuracy-cost-<model>.png`: per n, error against measured seconds per head and against
+//!   analytic multiply-adds, one series per method across d.
+//!
+//! Only panels with data are drawn. Results from a model other than bert-base-cased (a stand-in)
+//! say so in every panel title. Points whose mean is NaN (no finite trial) are left out, never
+//! drawn at 0; points with some non-finite trials get a ring and their count.
+
+use std::collections::BTreeSet;
+use std::path::{Path, PathBuf};
+
+use anyhow::{Context, Result};
+
+use super::manifest::Manifest;
+use super::summary::{self, SummaryRow};
+
+mod axis;
+mod draw;
+mod figs;
+mod style;
+
+pub use draw::Figure;
+
+/// One run's summary and what identifies its model.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RunData {
+    /// The model the Q/K/V came from (manifest `model_id`, e.g. `bert-base-cased`); `unknown` without a manifest.
+    pub model_id: String,
+    /// Source of the embedding tables (`pretrained`/`initialized`) when the manifest records it.
+    /// Shown in the titles when it differs from the rows' `model` (the Q/K/V weights).
+    pub embeddings_from: Option<String>,
+    pub rows: Vec<SummaryRow>,
+}
+
+impl RunData {
+    pub fn new(model_id: impl Into<String>, rows: Vec<SummaryRow>) -> Self {
+        Self { model_id: model_id.into(), embeddings_from: None, rows }
+    }
+}
+
+/// Loads a run: `dir/summary.csv` and `dir/manifest.json`. `dir` may also be a summary.csv file;
+/// a manifest.json beside it is used when present, otherwise the model is `unknown`.
+pub fn load_run(dir: &Path) -> Result<RunData> {
+    let (summary_path, run_dir) = if dir.is_file() {
+        (dir.to_path_buf(), dir.parent().map(Path::to_path_buf).unwrap_or_default())
+    } else {
+        (dir.join("summary.csv"), dir.to_path_buf())
+    };
+    if !summary_path.is_file() {
+        return Err(crate::usage!(
+            "{}: not found (give a directory written by an approx-bench sweep, or a summary.csv file)",
+            summary_path.display()
+        ));
+    }
+    let rows = summary::read(&summary_path)?;
+    let manifest_dir = if run_dir.as_os_str().is_empty() { Path::new(".") } else { run_dir.as_path() };
+    let (model_id, embeddings_from) = if manifest_dir.join("manifest.json").is_file() {
+        let m = Manifest::read(manifest_dir)?;
+        (m.model_id, Some(m.config.inputs.embeddings_from.name().to_string()))
+    } else {
+        ("unknown".to_string(), None)
+    };
+    Ok(RunData { model_id, embeddings_from, rows })
+}
+
+/// Loads the run in `out_dir` and draws its figures into it.
+pub fn draw_after_sweep(out_dir: &Path) -> Result<Vec<PathBuf>> {
+    let run = load_run(out_dir)?;
+    draw_all(&[run], out_dir)
+}
+
+/// Draws every figure there is data for into `out_dir` (created if missing); returns the paths.
+/// Rows of several runs are combined; where two runs hold the same (model, n, method, d) the
+/// earlier run wins.
+pub fn draw_all(runs: &[RunData], out_dir: &Path) -> Result<Vec<PathBuf>> {
+    let rows = combine(runs);
+    let mut figures: Vec<(String, Figure)> = vec![];
+    if let Some(f) = figs::skyformer(&rows) {
+        figures.push(("skyformer-fig1.png".into(), f));
+    }
+    if let Some(f) = figs::skeinformer(&rows) {
+        figures.push(("skeinformer-fig1.png".into(), f));
+    }
+    for model in models(&rows) {
+        if let Some(f) = figs::all_methods(&rows, &model) {
+            figures.push((format!("all-methods-{}.png", slug(&model)), f));
+        }
+        if let Some(f) = figs::accuracy_cost(&rows, &model) {
+            figures.push((format!("accuracy-cost-{}.png", slug(&model)), f));
+        }
+    }
+    if figures.is_empty() {
+        return Ok(vec![]);
+    }
+    std::fs::create_dir_all(out_dir).with_context(|| format!("creating {}", out_dir.display()))?;
+    let mut written = vec![];
+    for (name, f) in figures {
+        let path = out_dir.join(name);
+        f.save_png(&path)?;
+        written.push(path);
+    }
+    Ok(written)
+}
+
+/// The model ids that are the real thing; anything else is a stand-in and is named in titles.
+fn is_reference_model(model_id: &str) -> bool {
+    matches!(model_id, "bert-base-cased" | "google-bert/bert-base-cased")
+}
+
+/// The label that identifies a curve's model in titles: `initialized`, `pretrained`, or with a
+/// parenthesis naming a stand-in model and/or embeddings from the other source, e.g.
+/// `pretrained (all-MiniLM-L6-v2)` or `initialized (pretrained embeddings)`.
+pub fn model_label(kind: &str, model_id: &str, embeddings_from: Option<&str>) -> String {
+    let mut extra = vec![];
+    if !is_reference_model(model_id) {
+        extra.push(if model_id == "unknown" { "model unknown".to_string() } else { model_id.to_string() });
+    }
+    if let Some(e) = embeddings_from.filter(|e| *e != kind) {
+        extra.push(format!("{e} embeddings"));
+    }
+    if extra.is_empty() {
+        kind.to_string()
+    } else {
+        format!("{kind} ({})", extra.join("; "))
+    }
+}
+
+/// All runs' rows with `model` replaced by [`model_label`]; the first of duplicate points wins.
+fn combine(runs: &[RunData]) -> Vec<SummaryRow> {
+    let mut seen = BTreeSet::new();
+    let mut out = vec![];
+    for run in runs {
+        for r in &run.rows {
+            let label = model_label(&r.model, &run.model_id, run.embeddings_from.as_deref());
+            if seen.insert((label.clone(), r.n, r.method.clone(), r.d)) {
+                out.push(SummaryRow { model: label, ..r.clone() });
+            }
+        }
+    }
+    out
+}
+
+fn slug(label: &str) -> String {
+    let s: String = label.chars().map(|c| if c.is_ascii_alphanumeric() || c == '-' || c == '.' { c } else { '-' }).collect();
+    s.split('-').filter(|p| !p.is_empty()).collect::<Vec<_>>().join("-")
+}
+
+/// Sort key of a model label: initialized first, then pretrained, then anything else.
+fn model_rank(label: &str) -> (usize, String) {
+    let r = if label.starts_with("initialized") {
+        0
+    } else if label.starts_with("pretrained") {
+        1
+    } else {
+        2
+    };
+    (r, label.to_string())
+}
+
+/// The model labels in the rows, initialized first.
+pub fn models(rows: &[SummaryRow]) -> Vec<String> {
+    let set: BTreeSet<(usize, String)> = rows.iter().map(|r| model_rank(&r.model)).collect();
+    set.into_iter().map(|(_, m)| m).collect()
+}
+
+pub const PAPER_LENGTHS: [usize; 4] = [512, 1024, 2048, 4096];
+pub const SKYFORMER_METHODS: [&str; 4] = ["skyformer", "nystromformer", "performer", "informer"];
+pub const SKEINFORMER_METHODS: [&str; 4] = ["skeinformer", "vmean", "informer", "linformer"];
+
+/// Whether any of `methods` has a finite mean at (model, n).
+fn has_data(rows: &[SummaryRow], model: &str, n: usize, methods: &[&str]) -> bool {
+    rows.iter().any(|r| r.model == model && r.n == n && methods.contains(&r.method.as_str()) && r.mean.is_finite())
+}
+
+/// Panels of the Skyformer figure that have data: (model, n), models initialized first, n ascending.
+pub fn skyformer_panels(rows: &[SummaryRow]) -> Vec<(String, usize)> {
+    models(rows)
+        .into_iter()
+        .flat_map(|m| PAPER_LENGTHS.iter().map(move |&n| (m.clone(), n)))
+        .filter(|(m, n)| has_data(rows, m, *n, &SKYFORMER_METHODS))
+        .collect()
+}
+
+/// Panels of the Skeinformer figure that have data, in the paper's order
+/// (initialized 1024, initialized 4096, pretrained 1024, pretrained 4096).
+pub fn skeinformer_panels(rows: &[SummaryRow]) -> Vec<(String, usize)> {
+    models(rows)
+        .into_iter()
+        .flat_map(|m| [1024, 4096].into_iter().map(move |n| (m.clone(), n)))
+        .filter(|(m, n)| has_data(rows, m, *n, &SKEINFORMER_METHODS))
+        .collect()
+}
+
+/// Row labels and column lengths of a grid holding `panels` (each model one row, the union of
+/// their n as columns).
+pub fn grid(panels: &[(String, usize)]) -> (Vec<String>, Vec<usize>) {
+    let mut models: Vec<String> = vec![];
+    for (m, _) in panels {
+        if !models.contains(m) {
+            models.push(m.clone());
+        }
+    }
+    let ns: BTreeSet<usize> = panels.iter().map(|(_, n)| *n).collect();
+    (models, ns.into_iter().collect())
+}
+
+/// The lengths n with at least one finite mean for `model`, ascending.
+pub fn lengths_of(rows: &[SummaryRow], model: &str) -> Vec<usize> {
+    let ns: BTreeSet<usize> = rows.iter().filter(|r| r.model == model && r.mean.is_finite()).map(|r| r.n).collect();
+    ns.into_iter().collect()
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,168 @@
+//! Looks: the embedded font, the papers' line styles, a distinct style per method for the
+//! all-methods figures, and display names.
+
+use std::sync::OnceLock;
+
+use anyhow::{anyhow, Result};
+use plotters::style::{FontStyle, RGBColor};
+
+/// DejaVu Sans (assets/LICENSE-DejaVu.txt): figures render the same without system fonts.
+static DEJAVU_SANS: &[u8] = include_bytes!("../../../assets/DejaVuSans.ttf");
+
+/// The family every text style in the figures uses (registered by [`ensure_font`]).
+pub const FONT: &str = "sans-serif";
+
+/// Registers the embedded font with plotters' ab_glyph text support (once per process).
+pub fn ensure_font() -> Result<()> {
+    static DONE: OnceLock<bool> = OnceLock::new();
+    let ok = *DONE.get_or_init(|| {
+        [FontStyle::Normal, FontStyle::Bold]
+            .into_iter()
+            .all(|s| plotters::style::register_font(FONT, s, DEJAVU_SANS).is_ok())
+    });
+    if ok {
+        Ok(())
+    } else {
+        Err(anyhow!("the embedded font assets/DejaVuSans.ttf could not be loaded"))
+    }
+}
+
+/// Point marker shapes, drawn in pixel units around the data point.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Marker {
+    None,
+    /// Small filled circle (the papers' "dots").
+    Dot,
+    Square,
+    TriUp,
+    /// ▼ (the papers' Informer / Linformer marker).
+    TriDown,
+    Diamond,
+    Cross,
+    Plus,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct SeriesStyle {
+    pub color: RGBColor,
+    pub dashed: bool,
+    pub width: u32,
+    pub marker: Marker,
+}
+
+const RED: RGBColor = RGBColor(214, 39, 40);
+const BLUE: RGBColor = RGBColor(31, 90, 200);
+const BLACK: RGBColor = RGBColor(0, 0, 0);
+pub const GREY: RGBColor = RGBColor(165, 165, 165);
+
+const fn st(color: RGBColor, dashed: bool, marker: Marker) -> SeriesStyle {
+    SeriesStyle { color, dashed, width: 3, marker }
+}
+
+/// Skyformer Fig. 1: Skyformer red solid; Nyströmformer blue dashed with dots; Performer black
+/// dashed with dots; Informer blue solid with ▼ (METHODS.md §4.1).
+pub fn skyformer_style(method: &str) -> Option<SeriesStyle> {
+    Some(match method {
+        "skyformer" => st(RED, false, Marker::None),
+        "nystromformer" => st(BLUE, true, Marker::Dot),
+        "performer" => st(BLACK, true, Marker::Dot),
+        "informer" => st(BLUE, false, Marker::TriDown),
+        _ => return None,
+    })
+}
+
+/// Skeinformer Fig. 1: Skeinformer red solid; V-Mean blue dashed with dots; Informer black
+/// dashed with dots; Linformer blue solid with ▼ (METHODS.md §4.2).
+pub fn skeinformer_style(method: &str) -> Option<SeriesStyle> {
+    Some(match method {
+        "skeinformer" => st(RED, false, Marker::None),
+        "vmean" => st(BLUE, true, Marker::Dot),
+        "informer" => st(BLACK, true, Marker::Dot),
+        "linformer" => st(BLUE, false, Marker::TriDown),
+        _ => return None,
+    })
+}
+
+/// The floor: the best rank-d approximation (SVD), drawn as a plain grey line.
+pub fn floor_style() -> SeriesStyle {
+    SeriesStyle { color: GREY, dashed: false, width: 6, marker: Marker::None }
+}
+
+/// A fixed, distinct style per method id (families share a hue; variants differ in dash/marker).
+pub fn all_methods_style(method: &str, unknown_index: usize) -> SeriesStyle {
+    let c = |r, g, b| RGBColor(r, g, b);
+    match method {
+        "svd_optimal" => floor_style(),
+        "skyformer" => st(RED, false, Marker::Dot),
+        "skyformer_iter" => st(c(255, 120, 110), true, Marker::Square),
+        "nystromformer" => st(BLUE, true, Marker::Dot),
+        "performer" => st(BLACK, true, Marker::Dot),
+        "performer_favor" => st(c(90, 90, 90), false, Marker::Cross),
+        "informer" => st(c(23, 170, 200), false, Marker::TriDown),
+        "informer_mask" => st(c(23, 170, 200), true, Marker::TriUp),
+        "skeinformer" => st(c(255, 127, 14), false, Marker::Diamond),
+        "skein_uniform" => st(c(200, 150, 0), true, Marker::Square),
+        "skein_nonorm" => st(c(230, 90, 0), true, Marker::TriUp),
+        "skein_simplenorm" => st(c(190, 110, 60), true, Marker::Plus),
+        "skein_nopilot" => st(c(255, 170, 80), true, Marker::Cross),
+        "vmean" => st(c(148, 103, 189), true, Marker::Square),
+        "linformer" => st(c(44, 160, 44), false, Marker::TriDown),
+        "linformer_jlt" => st(c(44, 160, 44), true, Marker::TriUp),
+        "column_uniform" => st(c(227, 119, 194), false, Marker::Plus),
+        _ => {
+            const EXTRA: [RGBColor; 5] =
+                [RGBColor(140, 86, 75), RGBColor(188, 189, 34), RGBColor(0, 128, 128), RGBColor(120, 0, 160), RGBColor(160, 0, 60)];
+            const MARKS: [Marker; 4] = [Marker::Square, Marker::Diamond, Marker::TriUp, Marker::Cross];
+            st(EXTRA[unknown_index % EXTRA.len()], unknown_index / EXTRA.len() % 2 == 1, MARKS[unknown_index % MARKS.len()])
+        }
+    }
+}
+
+/// The order in which legends list methods: the registry order, unknown ids last by name.
+pub fn method_rank(method: &str) -> (usize, String) {
+    const ORDER: &[&str] = &[
+        "skyformer",
+        "nystromformer",
+        "performer",
+        "informer",
+        "skeinformer",
+        "vmean",
+        "linformer",
+        "skyformer_iter",
+        "performer_favor",
+        "informer_mask",
+        "linformer_jlt",
+        "skein_uniform",
+        "skein_nonorm",
+        "skein_simplenorm",
+        "skein_nopilot",
+        "column_uniform",
+        "svd_optimal",
+    ];
+    (ORDER.iter().position(|m| *m == method).unwrap_or(ORDER.len()), method.to_string())
+}
+
+/// Legend label of a method id.
+pub fn method_label(method: &str) -> String {
+    match method {
+        "skyformer" => "Skyformer",
+        "skyformer_iter" => "Skyformer (iterative inverse)",
+        "nystromformer" => "Nyströmformer",
+        "performer" => "Performer",
+        "performer_favor" => "Performer (textbook FAVOR+)",
+        "informer" => "Informer",
+        "informer_mask" => "Informer (mask variant, u = d)",
+        "skeinformer" => "Skeinformer",
+        "skein_uniform" => "Skeinformer (uniform columns)",
+        "skein_nonorm" => "Skeinformer (no normalisation)",
+        "skein_simplenorm" => "Skeinformer (simple normalisation)",
+        "skein_nopilot" => "Skeinformer (no pilot reuse)",
+        "vmean" => "V-Mean",
+        "linformer" => "Linformer",
+        "linformer_jlt" => "Linformer (unreduced JLT)",
+        "column_uniform" => "Column sampling (uniform)",
+        "svd_optimal" => "SVD optimum (floor)",
+        other => other,
+    }
+    .to_string()
+}
