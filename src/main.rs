@@ -27,6 +27,7 @@ fn run(cli: Cli) -> anyhow::Result<i32> {
             sweep::dump_qkv(&inputs, a.length, a.window, &a.out)?;
             Ok(0)
         }
+        Some(Command::Check(a)) => approx_bench::report::check::execute(&a),
     }
 }
 

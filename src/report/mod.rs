@@ -1,5 +1,6 @@
 //! Outputs: per-trial rows, summaries, the run manifest, figures and the regression check.
 
+pub mod check;
 pub mod console;
 pub mod manifest;
 pub mod summary;
