@@ -34,6 +34,9 @@ pub enum Command {
     /// Time each stage (Q/K/V, exact attention with GFLOP/s, every method and d, the metric) on window 0
     /// of each length, and report peak memory. Takes the sweep's flags; --windows and --out are ignored.
     Bench(BenchArgs),
+    /// Compare a run with a baseline: regressions beyond the noise, missing points, new
+    /// non-finite trials and configuration changes. Exit 0 pass, 1 fail, 2 unusable input.
+    Check(CheckArgs),
 }
 
 #[derive(Debug, Clone, Args)]
@@ -202,4 +205,39 @@ pub struct PlotArgs {
     /// Where the PNGs go (default: the first --from directory).
     #[arg(long)]
     pub out: Option<PathBuf>,
+}
+
+#[derive(Debug, Clone, Args)]
+#[command(group(clap::ArgGroup::new("against").required(true).args(["current", "rerun"])))]
+pub struct CheckArgs {
+    /// Baseline: a run directory (summary.csv, trials.csv, manifest.json) or a summary.csv file.
+    #[arg(long)]
+    pub baseline: PathBuf,
+    /// Run to check: a run directory or a summary.csv file (a file alone allows only the unpaired test and no configuration check).
+    #[arg(long)]
+    pub current: Option<PathBuf>,
+    /// Re-run the baseline's own configuration (from its manifest.json) and check that run.
+    #[arg(long)]
+    pub rerun: bool,
+    /// Output directory of --rerun (default: a new directory under the system temp dir).
+    #[arg(long, requires = "rerun")]
+    pub out: Option<PathBuf>,
+    /// Family-wise false-positive rate over all compared points (Bonferroni-corrected).
+    #[arg(long, default_value_t = 0.05)]
+    pub alpha: f64,
+    /// Relative slack: a regression must exceed the noise bound plus this fraction of the baseline mean.
+    #[arg(long, default_value_t = 0.01)]
+    pub slack: f64,
+    /// Fail on improvements beyond the bound too (each direction then gets alpha/2).
+    #[arg(long)]
+    pub two_sided: bool,
+    /// Report configuration changes without failing on them (not with --exact, which needs the same configuration).
+    #[arg(long)]
+    pub allow_config_change: bool,
+    /// Demand trial-level equality of the error within 1e-12 relative (reproducibility check).
+    #[arg(long)]
+    pub exact: bool,
+    /// Markdown report (default: check.md in the current run directory; none when --current is a file).
+    #[arg(long)]
+    pub report: Option<PathBuf>,
 }

@@ -59,6 +59,7 @@ fn run(cli: Cli) -> anyhow::Result<i32> {
             }
             Ok(0)
         }
+        Some(Command::Check(a)) => approx_bench::report::check::execute(&a),
     }
 }
 

@@ -1,27 +1,303 @@
-//! Performer — implementation pending (issue 3).
+//! Performer, FAVOR+ with positive orthogonal random features (Choromanski et al., ICLR 2021;
+//! METHODS.md §2.5), as in performer-pytorch's `softmax_kernel` + `linear_attention`.
+//!
+//! // Lemma 1 / Eq. (7): exp(x·y) = E_ω[exp(ω·x − ‖x‖²/2)·exp(ω·y − ‖y‖²/2)], ω ~ N(0, I_p)
+//! // §2.4 (ORF): the rows of Ω are orthogonal within p×p blocks, each marginally N(0, I_p)
+//! φ(x̃) = m^{-1/2}·[exp(ω_r·x̃ − ‖x̃‖²/2 − c) + ε]_r, ε = 1e-4 (added after the shift);
+//! c = max_r ω_r·q̃ per query row, c = max_{j,r} ω_r·k̃_j one constant for all keys.
+//! Ô = diag(φ(Q̃)·(φ(K̃)ᵀ1))⁻¹ · φ(Q̃)·(φ(K̃)ᵀV); the normalizer φ(Q̃)·(φ(K̃)ᵀ1) is returned.
+//!
+//! Two ids (METHODS.md §2.5 [P≠C] double scaling):
+//! - `performer`: the estimator the authors ran for Fig. 1. Their wrapper divides Q and K by
+//!   p^{1/4} and the feature map multiplies by p^{-1/4} again, so the inputs are scaled by
+//!   p^{-1/2} in total and it estimates **softmax(QKᵀ/p)V**, not softmax(QKᵀ/√p)V (a bias that
+//!   does not vanish as m grows). Kept to reproduce the figure.
+//! - `performer_favor`: textbook FAVOR+ (p^{-1/4} once), an estimator of softmax(QKᵀ/√p)V.
+//!
+//! Ω (m = d rows): ⌈m/p⌉ independent p×p blocks, each the Q factor of the QR decomposition of an
+//! iid N(0,1) matrix (rows of Qᵀ), first m rows kept, row r multiplied by ‖g_r‖ with independent
+//! g_r ~ N(0, I_p). Drawn on the host with nalgebra from the trial generator, then moved to the
+//! device. No explicit sign fix is applied; nalgebra's QR returns R with a non-negative diagonal,
+//! which makes Q Haar-distributed (unlike LAPACK/torch.qr, whose first column has Q₀₀ ≤ 0), so
+//! each row is marginally N(0, I_p) as METHODS.md §2.5 states.
+//! Computed in the input dtype on the head's device (the shifts keep exp in range).
 
-use anyhow::{bail, Result};
+use anyhow::Result;
+use candle_core::{DType, Tensor, D};
+use nalgebra::DMatrix;
 
 use super::{Approximation, HeadInputs, Method};
-use crate::numerics::sampling::TrialRng;
+use crate::numerics::sampling::{normal_values, TrialRng};
 
-pub struct Performer { pub double_scaled: bool }
-impl Performer { pub fn reference() -> Self { Self { double_scaled: true } } pub fn favor() -> Self { Self { double_scaled: false } } }
+/// Additive stabiliser of the feature map (METHODS.md §2.5).
+pub const EPS: f64 = 1e-4;
+
+pub struct Performer {
+    pub double_scaled: bool,
+}
+
+impl Performer {
+    /// `performer`: the double-scaled reference estimator of softmax(QKᵀ/p)V (Fig. 1).
+    pub fn reference() -> Self {
+        Self { double_scaled: true }
+    }
+    /// `performer_favor`: textbook FAVOR+ for softmax(QKᵀ/√p)V.
+    pub fn favor() -> Self {
+        Self { double_scaled: false }
+    }
+    /// Total input scale: p^{-1/2} (double-scaled) or p^{-1/4} (FAVOR+); x̃ = x·scale.
+    pub fn input_scale(&self, p: usize) -> f64 {
+        (p as f64).powf(if self.double_scaled { -0.5 } else { -0.25 })
+    }
+}
+
+/// Ω (m×p) with orthogonal p×p blocks and chi_p row lengths (see the module comment).
+pub(crate) fn orthogonal_gaussian(rng: &mut TrialRng, m: usize, p: usize) -> DMatrix<f64> {
+    let blocks = m.div_ceil(p);
+    let mut omega = DMatrix::zeros(blocks * p, p);
+    for b in 0..blocks {
+        let g = DMatrix::from_row_slice(p, p, &normal_values(rng, p, p, 1.0));
+        let q = g.qr().q(); // p×p orthogonal
+        omega.view_mut((b * p, 0), (p, p)).copy_from(&q.transpose()); // rows of Qᵀ
+    }
+    let mut omega = omega.rows(0, m).into_owned();
+    let lengths = normal_values(rng, m, p, 1.0);
+    for r in 0..m {
+        let len = lengths[r * p..(r + 1) * p].iter().map(|x| x * x).sum::<f64>().sqrt();
+        omega.row_mut(r).scale_mut(len);
+    }
+    omega
+}
+
+/// How the feature map shifts the exponent before exp (all cancel in Ô, except through ε).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub(crate) enum Shift {
+    /// Per row: c_i = max_r ω_r·x̃_i (queries).
+    PerRow,
+    /// One constant: c = max_{j,r} ω_r·x̃_j (keys).
+    Global,
+    /// No shift (tests of the unbiased kernel estimate).
+    #[cfg_attr(not(test), allow(dead_code))]
+    None,
+}
+
+/// φ(x̃) (n×m) for scaled inputs x̃ (n×p) and Ω (m×p), both on the same device and dtype.
+pub(crate) fn feature_map(xt: &Tensor, omega: &Tensor, shift: Shift, eps: f64) -> Result<Tensor> {
+    let m = omega.dim(0)?;
+    let proj = xt.matmul(&omega.t()?)?; // n×m, ω_r·x̃_i
+    let half_sq = (xt.sqr()?.sum_keepdim(D::Minus1)? * 0.5)?; // n×1
+    let e = proj.broadcast_sub(&half_sq)?;
+    let e = match shift {
+        Shift::PerRow => e.broadcast_sub(&proj.max_keepdim(D::Minus1)?)?,
+        Shift::Global => e.broadcast_sub(&proj.max_keepdim(D::Minus1)?.max_keepdim(0)?)?,
+        Shift::None => e,
+    };
+    Ok(((e.exp()? + eps)? * (m as f64).powf(-0.5))?)
+}
 
 impl Method for Performer {
     fn id(&self) -> &'static str {
-        if self.double_scaled { "performer" } else { "performer_favor" }
+        if self.double_scaled {
+            "performer"
+        } else {
+            "performer_favor"
+        }
     }
     fn feature_meaning(&self) -> &'static str {
-        "pending"
+        if self.double_scaled {
+            "number of positive orthogonal random features m (inputs scaled by p^-1/2: estimates softmax(QKᵀ/p)V)"
+        } else {
+            "number of positive orthogonal random features m (FAVOR+ for softmax(QKᵀ/√p)V)"
+        }
     }
     fn is_random(&self) -> bool {
         true
     }
+    /// METHODS.md §2.11: 4ndp, plus ⌈d/p⌉p³ for the QR blocks of Ω.
     fn macs(&self, n: usize, p: usize, d: usize) -> f64 {
-        4.0 * (n * d * p) as f64
+        4.0 * (n * d * p) as f64 + (d.div_ceil(p) * p * p * p) as f64
     }
-    fn approximate(&self, _head: &HeadInputs, _d: usize, _rng: &mut TrialRng) -> Result<Approximation> {
-        bail!("method {} is not implemented yet", self.id())
+    fn approximate(&self, head: &HeadInputs, d: usize, rng: &mut TrialRng) -> Result<Approximation> {
+        anyhow::ensure!(d >= 1, "performer needs at least one random feature");
+        let (n, p) = (head.n(), head.p());
+        let (dt, dev) = (head.dtype(), head.device());
+        let omega = orthogonal_gaussian(rng, d, p);
+        let omega = crate::tensor_util::from_dmatrix(&omega, dev, dt)?;
+        let s = self.input_scale(p);
+        let phi_q = feature_map(&(&head.q * s)?, &omega, Shift::PerRow, EPS)?; // n×m
+        let phi_k = feature_map(&(&head.k * s)?, &omega, Shift::Global, EPS)?; // n×m
+        // [V, 1]: numerator and denominator share the products.
+        let rhs = Tensor::cat(&[head.v.clone(), Tensor::ones((n, 1), dt, dev)?], 1)?;
+        let kv = phi_k.t()?.matmul(&rhs)?; // m×(p+1)
+        let fr = phi_q.matmul(&kv)?; // n×(p+1)
+        let den = fr.narrow(1, p, 1)?;
+        let out = fr.narrow(1, 0, p)?.broadcast_div(&den)?;
+        Ok(Approximation { output: out, normalizer: Some(den.squeeze(1)?.to_dtype(DType::F64)?) })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::tensor_util::{from_dmatrix, to_dmatrix};
+    use candle_core::Device;
+    use rand::SeedableRng;
+    use rand_distr::{Distribution, StandardNormal};
+
+    fn gauss(rng: &mut TrialRng, r: usize, c: usize, std: f64) -> DMatrix<f64> {
+        DMatrix::from_fn(r, c, |_, _| {
+            let z: f64 = StandardNormal.sample(rng);
+            z * std
+        })
+    }
+    fn t64(m: &DMatrix<f64>) -> Tensor {
+        from_dmatrix(m, &Device::Cpu, DType::F64).unwrap()
+    }
+    fn softmax_attention(q: &DMatrix<f64>, k: &DMatrix<f64>, v: &DMatrix<f64>, scale: f64) -> DMatrix<f64> {
+        let mut a = q * k.transpose() * scale;
+        for mut r in a.row_iter_mut() {
+            let mx = r.max();
+            r.apply(|x| *x = (*x - mx).exp());
+            let s = r.sum();
+            r.apply(|x| *x /= s);
+        }
+        a * v
+    }
+
+    #[test]
+    fn omega_blocks_are_orthogonal_with_chi_lengths() {
+        let mut rng = TrialRng::seed_from_u64(1);
+        let (m, p) = (20, 8);
+        let om = orthogonal_gaussian(&mut rng, m, p);
+        assert_eq!(om.shape(), (m, p));
+        for r in 0..m {
+            for s in 0..m {
+                let dot = om.row(r).dot(&om.row(s));
+                if r != s && r / p == s / p {
+                    assert!(dot.abs() < 1e-12, "rows {r},{s} of one block: {dot}");
+                }
+            }
+        }
+        // Row lengths are chi_p: mean of ‖ω‖² over many rows ≈ p.
+        let big = orthogonal_gaussian(&mut rng, 4000, p);
+        let mean_sq = big.row_iter().map(|r| r.norm_squared()).sum::<f64>() / 4000.0;
+        assert!((mean_sq - p as f64).abs() < 0.3, "{mean_sq}");
+        // Reproducible from the generator alone.
+        let a = orthogonal_gaussian(&mut TrialRng::seed_from_u64(5), m, p);
+        let b = orthogonal_gaussian(&mut TrialRng::seed_from_u64(5), m, p);
+        assert_eq!(a, b);
+    }
+
+    /// Mean and standard error over `draws` fresh Ω of φ(q̃)·φ(k̃) with ε = 0 and no shift.
+    fn kernel_estimate(method: &Performer, q: &[f64], k: &[f64], m: usize, draws: usize) -> (f64, f64) {
+        let p = q.len();
+        let s = method.input_scale(p);
+        let qt = Tensor::new(q, &Device::Cpu).unwrap().reshape((1, p)).unwrap();
+        let kt = Tensor::new(k, &Device::Cpu).unwrap().reshape((1, p)).unwrap();
+        let (qt, kt) = ((qt * s).unwrap(), (kt * s).unwrap());
+        let mut rng = TrialRng::seed_from_u64(42);
+        let vals: Vec<f64> = (0..draws)
+            .map(|_| {
+                let om = t64(&orthogonal_gaussian(&mut rng, m, p));
+                let fq = feature_map(&qt, &om, Shift::None, 0.0).unwrap();
+                let fk = feature_map(&kt, &om, Shift::None, 0.0).unwrap();
+                crate::tensor_util::scalar(&fq.matmul(&fk.t().unwrap()).unwrap()).unwrap()
+            })
+            .collect();
+        let mean = vals.iter().sum::<f64>() / draws as f64;
+        let var = vals.iter().map(|x| (x - mean).powi(2)).sum::<f64>() / (draws - 1) as f64;
+        (mean, (var / draws as f64).sqrt())
+    }
+
+    #[test]
+    fn features_are_unbiased_for_the_targeted_kernel() {
+        // q + k points mostly along the first axis: a LAPACK-style sign convention (Q₀₀ ≤ 0)
+        // would bias this strongly. m = 6 > p = 4 covers a partial second block.
+        let p = 4;
+        let q = [0.9, 0.2, -0.2, 0.1];
+        let k = [0.6, -0.3, 0.1, 0.2];
+        let qk: f64 = q.iter().zip(&k).map(|(a, b)| a * b).sum();
+        for (method, target) in [
+            (Performer::reference(), (qk / p as f64).exp()),         // exp(q·k/p)
+            (Performer::favor(), (qk / (p as f64).sqrt()).exp()),   // exp(q·k/√p)
+        ] {
+            let (mean, se) = kernel_estimate(&method, &q, &k, 6, 20_000);
+            assert!((mean - target).abs() < 4.0 * se, "{}: {mean} ± {se} vs {target}", method.id());
+            assert!(se < 0.01 * target, "{}: se {se}", method.id());
+        }
+    }
+
+    #[test]
+    fn many_features_converge_to_each_ids_own_softmax() {
+        // Small logits: positive random features are heavy-tailed (per-feature relative variance
+        // e^{‖q̃+k̃‖²} − 1) and Ô is a ratio estimator, so large logits converge very slowly; the
+        // error relative to the gap between the two targets shrinks like m^{-1/2} at any scale.
+        let mut rng = TrialRng::seed_from_u64(2);
+        let (n, p) = (12, 8);
+        let (q, k, v) = (gauss(&mut rng, n, p, 0.3), gauss(&mut rng, n, p, 0.3), gauss(&mut rng, n, p, 1.0));
+        let head = HeadInputs::new(t64(&q), t64(&k), t64(&v)).unwrap();
+        let flat = softmax_attention(&q, &k, &v, 1.0 / p as f64); // softmax(QKᵀ/p)V
+        let sharp = softmax_attention(&q, &k, &v, 1.0 / (p as f64).sqrt()); // the real target
+        assert!((&sharp - to_dmatrix(&head.exact.output).unwrap()).abs().max() < 1e-12);
+        let dist = |a: &DMatrix<f64>, b: &DMatrix<f64>| (a - b).abs().max();
+        let gap = dist(&flat, &sharp);
+        assert!(gap > 0.02, "targets too close to tell apart: {gap}");
+        for (method, own, other) in [(Performer::reference(), &flat, &sharp), (Performer::favor(), &sharp, &flat)] {
+            let a = method.approximate(&head, 16384, &mut TrialRng::seed_from_u64(3)).unwrap();
+            let o = to_dmatrix(&a.output).unwrap();
+            assert!(dist(&o, own) < 0.3 * gap, "{}: {} vs gap {gap}", method.id(), dist(&o, own));
+            assert!(dist(&o, other) > 0.7 * gap, "{}: {} vs gap {gap}", method.id(), dist(&o, other));
+            assert!(a.normalizer.unwrap().to_vec1::<f64>().unwrap().iter().all(|&x| x > 0.0));
+        }
+    }
+
+    #[test]
+    fn seeded_reproducible_finite_and_f32_agrees_with_f64() {
+        let mut rng = TrialRng::seed_from_u64(4);
+        let (n, p) = (200, 64);
+        let (q, k, v) = (gauss(&mut rng, n, p, 0.6), gauss(&mut rng, n, p, 0.6), gauss(&mut rng, n, p, 1.0));
+        let h64 = HeadInputs::new(t64(&q), t64(&k), t64(&v)).unwrap();
+        let t32 = |m: &DMatrix<f64>| from_dmatrix(m, &Device::Cpu, DType::F32).unwrap();
+        let h32 = HeadInputs::new(t32(&q), t32(&k), t32(&v)).unwrap();
+        for method in [Performer::reference(), Performer::favor()] {
+            for d in [1, 16, 70, 256] {
+                let a = to_dmatrix(&method.approximate(&h64, d, &mut TrialRng::seed_from_u64(9)).unwrap().output).unwrap();
+                let b = to_dmatrix(&method.approximate(&h64, d, &mut TrialRng::seed_from_u64(9)).unwrap().output).unwrap();
+                assert_eq!(a, b);
+                assert!(a.iter().all(|x| x.is_finite()));
+                let c = method.approximate(&h32, d, &mut TrialRng::seed_from_u64(9)).unwrap();
+                assert_eq!(c.output.dtype(), DType::F32);
+                let c = to_dmatrix(&c.output).unwrap();
+                let rel = (&c - &a).abs().max() / a.abs().max();
+                assert!(rel < 1e-3, "{} d={d}: {rel}", method.id());
+            }
+            let x = to_dmatrix(&method.approximate(&h64, 16, &mut TrialRng::seed_from_u64(1)).unwrap().output).unwrap();
+            let y = to_dmatrix(&method.approximate(&h64, 16, &mut TrialRng::seed_from_u64(2)).unwrap().output).unwrap();
+            assert_ne!(x, y);
+        }
+        assert_eq!(Performer::reference().id(), "performer");
+        assert_eq!(Performer::favor().id(), "performer_favor");
+        assert_eq!(Performer::reference().macs(512, 64, 100), 4.0 * 512.0 * 100.0 * 64.0 + 2.0 * 64f64.powi(3));
+    }
+
+    #[test]
+    fn shifts_cancel_except_through_eps() {
+        // With ε = 0 the per-row and global shifts cancel exactly in Ô.
+        let mut rng = TrialRng::seed_from_u64(6);
+        let (n, p, m) = (10, 4, 12);
+        let (q, k, v) = (gauss(&mut rng, n, p, 1.0), gauss(&mut rng, n, p, 1.0), gauss(&mut rng, n, p, 1.0));
+        let om = t64(&orthogonal_gaussian(&mut rng, m, p));
+        let out = |sq: Shift, sk: Shift| {
+            let fq = to_dmatrix(&feature_map(&t64(&q), &om, sq, 0.0).unwrap()).unwrap();
+            let fk = to_dmatrix(&feature_map(&t64(&k), &om, sk, 0.0).unwrap()).unwrap();
+            let a = fq * fk.transpose();
+            let mut o = &a * &v;
+            for i in 0..n {
+                o.row_mut(i).scale_mut(1.0 / a.row(i).sum());
+            }
+            o
+        };
+        let diff = (out(Shift::PerRow, Shift::Global) - out(Shift::None, Shift::None)).abs().max();
+        assert!(diff < 1e-12, "{diff}");
     }
 }

@@ -1,27 +1,335 @@
-//! Skyformer — implementation pending (issue 3).
+//! Skyformer, Figure-1 variant: the modified Nyström method applied to the raw score matrix
+//! A = exp(QKᵀ/√p) (Chen et al., NeurIPS 2021; METHODS.md §2.3).
+//!
+//! X = [Q̃; K̃] (2n×p), Ā = exp(XXᵀ) is PSD (Lemma 1) and A is its upper-right block.
+//! // Eq. (5): Ā̃ = ĀS (SᵀĀS)^† SᵀĀ, Ã = (I, 0) Ā̃ (0, I)ᵀ.
+//! // Fig. 1 caption: D̂ = Ã1 ("first approximate A, and then approximate D"), Ô = diag(D̂)⁻¹ÃV.
+//! With F = exp(Q̃Zᵀ), G = exp(K̃Zᵀ), M = exp(ZZᵀ) for the d landmark rows Z of X:
+//! num = F·(W·(GᵀV)), den = F·(W·(Gᵀ1)), Ô = diag(den)⁻¹ num; Ã (n×n) is never formed.
+//!
+//! Two ids:
+//! - `skyformer`: W = M^† (paper Eq. (5)), a float64 symmetric-eigen pseudo-inverse with
+//!   eigenvalues below 1e-10·λ_max dropped, no γ (METHODS.md §2.3 [REC]).
+//! - `skyformer_iter`: the reference code path, W = D_δ^{-1/2}·IterInv(N, 6)·D_δ^{-1/2} with
+//!   Mγ = M + 0.1·I, δ = Mγ1, N = D_δ^{-1/2} Mγ D_δ^{-1/2} (Razavi et al. 2014 iteration).
+//!
+//! Landmarks (METHODS.md §2.3 [P≠C] sampling, follow the code): ⌈d/2⌉ rows of Q̃ and ⌊d/2⌋
+//! rows of K̃, each iid uniform with replacement (stratified). For odd d the extra landmark comes
+//! from Q (the spec only defines even d). The 0/1 selection is used (no 1/√d column scaling).
+//!
+//! Numerics: everything is computed in float64 whatever the input dtype. No per-row shift is
+//! possible (Ā has no row invariance), so one global scalar c = max of all logits of F, G and M
+//! is subtracted before exp: F, G, M all scale by e^{-c}, so F M^† Gᵀ scales by e^{-c} and the
+//! ratio num/den is unchanged. For the iterative path γ is scaled by e^{-c} too, so that
+//! (M + γI) is exactly the unshifted matrix times e^{-c} (the D_M scaling and the iteration are
+//! scale-equivariant). c ≥ 0 always (M's diagonal is ‖z‖² ≥ 0), so e^{-c} never overflows.
+//! The normalizer den is returned unclamped (rows with den ≤ 0 are counted by the caller).
 
-use anyhow::{bail, Result};
+use anyhow::Result;
+use candle_core::{DType, Tensor, D};
 
 use super::{Approximation, HeadInputs, Method};
-use crate::numerics::sampling::TrialRng;
+use crate::numerics::inverse::{iterative_inverse, symmetric_pinv_tensor, PINV_REL_CUTOFF};
+use crate::numerics::sampling::{uniform_with_replacement, TrialRng};
+use crate::tensor_util::{index_tensor, scalar};
 
-pub struct Skyformer { pub iterative: bool }
-impl Skyformer { pub fn pseudo_inverse() -> Self { Self { iterative: false } } pub fn iterative() -> Self { Self { iterative: true } } }
+/// Ridge of the reference code path (`skyformer_iter`), METHODS.md §2.3.
+pub const GAMMA: f64 = 0.1;
+/// Iterations of the Razavi et al. inverse in the code path.
+pub const ITER_STEPS: usize = 6;
+
+pub struct Skyformer {
+    pub iterative: bool,
+}
+
+impl Skyformer {
+    /// `skyformer`: paper Eq. (5) with the Moore–Penrose pseudo-inverse.
+    pub fn pseudo_inverse() -> Self {
+        Self { iterative: false }
+    }
+    /// `skyformer_iter`: the reference code path (γ = 0.1, D_M scaling, 6 iterations).
+    pub fn iterative() -> Self {
+        Self { iterative: true }
+    }
+}
+
+/// The core inverse W ≈ M^{-1} used between F and Gᵀ.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub(crate) enum CoreInverse {
+    /// Pseudo-inverse with eigenvalue cut-off `PINV_REL_CUTOFF`·λ_max.
+    Pinv,
+    /// (M + γI)⁻¹ by the D_M-normalised iterative inverse with the given steps.
+    Iterative { gamma: f64, steps: usize },
+}
+
+/// Landmark rows: ⌈d/2⌉ from Q̃, ⌊d/2⌋ from K̃, iid uniform with replacement (Q indices drawn first).
+pub(crate) fn draw_landmarks(rng: &mut TrialRng, n: usize, d: usize) -> (Vec<usize>, Vec<usize>) {
+    let iq = uniform_with_replacement(rng, n, d.div_ceil(2));
+    let ik = uniform_with_replacement(rng, n, d / 2);
+    (iq, ik)
+}
+
+/// Ô (f64, n×p) and den = Ã1 (f64, n) for the landmarks Q̃[iq] and K̃[ik].
+pub(crate) fn skyformer_core(
+    q: &Tensor,
+    k: &Tensor,
+    v: &Tensor,
+    iq: &[usize],
+    ik: &[usize],
+    inverse: CoreInverse,
+) -> Result<(Tensor, Tensor)> {
+    let (n, p) = q.dims2()?;
+    let dev = q.device();
+    let s = (p as f64).powf(-0.25);
+    let qt = (q.to_dtype(DType::F64)? * s)?;
+    let kt = (k.to_dtype(DType::F64)? * s)?;
+    let v64 = v.to_dtype(DType::F64)?;
+
+    let mut parts = Vec::with_capacity(2);
+    if !iq.is_empty() {
+        parts.push(qt.index_select(&index_tensor(iq, dev)?, 0)?);
+    }
+    if !ik.is_empty() {
+        parts.push(kt.index_select(&index_tensor(ik, dev)?, 0)?);
+    }
+    anyhow::ensure!(!parts.is_empty(), "skyformer needs at least one landmark");
+    let z = Tensor::cat(&parts, 0)?; // d×p
+    let d = z.dim(0)?;
+    let zt = z.t()?.contiguous()?;
+
+    let lf = qt.matmul(&zt)?; // n×d logits of F
+    let lg = kt.matmul(&zt)?; // n×d logits of G
+    let lm = z.matmul(&zt)?; // d×d logits of M
+    let gmax = |t: &Tensor| -> Result<f64> { scalar(&t.flatten_all()?.max(0)?) };
+    let c = gmax(&lf)?.max(gmax(&lg)?).max(gmax(&lm)?);
+    let f = lf.affine(1.0, -c)?.exp()?;
+    let g = lg.affine(1.0, -c)?.exp()?;
+    let m = lm.affine(1.0, -c)?.exp()?;
+
+    let w = match inverse {
+        CoreInverse::Pinv => symmetric_pinv_tensor(&m, PINV_REL_CUTOFF)?,
+        CoreInverse::Iterative { gamma, steps } => {
+            // γ on the e^{-c} scale of the shifted M (see the module comment).
+            let eye = Tensor::eye(d, DType::F64, dev)?;
+            let mg = (&m + (eye * (gamma * (-c).exp()))?)?;
+            let inv_sqrt = mg.sum_keepdim(1)?.sqrt()?.recip()?; // d×1, δ^{-1/2}
+            let scale = |t: &Tensor| -> Result<Tensor> {
+                Ok(t.broadcast_mul(&inv_sqrt)?.broadcast_mul(&inv_sqrt.t()?)?)
+            };
+            let nmat = scale(&mg)?;
+            scale(&iterative_inverse(&nmat, steps)?)?
+        }
+    };
+
+    // [V, 1]: numerator and denominator share every product.
+    let rhs = Tensor::cat(&[v64, Tensor::ones((n, 1), DType::F64, dev)?], 1)?; // n×(p+1)
+    let gtr = g.t()?.matmul(&rhs)?; // d×(p+1)
+    let fr = f.matmul(&w.matmul(&gtr)?)?; // n×(p+1)
+    let num = fr.narrow(1, 0, p)?;
+    let den = fr.narrow(1, p, 1)?;
+    let out = num.broadcast_div(&den)?;
+    Ok((out, den.squeeze(D::Minus1)?))
+}
 
 impl Method for Skyformer {
     fn id(&self) -> &'static str {
-        if self.iterative { "skyformer_iter" } else { "skyformer" }
+        if self.iterative {
+            "skyformer_iter"
+        } else {
+            "skyformer"
+        }
     }
     fn feature_meaning(&self) -> &'static str {
-        "pending"
+        "total landmarks of the 2n×2n completion: ⌈d/2⌉ rows of Q̃ and ⌊d/2⌋ rows of K̃, uniform with replacement"
     }
     fn is_random(&self) -> bool {
         true
     }
+    /// METHODS.md §2.11: 4ndp + 24d³ (the table's one formula for both inverses; the
+    /// pseudo-inverse's eigendecomposition is also O(d³)).
     fn macs(&self, n: usize, p: usize, d: usize) -> f64 {
-        4.0 * (n * d * p) as f64
+        let (n, p, d) = (n as f64, p as f64, d as f64);
+        4.0 * n * d * p + 24.0 * d * d * d
     }
-    fn approximate(&self, _head: &HeadInputs, _d: usize, _rng: &mut TrialRng) -> Result<Approximation> {
-        bail!("method {} is not implemented yet", self.id())
+    fn approximate(&self, head: &HeadInputs, d: usize, rng: &mut TrialRng) -> Result<Approximation> {
+        let (iq, ik) = draw_landmarks(rng, head.n(), d);
+        let inverse = if self.iterative {
+            CoreInverse::Iterative { gamma: GAMMA, steps: ITER_STEPS }
+        } else {
+            CoreInverse::Pinv
+        };
+        let (out, den) = skyformer_core(&head.q, &head.k, &head.v, &iq, &ik, inverse)?;
+        Ok(Approximation { output: out.to_dtype(head.dtype())?, normalizer: Some(den) })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::tensor_util::{from_dmatrix, to_dmatrix};
+    use candle_core::Device;
+    use nalgebra::DMatrix;
+    use rand::SeedableRng;
+    use rand_distr::{Distribution, StandardNormal};
+
+    fn gauss(rng: &mut TrialRng, r: usize, c: usize, std: f64) -> DMatrix<f64> {
+        DMatrix::from_fn(r, c, |_, _| {
+            let z: f64 = StandardNormal.sample(rng);
+            z * std
+        })
+    }
+
+    fn tensor(m: &DMatrix<f64>, dtype: DType) -> Tensor {
+        from_dmatrix(m, &Device::Cpu, dtype).unwrap()
+    }
+
+    /// Independent dense construction: Ā = exp(XXᵀ) (no shift), Ā̃ = ĀS·core·SᵀĀ with
+    /// core = (SᵀĀS)^† (nalgebra SVD) or (SᵀĀS + γI)⁻¹ (LU), Ã its upper-right block.
+    fn dense(q: &DMatrix<f64>, k: &DMatrix<f64>, v: &DMatrix<f64>, sel: &[usize], gamma: Option<f64>) -> (DMatrix<f64>, Vec<f64>) {
+        let (n, p) = q.shape();
+        let s = (p as f64).powf(-0.25);
+        let mut x = DMatrix::zeros(2 * n, p);
+        x.rows_mut(0, n).copy_from(&(q * s));
+        x.rows_mut(n, n).copy_from(&(k * s));
+        let abar = (&x * x.transpose()).map(f64::exp);
+        let cols = abar.select_columns(sel); // ĀS
+        let core = cols.select_rows(sel); // SᵀĀS
+        let w = match gamma {
+            None => core.pseudo_inverse(1e-12).unwrap(),
+            Some(g) => (core + DMatrix::identity(sel.len(), sel.len()) * g).try_inverse().unwrap(),
+        };
+        let full = &cols * w * cols.transpose();
+        let a = full.view((0, n), (n, n)).into_owned();
+        let den: Vec<f64> = (0..n).map(|i| a.row(i).sum()).collect();
+        let mut out = &a * v;
+        for (mut row, &di) in out.row_iter_mut().zip(&den) {
+            row.scale_mut(1.0 / di);
+        }
+        (out, den)
+    }
+
+    fn max_rel(a: &DMatrix<f64>, b: &DMatrix<f64>) -> f64 {
+        (a - b).abs().max() / b.abs().max()
+    }
+
+    #[test]
+    fn matches_dense_eq5_construction_with_duplicates() {
+        let mut rng = TrialRng::seed_from_u64(1);
+        let (n, p) = (7, 6);
+        let (q, k, v) = (gauss(&mut rng, n, p, 1.0), gauss(&mut rng, n, p, 1.0), gauss(&mut rng, n, p, 1.0));
+        let iq = vec![0, 3, 3, 5];
+        let ik = vec![1, 6, 2];
+        let (out, den) = skyformer_core(&tensor(&q, DType::F64), &tensor(&k, DType::F64), &tensor(&v, DType::F64), &iq, &ik, CoreInverse::Pinv).unwrap();
+        let sel: Vec<usize> = iq.iter().cloned().chain(ik.iter().map(|j| j + n)).collect();
+        let (want, want_den) = dense(&q, &k, &v, &sel, None);
+        let got = to_dmatrix(&out).unwrap();
+        assert!(max_rel(&got, &want) < 1e-9, "{}", max_rel(&got, &want));
+        // den is Ã1 up to the global factor e^{-c}: the ratio is one constant.
+        let got_den: Vec<f64> = den.to_vec1().unwrap();
+        let r0 = want_den[0] / got_den[0];
+        for i in 0..n {
+            assert!((want_den[i] / got_den[i] / r0 - 1.0).abs() < 1e-9);
+        }
+    }
+
+    #[test]
+    fn iterative_path_matches_dense_ridge_inverse_and_is_close_to_pinv() {
+        // Distinct landmarks with ‖z‖² ≈ 4 in p = 16: M is diagonally dominant, N well conditioned,
+        // so 6 iterations converge and the result is (M + 0.1 I)⁻¹ on the *unshifted* scale.
+        let mut rng = TrialRng::seed_from_u64(2);
+        let (n, p) = (40, 16);
+        let (q, k, v) = (gauss(&mut rng, n, p, 1.0), gauss(&mut rng, n, p, 1.0), gauss(&mut rng, n, p, 1.0));
+        let (iq, ik) = (vec![0, 5, 9], vec![2, 17, 33]);
+        let sel: Vec<usize> = iq.iter().cloned().chain(ik.iter().map(|j| j + n)).collect();
+        let (tq, tk, tv) = (tensor(&q, DType::F64), tensor(&k, DType::F64), tensor(&v, DType::F64));
+        let it = CoreInverse::Iterative { gamma: GAMMA, steps: ITER_STEPS };
+        let got = to_dmatrix(&skyformer_core(&tq, &tk, &tv, &iq, &ik, it).unwrap().0).unwrap();
+        let (want, _) = dense(&q, &k, &v, &sel, Some(GAMMA));
+        assert!(max_rel(&got, &want) < 1e-8, "{}", max_rel(&got, &want));
+        let pinv = to_dmatrix(&skyformer_core(&tq, &tk, &tv, &iq, &ik, CoreInverse::Pinv).unwrap().0).unwrap();
+        let rel = max_rel(&got, &pinv);
+        assert!(rel < 2e-2 && rel > 0.0, "iter vs pinv {rel}");
+    }
+
+    #[test]
+    fn exact_when_every_row_is_a_landmark() {
+        // S = I (all 2n rows): Ā Ā^† Ā = Ā, so Ô = softmax(QKᵀ/√p)V to rounding.
+        let mut rng = TrialRng::seed_from_u64(3);
+        let (n, p) = (6, 8);
+        let (q, k, v) = (gauss(&mut rng, n, p, 1.0), gauss(&mut rng, n, p, 1.0), gauss(&mut rng, n, p, 1.0));
+        let head = HeadInputs::new(tensor(&q, DType::F64), tensor(&k, DType::F64), tensor(&v, DType::F64)).unwrap();
+        let all: Vec<usize> = (0..n).collect();
+        let (out, den) = skyformer_core(&head.q, &head.k, &head.v, &all, &all, CoreInverse::Pinv).unwrap();
+        let exact = to_dmatrix(&head.exact.output).unwrap();
+        assert!(max_rel(&to_dmatrix(&out).unwrap(), &exact) < 1e-7);
+        assert!(den.to_vec1::<f64>().unwrap().iter().all(|&x| x > 0.0));
+        // Through the method: d = 400 draws cover all 12 rows w.h.p., with many duplicates
+        // (M singular of rank 12): the pseudo-inverse still gives the exact output.
+        let mut r = TrialRng::seed_from_u64(4);
+        let approx = Skyformer::pseudo_inverse().approximate(&head, 400, &mut r).unwrap();
+        assert!(max_rel(&to_dmatrix(&approx.output).unwrap(), &exact) < 1e-6);
+    }
+
+    #[test]
+    fn random_inputs_finite_reproducible_and_f32_agrees_with_f64() {
+        let mut rng = TrialRng::seed_from_u64(5);
+        let (n, p) = (128, 32);
+        let (q, k, v) = (gauss(&mut rng, n, p, 0.6), gauss(&mut rng, n, p, 0.6), gauss(&mut rng, n, p, 1.0));
+        let h64 = HeadInputs::new(tensor(&q, DType::F64), tensor(&k, DType::F64), tensor(&v, DType::F64)).unwrap();
+        let h32 = HeadInputs::new(tensor(&q, DType::F32), tensor(&k, DType::F32), tensor(&v, DType::F32)).unwrap();
+        for method in [Skyformer::pseudo_inverse(), Skyformer::iterative()] {
+            for d in [1, 7, 16, 64] {
+                let a64 = method.approximate(&h64, d, &mut TrialRng::seed_from_u64(9)).unwrap();
+                let a32 = method.approximate(&h32, d, &mut TrialRng::seed_from_u64(9)).unwrap();
+                assert_eq!(a32.output.dtype(), DType::F32);
+                assert_eq!(a64.normalizer.as_ref().unwrap().dims(), &[n]);
+                let o64 = to_dmatrix(&a64.output).unwrap();
+                let o32 = to_dmatrix(&a32.output).unwrap();
+                assert!(o64.iter().all(|x| x.is_finite()), "{} d={d}", method.id());
+                // The core is f64 either way; only the f32 rounding of the inputs differs.
+                assert!(max_rel(&o32, &o64) < 1e-3, "{} d={d}: {}", method.id(), max_rel(&o32, &o64));
+                // Same seed, same draw.
+                let again = method.approximate(&h64, d, &mut TrialRng::seed_from_u64(9)).unwrap();
+                assert_eq!(to_dmatrix(&again.output).unwrap(), o64);
+            }
+            let x = method.approximate(&h64, 16, &mut TrialRng::seed_from_u64(10)).unwrap();
+            let y = method.approximate(&h64, 16, &mut TrialRng::seed_from_u64(11)).unwrap();
+            assert_ne!(to_dmatrix(&x.output).unwrap(), to_dmatrix(&y.output).unwrap());
+        }
+    }
+
+    #[test]
+    fn logits_beyond_f64_exp_range_stay_finite_thanks_to_the_global_shift() {
+        // Rows of Q̃ = K̃ on an arc of radius √800 in p = 2: every logit is in [−800, 800] and
+        // unshifted exp overflows f64 (> 709); after the global shift all logits lie in
+        // [800(cos 1 − 1), 0] ≈ [−368, 0], so nothing overflows or underflows to an all-zero row.
+        let (n, p) = (24, 2);
+        let r = 800f64.sqrt() * (p as f64).powf(0.25);
+        let q = DMatrix::from_fn(n, p, |i, j| {
+            let t = i as f64 / (n - 1) as f64;
+            if j == 0 { r * t.cos() } else { r * t.sin() }
+        });
+        let v = gauss(&mut TrialRng::seed_from_u64(6), n, p, 1.0);
+        assert!((&q * q.transpose() / (p as f64).sqrt()).map(f64::exp).iter().any(|x| x.is_infinite()));
+        let head = HeadInputs::new(tensor(&q, DType::F64), tensor(&q, DType::F64), tensor(&v, DType::F64)).unwrap();
+        for method in [Skyformer::pseudo_inverse(), Skyformer::iterative()] {
+            let a = method.approximate(&head, 16, &mut TrialRng::seed_from_u64(8)).unwrap();
+            assert!(to_dmatrix(&a.output).unwrap().iter().all(|x| x.is_finite()), "{}", method.id());
+            assert!(a.normalizer.unwrap().to_vec1::<f64>().unwrap().iter().all(|x| x.is_finite()));
+        }
+    }
+
+    #[test]
+    fn landmark_split_and_metadata() {
+        let mut rng = TrialRng::seed_from_u64(7);
+        let (iq, ik) = draw_landmarks(&mut rng, 10, 7);
+        assert_eq!((iq.len(), ik.len()), (4, 3));
+        assert!(iq.iter().chain(&ik).all(|&i| i < 10));
+        let (iq, ik) = draw_landmarks(&mut rng, 10, 1);
+        assert_eq!((iq.len(), ik.len()), (1, 0));
+        assert_eq!(Skyformer::pseudo_inverse().id(), "skyformer");
+        assert_eq!(Skyformer::iterative().id(), "skyformer_iter");
+        assert_eq!(Skyformer::pseudo_inverse().macs(1024, 64, 16), 4.0 * 1024.0 * 16.0 * 64.0 + 24.0 * 4096.0);
+        assert!(Skyformer::pseudo_inverse().check(512, 0).is_err());
     }
 }

@@ -670,6 +670,7 @@ def main() -> int:
     print(f"\n== randomized methods: mean error over (window, head), {args.draws} draws per head here; paired SE (see doc)")
     print(f"  {'method':<17} {'d':>4} {'H':>3} {'csv rows':>8} {'csv mean':>10} {'ref mean':>10} {'diff':>10} {'SE':>9} {'z':>7} {'csv nf':>6} {'ref nf':>6}  flag")
     rand_summary = defaultdict(lambda: [0, 0, 0.0])  # method -> [cells, flagged, max |z|]
+    all_z = []
     for (m, d) in sorted(by_cell):
         if m not in RANDOMIZED:
             continue
@@ -715,6 +716,7 @@ def main() -> int:
         s[1] += flag
         s[2] = max(s[2], abs(z))
         failures += flag
+        all_z.append(z)
         print(f"  {m:<17} {d:>4} {H:>3} {len(crow):>8} {cm:>10.5f} {rm:>10.5f} {diff:>+10.5f} {se:>9.2e} {z:>+7.2f} {csv_nf:>6} {ref_nf:>6}  {'FLAG' if flag else ''}")
     for m in RANDOMIZED:
         if m not in csv_methods:
@@ -738,6 +740,11 @@ def main() -> int:
         print(f"  deterministic {name:<22} max rel diff {mx:.2e}  ({'PASS' if mx <= args.det_tol else 'FAIL'})")
     for m, (cells, fl, zmax) in sorted(rand_summary.items()):
         print(f"  randomized    {m:<22} {cells} d values, max |z| = {zmax:.2f}, flagged {fl}  ({'PASS' if not fl else 'FLAG'})")
+    if all_z:
+        zz = np.array(all_z)
+        print(f"  randomized overall: {len(zz)} cells, mean z = {zz.mean():+.2f} (expect 0 ± {1 / math.sqrt(len(zz)):.2f}), "
+              f"mean z² = {np.mean(zz ** 2):.2f} (expect 1 ± {math.sqrt(2 / len(zz)):.2f}), "
+              f"|z| > 2 in {int(np.sum(np.abs(zz) > 2))} (expect {0.0455 * len(zz):.1f})")
     print(f"  elapsed {time.time() - t0:.1f} s; {'OK' if failures == 0 else f'{failures} failure(s)'}")
     return 0 if failures == 0 else 1
 
