@@ -195,6 +195,13 @@ impl RunConfig {
         if a.windows == 0 {
             return Err(usage!("--windows 0: at least one window per length is needed"));
         }
+        // d > n asks for more features (landmarks, samples, projected rows) than there are tokens:
+        // no figure does it and most methods would silently cap it, so it is refused.
+        for &n in &lengths {
+            if let Some(&d) = features.iter().find(|&&d| d > n) {
+                return Err(usage!("--features {d} exceeds the sequence length n = {n}: every d must be at most the smallest of --lengths"));
+            }
+        }
         for m in &methods {
             let method = attention::by_id(m).map_err(|e| usage!("{e}"))?;
             for &n in &lengths {

@@ -43,6 +43,12 @@ fn bad_flag_values() {
     expect_usage_error(&with_tiny(&m, &c, o, &["--windows", "1000"]), "has 277 tokens: only 17 windows of n = 16 fit, but --windows 1000 were requested");
     expect_usage_error(&with_tiny(&m, &c, o, &["--heads", "9"]), "--heads: head 9 does not exist; the model has 4 heads");
     expect_usage_error(&with_tiny(&m, &c, o, &["--device", "cuda"]), "--device cuda: this build has no CUDA support");
+    expect_usage_error(&with_tiny(&m, &c, o, &["--features", "4,32"]), "--features 32 exceeds the sequence length n = 16");
+    expect_usage_error(
+        &with_tiny(&m, &c, o, &["--lengths", "1", "--features", "1", "--methods", "informer"]),
+        "method informer cannot run n = 1, d = 1:",
+    );
+    expect_usage_error(&with_tiny(&m, &c, o, &["--embedding-dropout", "1.5"]), "--embedding-dropout 1.5: must be in [0, 1)");
 }
 
 #[test]
@@ -63,6 +69,11 @@ fn bad_files() {
     expect_usage_error(&with_tiny(&m, bin.to_str().unwrap(), o, &[]), "the file is binary");
     // Pretrained without weights.
     expect_usage_error(&with_tiny(&m, &c, o, &["--model", "pretrained"]), "model.safetensors is missing");
+    // Corrupt tokenizer.
+    let badtok = tiny_model(&tmp.path().join("badtok"), false);
+    std::fs::remove_file(badtok.join("vocab.txt")).unwrap();
+    std::fs::write(badtok.join("tokenizer.json"), "{ \"model\": 17 }").unwrap();
+    expect_usage_error(&with_tiny(badtok.to_str().unwrap(), &c, o, &[]), "not a valid tokenizer.json");
     // Corrupt config.
     let bad = tiny_model(&tmp.path().join("badcfg"), false);
     std::fs::write(bad.join("config.json"), "{ not json").unwrap();

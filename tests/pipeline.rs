@@ -140,7 +140,7 @@ fn offline_without_cache_says_what_it_could_not_fetch_and_how_to_proceed() {
     let tmp = tempfile::tempdir().unwrap();
     let t0 = std::time::Instant::now();
     let o = run(
-        &["--model", "initialized", "--lengths", "16", "--windows", "1", "--methods", "vmean", "--out",
+        &["--model", "initialized", "--lengths", "16", "--features", "4", "--windows", "1", "--methods", "vmean", "--out",
           tmp.path().join("o").to_str().unwrap()],
         &[("HF_HOME", tmp.path().to_str().unwrap())],
     );

@@ -73,7 +73,7 @@ impl TrialWriter {
     /// mid-write) is cut off, and the keys of the complete rows are returned so they are skipped.
     pub fn open(path: &Path) -> Result<(Self, Vec<TrialRow>)> {
         let mut existing = Vec::new();
-        if path.exists() {
+        if path.is_file() {
             let mut f = OpenOptions::new().read(true).write(true).open(path).with_context(|| format!("opening {}", path.display()))?;
             let mut bytes = Vec::new();
             f.read_to_end(&mut bytes)?;
@@ -98,8 +98,9 @@ impl TrialWriter {
         if fresh {
             let mut w = csv::WriterBuilder::new().has_headers(false).from_writer(Vec::new());
             w.write_record(HEADER)?;
-            file.write_all(&w.into_inner()?)?;
-            file.flush()?;
+            file.write_all(&w.into_inner()?)
+                .and_then(|_| file.flush())
+                .with_context(|| format!("writing {} (disk full?)", path.display()))?;
         }
         Ok((Self { file, path: path.to_path_buf() }, existing))
     }
@@ -151,6 +152,21 @@ mod tests {
             macs: 32.0,
             seconds: 0.001,
         }
+    }
+
+    #[test]
+    fn a_full_disk_is_a_clear_error() {
+        // /dev/full accepts the open and fails every write with ENOSPC.
+        let full = std::path::Path::new("/dev/full");
+        if !full.exists() {
+            return;
+        }
+        let err = match TrialWriter::open(full) {
+            Ok((mut w, _)) => w.append(&row(0)).unwrap_err(),
+            Err(e) => e,
+        };
+        let msg = format!("{err:#}");
+        assert!(msg.contains("/dev/full") && (msg.contains("disk full") || msg.contains("No space")), "{msg}");
     }
 
     #[test]
