@@ -18,9 +18,16 @@ fn run(cli: Cli) -> anyhow::Result<i32> {
                 shard: cli.sweep.shard.as_deref().map(approx_bench::config::Shard::parse).transpose()?,
             };
             let outcome = sweep::run(&cfg, &opts)?;
+            // The figures are redrawn from summary.csv; a drawing failure leaves the data intact.
+            let figures = approx_bench::report::figures::draw_after_sweep(&outcome.out);
             if !opts.quiet {
                 approx_bench::report::console::print_summary(&outcome);
+                match &figures {
+                    Ok(paths) if !paths.is_empty() => eprintln!("figures: {}", paths.iter().map(|p| p.display().to_string()).collect::<Vec<_>>().join(", ")),
+                    _ => {}
+                }
             }
+            figures.map_err(|e| e.context("drawing the figures (the run's CSV files are complete; retry with `approx-bench plot`)"))?;
             Ok(0)
         }
         Some(Command::Bench(a)) => {
