@@ -37,6 +37,19 @@ pub enum Command {
     /// Compare a run with a baseline: regressions beyond the noise, missing points, new
     /// non-finite trials and configuration changes. Exit 0 pass, 1 fail, 2 unusable input.
     Check(CheckArgs),
+    /// Compare runs with the published values of both Figure 1s (METHODS.md §4): a markdown table of
+    /// every matched anchor point with mean ± SE and the ratio, and the calibration score.
+    Anchors(AnchorsArgs),
+}
+
+#[derive(Debug, Clone, Args)]
+pub struct AnchorsArgs {
+    /// Run directories or summary.csv files (rows are matched by model kind, n, method and d).
+    #[arg(long, required = true)]
+    pub from: Vec<PathBuf>,
+    /// Only this model kind.
+    #[arg(long, value_enum)]
+    pub model: Option<ModelKind>,
 }
 
 #[derive(Debug, Clone, Args)]

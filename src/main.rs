@@ -35,6 +35,24 @@ fn run(cli: Cli) -> anyhow::Result<i32> {
             approx_bench::bench::run(&cfg, a.repeats.max(1))?;
             Ok(0)
         }
+        Some(Command::Anchors(a)) => {
+            use approx_bench::report::{anchors, figures};
+            let mut rows = Vec::new();
+            for d in &a.from {
+                rows.extend(figures::load_run(d)?.rows);
+            }
+            if let Some(kind) = a.model {
+                rows.retain(|r| r.model == kind.name());
+            }
+            let cmp = anchors::compare(&rows);
+            if cmp.is_empty() {
+                return Err(approx_bench::usage!("no point of the runs matches a published anchor (initialized/pretrained, n ∈ 512..4096, d ∈ 16..256)"));
+            }
+            print!("{}", anchors::markdown_table(&cmp));
+            let score = anchors::calibration_score(&cmp).unwrap_or(f64::NAN);
+            println!("\n{} matched points; calibration score (weighted median |ln(mean/anchor)|, Informer and V-Mean ×3): {score:.3} (ratio ×{:.2})", cmp.len(), score.exp());
+            Ok(0)
+        }
         Some(Command::Merge(a)) => {
             let outcome = sweep::merge(&a.dirs, &a.out)?;
             approx_bench::report::console::print_summary(&outcome);
