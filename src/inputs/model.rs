@@ -182,8 +182,7 @@ impl TensorSource for Initialized {
             Init::Zeros => Tensor::zeros(shape, DType::F32, &self.device)?,
             Init::Ones => Tensor::ones(shape, DType::F32, &self.device)?,
             Init::Normal | Init::NormalPadRow(_) => {
-                let mut rng = TrialRng::seed_from_u64(derive_labeled_seed(self.seed, name));
-                let mut v: Vec<f32> = normal_values(&mut rng, 1, numel, self.std).into_iter().map(|x| x as f32).collect();
+                let mut v = normal_rows(derive_labeled_seed(self.seed, name), shape, self.std);
                 if let Init::NormalPadRow(pad) = kind {
                     let cols = shape[1];
                     if pad < shape[0] {
@@ -195,6 +194,21 @@ impl TensorSource for Initialized {
         };
         Ok(t)
     }
+}
+
+/// N(0, std²) values of a tensor, row by row in parallel, row r from its own seed (base, r), so
+/// the values do not depend on the thread count.
+fn normal_rows(base: u64, shape: &[usize], std: f64) -> Vec<f32> {
+    use rayon::prelude::*;
+    let numel: usize = shape.iter().product();
+    let cols = if shape.len() > 1 { shape[1..].iter().product() } else { numel };
+    let mut v = vec![0f32; numel];
+    v.par_chunks_mut(cols.max(1)).enumerate().for_each(|(r, row)| {
+        let mut rng = TrialRng::seed_from_u64(base ^ (r as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15));
+        let vals = normal_values(&mut rng, 1, row.len(), std);
+        row.iter_mut().zip(vals).for_each(|(x, y)| *x = y as f32);
+    });
+    v
 }
 
 fn linear(src: &mut dyn TensorSource, prefix: &str, out_dim: usize, in_dim: usize) -> Result<Linear> {
