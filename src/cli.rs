@@ -115,8 +115,10 @@ pub struct InputArgs {
     /// Source of the embedding tables; defaults to --model (METHODS.md §1.4 item 8).
     #[arg(long, value_enum)]
     pub embeddings_from: Option<ModelKind>,
-    /// How token ids become X (positions beyond the table wrap modulo its size).
-    #[arg(long, value_enum, default_value = "word-pos")]
+    /// How token ids become X. The default `word-pos-first` (positions for the first 512 tokens only) is
+    /// the calibrated pipeline that reproduces both papers' initialized anchors (results/README.md);
+    /// `word-pos` is METHODS.md §1.4's recommendation (positions modulo the table).
+    #[arg(long, value_enum, default_value = "word-pos-first")]
     pub embedding: EmbeddingPolicy,
     /// Encoder layer whose Q/K/V are measured (earlier layers run exactly over the window).
     #[arg(long, default_value_t = 0)]
