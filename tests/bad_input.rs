@@ -69,6 +69,13 @@ fn bad_files() {
     expect_usage_error(&with_tiny(&m, bin.to_str().unwrap(), o, &[]), "the file is binary");
     // Pretrained without weights.
     expect_usage_error(&with_tiny(&m, &c, o, &["--model", "pretrained"]), "model.safetensors is missing");
+    // Missing config and tokenizer.
+    let nocfg = tiny_model(&tmp.path().join("nocfg"), false);
+    std::fs::remove_file(nocfg.join("config.json")).unwrap();
+    expect_usage_error(&with_tiny(nocfg.to_str().unwrap(), &c, o, &[]), "config.json is missing");
+    let notok = tiny_model(&tmp.path().join("notok"), false);
+    std::fs::remove_file(notok.join("vocab.txt")).unwrap();
+    expect_usage_error(&with_tiny(notok.to_str().unwrap(), &c, o, &[]), "neither tokenizer.json nor vocab.txt is present");
     // Corrupt tokenizer.
     let badtok = tiny_model(&tmp.path().join("badtok"), false);
     std::fs::remove_file(badtok.join("vocab.txt")).unwrap();
