@@ -46,18 +46,13 @@ impl Method for ColumnUniform {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::numerics::sampling::normal_values;
+    
     use crate::numerics::spectral::error_norms;
-    use crate::tensor_util::from_f64;
-    use candle_core::{DType, Device};
+    
+    use candle_core::DType;
     use rand::SeedableRng;
 
-    fn head(n: usize, p: usize, seed: u64, dtype: DType) -> HeadInputs {
-        let mut rng = TrialRng::seed_from_u64(seed);
-        let mut mk = || from_f64(normal_values(&mut rng, n, p, 1.0), (n, p), &Device::Cpu, dtype).unwrap();
-        let (q, k, v) = (mk(), mk(), mk());
-        HeadInputs::new(q, k, v).unwrap()
-    }
+    use crate::attention::test_util::random_head as head;
 
     #[test]
     fn all_keys_is_exact() {

@@ -125,12 +125,7 @@ mod tests {
     use crate::numerics::spectral::error_norms;
     use rand::SeedableRng;
 
-    fn head(n: usize, p: usize, seed: u64, dtype: DType) -> HeadInputs {
-        let mut rng = TrialRng::seed_from_u64(seed);
-        let mut mk = || from_f64(normal_values(&mut rng, n, p, 1.0), (n, p), &Device::Cpu, dtype).unwrap();
-        let (q, k, v) = (mk(), mk(), mk());
-        HeadInputs::new(q, k, v).unwrap()
-    }
+    use crate::attention::test_util::random_head as head;
 
     #[test]
     fn identity_projection_is_exact() {

@@ -156,3 +156,32 @@ pub fn quarter_scale(x: &Tensor, p: usize) -> Result<Tensor> {
 pub fn ones_col(n: usize, dtype: DType, device: &Device) -> Result<Tensor> {
     Ok(Tensor::ones((n, 1), dtype, device)?)
 }
+
+/// Helpers shared by the methods' tests.
+#[cfg(test)]
+pub(crate) mod test_util {
+    use candle_core::{DType, Device};
+    use nalgebra::DMatrix;
+    use rand::SeedableRng;
+    use rand_distr::{Distribution, StandardNormal};
+
+    use super::HeadInputs;
+    use crate::numerics::sampling::{normal_values, TrialRng};
+    use crate::tensor_util::from_f64;
+
+    /// An r×c matrix of iid N(0, std²) values.
+    pub fn gauss(rng: &mut TrialRng, r: usize, c: usize, std: f64) -> DMatrix<f64> {
+        DMatrix::from_fn(r, c, |_, _| {
+            let z: f64 = StandardNormal.sample(rng);
+            z * std
+        })
+    }
+
+    /// A head with iid N(0, 1) Q, K, V of shape [n, p] from `seed`.
+    pub fn random_head(n: usize, p: usize, seed: u64, dtype: DType) -> HeadInputs {
+        let mut rng = TrialRng::seed_from_u64(seed);
+        let mut mk = || from_f64(normal_values(&mut rng, n, p, 1.0), (n, p), &Device::Cpu, dtype).unwrap();
+        let (q, k, v) = (mk(), mk(), mk());
+        HeadInputs::new(q, k, v).unwrap()
+    }
+}

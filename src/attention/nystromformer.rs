@@ -88,14 +88,8 @@ mod tests {
     use candle_core::{DType, Device};
     use nalgebra::DMatrix;
     use rand::SeedableRng;
-    use rand_distr::{Distribution, StandardNormal};
 
-    fn gauss(rng: &mut TrialRng, r: usize, c: usize, std: f64) -> DMatrix<f64> {
-        DMatrix::from_fn(r, c, |_, _| {
-            let z: f64 = StandardNormal.sample(rng);
-            z * std
-        })
-    }
+    use crate::attention::test_util::gauss;
     fn head(q: &DMatrix<f64>, k: &DMatrix<f64>, v: &DMatrix<f64>, dt: DType) -> HeadInputs {
         let t = |m: &DMatrix<f64>| from_dmatrix(m, &Device::Cpu, dt).unwrap();
         HeadInputs::new(t(q), t(k), t(v)).unwrap()

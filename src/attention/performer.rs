@@ -142,14 +142,8 @@ mod tests {
     use crate::tensor_util::{from_dmatrix, to_dmatrix};
     use candle_core::Device;
     use rand::SeedableRng;
-    use rand_distr::{Distribution, StandardNormal};
 
-    fn gauss(rng: &mut TrialRng, r: usize, c: usize, std: f64) -> DMatrix<f64> {
-        DMatrix::from_fn(r, c, |_, _| {
-            let z: f64 = StandardNormal.sample(rng);
-            z * std
-        })
-    }
+    use crate::attention::test_util::gauss;
     fn t64(m: &DMatrix<f64>) -> Tensor {
         from_dmatrix(m, &Device::Cpu, DType::F64).unwrap()
     }

@@ -170,14 +170,8 @@ mod tests {
     use candle_core::Device;
     use nalgebra::DMatrix;
     use rand::SeedableRng;
-    use rand_distr::{Distribution, StandardNormal};
 
-    fn gauss(rng: &mut TrialRng, r: usize, c: usize, std: f64) -> DMatrix<f64> {
-        DMatrix::from_fn(r, c, |_, _| {
-            let z: f64 = StandardNormal.sample(rng);
-            z * std
-        })
-    }
+    use crate::attention::test_util::gauss;
 
     fn tensor(m: &DMatrix<f64>, dtype: DType) -> Tensor {
         from_dmatrix(m, &Device::Cpu, dtype).unwrap()

@@ -205,14 +205,9 @@ mod tests {
     use super::*;
     use crate::numerics::spectral::error_norms;
     use candle_core::Device;
-    use rand_distr::{Distribution, StandardNormal};
+    use rand_distr::Distribution;
 
-    fn gauss(rng: &mut TrialRng, r: usize, c: usize, std: f64) -> DMatrix<f64> {
-        DMatrix::from_fn(r, c, |_, _| {
-            let z: f64 = StandardNormal.sample(rng);
-            z * std
-        })
-    }
+    use crate::attention::test_util::gauss;
 
     /// BERT-like head: rows share a common component (as embeddings do), logits of order 1.
     fn bert_like(rng: &mut TrialRng, n: usize, p: usize, scale: f64, dt: DType) -> HeadInputs {
