@@ -205,7 +205,6 @@ mod tests {
     use super::*;
     use crate::numerics::spectral::error_norms;
     use candle_core::Device;
-    use rand_distr::Distribution;
 
     use crate::attention::test_util::gauss;
 
