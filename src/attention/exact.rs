@@ -6,7 +6,7 @@ use candle_core::{DType, Tensor, D};
 
 /// Rows per block: bounds the score block to about 1 M entries (4 MB in f32), small enough for
 /// the allocator to reuse the same memory block after block instead of mapping fresh pages.
-fn block_rows(n: usize) -> usize {
+pub fn block_rows(n: usize) -> usize {
     (1024 * 1024 / n.max(1)).clamp(1, n.max(1))
 }
 
