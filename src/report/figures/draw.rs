@@ -406,7 +406,7 @@ fn draw_ring<DB: DrawingBackend>(area: &DrawingArea<DB, Shift>, (x, y): (i32, i3
     area.draw(&Circle::new((x, y), 12, color.stroke_width(2))).map_err(err)?;
     if let Some(k) = count {
         let style = (FONT, 16).into_font().color(color).pos(Pos::new(HPos::Left, VPos::Bottom));
-        area.draw_text(&format!("{k} non-finite"), &style, (x + 10, y - 12)).map_err(err)?;
+        area.draw_text(&format!("{k} flagged"), &style, (x + 10, y - 12)).map_err(err)?;
     }
     Ok(())
 }

@@ -37,7 +37,7 @@ fn curve_rows<'a>(rows: &'a [SummaryRow], model: &str, n: usize, method: &str) -
 }
 
 fn point(r: &SummaryRow, x: XOf) -> Point {
-    Point { x: x.of(r), y: r.mean, se: r.stderr, nonfinite: r.nonfinite_trials }
+    Point { x: x.of(r), y: r.mean, se: r.stderr, nonfinite: r.flagged_trials.max(r.nonfinite_trials) }
 }
 
 /// Values an axis must show for these points: each mean and its ±SE bar (on log axes the lower
@@ -66,7 +66,7 @@ impl Tally {
     fn add(&mut self, r: &SummaryRow, placeable: bool) {
         if r.mean.is_finite() && placeable {
             self.trials.insert(r.trials + r.nonfinite_trials);
-            self.nonfinite |= r.nonfinite_trials > 0;
+            self.nonfinite |= r.nonfinite_trials > 0 || r.flagged_trials > 0;
             self.methods.insert(style::method_rank(&r.method));
         } else {
             let why = if r.mean.is_finite() { "non-positive" } else { "no finite trial" };
@@ -100,7 +100,7 @@ impl Tally {
         let mut items: Vec<LegendItem> =
             ids.into_iter().map(|m| LegendItem::Series(style::method_label(m), style_of(m))).collect();
         if self.nonfinite {
-            items.push(LegendItem::Ring("has non-finite trials (count shown; excluded from the mean)".into()));
+            items.push(LegendItem::Ring("trials with non-finite rows or an estimated normalizer ≤ 0 (count shown; non-finite ones excluded from the mean)".into()));
         }
         items
     }
