@@ -36,8 +36,13 @@ def scores(run):
     rows = anchors(run)
     weight = lambda r: (3 if r["method"] in ("informer", "vmean") else 1) * (0.5 if r["approx"] else 1)
     level = wmedian([(abs(math.log(r["mean"] / r["pub"])), weight(r)) for r in rows])
-    vm_ours = {r["n"]: r["mean"] for r in rows if r["method"] == "vmean"}
+    vm_ours = {int(r["n"]): float(r["mean"]) for r in csv.DictReader(open(os.path.join(run, "summary.csv")))
+               if r["method"] == "vmean" and r["model"] == "initialized"}
     vm_pub = {r["n"]: r["pub"] for r in rows if r["method"] == "vmean" and r["d"] == 16}
+    # n = 512, 2048 have no V-Mean anchor; METHODS.md §4.3: V-Mean ≈ Nyströmformer at d = 16.
+    for r in rows:
+        if r["method"] == "nystromformer" and r["d"] == 16:
+            vm_pub.setdefault(r["n"], r["pub"])
     shape = wmedian([(abs(math.log((r["mean"] / vm_ours[r["n"]]) / (r["pub"] / vm_pub[r["n"]]))), weight(r))
                      for r in rows if r["method"] != "vmean" and r["n"] in vm_ours and r["n"] in vm_pub])
     per_n = {n: vm_ours[n] / vm_pub[n] for n in sorted(vm_ours) if n in vm_pub}
