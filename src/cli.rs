@@ -167,7 +167,8 @@ pub struct SweepArgs {
     /// Output directory for trials.csv, summary.csv, manifest.json.
     #[arg(long, default_value = "results/latest")]
     pub out: PathBuf,
-    /// Start over in an --out that holds a run with another configuration.
+    /// Start over: discard the trials, summary and manifest already in --out (otherwise a run with the
+    /// same configuration resumes, and one with another configuration is refused).
     #[arg(long)]
     pub force: bool,
     /// No progress bar and no end summary on stderr.

@@ -77,6 +77,13 @@ fn prepare_out(cfg: &RunConfig, opts: &SweepOptions) -> Result<()> {
     std::fs::write(&probe, b"ok").map_err(|e| usage!("--out {}: not writable ({e}); choose a writable --out", opts.out.display()))?;
     let _ = std::fs::remove_file(&probe);
     let manifest_path = opts.out.join("manifest.json");
+    if opts.force {
+        // --force always starts over, whatever the directory holds.
+        for f in ["trials.csv", "summary.csv", "manifest.json"] {
+            let _ = std::fs::remove_file(opts.out.join(f));
+        }
+        return Ok(());
+    }
     if manifest_path.exists() {
         let old = Manifest::read(&opts.out)?;
         let (a, b) = (serde_json::to_value(&old.config)?, serde_json::to_value(cfg)?);
