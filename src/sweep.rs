@@ -55,6 +55,7 @@ pub fn json_diff(prefix: &str, a: &serde_json::Value, b: &serde_json::Value, out
 }
 
 /// Rows whose output is non-finite or whose estimated normalizer is ≤ 0 or non-finite.
+#[allow(clippy::neg_cmp_op_on_partial_ord)] // `!(n > 0.0)` is deliberately true for NaN too
 pub fn flagged_rows(a: &Approximation) -> Result<usize> {
     let out: Vec<Vec<f64>> = a.output.to_dtype(DType::F64)?.to_vec2()?;
     let norm: Option<Vec<f64>> = match &a.normalizer {

@@ -62,7 +62,7 @@ impl HeadInputs {
         f: impl FnOnce() -> Result<T>,
     ) -> Result<Arc<T>> {
         if let Some(v) = self.memo.lock().expect("memo lock").get(key) {
-            return Ok(v.clone().downcast::<T>().map_err(|_| anyhow::anyhow!("memo type mismatch for {key}"))?);
+            return v.clone().downcast::<T>().map_err(|_| anyhow::anyhow!("memo type mismatch for {key}"));
         }
         let value: Arc<T> = Arc::new(f()?);
         self.memo.lock().expect("memo lock").insert(key, value.clone());

@@ -18,7 +18,7 @@ pub fn load_config(path: &Path) -> Result<Config> {
     let text = std::fs::read_to_string(path).map_err(|e| usage!("config {}: cannot read it ({e})", path.display()))?;
     let cfg: Config = serde_json::from_str(&text)
         .map_err(|e| usage!("config {}: not a valid BERT config.json ({e})", path.display()))?;
-    if cfg.num_attention_heads == 0 || cfg.hidden_size % cfg.num_attention_heads != 0 {
+    if cfg.num_attention_heads == 0 || !cfg.hidden_size.is_multiple_of(cfg.num_attention_heads) {
         return Err(usage!(
             "config {}: hidden_size {} is not divisible by num_attention_heads {}",
             path.display(),
