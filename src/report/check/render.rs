@@ -174,27 +174,15 @@ pub fn table(r: &CheckReport) -> String {
     for row in &rows {
         let _ = writeln!(s, "{}", line(row));
     }
-    let noted: Vec<&PointResult> = r.points.iter().filter(|p| !p.notes.is_empty()).collect();
-    if !noted.is_empty() {
+    let notes = note_lines(r);
+    if !notes.is_empty() {
         let _ = writeln!(s, "notes:");
-        for p in noted {
-            let _ = writeln!(s, "  {} n={} {} d={}: {}", p.model, p.n, p.method, p.d, p.notes.join("; "));
+        for n in notes {
+            let _ = writeln!(s, "  {n}");
         }
     }
-    if let Some(w) = &r.worst_trial {
-        let _ = writeln!(
-            s,
-            "worst trial: {} n={} {} d={} window {} head {}: {} → {} (relative {})",
-            w.point.0,
-            w.point.1,
-            w.point.2,
-            w.point.3,
-            w.window,
-            w.head,
-            full(w.baseline),
-            full(w.current),
-            rel(w.rel)
-        );
+    if let Some(w) = worst_trial_text(r) {
+        let _ = writeln!(s, "worst trial: {w}");
     }
     let _ = writeln!(s, "{}", verdict(r));
     s
@@ -225,27 +213,15 @@ pub fn markdown(r: &CheckReport) -> String {
         }
         let _ = writeln!(s, "| {} |", c.join(" | "));
     }
-    let noted: Vec<&PointResult> = r.points.iter().filter(|p| !p.notes.is_empty()).collect();
-    if !noted.is_empty() {
+    let notes = note_lines(r);
+    if !notes.is_empty() {
         let _ = writeln!(s, "\n## Notes\n");
-        for p in noted {
-            let _ = writeln!(s, "- {} n={} {} d={}: {}", p.model, p.n, p.method, p.d, p.notes.join("; "));
+        for n in notes {
+            let _ = writeln!(s, "- {n}");
         }
     }
-    if let Some(w) = &r.worst_trial {
-        let _ = writeln!(
-            s,
-            "\nWorst trial: {} n={} {} d={} window {} head {}: {} → {} (relative {}).",
-            w.point.0,
-            w.point.1,
-            w.point.2,
-            w.point.3,
-            w.window,
-            w.head,
-            full(w.baseline),
-            full(w.current),
-            rel(w.rel)
-        );
+    if let Some(w) = worst_trial_text(r) {
+        let _ = writeln!(s, "\nWorst trial: {w}.");
     }
     let _ = writeln!(
         s,
@@ -259,4 +235,31 @@ pub fn markdown(r: &CheckReport) -> String {
          z = Φ⁻¹(1 − α/m), shown as z."
     );
     s
+}
+
+/// "model n=… method d=…: notes" for every point with notes (shared by the text and markdown reports).
+fn note_lines(r: &CheckReport) -> Vec<String> {
+    r.points
+        .iter()
+        .filter(|p| !p.notes.is_empty())
+        .map(|p| format!("{} n={} {} d={}: {}", p.model, p.n, p.method, p.d, p.notes.join("; ")))
+        .collect()
+}
+
+/// The worst trial of `--exact`, as one sentence without the leading label.
+fn worst_trial_text(r: &CheckReport) -> Option<String> {
+    r.worst_trial.as_ref().map(|w| {
+        format!(
+            "{} n={} {} d={} window {} head {}: {} → {} (relative {})",
+            w.point.0,
+            w.point.1,
+            w.point.2,
+            w.point.3,
+            w.window,
+            w.head,
+            full(w.baseline),
+            full(w.current),
+            rel(w.rel)
+        )
+    })
 }
