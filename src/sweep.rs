@@ -37,7 +37,12 @@ pub struct SweepOutcome {
 }
 
 /// Field-by-field differences between two JSON values (for "configuration differs" messages).
-pub fn json_diff(prefix: &str, a: &serde_json::Value, b: &serde_json::Value, out: &mut Vec<String>) {
+pub fn json_diff(
+    prefix: &str,
+    a: &serde_json::Value,
+    b: &serde_json::Value,
+    out: &mut Vec<String>,
+) {
     use serde_json::Value;
     match (a, b) {
         (Value::Object(x), Value::Object(y)) => {
@@ -45,8 +50,17 @@ pub fn json_diff(prefix: &str, a: &serde_json::Value, b: &serde_json::Value, out
             keys.sort();
             keys.dedup();
             for k in keys {
-                let p = if prefix.is_empty() { k.clone() } else { format!("{prefix}.{k}") };
-                json_diff(&p, x.get(k).unwrap_or(&Value::Null), y.get(k).unwrap_or(&Value::Null), out);
+                let p = if prefix.is_empty() {
+                    k.clone()
+                } else {
+                    format!("{prefix}.{k}")
+                };
+                json_diff(
+                    &p,
+                    x.get(k).unwrap_or(&Value::Null),
+                    y.get(k).unwrap_or(&Value::Null),
+                    out,
+                );
             }
         }
         _ if a != b => out.push(format!("{prefix}: {a} → {b}")),
@@ -57,25 +71,40 @@ pub fn json_diff(prefix: &str, a: &serde_json::Value, b: &serde_json::Value, out
 /// Rows whose output is non-finite or whose estimated normalizer is ≤ 0 or non-finite.
 #[allow(clippy::neg_cmp_op_on_partial_ord)] // `!(n > 0.0)` is deliberately true for NaN too
 pub fn flagged_rows(a: &Approximation) -> Result<usize> {
-    let out: Vec<Vec<f64>> = a.output.to_dtype(DType::F64)?.to_vec2()?;
+    // 0·x is 0 for finite x and NaN for ±∞ or NaN, so each row's sum is NaN exactly when the
+    // row has a non-finite entry: one n-vector leaves the device instead of the n×p output.
+    let out = a.output.to_dtype(DType::F64)?;
+    let row_check: Vec<f64> = (&out * 0.0)?.sum(1)?.to_vec1()?;
     let norm: Option<Vec<f64>> = match &a.normalizer {
         Some(t) => Some(t.to_dtype(DType::F64)?.flatten_all()?.to_vec1()?),
         None => None,
     };
-    Ok(out
+    Ok(row_check
         .iter()
         .enumerate()
-        .filter(|(i, row)| {
-            row.iter().any(|x| !x.is_finite()) || norm.as_ref().is_some_and(|n| !(n[*i] > 0.0) || !n[*i].is_finite())
+        .filter(|(i, c)| {
+            !c.is_finite()
+                || norm
+                    .as_ref()
+                    .is_some_and(|n| !(n[*i] > 0.0) || !n[*i].is_finite())
         })
         .count())
 }
 
 fn prepare_out(cfg: &RunConfig, opts: &SweepOptions) -> Result<()> {
-    std::fs::create_dir_all(&opts.out)
-        .map_err(|e| usage!("--out {}: cannot create the directory ({e}); choose a writable --out", opts.out.display()))?;
+    std::fs::create_dir_all(&opts.out).map_err(|e| {
+        usage!(
+            "--out {}: cannot create the directory ({e}); choose a writable --out",
+            opts.out.display()
+        )
+    })?;
     let probe = opts.out.join(".write-test");
-    std::fs::write(&probe, b"ok").map_err(|e| usage!("--out {}: not writable ({e}); choose a writable --out", opts.out.display()))?;
+    std::fs::write(&probe, b"ok").map_err(|e| {
+        usage!(
+            "--out {}: not writable ({e}); choose a writable --out",
+            opts.out.display()
+        )
+    })?;
     let _ = std::fs::remove_file(&probe);
     let manifest_path = opts.out.join("manifest.json");
     if opts.force {
@@ -87,7 +116,10 @@ fn prepare_out(cfg: &RunConfig, opts: &SweepOptions) -> Result<()> {
     }
     if manifest_path.exists() {
         let old = Manifest::read(&opts.out)?;
-        let (a, b) = (serde_json::to_value(&old.config)?, serde_json::to_value(cfg)?);
+        let (a, b) = (
+            serde_json::to_value(&old.config)?,
+            serde_json::to_value(cfg)?,
+        );
         if a != b {
             if opts.force {
                 for f in ["trials.csv", "summary.csv", "manifest.json"] {
@@ -122,20 +154,31 @@ pub fn run(cfg: &RunConfig, opts: &SweepOptions) -> Result<SweepOutcome> {
     let heads: Vec<usize> = match &cfg.heads {
         Some(h) => {
             if let Some(bad) = h.iter().find(|&&x| x >= all_heads) {
-                return Err(usage!("--heads: head {bad} does not exist; the model has {all_heads} heads (0..={})", all_heads - 1));
+                return Err(usage!(
+                    "--heads: head {bad} does not exist; the model has {all_heads} heads (0..={})",
+                    all_heads - 1
+                ));
             }
             h.clone()
         }
         None => (0..all_heads).collect(),
     };
     prepared.corpus.check_fits(&cfg.lengths, cfg.windows)?;
-    let methods: Vec<Box<dyn attention::Method>> =
-        cfg.methods.iter().map(|m| attention::by_id(m).map_err(|e| usage!("{e}"))).collect::<Result<_>>()?;
+    let methods: Vec<Box<dyn attention::Method>> = cfg
+        .methods
+        .iter()
+        .map(|m| attention::by_id(m).map_err(|e| usage!("{e}")))
+        .collect::<Result<_>>()?;
 
     let mut inputs_list = Vec::new();
     for (role, path) in &prepared.files {
         let (sha256, bytes) = manifest::sha256_file(path)?;
-        inputs_list.push(InputFile { role: role.clone(), path: path.display().to_string(), sha256, bytes });
+        inputs_list.push(InputFile {
+            role: role.clone(),
+            path: path.display().to_string(),
+            sha256,
+            bytes,
+        });
     }
     let mut manifest = Manifest {
         tool: "approx-bench".into(),
@@ -162,7 +205,9 @@ pub fn run(cfg: &RunConfig, opts: &SweepOptions) -> Result<SweepOutcome> {
     let (mut writer, old_rows) = TrialWriter::open(&trials_path)?;
     let done = trials::keys(&old_rows);
     let model_name = cfg.inputs.model.name().to_string();
-    let units_taken = (0..cfg.lengths.len() * cfg.windows).filter(|&u| opts.shard.is_none_or(|s| s.takes(u))).count();
+    let units_taken = (0..cfg.lengths.len() * cfg.windows)
+        .filter(|&u| opts.shard.is_none_or(|s| s.takes(u)))
+        .count();
     let total = units_taken * heads.len() * methods.len() * cfg.features.len();
     let todo = total.saturating_sub(done.len());
     let bar = progress_bar(todo as u64, opts.quiet);
@@ -174,28 +219,60 @@ pub fn run(cfg: &RunConfig, opts: &SweepOptions) -> Result<SweepOutcome> {
             if opts.shard.is_some_and(|s| !s.takes(li * cfg.windows + w)) {
                 continue;
             }
-            let missing = |h: usize, m: &str, d: usize| !done.contains(&(model_name.clone(), n, w, h, m.to_string(), d));
-            let window_needed = heads.iter().any(|&h| methods.iter().any(|m| cfg.features.iter().any(|&d| missing(h, m.id(), d))));
+            let missing = |h: usize, m: &str, d: usize| {
+                !done.contains(&(model_name.clone(), n, w, h, m.to_string(), d))
+            };
+            let window_needed = heads.iter().any(|&h| {
+                methods
+                    .iter()
+                    .any(|m| cfg.features.iter().any(|&d| missing(h, m.id(), d)))
+            });
             if !window_needed {
                 continue;
             }
             let ids = prepared.corpus.window(n, w)?;
-            let (q, k, v) = qkv::window_qkv_dropout(&prepared.weights, &prepared.config, ids, cfg.inputs.embedding, dtype, cfg.inputs.dropout_for(n, w))?;
+            let (q, k, v) = qkv::window_qkv_dropout(
+                &prepared.weights,
+                &prepared.config,
+                ids,
+                cfg.inputs.embedding,
+                dtype,
+                cfg.inputs.dropout_for(n, w),
+            )?;
             // Heads run in parallel (each trial's result depends only on its own inputs and seed);
             // their rows are appended in head order through a reorder buffer, so trials.csv has
             // the same order whatever the thread count, and every finished head is on disk.
-            let jobs: Vec<usize> =
-                heads.iter().copied().filter(|&h| methods.iter().any(|m| cfg.features.iter().any(|&d| missing(h, m.id(), d)))).collect();
-            let trial = TrialContext { cfg, n, window: w, model_name: &model_name, prepared: &prepared, methods: &methods, bar: &bar };
+            let jobs: Vec<usize> = heads
+                .iter()
+                .copied()
+                .filter(|&h| {
+                    methods
+                        .iter()
+                        .any(|m| cfg.features.iter().any(|&d| missing(h, m.id(), d)))
+                })
+                .collect();
+            let trial = TrialContext {
+                cfg,
+                n,
+                window: w,
+                model_name: &model_name,
+                prepared: &prepared,
+                methods: &methods,
+                bar: &bar,
+            };
             std::thread::scope(|scope| -> Result<()> {
                 let (tx, rx) = std::sync::mpsc::channel::<(usize, Result<Vec<TrialRow>>)>();
-                let (q, k, v, jobs_ref, missing_ref, trial_ref) = (&q, &k, &v, &jobs, &missing, &trial);
+                let (q, k, v, jobs_ref, missing_ref, trial_ref) =
+                    (&q, &k, &v, &jobs, &missing, &trial);
                 scope.spawn(move || {
                     use rayon::prelude::*;
-                    jobs_ref.par_iter().enumerate().for_each_with(tx, |tx, (i, &h)| {
-                        let rows = trial_ref.head_trials(h, q, k, v, missing_ref);
-                        let _ = tx.send((i, rows));
-                    });
+                    jobs_ref
+                        .par_iter()
+                        .enumerate()
+                        .for_each_with(tx, |tx, (i, &h)| {
+                            let rows = trial_ref.head_trials(h, q, k, v, missing_ref);
+                            let _ = tx.send((i, rows));
+                        });
                 });
                 let mut pending = std::collections::BTreeMap::new();
                 let mut next = 0;
@@ -218,10 +295,19 @@ pub fn run(cfg: &RunConfig, opts: &SweepOptions) -> Result<SweepOutcome> {
     let summary_rows = summary::summarize(&rows, &cfg.methods);
     summary::write(&opts.out.join("summary.csv"), &summary_rows)?;
     manifest.finished = Some(manifest::now());
-    manifest.status = if opts.shard.is_some() { "partial".into() } else { "complete".into() };
+    manifest.status = if opts.shard.is_some() {
+        "partial".into()
+    } else {
+        "complete".into()
+    };
     manifest.trials = rows.len();
     manifest.write(&opts.out)?;
-    Ok(SweepOutcome { out: opts.out.clone(), summary: summary_rows, new_trials, total_trials: rows.len() })
+    Ok(SweepOutcome {
+        out: opts.out.clone(),
+        summary: summary_rows,
+        new_trials,
+        total_trials: rows.len(),
+    })
 }
 
 /// What one window's trials share.
@@ -248,22 +334,35 @@ impl TrialContext<'_> {
         let (cfg, n, w) = (self.cfg, self.n, self.window);
         let head = HeadInputs::new(q.get(h)?, k.get(h)?, v.get(h)?)?;
         let exact_norm = head.exact.norm()?;
+        // Converted once per head, not once per trial (error_norms then gets an f64 tensor as is).
+        let exact64 = head.exact.output.to_dtype(DType::F64)?;
         let mut rows = Vec::new();
         for m in self.methods {
             for &d in &cfg.features {
                 if !missing(h, m.id(), d) {
                     continue;
                 }
-                let key = TrialKey { seed: cfg.seed, n, window: w, head: h, method: m.id(), d };
+                let key = TrialKey {
+                    seed: cfg.seed,
+                    n,
+                    window: w,
+                    head: h,
+                    method: m.id(),
+                    d,
+                };
                 let mut rng = key.rng();
-                self.bar.set_message(format!("n={n} w={w} {} d={d}", m.id()));
+                self.bar
+                    .set_message(format!("n={n} w={w} {} d={d}", m.id()));
                 let t0 = Instant::now();
-                let approx = m
-                    .approximate(&head, d, &mut rng)
-                    .with_context(|| format!("method {} at n = {n}, window {w}, head {h}, d = {d}", m.id()))?;
+                let approx = m.approximate(&head, d, &mut rng).with_context(|| {
+                    format!(
+                        "method {} at n = {n}, window {w}, head {h}, d = {d}",
+                        m.id()
+                    )
+                })?;
                 self.prepared.device.synchronize()?;
                 let seconds = t0.elapsed().as_secs_f64();
-                let norms = spectral::error_norms(&head.exact.output, &approx.output)?;
+                let norms = spectral::error_norms(&exact64, &approx.output)?;
                 rows.push(TrialRow {
                     model: self.model_name.to_string(),
                     model_id: self.prepared.model_id.clone(),
@@ -304,36 +403,69 @@ fn progress_bar(len: u64, quiet: bool) -> indicatif::ProgressBar {
 }
 
 /// Writes one window's Q, K, V ([heads, n, p], f32) and token ids to a safetensors file.
-pub fn dump_qkv(inputs_cfg: &crate::config::InputConfig, n: usize, window: usize, out: &Path) -> Result<()> {
+pub fn dump_qkv(
+    inputs_cfg: &crate::config::InputConfig,
+    n: usize,
+    window: usize,
+    out: &Path,
+) -> Result<()> {
     let prepared = inputs::prepare(inputs_cfg)?;
     let ids = prepared.corpus.window(n, window)?;
-    let (q, k, v) = qkv::window_qkv_dropout(&prepared.weights, &prepared.config, ids, inputs_cfg.embedding, inputs_cfg.candle_dtype(), inputs_cfg.dropout_for(n, window))?;
+    let (q, k, v) = qkv::window_qkv_dropout(
+        &prepared.weights,
+        &prepared.config,
+        ids,
+        inputs_cfg.embedding,
+        inputs_cfg.candle_dtype(),
+        inputs_cfg.dropout_for(n, window),
+    )?;
     let cpu = candle_core::Device::Cpu;
     let mut map = std::collections::HashMap::new();
     map.insert("q".to_string(), q.to_dtype(DType::F32)?.to_device(&cpu)?);
     map.insert("k".to_string(), k.to_dtype(DType::F32)?.to_device(&cpu)?);
     map.insert("v".to_string(), v.to_dtype(DType::F32)?.to_device(&cpu)?);
-    map.insert("token_ids".to_string(), candle_core::Tensor::from_vec(ids.to_vec(), ids.len(), &cpu)?);
+    map.insert(
+        "token_ids".to_string(),
+        candle_core::Tensor::from_vec(ids.to_vec(), ids.len(), &cpu)?,
+    );
     if let Some(parent) = out.parent().filter(|p| !p.as_os_str().is_empty()) {
-        std::fs::create_dir_all(parent).map_err(|e| usage!("--out {}: cannot create its directory ({e})", out.display()))?;
+        std::fs::create_dir_all(parent)
+            .map_err(|e| usage!("--out {}: cannot create its directory ({e})", out.display()))?;
     }
-    candle_core::safetensors::save(&map, out).map_err(|e| usage!("--out {}: cannot write ({e})", out.display()))?;
+    candle_core::safetensors::save(&map, out)
+        .map_err(|e| usage!("--out {}: cannot write ({e})", out.display()))?;
     Ok(())
 }
 
 /// Position of a trial in the grid order (n, window, head, method, d) of `cfg`.
 fn grid_rank(cfg: &RunConfig, r: &TrialRow) -> (usize, usize, usize, usize, usize) {
     let pos = |v: &[usize], x: usize| v.iter().position(|&y| y == x).unwrap_or(usize::MAX);
-    let m = cfg.methods.iter().position(|y| *y == r.method).unwrap_or(usize::MAX);
-    (pos(&cfg.lengths, r.n), r.window, r.head, m, pos(&cfg.features, r.d))
+    let m = cfg
+        .methods
+        .iter()
+        .position(|y| *y == r.method)
+        .unwrap_or(usize::MAX);
+    (
+        pos(&cfg.lengths, r.n),
+        r.window,
+        r.head,
+        m,
+        pos(&cfg.features, r.d),
+    )
 }
 
 /// Combines shard directories (same configuration) into one run in `out`.
 pub fn merge(dirs: &[PathBuf], out: &Path) -> Result<SweepOutcome> {
-    let manifests: Vec<Manifest> = dirs.iter().map(|d| Manifest::read(d)).collect::<Result<_>>()?;
+    let manifests: Vec<Manifest> = dirs
+        .iter()
+        .map(|d| Manifest::read(d))
+        .collect::<Result<_>>()?;
     let first = &manifests[0];
     for (d, m) in dirs.iter().zip(&manifests).skip(1) {
-        let (a, b) = (serde_json::to_value(&first.config)?, serde_json::to_value(&m.config)?);
+        let (a, b) = (
+            serde_json::to_value(&first.config)?,
+            serde_json::to_value(&m.config)?,
+        );
         if a != b {
             let mut diff = Vec::new();
             json_diff("", &a, &b, &mut diff);
@@ -345,7 +477,10 @@ pub fn merge(dirs: &[PathBuf], out: &Path) -> Result<SweepOutcome> {
         for r in trials::read_rows(&d.join("trials.csv"))? {
             let rank = grid_rank(&first.config, &r);
             if let Some(prev) = by_key.get(&rank) {
-                let same = TrialRow { seconds: prev.seconds, ..r.clone() } == *prev;
+                let same = TrialRow {
+                    seconds: prev.seconds,
+                    ..r.clone()
+                } == *prev;
                 if !same {
                     return Err(usage!("{}: trial {:?} differs from the same trial in another shard; the shards are not from one run", d.display(), r.key()));
                 }
@@ -354,10 +489,14 @@ pub fn merge(dirs: &[PathBuf], out: &Path) -> Result<SweepOutcome> {
             by_key.insert(rank, r);
         }
     }
-    std::fs::create_dir_all(out).map_err(|e| usage!("--out {}: cannot create the directory ({e})", out.display()))?;
+    std::fs::create_dir_all(out)
+        .map_err(|e| usage!("--out {}: cannot create the directory ({e})", out.display()))?;
     let path = out.join("trials.csv");
     if path.exists() {
-        return Err(usage!("--out {} already holds a trials.csv; merge into an empty directory", out.display()));
+        return Err(usage!(
+            "--out {} already holds a trials.csv; merge into an empty directory",
+            out.display()
+        ));
     }
     let (mut writer, _) = TrialWriter::open(&path)?;
     for r in by_key.values() {
@@ -367,17 +506,66 @@ pub fn merge(dirs: &[PathBuf], out: &Path) -> Result<SweepOutcome> {
     let summary_rows = summary::summarize(&rows, &first.config.methods);
     summary::write(&out.join("summary.csv"), &summary_rows)?;
     let heads = first.config.heads.as_ref().map_or(first.heads, |h| h.len());
-    let expected = first.config.lengths.len() * first.config.windows * heads * first.config.methods.len() * first.config.features.len();
+    let expected = first.config.lengths.len()
+        * first.config.windows
+        * heads
+        * first.config.methods.len()
+        * first.config.features.len();
     let mut manifest = first.clone();
     manifest.shard = None;
     manifest.trials = rows.len();
-    manifest.status = if rows.len() == expected { "complete".into() } else { "partial".into() };
+    manifest.status = if rows.len() == expected {
+        "complete".into()
+    } else {
+        "partial".into()
+    };
     manifest.finished = manifests.iter().filter_map(|m| m.finished.clone()).max();
-    manifest.started = manifests.iter().map(|m| m.started.clone()).min().unwrap_or_default();
+    manifest.started = manifests
+        .iter()
+        .map(|m| m.started.clone())
+        .min()
+        .unwrap_or_default();
     manifest.command = std::env::args().collect();
     manifest.write(out)?;
     if rows.len() != expected {
         eprintln!("warning: merged {} of the {expected} trials of the configuration; some shards are missing or incomplete", rows.len());
     }
-    Ok(SweepOutcome { out: out.to_path_buf(), summary: summary_rows, new_trials: 0, total_trials: rows.len() })
+    Ok(SweepOutcome {
+        out: out.to_path_buf(),
+        summary: summary_rows,
+        new_trials: 0,
+        total_trials: rows.len(),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use candle_core::{Device, Tensor};
+
+    #[test]
+    fn flagged_rows_counts_non_finite_rows_and_non_positive_normalizers() {
+        let out = Tensor::new(
+            &[
+                [1f32, 2.0],
+                [f32::INFINITY, 0.0],
+                [0.0, f32::NAN],
+                [1.0, 1.0],
+                [3.0, 4.0],
+            ],
+            &Device::Cpu,
+        )
+        .unwrap();
+        let plain = Approximation {
+            output: out.clone(),
+            normalizer: None,
+        };
+        assert_eq!(flagged_rows(&plain).unwrap(), 2);
+        let norm = Tensor::new(&[1f32, 1.0, 1.0, 0.0, -2.0], &Device::Cpu).unwrap();
+        let with_norm = Approximation {
+            output: out,
+            normalizer: Some(norm),
+        };
+        assert_eq!(flagged_rows(&with_norm).unwrap(), 4);
+    }
 }

@@ -19,23 +19,44 @@ pub struct ExactAttention {
     log_rowsum: std::sync::OnceLock<Tensor>,
 }
 
+/// Applies `f` to each row block of the scores S_b = Q̃_b·Kᵀ (Q̃ = Q/√p already scaled, Kᵀ
+/// contiguous) and stacks the results: the one place that walks QKᵀ without holding it whole.
+pub fn map_score_blocks(
+    qs: &Tensor,
+    kt: &Tensor,
+    mut f: impl FnMut(usize, usize, Tensor) -> Result<Tensor>,
+) -> Result<Tensor> {
+    let n = qs.dims()[0];
+    let step = block_rows(n);
+    let mut outs = Vec::with_capacity(n.div_ceil(step));
+    let mut start = 0;
+    while start < n {
+        let len = step.min(n - start);
+        outs.push(f(start, len, qs.narrow(0, start, len)?.matmul(kt)?)?);
+        start += len;
+    }
+    Ok(Tensor::cat(&outs, 0)?)
+}
+
+/// Q/√p (scaled once, n×p, instead of every n×n score block) and Kᵀ made contiguous.
+pub fn scaled_operands(q: &Tensor, k: &Tensor) -> Result<(Tensor, Tensor)> {
+    let p = q.dims2()?.1;
+    Ok(((q * (1.0 / (p as f64).sqrt()))?, k.t()?.contiguous()?))
+}
+
 impl ExactAttention {
     pub fn compute(q: &Tensor, k: &Tensor, v: &Tensor) -> Result<Self> {
-        let (n, p) = q.dims2()?;
-        // Scale Q once (n×p) instead of every score block (n×n).
-        let qs = (q * (1.0 / (p as f64).sqrt()))?;
-        let kt = k.t()?.contiguous()?;
-        let step = block_rows(n);
-        let mut outs = Vec::with_capacity(n.div_ceil(step));
-        let mut start = 0;
-        while start < n {
-            let len = step.min(n - start);
-            let s = qs.narrow(0, start, len)?.matmul(&kt)?;
-            // Fused max-shifted softmax: one pass, one allocation.
-            outs.push(candle_nn::ops::softmax_last_dim(&s)?.matmul(v)?);
-            start += len;
-        }
-        Ok(Self { output: Tensor::cat(&outs, 0)?, q: qs, k: kt, log_rowsum: std::sync::OnceLock::new() })
+        let (qs, kt) = scaled_operands(q, k)?;
+        // Fused max-shifted softmax: one pass, one allocation per block.
+        let output = map_score_blocks(&qs, &kt, |_, _, s| {
+            Ok(candle_nn::ops::softmax_last_dim(&s)?.matmul(v)?)
+        })?;
+        Ok(Self {
+            output,
+            q: qs,
+            k: kt,
+            log_rowsum: std::sync::OnceLock::new(),
+        })
     }
 
     /// log D ([n]); computed on first use (only methods that divide by the exact D need it).
@@ -43,19 +64,12 @@ impl ExactAttention {
         if let Some(t) = self.log_rowsum.get() {
             return Ok(t);
         }
-        let n = self.q.dims()[0];
-        let step = block_rows(n);
-        let mut logs = Vec::with_capacity(n.div_ceil(step));
-        let mut start = 0;
-        while start < n {
-            let len = step.min(n - start);
-            let s = self.q.narrow(0, start, len)?.matmul(&self.k)?;
+        let t = map_score_blocks(&self.q, &self.k, |_, _, s| {
             let m = s.max_keepdim(D::Minus1)?;
             let z = s.broadcast_sub(&m)?.exp()?.sum_keepdim(D::Minus1)?;
-            logs.push((m + z.log()?)?.squeeze(1)?);
-            start += len;
-        }
-        let t = Tensor::cat(&logs, 0)?;
+            Ok((m + z.log()?)?)
+        })?
+        .squeeze(1)?;
         Ok(self.log_rowsum.get_or_init(|| t))
     }
 
@@ -81,11 +95,16 @@ mod tests {
         let p = q[0].len() as f64;
         q.iter()
             .map(|qi| {
-                let s: Vec<f64> = k.iter().map(|kj| qi.iter().zip(kj).map(|(a, b)| a * b).sum::<f64>() / p.sqrt()).collect();
+                let s: Vec<f64> = k
+                    .iter()
+                    .map(|kj| qi.iter().zip(kj).map(|(a, b)| a * b).sum::<f64>() / p.sqrt())
+                    .collect();
                 let m = s.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
                 let e: Vec<f64> = s.iter().map(|x| (x - m).exp()).collect();
                 let z: f64 = e.iter().sum();
-                (0..v[0].len()).map(|c| e.iter().zip(v).map(|(w, vj)| w * vj[c]).sum::<f64>() / z).collect()
+                (0..v[0].len())
+                    .map(|c| e.iter().zip(v).map(|(w, vj)| w * vj[c]).sum::<f64>() / z)
+                    .collect()
             })
             .collect()
     }
@@ -95,7 +114,15 @@ mod tests {
         use rand::{Rng, SeedableRng};
         let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(5);
         let (n, p) = (37, 8);
-        let mut mk = || (0..n).map(|_| (0..p).map(|_| rng.random::<f64>() * 6.0 - 3.0).collect::<Vec<_>>()).collect::<Vec<_>>();
+        let mut mk = || {
+            (0..n)
+                .map(|_| {
+                    (0..p)
+                        .map(|_| rng.random::<f64>() * 6.0 - 3.0)
+                        .collect::<Vec<_>>()
+                })
+                .collect::<Vec<_>>()
+        };
         let (q, k, v) = (mk(), mk(), mk());
         let t = |m: &Vec<Vec<f64>>| Tensor::new(m.clone(), &Device::Cpu).unwrap();
         let ex = ExactAttention::compute(&t(&q), &t(&k), &t(&v)).unwrap();
@@ -112,14 +139,22 @@ mod tests {
         }
         // log D from the blocks equals the direct log-sum-exp.
         let ld: Vec<f64> = ex.log_rowsum().unwrap().to_vec1().unwrap();
-        let s0: f64 = k.iter().map(|kj| (q[0].iter().zip(kj).map(|(a, b)| a * b).sum::<f64>() / (p as f64).sqrt()).exp()).sum();
+        let s0: f64 = k
+            .iter()
+            .map(|kj| {
+                (q[0].iter().zip(kj).map(|(a, b)| a * b).sum::<f64>() / (p as f64).sqrt()).exp()
+            })
+            .sum();
         assert!((ld[0] - s0.ln()).abs() < 1e-12);
     }
 
     #[test]
     fn large_logits_do_not_overflow() {
         let q = (Tensor::ones((4, 2), DType::F32, &Device::Cpu).unwrap() * 300.0).unwrap();
-        let v = Tensor::arange(0f32, 8.0, &Device::Cpu).unwrap().reshape((4, 2)).unwrap();
+        let v = Tensor::arange(0f32, 8.0, &Device::Cpu)
+            .unwrap()
+            .reshape((4, 2))
+            .unwrap();
         let ex = ExactAttention::compute(&q, &q, &v).unwrap();
         let o: Vec<Vec<f32>> = ex.output.to_vec2().unwrap();
         assert!((o[0][0] - 3.0).abs() < 1e-5 && (o[0][1] - 4.0).abs() < 1e-5);

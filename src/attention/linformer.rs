@@ -9,6 +9,7 @@
 use anyhow::Result;
 use candle_core::{DType, Device, Tensor};
 
+use super::exact::{map_score_blocks, scaled_operands};
 use super::{Approximation, HeadInputs, Method};
 use crate::numerics::sampling::{normal_values, TrialRng};
 use crate::tensor_util::from_f64;
@@ -33,13 +34,30 @@ impl Linformer {
 }
 
 /// E ∈ ℝ^{d×n}, iid N(0, 0.02²), drawn on the host from `rng`.
-pub fn draw_projection(rng: &mut TrialRng, n: usize, d: usize, dev: &Device, dt: DType) -> Result<Tensor> {
+pub fn draw_projection(
+    rng: &mut TrialRng,
+    n: usize,
+    d: usize,
+    dev: &Device,
+    dt: DType,
+) -> Result<Tensor> {
     from_f64(normal_values(rng, d, n, SIGMA), (d, n), dev, dt)
 }
 
 /// S ∈ ℝ^{n×d}, iid N(0, 1/d) (so E[SSᵀ] = I), drawn on the host from `rng`.
-pub fn draw_sketch(rng: &mut TrialRng, n: usize, d: usize, dev: &Device, dt: DType) -> Result<Tensor> {
-    from_f64(normal_values(rng, n, d, 1.0 / (d as f64).sqrt()), (n, d), dev, dt)
+pub fn draw_sketch(
+    rng: &mut TrialRng,
+    n: usize,
+    d: usize,
+    dev: &Device,
+    dt: DType,
+) -> Result<Tensor> {
+    from_f64(
+        normal_values(rng, n, d, 1.0 / (d as f64).sqrt()),
+        (n, d),
+        dev,
+        dt,
+    )
 }
 
 /// Ô = rowsoftmax(Q (EK)ᵀ/√p)·(EV) for a given projection E ([d, n], same dtype and device as Q).
@@ -51,30 +69,24 @@ pub fn with_projection(q: &Tensor, k: &Tensor, v: &Tensor, e: &Tensor) -> Result
     Ok(super::row_softmax(&s)?.matmul(&ev)?)
 }
 
-/// Rows per block of P: bounds the block to about 4 M entries.
-fn block_rows(n: usize) -> usize {
-    (4 * 1024 * 1024 / n.max(1)).clamp(1, n.max(1))
-}
-
 /// Ô = P·S·(SᵀV) for a given sketch S ([n, d]), with P = exp(QKᵀ/√p − log D) formed in row blocks
 /// from the exact log row sums `log_rowsum` ([n]), so no n×n matrix is held. Each block computes
 /// (P_b·S)·(SᵀV), the order of the method as written (cost n²(p + d) + 2ndp).
-pub fn with_sketch(q: &Tensor, k: &Tensor, v: &Tensor, log_rowsum: &Tensor, s: &Tensor) -> Result<Tensor> {
-    let (n, p) = q.dims2()?;
-    let scale = 1.0 / (p as f64).sqrt();
+pub fn with_sketch(
+    q: &Tensor,
+    k: &Tensor,
+    v: &Tensor,
+    log_rowsum: &Tensor,
+    s: &Tensor,
+) -> Result<Tensor> {
     let stv = s.t()?.matmul(v)?; // [d, p]
-    let kt = k.t()?.contiguous()?;
-    let step = block_rows(n);
-    let mut outs = Vec::with_capacity(n.div_ceil(step));
-    let mut start = 0;
-    while start < n {
-        let len = step.min(n - start);
-        let logits = (q.narrow(0, start, len)?.matmul(&kt)? * scale)?;
-        let pb = logits.broadcast_sub(&log_rowsum.narrow(0, start, len)?.unsqueeze(1)?)?.exp()?; // rows of P
-        outs.push(pb.matmul(s)?.matmul(&stv)?);
-        start += len;
-    }
-    Ok(Tensor::cat(&outs, 0)?)
+    let (qs, kt) = scaled_operands(q, k)?;
+    map_score_blocks(&qs, &kt, |start, len, logits| {
+        let pb = logits
+            .broadcast_sub(&log_rowsum.narrow(0, start, len)?.unsqueeze(1)?)?
+            .exp()?; // rows of P
+        Ok(pb.matmul(s)?.matmul(&stv)?)
+    })
 }
 
 impl Method for Linformer {
@@ -105,7 +117,12 @@ impl Method for Linformer {
             4.0 * n * d * p
         }
     }
-    fn approximate(&self, head: &HeadInputs, d: usize, rng: &mut TrialRng) -> Result<Approximation> {
+    fn approximate(
+        &self,
+        head: &HeadInputs,
+        d: usize,
+        rng: &mut TrialRng,
+    ) -> Result<Approximation> {
         self.check(head.n(), d).map_err(anyhow::Error::msg)?;
         let (n, dev, dt) = (head.n(), head.device(), head.dtype());
         let out = if self.jlt {
@@ -144,10 +161,22 @@ mod tests {
         // only through EV here; check against a direct computation.
         let h = head(32, 8, 2, DType::F64);
         let mut rng = TrialRng::seed_from_u64(3);
-        let e = from_f64(normal_values(&mut rng, 5, 32, SIGMA), (5, 32), &Device::Cpu, DType::F64).unwrap();
+        let e = from_f64(
+            normal_values(&mut rng, 5, 32, SIGMA),
+            (5, 32),
+            &Device::Cpu,
+            DType::F64,
+        )
+        .unwrap();
         let zero = h.q.zeros_like().unwrap();
         let out = with_projection(&zero, &h.k, &h.v, &e).unwrap();
-        let want = e.matmul(&h.v).unwrap().mean_keepdim(0).unwrap().broadcast_as((32, 8)).unwrap();
+        let want = e
+            .matmul(&h.v)
+            .unwrap()
+            .mean_keepdim(0)
+            .unwrap()
+            .broadcast_as((32, 8))
+            .unwrap();
         assert!(error_norms(&want, &out).unwrap().spectral < 1e-14);
     }
 
@@ -164,38 +193,92 @@ mod tests {
         }
         let mean = (acc / trials as f64).unwrap();
         let bias = error_norms(&h.exact.output, &mean).unwrap().spectral;
-        let single = error_norms(&h.exact.output, &m.approximate(&h, 4, &mut rng).unwrap().output).unwrap().spectral;
-        assert!(bias < 0.1 * single, "bias {bias} vs single-trial error {single}");
+        let single = error_norms(
+            &h.exact.output,
+            &m.approximate(&h, 4, &mut rng).unwrap().output,
+        )
+        .unwrap()
+        .spectral;
+        assert!(
+            bias < 0.1 * single,
+            "bias {bias} vs single-trial error {single}"
+        );
     }
 
     #[test]
     fn seeded_reproducible_f32_agrees_and_finite() {
         let h64 = head(128, 16, 6, DType::F64);
-        let h32 = HeadInputs::new(h64.q.to_dtype(DType::F32).unwrap(), h64.k.to_dtype(DType::F32).unwrap(), h64.v.to_dtype(DType::F32).unwrap()).unwrap();
+        let h32 = HeadInputs::new(
+            h64.q.to_dtype(DType::F32).unwrap(),
+            h64.k.to_dtype(DType::F32).unwrap(),
+            h64.v.to_dtype(DType::F32).unwrap(),
+        )
+        .unwrap();
         for m in [Linformer::reference(), Linformer::unreduced_jlt()] {
-            let run = |h: &HeadInputs, seed| m.approximate(h, 16, &mut TrialRng::seed_from_u64(seed)).unwrap().output;
+            let run = |h: &HeadInputs, seed| {
+                m.approximate(h, 16, &mut TrialRng::seed_from_u64(seed))
+                    .unwrap()
+                    .output
+            };
             let a = run(&h64, 7);
-            assert_eq!(a.to_vec2::<f64>().unwrap(), run(&h64, 7).to_vec2::<f64>().unwrap());
-            assert_ne!(a.to_vec2::<f64>().unwrap(), run(&h64, 8).to_vec2::<f64>().unwrap());
+            assert_eq!(
+                a.to_vec2::<f64>().unwrap(),
+                run(&h64, 7).to_vec2::<f64>().unwrap()
+            );
+            assert_ne!(
+                a.to_vec2::<f64>().unwrap(),
+                run(&h64, 8).to_vec2::<f64>().unwrap()
+            );
             let b = run(&h32, 7).to_dtype(DType::F64).unwrap();
             let scale = error_norms(&a, &a.zeros_like().unwrap()).unwrap().spectral;
             let diff = error_norms(&a, &b).unwrap().spectral;
-            assert!(diff < 1e-5 * scale.max(1.0), "{}: f32 vs f64 {diff}", m.id());
-            assert!(b.flatten_all().unwrap().to_vec1::<f64>().unwrap().iter().all(|x| x.is_finite()));
+            assert!(
+                diff < 1e-5 * scale.max(1.0),
+                "{}: f32 vs f64 {diff}",
+                m.id()
+            );
+            assert!(b
+                .flatten_all()
+                .unwrap()
+                .to_vec1::<f64>()
+                .unwrap()
+                .iter()
+                .all(|x| x.is_finite()));
         }
     }
 
     #[test]
     fn projection_has_the_reference_scale() {
-        let e = draw_projection(&mut TrialRng::seed_from_u64(1), 300, 64, &Device::Cpu, DType::F64).unwrap();
+        let e = draw_projection(
+            &mut TrialRng::seed_from_u64(1),
+            300,
+            64,
+            &Device::Cpu,
+            DType::F64,
+        )
+        .unwrap();
         assert_eq!(e.dims2().unwrap(), (64, 300));
         let v: Vec<f64> = e.flatten_all().unwrap().to_vec1().unwrap();
         let mean = v.iter().sum::<f64>() / v.len() as f64;
         let sd = (v.iter().map(|x| (x - mean).powi(2)).sum::<f64>() / v.len() as f64).sqrt();
-        assert!(mean.abs() < 5.0 * SIGMA / (v.len() as f64).sqrt() && (sd / SIGMA - 1.0).abs() < 0.02, "{mean} {sd}");
-        let s = draw_sketch(&mut TrialRng::seed_from_u64(2), 300, 64, &Device::Cpu, DType::F64).unwrap();
+        assert!(
+            mean.abs() < 5.0 * SIGMA / (v.len() as f64).sqrt() && (sd / SIGMA - 1.0).abs() < 0.02,
+            "{mean} {sd}"
+        );
+        let s = draw_sketch(
+            &mut TrialRng::seed_from_u64(2),
+            300,
+            64,
+            &Device::Cpu,
+            DType::F64,
+        )
+        .unwrap();
         assert_eq!(s.dims2().unwrap(), (300, 64));
         let ss: f64 = s.sqr().unwrap().sum_all().unwrap().to_scalar().unwrap();
-        assert!((ss / 300.0 - 1.0).abs() < 0.02, "mean diagonal of S Sᵀ {}", ss / 300.0);
+        assert!(
+            (ss / 300.0 - 1.0).abs() < 0.02,
+            "mean diagonal of S Sᵀ {}",
+            ss / 300.0
+        );
     }
 }

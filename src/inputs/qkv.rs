@@ -9,7 +9,9 @@ use candle_transformers::models::bert::Config;
 use super::model::{BertWeights, LayerNormWeights, Linear};
 
 /// How token ids become the layer-0 input X.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, serde::Serialize, serde::Deserialize)]
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, serde::Serialize, serde::Deserialize,
+)]
 #[serde(rename_all = "kebab-case")]
 pub enum EmbeddingPolicy {
     /// LayerNorm(word + position[i mod P]), no token-type embedding (METHODS.md §1.4 [REC]).
@@ -60,25 +62,42 @@ fn apply(x: &Tensor, l: &Linear) -> Result<Tensor> {
 }
 
 /// X = the layer-0 input for `ids` under `policy`, [n, hidden], in `dtype`.
-pub fn embed(w: &BertWeights, cfg: &Config, ids: &[u32], policy: EmbeddingPolicy, dtype: DType) -> Result<Tensor> {
+pub fn embed(
+    w: &BertWeights,
+    cfg: &Config,
+    ids: &[u32],
+    policy: EmbeddingPolicy,
+    dtype: DType,
+) -> Result<Tensor> {
     let dev = w.embeddings.word.device();
     let n = ids.len();
     let ids_t = Tensor::from_vec(ids.to_vec(), n, dev)?;
     let mut x = w.embeddings.word.index_select(&ids_t, 0)?.to_dtype(dtype)?;
     let max_pos = cfg.max_position_embeddings;
     let positions: Option<Vec<u32>> = match policy {
-        EmbeddingPolicy::WordPos | EmbeddingPolicy::WordPosType => Some((0..n).map(|i| (i % max_pos) as u32).collect()),
+        EmbeddingPolicy::WordPos | EmbeddingPolicy::WordPosType => {
+            Some((0..n).map(|i| (i % max_pos) as u32).collect())
+        }
         EmbeddingPolicy::WordPosFirst => None,
         EmbeddingPolicy::Word => None,
     };
     if let Some(pos) = positions {
         let pos_t = Tensor::from_vec(pos, n, dev)?;
-        x = (x + w.embeddings.position.index_select(&pos_t, 0)?.to_dtype(dtype)?)?;
+        x = (x + w
+            .embeddings
+            .position
+            .index_select(&pos_t, 0)?
+            .to_dtype(dtype)?)?;
     }
     if policy == EmbeddingPolicy::WordPosFirst {
         let m = n.min(max_pos);
-        let head = (x.narrow(0, 0, m)? + w.embeddings.position.narrow(0, 0, m)?.to_dtype(dtype)?)?;
-        x = if m < n { Tensor::cat(&[head, x.narrow(0, m, n - m)?], 0)? } else { head };
+        let head =
+            (x.narrow(0, 0, m)? + w.embeddings.position.narrow(0, 0, m)?.to_dtype(dtype)?)?;
+        x = if m < n {
+            Tensor::cat(&[head, x.narrow(0, m, n - m)?], 0)?
+        } else {
+            head
+        };
     }
     if policy == EmbeddingPolicy::WordPosType {
         let t0 = w.embeddings.token_type.narrow(0, 0, 1)?.to_dtype(dtype)?;
@@ -90,7 +109,9 @@ pub fn embed(w: &BertWeights, cfg: &Config, ids: &[u32], policy: EmbeddingPolicy
 /// Splits [n, hidden] into [heads, n, p].
 fn split_heads(x: &Tensor, heads: usize) -> Result<Tensor> {
     let (n, h) = x.dims2()?;
-    Ok(x.reshape((n, heads, h / heads))?.transpose(0, 1)?.contiguous()?)
+    Ok(x.reshape((n, heads, h / heads))?
+        .transpose(0, 1)?
+        .contiguous()?)
 }
 
 /// One full BERT encoder layer (eval mode, no mask: windows are full), exact attention over n.
@@ -103,14 +124,23 @@ fn encoder_layer(x: &Tensor, lw: &super::model::LayerWeights, cfg: &Config) -> R
     let v = split_heads(&apply(x, &lw.value)?, heads)?;
     let mut ctx = Vec::with_capacity(heads);
     for h in 0..heads {
-        let o = crate::attention::exact::ExactAttention::compute(&q.get(h)?, &k.get(h)?, &v.get(h)?)?;
+        let o =
+            crate::attention::exact::ExactAttention::compute(&q.get(h)?, &k.get(h)?, &v.get(h)?)?;
         ctx.push(o.output);
     }
     let n = x.dims()[0];
     let ctx = Tensor::stack(&ctx, 1)?.reshape((n, heads * p))?;
-    let a = layer_norm(&(apply(&ctx, &rest.attention_output)? + x)?, &rest.attention_norm, cfg.layer_norm_eps)?;
+    let a = layer_norm(
+        &(apply(&ctx, &rest.attention_output)? + x)?,
+        &rest.attention_norm,
+        cfg.layer_norm_eps,
+    )?;
     let i = apply(&a, &rest.intermediate)?.gelu_erf()?;
-    layer_norm(&(apply(&i, &rest.output)? + &a)?, &rest.output_norm, cfg.layer_norm_eps)
+    layer_norm(
+        &(apply(&i, &rest.output)? + &a)?,
+        &rest.output_norm,
+        cfg.layer_norm_eps,
+    )
 }
 
 /// Q, K, V of the last loaded layer for one window, each [heads, n, p] in `dtype`.
@@ -130,7 +160,15 @@ fn dropout(x: &Tensor, p: f64, seed: u64) -> Result<Tensor> {
     use rand::{Rng, SeedableRng};
     let numel = x.elem_count();
     let mut rng = crate::numerics::sampling::TrialRng::seed_from_u64(seed);
-    let mask: Vec<f64> = (0..numel).map(|_| if rng.random::<f64>() < p { 0.0 } else { 1.0 / (1.0 - p) }).collect();
+    let mask: Vec<f64> = (0..numel)
+        .map(|_| {
+            if rng.random::<f64>() < p {
+                0.0
+            } else {
+                1.0 / (1.0 - p)
+            }
+        })
+        .collect();
     let mask = Tensor::from_vec(mask, x.shape(), x.device())?.to_dtype(x.dtype())?;
     Ok((x * mask)?)
 }
@@ -165,22 +203,24 @@ pub fn device(spec: &str) -> Result<Device> {
     match spec {
         "cpu" => Ok(Device::Cpu),
         s if s == "cuda" || s.starts_with("cuda:") => {
-            let ordinal: usize = s.strip_prefix("cuda:").map(|o| o.parse()).transpose().map_err(|_| crate::usage!("--device {s}: expected cuda or cuda:N"))?.unwrap_or(0);
+            let ordinal: usize = s
+                .strip_prefix("cuda:")
+                .map(|o| o.parse())
+                .transpose()
+                .map_err(|_| crate::usage!("--device {s}: expected cuda or cuda:N"))?
+                .unwrap_or(0);
             if !candle_core::utils::cuda_is_available() {
                 return Err(crate::usage!(
                     "--device {s}: this build has no CUDA support; rebuild with `cargo build --release --features cuda` on a machine with the CUDA toolkit, or use --device cpu"
                 ));
             }
-            Ok(Device::new_cuda(ordinal).map_err(|e| crate::usage!("--device {s}: cannot open the GPU ({e})"))?)
+            Ok(Device::new_cuda(ordinal)
+                .map_err(|e| crate::usage!("--device {s}: cannot open the GPU ({e})"))?)
         }
-        other => Err(crate::usage!("--device {other}: unknown device; use cpu, cuda or cuda:N")),
+        other => Err(crate::usage!(
+            "--device {other}: unknown device; use cpu, cuda or cuda:N"
+        )),
     }
-}
-
-/// Mean of each row's L2 norm (a diagnostic of X's scale), used in tests.
-pub fn mean_row_norm(x: &Tensor) -> Result<f64> {
-    let norms = x.to_dtype(DType::F64)?.sqr()?.sum(D::Minus1)?.sqrt()?;
-    crate::tensor_util::scalar(&norms.mean_all()?)
 }
 
 #[cfg(test)]
@@ -196,7 +236,20 @@ mod tests {
                 "layer_norm_eps": 1e-12, "pad_token_id": 0}"#,
         )
         .unwrap();
-        let w = load(&cfg, 1, &WeightSource::Initialized { seed: 1, scheme: crate::inputs::model::InitScheme::Hf }, &WeightSource::Initialized { seed: 1, scheme: crate::inputs::model::InitScheme::Hf }, &Device::Cpu).unwrap();
+        let w = load(
+            &cfg,
+            1,
+            &WeightSource::Initialized {
+                seed: 1,
+                scheme: crate::inputs::model::InitScheme::Hf,
+            },
+            &WeightSource::Initialized {
+                seed: 1,
+                scheme: crate::inputs::model::InitScheme::Hf,
+            },
+            &Device::Cpu,
+        )
+        .unwrap();
         (cfg, w)
     }
 
@@ -226,6 +279,12 @@ mod tests {
         assert_eq!(q.dims(), &[4, 12, 4]);
         assert_eq!(k.dims(), v.dims());
         // Zero ids row → X row is LN(pos) only; all finite.
-        assert!(q.flatten_all().unwrap().to_vec1::<f32>().unwrap().iter().all(|x| x.is_finite()));
+        assert!(q
+            .flatten_all()
+            .unwrap()
+            .to_vec1::<f32>()
+            .unwrap()
+            .iter()
+            .all(|x| x.is_finite()));
     }
 }

@@ -62,7 +62,13 @@ pub struct CheckOptions {
 
 impl Default for CheckOptions {
     fn default() -> Self {
-        Self { alpha: 0.05, slack: 0.01, two_sided: false, allow_config_change: false, exact: false }
+        Self {
+            alpha: 0.05,
+            slack: 0.01,
+            two_sided: false,
+            allow_config_change: false,
+            exact: false,
+        }
     }
 }
 
@@ -224,7 +230,10 @@ fn side_trials(summary: &[SummaryRow], trials: Option<&Vec<TrialRow>>) -> Option
     let trials = trials?;
     let mut grouped: HashMap<PointKey, Vec<&TrialRow>> = HashMap::new();
     for t in trials {
-        grouped.entry((t.model.clone(), t.n, t.method.clone(), t.d)).or_default().push(t);
+        grouped
+            .entry((t.model.clone(), t.n, t.method.clone(), t.d))
+            .or_default()
+            .push(t);
     }
     let mut usable = HashMap::new();
     let mut inconsistent = Vec::new();
@@ -239,14 +248,23 @@ fn side_trials(summary: &[SummaryRow], trials: Option<&Vec<TrialRow>>) -> Option
         for r in rows {
             duplicate |= map.insert((r.window, r.head), r.error).is_some();
         }
-        let finite: Vec<f64> = rows.iter().map(|r| r.error).filter(|e| e.is_finite()).collect();
-        let (mean, _) = stats::mean_se(&finite);
+        let finite: Vec<f64> = rows
+            .iter()
+            .map(|r| r.error)
+            .filter(|e| e.is_finite())
+            .collect();
+        let (mean, _) = crate::report::summary::mean_stderr(&finite);
         let nonfinite = rows.len() - finite.len();
         let agrees = finite.len() == s.trials
             && nonfinite == s.nonfinite_trials
-            && ((mean.is_nan() && s.mean.is_nan()) || (mean - s.mean).abs() <= CONSISTENT_REL_TOL * s.mean.abs().max(f64::MIN_POSITIVE));
+            && ((mean.is_nan() && s.mean.is_nan())
+                || (mean - s.mean).abs()
+                    <= CONSISTENT_REL_TOL * s.mean.abs().max(f64::MIN_POSITIVE));
         if duplicate {
-            inconsistent.push((key, "trials.csv holds a (window, head) twice for this point".to_string()));
+            inconsistent.push((
+                key,
+                "trials.csv holds a (window, head) twice for this point".to_string(),
+            ));
         } else if !agrees {
             inconsistent.push((
                 key,
@@ -262,11 +280,20 @@ fn side_trials(summary: &[SummaryRow], trials: Option<&Vec<TrialRow>>) -> Option
             usable.insert(key, map);
         }
     }
-    Some(SideTrials { usable, inconsistent })
+    Some(SideTrials {
+        usable,
+        inconsistent,
+    })
 }
 
 fn stat(r: &SummaryRow) -> SideStat {
-    SideStat { mean: r.mean, se: r.stderr, trials: r.trials, nonfinite: r.nonfinite_trials, flagged: r.flagged_trials }
+    SideStat {
+        mean: r.mean,
+        se: r.stderr,
+        trials: r.trials,
+        nonfinite: r.nonfinite_trials,
+        flagged: r.flagged_trials,
+    }
 }
 
 fn key_of(r: &SummaryRow) -> PointKey {
@@ -277,10 +304,16 @@ fn key_of(r: &SummaryRow) -> PointKey {
 /// unusable options or `--exact` without trial-level data (usage errors).
 pub fn check(baseline: &RunData, current: &RunData, opts: &CheckOptions) -> Result<CheckReport> {
     if !(opts.alpha > 0.0 && opts.alpha < 1.0) {
-        return Err(usage!("--alpha {}: must lie strictly between 0 and 1", opts.alpha));
+        return Err(usage!(
+            "--alpha {}: must lie strictly between 0 and 1",
+            opts.alpha
+        ));
     }
     if !(opts.slack >= 0.0 && opts.slack.is_finite()) {
-        return Err(usage!("--slack {}: must be a finite number ≥ 0 (a fraction of the baseline mean, 0.01 = 1 %)", opts.slack));
+        return Err(usage!(
+            "--slack {}: must be a finite number ≥ 0 (a fraction of the baseline mean, 0.01 = 1 %)",
+            opts.slack
+        ));
     }
     if opts.exact {
         for side in [baseline, current] {
@@ -299,13 +332,21 @@ pub fn check(baseline: &RunData, current: &RunData, opts: &CheckOptions) -> Resu
         (Some(b), Some(c)) => {
             for ch in drift::compare(b, c) {
                 let failing = ch.material && (!opts.allow_config_change || opts.exact);
-                findings.push(Finding { kind: if ch.material { "config change" } else { "note" }, message: ch.to_string(), failing });
+                findings.push(Finding {
+                    kind: if ch.material { "config change" } else { "note" },
+                    message: ch.to_string(),
+                    failing,
+                });
             }
             for (side, m) in [(baseline, b), (current, c)] {
                 if m.status != "complete" {
                     findings.push(Finding {
                         kind: "warning",
-                        message: format!("{}: the run's manifest says status '{}', not 'complete'", side.path.display(), m.status),
+                        message: format!(
+                            "{}: the run's manifest says status '{}', not 'complete'",
+                            side.path.display(),
+                            m.status
+                        ),
                         failing: false,
                     });
                 }
@@ -319,7 +360,10 @@ pub fn check(baseline: &RunData, current: &RunData, opts: &CheckOptions) -> Resu
                 .collect();
             findings.push(Finding {
                 kind: "note",
-                message: format!("configuration not compared: no manifest.json for {}", missing.join(" and ")),
+                message: format!(
+                    "configuration not compared: no manifest.json for {}",
+                    missing.join(" and ")
+                ),
                 failing: false,
             });
         }
@@ -337,7 +381,11 @@ pub fn check(baseline: &RunData, current: &RunData, opts: &CheckOptions) -> Resu
                         side.path.display(),
                         side.summary_source.display(),
                         t.inconsistent.len(),
-                        if opts.exact { "" } else { "; those points use the unpaired test on the summary" }
+                        if opts.exact {
+                            ""
+                        } else {
+                            "; those points use the unpaired test on the summary"
+                        }
                     ),
                     failing: false,
                 });
@@ -345,24 +393,44 @@ pub fn check(baseline: &RunData, current: &RunData, opts: &CheckOptions) -> Resu
         }
     }
     let inconsistency = |t: &Option<SideTrials>, key: &PointKey| -> Option<String> {
-        t.as_ref().and_then(|t| t.inconsistent.iter().find(|(k, _)| k == key).map(|(_, why)| why.clone()))
+        t.as_ref().and_then(|t| {
+            t.inconsistent
+                .iter()
+                .find(|(k, _)| k == key)
+                .map(|(_, why)| why.clone())
+        })
     };
 
-    let cur: HashMap<PointKey, &SummaryRow> = current.summary.iter().map(|r| (key_of(r), r)).collect();
-    let base_keys: std::collections::HashSet<PointKey> = baseline.summary.iter().map(key_of).collect();
+    let cur: HashMap<PointKey, &SummaryRow> =
+        current.summary.iter().map(|r| (key_of(r), r)).collect();
+    let base_keys: std::collections::HashSet<PointKey> =
+        baseline.summary.iter().map(key_of).collect();
 
     // Bonferroni family: points present on both sides with finite means.
     let compared = if opts.exact {
         0
     } else {
-        baseline.summary.iter().filter(|b| cur.get(&key_of(b)).is_some_and(|c| b.mean.is_finite() && c.mean.is_finite())).count()
+        baseline
+            .summary
+            .iter()
+            .filter(|b| {
+                cur.get(&key_of(b))
+                    .is_some_and(|c| b.mean.is_finite() && c.mean.is_finite())
+            })
+            .count()
     };
     let upper = opts.alpha / (compared.max(1) as f64) / if opts.two_sided { 2.0 } else { 1.0 };
     // Critical values by whole degrees of freedom (most points share one).
     let mut critical_by_df: HashMap<u64, f64> = HashMap::new();
     let mut critical = |df: f64| {
-        let key = if df.is_finite() && df < stats::NORMAL_DF { df.floor() as u64 } else { u64::MAX };
-        *critical_by_df.entry(key).or_insert_with(|| stats::student_t_upper_quantile(upper, df))
+        let key = if df.is_finite() && df < stats::NORMAL_DF {
+            df.floor() as u64
+        } else {
+            u64::MAX
+        };
+        *critical_by_df
+            .entry(key)
+            .or_insert_with(|| stats::student_t_upper_quantile(upper, df))
     };
 
     let mut points = Vec::new();
@@ -397,14 +465,22 @@ pub fn check(baseline: &RunData, current: &RunData, opts: &CheckOptions) -> Resu
         }
         let Some(c) = cur.get(&key) else {
             let explained = opts.allow_config_change
-                && current.manifest.as_ref().is_some_and(|m| !drift::grid_contains(m, &b.model, b.n, &b.method, b.d));
+                && current
+                    .manifest
+                    .as_ref()
+                    .is_some_and(|m| !drift::grid_contains(m, &b.model, b.n, &b.method, b.d));
             if explained {
                 p.status = Status::Dropped;
-                p.notes.push("absent from the current run, whose configuration no longer includes it".into());
+                p.notes.push(
+                    "absent from the current run, whose configuration no longer includes it".into(),
+                );
             } else {
                 p.status = Status::Missing;
                 p.failing = true;
-                p.notes.push(format!("present in the baseline, missing from {}", current.summary_source.display()));
+                p.notes.push(format!(
+                    "present in the baseline, missing from {}",
+                    current.summary_source.display()
+                ));
             }
             points.push(p);
             continue;
@@ -415,7 +491,8 @@ pub fn check(baseline: &RunData, current: &RunData, opts: &CheckOptions) -> Resu
         if opts.exact {
             let tb = exact::trial_map(baseline.trials.as_ref(), &key);
             let tc = exact::trial_map(current.trials.as_ref(), &key);
-            let (status, worst_rel) = exact::exact_point(&key, &tb, &tc, &mut p.notes, &mut worst_trial);
+            let (status, worst_rel) =
+                exact::exact_point(&key, &tb, &tc, &mut p.notes, &mut worst_trial);
             p.test = Test::Exact { worst_rel };
             p.status = status;
             p.failing = status != Status::Pass;
@@ -423,8 +500,10 @@ pub fn check(baseline: &RunData, current: &RunData, opts: &CheckOptions) -> Resu
             let paired = match (&b_trials, &c_trials) {
                 (Some(tb), Some(tc)) => match (tb.usable.get(&key), tc.usable.get(&key)) {
                     (Some(mb), Some(mc)) if mb.keys().eq(mc.keys()) => {
-                        let diffs: Vec<f64> =
-                            mb.iter().filter_map(|(k, eb)| Some(mc[k] - eb).filter(|x| x.is_finite())).collect();
+                        let diffs: Vec<f64> = mb
+                            .iter()
+                            .filter_map(|(k, eb)| Some(mc[k] - eb).filter(|x| x.is_finite()))
+                            .collect();
                         if diffs.is_empty() {
                             None
                         } else {
@@ -432,7 +511,10 @@ pub fn check(baseline: &RunData, current: &RunData, opts: &CheckOptions) -> Resu
                         }
                     }
                     (Some(_), Some(_)) => {
-                        p.notes.push("trial keys (window, head) differ between the runs: unpaired test".into());
+                        p.notes.push(
+                            "trial keys (window, head) differ between the runs: unpaired test"
+                                .into(),
+                        );
                         None
                     }
                     _ => None,
@@ -441,10 +523,14 @@ pub fn check(baseline: &RunData, current: &RunData, opts: &CheckOptions) -> Resu
             };
             match paired {
                 Some(diffs) => {
-                    let (mean, se) = stats::mean_se(&diffs);
+                    let (mean, se) = crate::report::summary::mean_stderr(&diffs);
                     p.difference = mean;
                     p.se = se;
-                    p.df = if diffs.len() > 1 { diffs.len() as f64 - 1.0 } else { f64::INFINITY };
+                    p.df = if diffs.len() > 1 {
+                        diffs.len() as f64 - 1.0
+                    } else {
+                        f64::INFINITY
+                    };
                     p.test = Test::Paired { pairs: diffs.len() };
                 }
                 None => {
@@ -464,21 +550,30 @@ pub fn check(baseline: &RunData, current: &RunData, opts: &CheckOptions) -> Resu
             }
         } else {
             p.status = Status::NotComparable;
-            p.notes.push(match (b.mean.is_finite(), c.mean.is_finite()) {
-                (false, false) => "no finite trials on either side".to_string(),
-                (false, true) => "the baseline has no finite trials; the current run has".to_string(),
-                _ => "the current run has no finite trials".to_string(),
-            });
+            p.notes
+                .push(match (b.mean.is_finite(), c.mean.is_finite()) {
+                    (false, false) => "no finite trials on either side".to_string(),
+                    (false, true) => {
+                        "the baseline has no finite trials; the current run has".to_string()
+                    }
+                    _ => "the current run has no finite trials".to_string(),
+                });
         }
 
         if c.nonfinite_trials > b.nonfinite_trials {
-            p.notes.push(format!("non-finite trials rose from {} to {}", b.nonfinite_trials, c.nonfinite_trials));
+            p.notes.push(format!(
+                "non-finite trials rose from {} to {}",
+                b.nonfinite_trials, c.nonfinite_trials
+            ));
             p.failing = true;
             if p.status > Status::NewNonFinite {
                 p.status = Status::NewNonFinite;
             }
         } else if c.nonfinite_trials < b.nonfinite_trials {
-            p.notes.push(format!("non-finite trials fell from {} to {}", b.nonfinite_trials, c.nonfinite_trials));
+            p.notes.push(format!(
+                "non-finite trials fell from {} to {}",
+                b.nonfinite_trials, c.nonfinite_trials
+            ));
         }
         if c.flagged_trials > b.flagged_trials {
             p.notes.push(format!(
@@ -505,7 +600,10 @@ pub fn check(baseline: &RunData, current: &RunData, opts: &CheckOptions) -> Resu
                 test: Test::None,
                 status: Status::New,
                 failing: false,
-                notes: vec![format!("not in the baseline {}", baseline.summary_source.display())],
+                notes: vec![format!(
+                    "not in the baseline {}",
+                    baseline.summary_source.display()
+                )],
             });
         }
     }

@@ -70,16 +70,34 @@ pub fn normal_cdf(x: f64) -> f64 {
 /// machine precision. p = 0 and 1 give ∓∞; p outside [0, 1] or NaN gives NaN.
 pub fn normal_quantile(p: f64) -> f64 {
     const A: [f64; 6] = [
-        -3.969683028665376e+01, 2.209460984245205e+02, -2.759285104469687e+02, 1.383577518672690e+02,
-        -3.066479806614716e+01, 2.506628277459239e+00,
+        -3.969683028665376e+01,
+        2.209460984245205e+02,
+        -2.759285104469687e+02,
+        1.383577518672690e+02,
+        -3.066479806614716e+01,
+        2.506628277459239e+00,
     ];
-    const B: [f64; 5] =
-        [-5.447609879822406e+01, 1.615858368580409e+02, -1.556989798598866e+02, 6.680131188771972e+01, -1.328068155288572e+01];
+    const B: [f64; 5] = [
+        -5.447609879822406e+01,
+        1.615858368580409e+02,
+        -1.556989798598866e+02,
+        6.680131188771972e+01,
+        -1.328068155288572e+01,
+    ];
     const C: [f64; 6] = [
-        -7.784894002430293e-03, -3.223964580411365e-01, -2.400758277161838e+00, -2.549732539343734e+00,
-        4.374664141464968e+00, 2.938163982698783e+00,
+        -7.784894002430293e-03,
+        -3.223964580411365e-01,
+        -2.400758277161838e+00,
+        -2.549732539343734e+00,
+        4.374664141464968e+00,
+        2.938163982698783e+00,
     ];
-    const D: [f64; 4] = [7.784695709041462e-03, 3.224671290700398e-01, 2.445134137142996e+00, 3.754408661907416e+00];
+    const D: [f64; 4] = [
+        7.784695709041462e-03,
+        3.224671290700398e-01,
+        2.445134137142996e+00,
+        3.754408661907416e+00,
+    ];
     const P_LOW: f64 = 0.02425;
     if !(0.0..=1.0).contains(&p) {
         return f64::NAN;
@@ -91,7 +109,8 @@ pub fn normal_quantile(p: f64) -> f64 {
         return f64::INFINITY;
     }
     let tail = |q: f64| {
-        (((((C[0] * q + C[1]) * q + C[2]) * q + C[3]) * q + C[4]) * q + C[5]) / ((((D[0] * q + D[1]) * q + D[2]) * q + D[3]) * q + 1.0)
+        (((((C[0] * q + C[1]) * q + C[2]) * q + C[3]) * q + C[4]) * q + C[5])
+            / ((((D[0] * q + D[1]) * q + D[2]) * q + D[3]) * q + 1.0)
     };
     let x = if p < P_LOW {
         tail((-2.0 * p.ln()).sqrt())
@@ -104,7 +123,11 @@ pub fn normal_quantile(p: f64) -> f64 {
         -tail((-2.0 * (1.0 - p).ln()).sqrt())
     };
     // Halley step on Φ(x) − p, with the error taken in the tail that is small.
-    let e = if x < 0.0 { normal_cdf(x) - p } else { (1.0 - p) - normal_cdf(-x) };
+    let e = if x < 0.0 {
+        normal_cdf(x) - p
+    } else {
+        (1.0 - p) - normal_cdf(-x)
+    };
     let u = e * (2.0 * PI).sqrt() * (x * x / 2.0).exp();
     x - u / (1.0 + x * u / 2.0)
 }
@@ -180,11 +203,6 @@ pub fn student_t_upper_quantile(upper: f64, df: f64) -> f64 {
     0.5 * (lo + hi)
 }
 
-/// Mean and standard error of the mean (sample sd / √k), as summary.csv computes them.
-pub fn mean_se(values: &[f64]) -> (f64, f64) {
-    crate::report::summary::mean_stderr(values)
-}
-
 /// Welch–Satterthwaite degrees of freedom of SE² = se_b² + se_c²; infinite when both are 0.
 pub fn welch_df(se_b: f64, k_b: usize, se_c: f64, k_c: usize) -> f64 {
     let (vb, vc) = (se_b * se_b, se_c * se_c);
@@ -228,7 +246,10 @@ mod tests {
             (-1.0, 1.8427007929497149),
         ] {
             let got = erfc(x);
-            assert!(close(got, want, 1e-14), "erfc({x}) = {got:e}, want {want:e}");
+            assert!(
+                close(got, want, 1e-14),
+                "erfc({x}) = {got:e}, want {want:e}"
+            );
         }
     }
 
@@ -246,7 +267,10 @@ mod tests {
             (0.9990625, 3.1093491536764895),
         ] {
             let got = normal_quantile(p);
-            assert!(close(got, want, 1e-13), "Φ⁻¹({p}) = {got:.17}, want {want:.17}");
+            assert!(
+                close(got, want, 1e-13),
+                "Φ⁻¹({p}) = {got:.17}, want {want:.17}"
+            );
         }
         // Upper quantiles of p near 1 are limited by the representation of p itself (1 − p is off
         // by up to 1e-16 absolute); the check passes the small tail instead.
@@ -274,10 +298,17 @@ mod tests {
             (0.0005, 3.7, 12.923978636687483), // Welch df rounds down
         ] {
             let got = student_t_upper_quantile(upper, df);
-            assert!(close(got, want, 1e-10), "t({upper}, {df}) = {got:.15}, want {want:.15}");
+            assert!(
+                close(got, want, 1e-10),
+                "t({upper}, {df}) = {got:.15}, want {want:.15}"
+            );
         }
         // Infinite df is the normal.
-        assert!(close(student_t_upper_quantile(0.025, f64::INFINITY), 1.9599639845400542, 1e-13));
+        assert!(close(
+            student_t_upper_quantile(0.025, f64::INFINITY),
+            1.9599639845400542,
+            1e-13
+        ));
     }
 
     #[test]

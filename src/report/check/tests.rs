@@ -26,13 +26,21 @@ struct Grid {
 }
 
 fn small_grid() -> Grid {
-    Grid { ns: vec![16, 24], ds: vec![2, 4], windows: 4, heads: 3 }
+    Grid {
+        ns: vec![16, 24],
+        ds: vec![2, 4],
+        windows: 4,
+        heads: 3,
+    }
 }
 
 /// One head's seeded Q/K/V, the same in every run (the "corpus"): Q, K ~ N(0, 0.25) (logits of
 /// std 0.25, attention moderately far from uniform), V ~ N(2, 1).
 fn head(n: usize, window: usize, head: usize) -> HeadInputs {
-    let mut rng = TrialRng::seed_from_u64(sampling::derive_labeled_seed(2024, &format!("data/{n}/{window}/{head}")));
+    let mut rng = TrialRng::seed_from_u64(sampling::derive_labeled_seed(
+        2024,
+        &format!("data/{n}/{window}/{head}"),
+    ));
     let mut draw = |shift: f64| {
         let v: Vec<f64> = (0..n * P)
             .map(|_| {
@@ -42,7 +50,11 @@ fn head(n: usize, window: usize, head: usize) -> HeadInputs {
             .collect();
         Tensor::from_vec(v, (n, P), &Device::Cpu).unwrap()
     };
-    let (q, k, v) = ((draw(0.0) * 0.5).unwrap(), (draw(0.0) * 0.5).unwrap(), draw(2.0));
+    let (q, k, v) = (
+        (draw(0.0) * 0.5).unwrap(),
+        (draw(0.0) * 0.5).unwrap(),
+        draw(2.0),
+    );
     HeadInputs::new(q, k, v).unwrap()
 }
 
@@ -56,7 +68,14 @@ fn trials(method: &str, seed: u64, grid: &Grid, f: Approx) -> Vec<TrialRow> {
             for h in 0..grid.heads {
                 let head = head(n, w, h);
                 for &d in &grid.ds {
-                    let key = TrialKey { seed, n, window: w, head: h, method, d };
+                    let key = TrialKey {
+                        seed,
+                        n,
+                        window: w,
+                        head: h,
+                        method,
+                        d,
+                    };
                     let out = f(&head, d, &mut key.rng());
                     let norms = spectral::error_norms(&head.exact.output, &out).unwrap();
                     let exact_norm = head.exact.norm().unwrap();
@@ -97,9 +116,19 @@ fn vmean_biased(h: &HeadInputs, d: usize, rng: &mut TrialRng) -> Tensor {
 /// Test-only random method: every row is the mean of d rows of V drawn uniformly with
 /// replacement (a random V-Mean whose error varies with the seed).
 fn subset_vmean(h: &HeadInputs, d: usize, rng: &mut TrialRng) -> Tensor {
-    let idx: Vec<u32> = sampling::uniform_with_replacement(rng, h.n(), d).into_iter().map(|i| i as u32).collect();
+    let idx: Vec<u32> = sampling::uniform_with_replacement(rng, h.n(), d)
+        .into_iter()
+        .map(|i| i as u32)
+        .collect();
     let idx = Tensor::from_vec(idx, d, &Device::Cpu).unwrap();
-    h.v.index_select(&idx, 0).unwrap().mean_keepdim(0).unwrap().broadcast_as(h.v.shape()).unwrap().contiguous().unwrap()
+    h.v.index_select(&idx, 0)
+        .unwrap()
+        .mean_keepdim(0)
+        .unwrap()
+        .broadcast_as(h.v.shape())
+        .unwrap()
+        .contiguous()
+        .unwrap()
 }
 
 fn manifest(grid: &Grid, methods: &[&str], corpus_sha: &str, source: &str) -> Manifest {
@@ -133,7 +162,12 @@ fn manifest(grid: &Grid, methods: &[&str], corpus_sha: &str, source: &str) -> Ma
         heads: grid.heads,
         head_dim: P,
         corpus_tokens: 1000,
-        inputs: vec![InputFile { role: "corpus".into(), path: "/data/corpus.txt".into(), sha256: corpus_sha.into(), bytes: 10 }],
+        inputs: vec![InputFile {
+            role: "corpus".into(),
+            path: "/data/corpus.txt".into(),
+            sha256: corpus_sha.into(),
+            bytes: 10,
+        }],
         started: String::new(),
         finished: None,
         status: "complete".into(),
@@ -183,7 +217,10 @@ fn a_biased_method_is_caught_and_an_unbiased_copy_passes() {
         render::num(worst.bound),
         "paired k=12".to_string(),
     ] {
-        assert!(first_row.contains(&needle), "«{needle}» not in «{first_row}»");
+        assert!(
+            first_row.contains(&needle),
+            "«{needle}» not in «{first_row}»"
+        );
     }
     assert!(table.contains("FAIL (exit 1): 4 regression"), "{table}");
     assert!(render::markdown(&r).contains("| **REGRESSION** | initialized |"));
@@ -210,23 +247,54 @@ fn the_paired_test_sees_a_small_bias_the_unpaired_test_cannot() {
         let o = vmean(h, d, r);
         (&o + ((&o - &h.exact.output).unwrap() * 0.005).unwrap()).unwrap()
     });
-    let opts = CheckOptions { slack: 0.001, ..Default::default() };
-    let paired = check(&side("b", rows_b.clone()), &side("c", rows_c.clone()), &opts).unwrap();
-    assert_eq!(paired.count(Status::Regression), 4, "{}", render::table(&paired));
-    let unpaired = check(&summary_only("b", &rows_b), &summary_only("c", &rows_c), &opts).unwrap();
+    let opts = CheckOptions {
+        slack: 0.001,
+        ..Default::default()
+    };
+    let paired = check(
+        &side("b", rows_b.clone()),
+        &side("c", rows_c.clone()),
+        &opts,
+    )
+    .unwrap();
+    assert_eq!(
+        paired.count(Status::Regression),
+        4,
+        "{}",
+        render::table(&paired)
+    );
+    let unpaired = check(
+        &summary_only("b", &rows_b),
+        &summary_only("c", &rows_c),
+        &opts,
+    )
+    .unwrap();
     assert_eq!(unpaired.exit_code(), 0, "{}", render::table(&unpaired));
     assert!(unpaired.points.iter().all(|p| p.test == Test::Unpaired));
 }
 
 /// Runs `runs` current runs with seeds 1..=runs against the baseline (seed 0) and counts failures.
 fn failing_runs(runs: u64, opts: &CheckOptions, paired: bool, f: Approx) -> usize {
-    let grid = Grid { ns: vec![16, 24], ds: vec![2, 4], windows: 6, heads: 4 };
+    let grid = Grid {
+        ns: vec![16, 24],
+        ds: vec![2, 4],
+        windows: 6,
+        heads: 4,
+    };
     let base_rows = trials("subset_vmean", 0, &grid, f);
-    let base = if paired { side("base", base_rows) } else { summary_only("base", &base_rows) };
+    let base = if paired {
+        side("base", base_rows)
+    } else {
+        summary_only("base", &base_rows)
+    };
     let mut fails = 0;
     for seed in 1..=runs {
         let rows = trials("subset_vmean", seed, &grid, f);
-        let cur = if paired { side("cur", rows) } else { summary_only("cur", &rows) };
+        let cur = if paired {
+            side("cur", rows)
+        } else {
+            summary_only("cur", &rows)
+        };
         let r = check(&base, &cur, opts).unwrap();
         assert_eq!(r.compared, 4);
         fails += r.exit_code() as usize;
@@ -239,7 +307,14 @@ fn honest_noise_of_a_random_method_passes_at_the_nominal_rate() {
     let runs = 20;
     let allowed = (0.05 * runs as f64).ceil() as usize;
     // The defaults, and the strictest setting: no slack (the noise bound alone) and two-sided.
-    for opts in [CheckOptions::default(), CheckOptions { slack: 0.0, two_sided: true, ..Default::default() }] {
+    for opts in [
+        CheckOptions::default(),
+        CheckOptions {
+            slack: 0.0,
+            two_sided: true,
+            ..Default::default()
+        },
+    ] {
         for paired in [true, false] {
             let fails = failing_runs(runs, &opts, paired, &subset_vmean);
             assert!(fails <= allowed, "{opts:?}, paired = {paired}: {fails} of {runs} honest runs failed (allowed {allowed})");
@@ -251,12 +326,21 @@ fn honest_noise_of_a_random_method_passes_at_the_nominal_rate() {
         // Ô + 0.5·(Ô − O): the error grows by exactly 50 % per trial.
         (&o + ((&o - &h.exact.output).unwrap() * 0.5).unwrap()).unwrap()
     };
-    let grid = Grid { ns: vec![16, 24], ds: vec![2, 4], windows: 6, heads: 4 };
+    let grid = Grid {
+        ns: vec![16, 24],
+        ds: vec![2, 4],
+        windows: 6,
+        heads: 4,
+    };
     let base = side("base", trials("subset_vmean", 0, &grid, &subset_vmean));
     for seed in 1..=5 {
         let cur = side("cur", trials("subset_vmean", seed, &grid, &worse));
         let r = check(&base, &cur, &CheckOptions::default()).unwrap();
-        assert!(r.count(Status::Regression) >= 1, "seed {seed}: {}", render::table(&r));
+        assert!(
+            r.count(Status::Regression) >= 1,
+            "seed {seed}: {}",
+            render::table(&r)
+        );
     }
 }
 
@@ -276,7 +360,7 @@ fn honest_noise_from_a_seeded_distribution_passes_at_the_nominal_rate() {
                         (0.3 * x).exp() * (1.0 + i as f64)
                     })
                     .collect();
-                let (mean, stderr) = stats::mean_se(&errs);
+                let (mean, stderr) = crate::report::summary::mean_stderr(&errs);
                 SummaryRow {
                     model: "initialized".into(),
                     n: 512,
@@ -296,14 +380,29 @@ fn honest_noise_from_a_seeded_distribution_passes_at_the_nominal_rate() {
             .collect()
     };
     let runs = 40;
-    for opts in [CheckOptions::default(), CheckOptions { slack: 0.0, ..Default::default() }] {
+    for opts in [
+        CheckOptions::default(),
+        CheckOptions {
+            slack: 0.0,
+            ..Default::default()
+        },
+    ] {
         let fails: i32 = (1..=runs)
             .map(|s| {
                 let base = RunData::from_parts("base", draw(2 * s, 40), None, None);
-                check(&base, &RunData::from_parts("cur", draw(2 * s + 1, 12), None, None), &opts).unwrap().exit_code()
+                check(
+                    &base,
+                    &RunData::from_parts("cur", draw(2 * s + 1, 12), None, None),
+                    &opts,
+                )
+                .unwrap()
+                .exit_code()
             })
             .sum();
-        assert!(fails as f64 <= (opts.alpha * runs as f64).ceil(), "{opts:?}: {fails} of {runs} failed");
+        assert!(
+            fails as f64 <= (opts.alpha * runs as f64).ceil(),
+            "{opts:?}: {fails} of {runs} failed"
+        );
     }
 }
 
@@ -315,7 +414,15 @@ fn improvements_are_reported_and_fail_only_when_two_sided() {
     let r = check(&base, &better, &CheckOptions::default()).unwrap();
     assert_eq!(r.count(Status::Improvement), 4);
     assert_eq!(r.exit_code(), 0);
-    let r = check(&base, &better, &CheckOptions { two_sided: true, ..Default::default() }).unwrap();
+    let r = check(
+        &base,
+        &better,
+        &CheckOptions {
+            two_sided: true,
+            ..Default::default()
+        },
+    )
+    .unwrap();
     assert_eq!(r.exit_code(), 1);
 }
 
@@ -326,35 +433,83 @@ fn configuration_drift_is_reported_as_such() {
     let sha_a = "a".repeat(64);
     let sha_b = "b".repeat(64);
     let mk = |sha: &str, src: &str| {
-        RunData::from_parts("x", summary::summarize(&rows, &[]), Some(rows.clone()), Some(manifest(&grid, &["vmean"], sha, src)))
+        RunData::from_parts(
+            "x",
+            summary::summarize(&rows, &[]),
+            Some(rows.clone()),
+            Some(manifest(&grid, &["vmean"], sha, src)),
+        )
     };
     let base = mk(&sha_a, "hub:bert-base-cased@main");
-    let r = check(&base, &mk(&sha_b, "hub:bert-base-uncased@main"), &CheckOptions::default()).unwrap();
-    let msgs: Vec<&str> = r.findings.iter().filter(|f| f.failing).map(|f| f.message.as_str()).collect();
-    assert!(msgs.contains(&"corpus sha256: aaaaaaaaaaaa… → bbbbbbbbbbbb…"), "{msgs:?}");
-    assert!(msgs.contains(&"model source: hub:bert-base-cased@main → hub:bert-base-uncased@main"), "{msgs:?}");
+    let r = check(
+        &base,
+        &mk(&sha_b, "hub:bert-base-uncased@main"),
+        &CheckOptions::default(),
+    )
+    .unwrap();
+    let msgs: Vec<&str> = r
+        .findings
+        .iter()
+        .filter(|f| f.failing)
+        .map(|f| f.message.as_str())
+        .collect();
+    assert!(
+        msgs.contains(&"corpus sha256: aaaaaaaaaaaa… → bbbbbbbbbbbb…"),
+        "{msgs:?}"
+    );
+    assert!(
+        msgs.contains(&"model source: hub:bert-base-cased@main → hub:bert-base-uncased@main"),
+        "{msgs:?}"
+    );
     assert!(r.findings.iter().all(|f| f.kind == "config change"));
-    assert_eq!(r.exit_code(), 1, "identical numbers, but the configuration changed");
-    assert!(render::table(&r).contains("CONFIG CHANGE: corpus sha256: aaaaaaaaaaaa… → bbbbbbbbbbbb…"));
+    assert_eq!(
+        r.exit_code(),
+        1,
+        "identical numbers, but the configuration changed"
+    );
+    assert!(
+        render::table(&r).contains("CONFIG CHANGE: corpus sha256: aaaaaaaaaaaa… → bbbbbbbbbbbb…")
+    );
     // Allowed: still reported, no longer failing.
-    let allow = CheckOptions { allow_config_change: true, ..Default::default() };
+    let allow = CheckOptions {
+        allow_config_change: true,
+        ..Default::default()
+    };
     let r = check(&base, &mk(&sha_b, "hub:bert-base-uncased@main"), &allow).unwrap();
     assert_eq!(r.exit_code(), 0);
     assert_eq!(r.findings.len(), 2);
     // A moved model directory with identical files is a note, not a change.
-    let r = check(&mk(&sha_a, "dir:/a/model"), &mk(&sha_a, "dir:/b/model"), &CheckOptions::default()).unwrap();
+    let r = check(
+        &mk(&sha_a, "dir:/a/model"),
+        &mk(&sha_a, "dir:/b/model"),
+        &CheckOptions::default(),
+    )
+    .unwrap();
     assert_eq!(r.exit_code(), 0);
     assert_eq!(r.findings[0].kind, "note");
-    assert!(r.findings[0].message.contains("dir:/a/model → dir:/b/model"));
+    assert!(r.findings[0]
+        .message
+        .contains("dir:/a/model → dir:/b/model"));
     // Grid and seed changes name the field.
     let mut other = manifest(&grid, &["vmean"], &sha_a, "dir:/a/model");
     other.config.seed = 3;
     other.config.features = vec![4, 2, 8];
-    let changes: Vec<String> = drift::compare(&manifest(&grid, &["vmean"], &sha_a, "dir:/a/model"), &other).iter().map(|c| c.to_string()).collect();
+    let changes: Vec<String> =
+        drift::compare(&manifest(&grid, &["vmean"], &sha_a, "dir:/a/model"), &other)
+            .iter()
+            .map(|c| c.to_string())
+            .collect();
     assert_eq!(changes, vec!["seed: 0 → 3", "features: 2,4 → 2,4,8"]);
     // Without manifests, the configuration is said to be unchecked.
-    let r = check(&side("b", rows.clone()), &side("c", rows.clone()), &CheckOptions::default()).unwrap();
-    assert!(r.findings[0].message.starts_with("configuration not compared: no manifest.json for b and c"));
+    let r = check(
+        &side("b", rows.clone()),
+        &side("c", rows.clone()),
+        &CheckOptions::default(),
+    )
+    .unwrap();
+    assert!(r.findings[0]
+        .message
+        .starts_with("configuration not compared: no manifest.json for b and c"));
     assert_eq!(r.exit_code(), 0);
 }
 
@@ -362,15 +517,36 @@ fn configuration_drift_is_reported_as_such() {
 fn missing_points_on_either_side_are_findings() {
     let grid = small_grid();
     let rows = trials("vmean", 0, &grid, &vmean);
-    let without = |n: usize, d: usize| rows.iter().filter(|r| !(r.n == n && r.d == d)).cloned().collect::<Vec<_>>();
-    let r = check(&side("b", rows.clone()), &side("c", without(24, 4)), &CheckOptions::default()).unwrap();
+    let without = |n: usize, d: usize| {
+        rows.iter()
+            .filter(|r| !(r.n == n && r.d == d))
+            .cloned()
+            .collect::<Vec<_>>()
+    };
+    let r = check(
+        &side("b", rows.clone()),
+        &side("c", without(24, 4)),
+        &CheckOptions::default(),
+    )
+    .unwrap();
     assert_eq!(r.exit_code(), 1);
     assert_eq!(r.points[0].status, Status::Missing);
     assert_eq!((r.points[0].n, r.points[0].d), (24, 4));
-    assert!(render::table(&r).lines().any(|l| l.starts_with("MISSING") && l.contains("vmean")));
-    let r = check(&side("b", without(16, 2)), &side("c", rows.clone()), &CheckOptions::default()).unwrap();
+    assert!(render::table(&r)
+        .lines()
+        .any(|l| l.starts_with("MISSING") && l.contains("vmean")));
+    let r = check(
+        &side("b", without(16, 2)),
+        &side("c", rows.clone()),
+        &CheckOptions::default(),
+    )
+    .unwrap();
     assert_eq!(r.exit_code(), 0, "a new point is reported, not failed");
-    let new: Vec<&PointResult> = r.points.iter().filter(|p| p.status == Status::New).collect();
+    let new: Vec<&PointResult> = r
+        .points
+        .iter()
+        .filter(|p| p.status == Status::New)
+        .collect();
     assert_eq!(new.len(), 1);
     assert_eq!((new[0].n, new[0].d), (16, 2));
 }
@@ -382,17 +558,35 @@ fn new_nonfinite_trials_fail() {
     let mut broken = rows.clone();
     broken[5].error = f64::NAN;
     broken[5].nonfinite_rows = 3;
-    let r = check(&side("b", rows.clone()), &side("c", broken.clone()), &CheckOptions::default()).unwrap();
+    let r = check(
+        &side("b", rows.clone()),
+        &side("c", broken.clone()),
+        &CheckOptions::default(),
+    )
+    .unwrap();
     assert_eq!(r.exit_code(), 1);
     assert_eq!(r.points[0].status, Status::NewNonFinite);
     assert_eq!((r.points[0].n, r.points[0].d), (broken[5].n, broken[5].d));
-    assert!(r.points[0].notes.iter().any(|n| n == "non-finite trials rose from 0 to 1"));
-    assert!(r.points[0].notes.iter().any(|n| n.contains("flagged rows") && n.ends_with("rose from 0 to 1")));
-    assert!(render::table(&r).lines().any(|l| l.starts_with("NONFINITE")));
+    assert!(r.points[0]
+        .notes
+        .iter()
+        .any(|n| n == "non-finite trials rose from 0 to 1"));
+    assert!(r.points[0]
+        .notes
+        .iter()
+        .any(|n| n.contains("flagged rows") && n.ends_with("rose from 0 to 1")));
+    assert!(render::table(&r)
+        .lines()
+        .any(|l| l.starts_with("NONFINITE")));
     // Still compared on the finite pairs.
     assert_eq!(r.points[0].test, Test::Paired { pairs: 11 });
     // The other way round it is only a note.
-    let r = check(&side("b", broken), &side("c", rows), &CheckOptions::default()).unwrap();
+    let r = check(
+        &side("b", broken),
+        &side("c", rows),
+        &CheckOptions::default(),
+    )
+    .unwrap();
     assert_eq!(r.exit_code(), 0, "{}", render::table(&r));
 }
 
@@ -406,7 +600,10 @@ fn an_edited_summary_is_not_replaced_by_its_trials() {
     assert_eq!(r.exit_code(), 1);
     assert_eq!(r.points[0].status, Status::Regression);
     assert_eq!(r.points[0].test, Test::Unpaired);
-    assert!(r.findings.iter().any(|f| f.kind == "warning" && f.message.contains("does not reproduce")));
+    assert!(r
+        .findings
+        .iter()
+        .any(|f| f.kind == "warning" && f.message.contains("does not reproduce")));
 }
 
 #[test]
@@ -414,55 +611,108 @@ fn exact_mode_passes_identical_trials_and_fails_on_a_1e9_change() {
     let grid = small_grid();
     let rows = trials("subset_vmean", 7, &grid, &subset_vmean);
     let again = trials("subset_vmean", 7, &grid, &subset_vmean);
-    let opts = CheckOptions { exact: true, ..Default::default() };
+    let opts = CheckOptions {
+        exact: true,
+        ..Default::default()
+    };
     let r = check(&side("b", rows.clone()), &side("c", again.clone()), &opts).unwrap();
     assert_eq!(r.exit_code(), 0, "{}", render::table(&r));
     assert_eq!(r.worst_trial.as_ref().unwrap().rel, 0.0);
     let mut tiny = again.clone();
     tiny[3].error *= 1.0 + 1e-14;
-    assert_eq!(check(&side("b", rows.clone()), &side("c", tiny), &opts).unwrap().exit_code(), 0);
+    assert_eq!(
+        check(&side("b", rows.clone()), &side("c", tiny), &opts)
+            .unwrap()
+            .exit_code(),
+        0
+    );
     let mut changed = again;
     changed[9].error *= 1.0 + 1e-9;
     let r = check(&side("b", rows.clone()), &side("c", changed.clone()), &opts).unwrap();
     assert_eq!(r.exit_code(), 1);
     assert_eq!(r.count(Status::ExactMismatch), 1);
     let w = r.worst_trial.as_ref().unwrap();
-    assert_eq!((w.window, w.head, w.point.1, w.point.3), (changed[9].window, changed[9].head, changed[9].n, changed[9].d));
+    assert_eq!(
+        (w.window, w.head, w.point.1, w.point.3),
+        (
+            changed[9].window,
+            changed[9].head,
+            changed[9].n,
+            changed[9].d
+        )
+    );
     assert!((w.rel - 1e-9).abs() < 1e-12);
-    assert!(render::table(&r).contains(&format!("worst trial: initialized n={} subset_vmean d={}", changed[9].n, changed[9].d)));
+    assert!(render::table(&r).contains(&format!(
+        "worst trial: initialized n={} subset_vmean d={}",
+        changed[9].n, changed[9].d
+    )));
     // The statistical check would have passed it.
-    assert_eq!(check(&side("b", rows.clone()), &side("c", changed), &CheckOptions::default()).unwrap().exit_code(), 0);
+    assert_eq!(
+        check(
+            &side("b", rows.clone()),
+            &side("c", changed),
+            &CheckOptions::default()
+        )
+        .unwrap()
+        .exit_code(),
+        0
+    );
     // Without trials, --exact is a usage error.
-    let e = check(&summary_only("b.csv", &rows), &side("c", rows.clone()), &opts).unwrap_err();
-    assert!(e.downcast_ref::<crate::UsageError>().is_some() && e.to_string().contains("b.csv has no trials.csv"), "{e}");
+    let e = check(
+        &summary_only("b.csv", &rows),
+        &side("c", rows.clone()),
+        &opts,
+    )
+    .unwrap_err();
+    assert!(
+        e.downcast_ref::<crate::UsageError>().is_some()
+            && e.to_string().contains("b.csv has no trials.csv"),
+        "{e}"
+    );
 }
 
 #[test]
 fn malformed_or_empty_inputs_are_usage_errors_naming_the_file() {
     let dir = tempfile::tempdir().unwrap();
     let bad = dir.path().join("summary.csv");
-    std::fs::write(&bad, "model,n,method,d,trials,mean\ninitialized,16,vmean,4,8,notanumber\n").unwrap();
+    std::fs::write(
+        &bad,
+        "model,n,method,d,trials,mean\ninitialized,16,vmean,4,8,notanumber\n",
+    )
+    .unwrap();
     let e = load(&bad, "--baseline").unwrap_err();
     assert!(e.downcast_ref::<crate::UsageError>().is_some(), "{e}");
     assert!(e.to_string().contains(&bad.display().to_string()), "{e}");
     // A directory with a malformed summary names the file inside it.
     let e = load(dir.path(), "--baseline").unwrap_err();
-    assert!(e.downcast_ref::<crate::UsageError>().is_some() && e.to_string().contains("summary.csv"), "{e}");
+    assert!(
+        e.downcast_ref::<crate::UsageError>().is_some() && e.to_string().contains("summary.csv"),
+        "{e}"
+    );
     let empty = dir.path().join("empty.csv");
     std::fs::write(&empty, "").unwrap();
     let e = load(&empty, "--current").unwrap_err();
-    assert!(e.downcast_ref::<crate::UsageError>().is_some() && e.to_string().contains("no data rows"), "{e}");
+    assert!(
+        e.downcast_ref::<crate::UsageError>().is_some() && e.to_string().contains("no data rows"),
+        "{e}"
+    );
     let e = load(&dir.path().join("nope"), "--baseline").unwrap_err();
     assert!(e.to_string().contains("no such file or directory"), "{e}");
     let e = load(&dir.path().join("sub"), "--baseline").unwrap_err();
     assert!(e.to_string().contains("no such file"), "{e}");
     std::fs::create_dir(dir.path().join("sub")).unwrap();
     let e = load(&dir.path().join("sub"), "--baseline").unwrap_err();
-    assert!(e.to_string().contains("neither summary.csv nor trials.csv"), "{e}");
+    assert!(
+        e.to_string().contains("neither summary.csv nor trials.csv"),
+        "{e}"
+    );
     std::fs::write(dir.path().join("sub/summary.csv"), "x\n1\n").unwrap();
     std::fs::write(dir.path().join("sub/manifest.json"), "{").unwrap();
     let e = load(&dir.path().join("sub"), "--baseline").unwrap_err();
-    assert!(e.downcast_ref::<crate::UsageError>().is_some() && e.to_string().contains("manifest.json"), "{e}");
+    assert!(
+        e.downcast_ref::<crate::UsageError>().is_some() && e.to_string().contains("manifest.json"),
+        "{e}"
+    );
 }
 
 #[test]
@@ -470,9 +720,18 @@ fn bad_options_are_usage_errors() {
     let grid = small_grid();
     let b = side("b", trials("vmean", 0, &grid, &vmean));
     for opts in [
-        CheckOptions { alpha: 0.0, ..Default::default() },
-        CheckOptions { alpha: 1.0, ..Default::default() },
-        CheckOptions { slack: -0.1, ..Default::default() },
+        CheckOptions {
+            alpha: 0.0,
+            ..Default::default()
+        },
+        CheckOptions {
+            alpha: 1.0,
+            ..Default::default()
+        },
+        CheckOptions {
+            slack: -0.1,
+            ..Default::default()
+        },
     ] {
         let e = check(&b, &b, &opts).unwrap_err();
         assert!(e.downcast_ref::<crate::UsageError>().is_some());
@@ -485,7 +744,12 @@ fn bonferroni_critical_value_grows_with_the_number_of_points() {
     let grid = small_grid();
     let rows_b = trials("subset_vmean", 0, &grid, &subset_vmean);
     let rows_c = trials("subset_vmean", 1, &grid, &subset_vmean);
-    let r = check(&side("b", rows_b), &side("c", rows_c), &CheckOptions::default()).unwrap();
+    let r = check(
+        &side("b", rows_b),
+        &side("c", rows_c),
+        &CheckOptions::default(),
+    )
+    .unwrap();
     for p in &r.points {
         assert_eq!(p.df, 11.0);
         let want = stats::student_t_upper_quantile(0.05 / 4.0, 11.0);
