@@ -2,7 +2,15 @@
 fn main() {
     println!("cargo:rerun-if-changed=Cargo.lock");
     let lock = std::fs::read_to_string("Cargo.lock").unwrap_or_default();
-    let wanted = ["candle-core", "candle-nn", "candle-transformers", "hf-hub", "tokenizers", "nalgebra", "rand_chacha"];
+    let wanted = [
+        "candle-core",
+        "candle-nn",
+        "candle-transformers",
+        "hf-hub",
+        "tokenizers",
+        "nalgebra",
+        "rand_chacha",
+    ];
     let mut found = Vec::new();
     let mut name = String::new();
     for line in lock.lines() {

@@ -48,20 +48,51 @@ fn matmul_peak(device: &Device, dtype: DType, n: usize, p: usize) -> Result<f64>
 pub fn run(cfg: &RunConfig, reps: usize) -> Result<()> {
     let t0 = Instant::now();
     let prepared = inputs::prepare(&cfg.inputs)?;
-    println!("inputs: {:.3} s (resolve, tokenize {} tokens, load weights)", t0.elapsed().as_secs_f64(), prepared.corpus.ids.len());
+    println!(
+        "inputs: {:.3} s (resolve, tokenize {} tokens, load weights)",
+        t0.elapsed().as_secs_f64(),
+        prepared.corpus.ids.len()
+    );
     let dtype = cfg.inputs.candle_dtype();
     let dev = &prepared.device;
     let p = prepared.head_dim();
-    println!("device {:?}, dtype {dtype:?}, threads {}", dev, rayon::current_num_threads());
+    println!(
+        "device {:?}, dtype {dtype:?}, threads {}",
+        dev,
+        rayon::current_num_threads()
+    );
     for &n in &cfg.lengths {
         let ids = prepared.corpus.window(n, 0)?;
-        let t_qkv = time(dev, reps, || qkv::window_qkv(&prepared.weights, &prepared.config, ids, cfg.inputs.embedding, dtype))?;
-        let (q, k, v) = qkv::window_qkv(&prepared.weights, &prepared.config, ids, cfg.inputs.embedding, dtype)?;
-        let (qh, kh, vh) = (q.get(0)?.contiguous()?, k.get(0)?.contiguous()?, v.get(0)?.contiguous()?);
-        let t_exact = time(dev, reps, || attention::exact::ExactAttention::compute(&qh, &kh, &vh))?;
+        let t_qkv = time(dev, reps, || {
+            qkv::window_qkv(
+                &prepared.weights,
+                &prepared.config,
+                ids,
+                cfg.inputs.embedding,
+                dtype,
+            )
+        })?;
+        let (q, k, v) = qkv::window_qkv(
+            &prepared.weights,
+            &prepared.config,
+            ids,
+            cfg.inputs.embedding,
+            dtype,
+        )?;
+        let (qh, kh, vh) = (
+            q.get(0)?.contiguous()?,
+            k.get(0)?.contiguous()?,
+            v.get(0)?.contiguous()?,
+        );
+        let t_exact = time(dev, reps, || {
+            attention::exact::ExactAttention::compute(&qh, &kh, &vh)
+        })?;
         let flops = 4.0 * (n * n * p) as f64;
         let peak = matmul_peak(dev, dtype, n, p)?;
-        println!("\nn = {n}: Q/K/V of one window (all heads) {:.2} ms", t_qkv * 1e3);
+        println!(
+            "\nn = {n}: Q/K/V of one window (all heads) {:.2} ms",
+            t_qkv * 1e3
+        );
         println!(
             "  exact attention per head {:.2} ms = {:.1} GFLOP/s (4n²p flops + n² exp) against a matmul peak of {:.1} GFLOP/s ({:.0} %)",
             t_exact * 1e3,
@@ -71,22 +102,43 @@ pub fn run(cfg: &RunConfig, reps: usize) -> Result<()> {
         );
         let head = HeadInputs::new(qh, kh, vh)?;
         let mut shown = None;
-        println!("  {:<18} {:>5} {:>10} {:>12}", "method", "d", "ms/head", "GMAC/s");
+        println!(
+            "  {:<18} {:>5} {:>10} {:>12}",
+            "method", "d", "ms/head", "GMAC/s"
+        );
         for m in &cfg.methods {
             let method = attention::by_id(m).map_err(|e| crate::usage!("{e}"))?;
             for &d in &cfg.features {
-                let key = TrialKey { seed: cfg.seed, n, window: 0, head: 0, method: m, d };
+                let key = TrialKey {
+                    seed: cfg.seed,
+                    n,
+                    window: 0,
+                    head: 0,
+                    method: m,
+                    d,
+                };
                 let t = time(dev, reps, || method.approximate(&head, d, &mut key.rng()))?;
                 let macs = method.macs(n, p, d);
-                println!("  {:<18} {:>5} {:>10.3} {:>12.2}", m, d, t * 1e3, macs / t / 1e9);
+                println!(
+                    "  {:<18} {:>5} {:>10.3} {:>12.2}",
+                    m,
+                    d,
+                    t * 1e3,
+                    macs / t / 1e9
+                );
                 if shown.is_none() {
                     shown = Some(method.approximate(&head, d, &mut key.rng())?.output);
                 }
             }
         }
         if let Some(out) = shown {
-            let t_metric = time(dev, reps, || spectral::error_norms(&head.exact.output, &out))?;
-            println!("  metric ‖O − Ô‖₂ (Gram + power iteration) {:.3} ms", t_metric * 1e3);
+            let t_metric = time(dev, reps, || {
+                spectral::error_norms(&head.exact.output, &out)
+            })?;
+            println!(
+                "  metric ‖O − Ô‖₂ (Gram + power iteration) {:.3} ms",
+                t_metric * 1e3
+            );
         }
     }
     if let Some(rss) = peak_rss_mib() {

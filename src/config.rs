@@ -11,8 +11,15 @@ use crate::inputs::qkv::EmbeddingPolicy;
 use crate::usage;
 
 /// The methods of both papers' Figure 1 (Skyformer's four, Skeinformer's four; Informer is shared).
-pub const FIGURE_METHODS: &[&str] =
-    &["skyformer", "nystromformer", "performer", "informer", "skeinformer", "vmean", "linformer"];
+pub const FIGURE_METHODS: &[&str] = &[
+    "skyformer",
+    "nystromformer",
+    "performer",
+    "informer",
+    "skeinformer",
+    "vmean",
+    "linformer",
+];
 
 /// Skyformer Figure 1's methods (Chen et al., NeurIPS 2021).
 pub const SKYFORMER_FIGURE: &[&str] = &["skyformer", "nystromformer", "performer", "informer"];
@@ -30,7 +37,10 @@ impl Shard {
     pub fn parse(spec: &str) -> Result<Self> {
         let bad = || usage!("--shard {spec}: expected K/N with 1 ≤ K ≤ N, e.g. --shard 2/8");
         let (k, n) = spec.split_once('/').ok_or_else(bad)?;
-        let (index, count): (usize, usize) = (k.trim().parse().map_err(|_| bad())?, n.trim().parse().map_err(|_| bad())?);
+        let (index, count): (usize, usize) = (
+            k.trim().parse().map_err(|_| bad())?,
+            n.trim().parse().map_err(|_| bad())?,
+        );
         if count == 0 || index == 0 || index > count {
             return Err(bad());
         }
@@ -79,10 +89,16 @@ pub struct RunConfig {
 impl InputConfig {
     pub fn from_args(a: &InputArgs) -> Result<Self> {
         if !(0.0..1.0).contains(&a.embedding_dropout) {
-            return Err(usage!("--embedding-dropout {}: must be in [0, 1)", a.embedding_dropout));
+            return Err(usage!(
+                "--embedding-dropout {}: must be in [0, 1)",
+                a.embedding_dropout
+            ));
         }
         if a.split.is_empty() || a.split.contains('/') {
-            return Err(usage!("--split '{}': expected a split name such as test or validation", a.split));
+            return Err(usage!(
+                "--split '{}': expected a split name such as test or validation",
+                a.split
+            ));
         }
         Ok(Self {
             model: a.model,
@@ -96,7 +112,12 @@ impl InputConfig {
             layer: a.layer,
             corpus: match &a.corpus {
                 Some(f) => format!("file:{}", f.display()),
-                None => format!("hub:{}/{}/{}", crate::inputs::hub::WIKITEXT_REPO, crate::inputs::hub::WIKITEXT_CONFIG, a.split),
+                None => format!(
+                    "hub:{}/{}/{}",
+                    crate::inputs::hub::WIKITEXT_REPO,
+                    crate::inputs::hub::WIKITEXT_CONFIG,
+                    a.split
+                ),
             },
             device: a.device.clone(),
             dtype: a.dtype,
@@ -111,7 +132,10 @@ impl InputConfig {
         } else {
             let s = self.model_source.trim_start_matches("hub:");
             let (id, rev) = s.rsplit_once('@').unwrap_or((s, "main"));
-            ModelSource::Hub { id: id.to_string(), revision: rev.to_string() }
+            ModelSource::Hub {
+                id: id.to_string(),
+                revision: rev.to_string(),
+            }
         }
     }
 
@@ -122,7 +146,13 @@ impl InputConfig {
     /// Embedding dropout (p, seed) for window `window` of length `n`, if enabled.
     pub fn dropout_for(&self, n: usize, window: usize) -> Option<(f64, u64)> {
         (self.embedding_dropout > 0.0).then(|| {
-            (self.embedding_dropout, crate::numerics::sampling::derive_labeled_seed(self.model_seed, &format!("embedding-dropout/{n}/{window}")))
+            (
+                self.embedding_dropout,
+                crate::numerics::sampling::derive_labeled_seed(
+                    self.model_seed,
+                    &format!("embedding-dropout/{n}/{window}"),
+                ),
+            )
         })
     }
 
@@ -136,9 +166,15 @@ impl InputConfig {
 
 /// Parses a comma-separated list of positive integers for `flag`.
 pub fn parse_positive_list(flag: &str, values: &[String]) -> Result<Vec<usize>> {
-    let values: Vec<&str> = values.iter().map(|s| s.trim()).filter(|s| !s.is_empty()).collect();
+    let values: Vec<&str> = values
+        .iter()
+        .map(|s| s.trim())
+        .filter(|s| !s.is_empty())
+        .collect();
     if values.is_empty() {
-        return Err(usage!("{flag} is empty: give comma-separated positive integers, e.g. {flag} 512,1024"));
+        return Err(usage!(
+            "{flag} is empty: give comma-separated positive integers, e.g. {flag} 512,1024"
+        ));
     }
     let mut out = Vec::with_capacity(values.len());
     for v in values {
@@ -146,7 +182,9 @@ pub fn parse_positive_list(flag: &str, values: &[String]) -> Result<Vec<usize>> 
             .parse()
             .map_err(|_| usage!("{flag}: '{v}' is not a positive integer; give comma-separated positive integers, e.g. {flag} 512,1024"))?;
         if x == 0 {
-            return Err(usage!("{flag}: 0 is not allowed; every value must be at least 1"));
+            return Err(usage!(
+                "{flag}: 0 is not allowed; every value must be at least 1"
+            ));
         }
         if !out.contains(&x) {
             out.push(x);
@@ -175,7 +213,10 @@ pub fn parse_methods(values: &[String]) -> Result<Vec<String>> {
         }
     }
     if out.is_empty() {
-        return Err(usage!("--methods is empty; known methods: {}, or all / figure", known.join(", ")));
+        return Err(usage!(
+            "--methods is empty; known methods: {}, or all / figure",
+            known.join(", ")
+        ));
     }
     Ok(out)
 }
@@ -184,16 +225,27 @@ impl RunConfig {
     pub fn from_args(a: &SweepArgs) -> Result<Self> {
         let strings = |v: &[&str]| v.iter().map(|s| s.to_string()).collect::<Vec<_>>();
         let (def_lengths, def_methods) = match a.figure {
-            Some(FigurePreset::Skyformer) => (strings(&["512", "1024", "2048", "4096"]), strings(SKYFORMER_FIGURE)),
-            Some(FigurePreset::Skeinformer) => (strings(&["1024", "4096"]), strings(SKEINFORMER_FIGURE)),
-            None => (strings(&["512", "1024", "2048", "4096"]), strings(&["figure"])),
+            Some(FigurePreset::Skyformer) => (
+                strings(&["512", "1024", "2048", "4096"]),
+                strings(SKYFORMER_FIGURE),
+            ),
+            Some(FigurePreset::Skeinformer) => {
+                (strings(&["1024", "4096"]), strings(SKEINFORMER_FIGURE))
+            }
+            None => (
+                strings(&["512", "1024", "2048", "4096"]),
+                strings(&["figure"]),
+            ),
         };
         let def_features = strings(&["8", "16", "32", "64", "128", "256"]);
         let lengths = parse_positive_list("--lengths", a.lengths.as_ref().unwrap_or(&def_lengths))?;
-        let features = parse_positive_list("--features", a.features.as_ref().unwrap_or(&def_features))?;
+        let features =
+            parse_positive_list("--features", a.features.as_ref().unwrap_or(&def_features))?;
         let methods = parse_methods(a.methods.as_ref().unwrap_or(&def_methods))?;
         if a.windows == 0 {
-            return Err(usage!("--windows 0: at least one window per length is needed"));
+            return Err(usage!(
+                "--windows 0: at least one window per length is needed"
+            ));
         }
         // d > n asks for more features (landmarks, samples, projected rows) than there are tokens:
         // no figure does it and most methods would silently cap it, so it is refused.
@@ -206,7 +258,9 @@ impl RunConfig {
             let method = attention::by_id(m).map_err(|e| usage!("{e}"))?;
             for &n in &lengths {
                 for &d in &features {
-                    method.check(n, d).map_err(|why| usage!("method {m} cannot run n = {n}, d = {d}: {why}"))?;
+                    method
+                        .check(n, d)
+                        .map_err(|why| usage!("method {m} cannot run n = {n}, d = {d}: {why}"))?;
                 }
             }
         }

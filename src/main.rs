@@ -15,7 +15,12 @@ fn run(cli: Cli) -> anyhow::Result<i32> {
                 force: cli.sweep.force,
                 quiet: cli.sweep.quiet,
                 command: std::env::args().collect(),
-                shard: cli.sweep.shard.as_deref().map(approx_bench::config::Shard::parse).transpose()?,
+                shard: cli
+                    .sweep
+                    .shard
+                    .as_deref()
+                    .map(approx_bench::config::Shard::parse)
+                    .transpose()?,
             };
             let outcome = sweep::run(&cfg, &opts)?;
             // The figures are redrawn from summary.csv; a drawing failure leaves the data intact.
@@ -23,7 +28,14 @@ fn run(cli: Cli) -> anyhow::Result<i32> {
             if !opts.quiet {
                 approx_bench::report::console::print_summary(&outcome);
                 match &figures {
-                    Ok(paths) if !paths.is_empty() => eprintln!("figures: {}", paths.iter().map(|p| p.display().to_string()).collect::<Vec<_>>().join(", ")),
+                    Ok(paths) if !paths.is_empty() => eprintln!(
+                        "figures: {}",
+                        paths
+                            .iter()
+                            .map(|p| p.display().to_string())
+                            .collect::<Vec<_>>()
+                            .join(", ")
+                    ),
                     _ => {}
                 }
             }
@@ -65,18 +77,28 @@ fn run(cli: Cli) -> anyhow::Result<i32> {
         }
         Some(Command::Plot(a)) => {
             use approx_bench::report::figures;
-            let runs = a.from.iter().map(|d| figures::load_run(d)).collect::<anyhow::Result<Vec<_>>>()?;
+            let runs = a
+                .from
+                .iter()
+                .map(|d| figures::load_run(d))
+                .collect::<anyhow::Result<Vec<_>>>()?;
             let first = &a.from[0];
             let out = match &a.out {
                 Some(o) => o.clone(),
-                None if first.is_file() => first.parent().map(|p| p.to_path_buf()).unwrap_or_default(),
+                None if first.is_file() => {
+                    first.parent().map(|p| p.to_path_buf()).unwrap_or_default()
+                }
                 None => first.clone(),
             };
             let written = figures::draw_all(&runs, &out)?;
             if written.is_empty() {
                 return Err(approx_bench::usage!(
                     "nothing to draw: no finite mean in {}",
-                    a.from.iter().map(|p| p.display().to_string()).collect::<Vec<_>>().join(", ")
+                    a.from
+                        .iter()
+                        .map(|p| p.display().to_string())
+                        .collect::<Vec<_>>()
+                        .join(", ")
                 ));
             }
             for p in written {

@@ -26,7 +26,12 @@ pub fn index_tensor(idx: &[usize], device: &Device) -> Result<Tensor> {
 }
 
 /// A tensor from host f64 values in the given shape, converted to `dtype`.
-pub fn from_f64(data: Vec<f64>, shape: (usize, usize), device: &Device, dtype: DType) -> Result<Tensor> {
+pub fn from_f64(
+    data: Vec<f64>,
+    shape: (usize, usize),
+    device: &Device,
+    dtype: DType,
+) -> Result<Tensor> {
     Ok(Tensor::from_vec(data, shape, device)?.to_dtype(dtype)?)
 }
 

@@ -10,8 +10,22 @@ use common::*;
 fn sweep(model: &Path, out: &Path, extra: &[&str]) {
     let corpus = corpus_path();
     let mut args = vec![
-        "--model", "initialized", "--model-dir", model.to_str().unwrap(), "--corpus", corpus.to_str().unwrap(),
-        "--lengths", "16,20", "--windows", "2", "--methods", "vmean", "--features", "4,8", "--out", out.to_str().unwrap(),
+        "--model",
+        "initialized",
+        "--model-dir",
+        model.to_str().unwrap(),
+        "--corpus",
+        corpus.to_str().unwrap(),
+        "--lengths",
+        "16,20",
+        "--windows",
+        "2",
+        "--methods",
+        "vmean",
+        "--features",
+        "4,8",
+        "--out",
+        out.to_str().unwrap(),
         "--quiet",
     ];
     args.extend_from_slice(extra);
@@ -23,7 +37,11 @@ fn check(args: &[&str]) -> (Option<i32>, String, String) {
     let mut all = vec!["check"];
     all.extend_from_slice(args);
     let o = run(&all, &[]);
-    (o.status.code(), String::from_utf8_lossy(&o.stdout).into_owned(), stderr(&o))
+    (
+        o.status.code(),
+        String::from_utf8_lossy(&o.stdout).into_owned(),
+        stderr(&o),
+    )
 }
 
 #[test]
@@ -38,16 +56,38 @@ fn identical_runs_pass_an_edited_baseline_fails_and_bad_files_are_usage_errors()
     // Identical runs: exit 0, paired test, markdown report in the current run directory.
     let (code, out, err) = check(&["--baseline", sa, "--current", sb]);
     assert_eq!(code, Some(0), "{out}{err}");
-    assert!(out.contains("paired k=8") && out.contains("PASS (exit 0): 4 ok"), "{out}");
+    assert!(
+        out.contains("paired k=8") && out.contains("PASS (exit 0): 4 ok"),
+        "{out}"
+    );
     let md = std::fs::read_to_string(b.join("check.md")).unwrap();
     assert!(md.starts_with("# approx-bench check: PASS"), "{md}");
     // The same, trial by trial, and against the bare summary.csv (unpaired, no report by default).
-    let (code, out, _) = check(&["--baseline", sa, "--current", sb, "--exact", "--report", tmp.path().join("x.md").to_str().unwrap()]);
+    let (code, out, _) = check(&[
+        "--baseline",
+        sa,
+        "--current",
+        sb,
+        "--exact",
+        "--report",
+        tmp.path().join("x.md").to_str().unwrap(),
+    ]);
     assert_eq!(code, Some(0), "{out}");
-    assert!(out.contains("worst trial:") && out.contains("(relative 0)"), "{out}");
-    let (code, out, _) = check(&["--baseline", sa, "--current", b.join("summary.csv").to_str().unwrap()]);
+    assert!(
+        out.contains("worst trial:") && out.contains("(relative 0)"),
+        "{out}"
+    );
+    let (code, out, _) = check(&[
+        "--baseline",
+        sa,
+        "--current",
+        b.join("summary.csv").to_str().unwrap(),
+    ]);
     assert_eq!(code, Some(0), "{out}");
-    assert!(out.contains("unpaired") && out.contains("configuration not compared"), "{out}");
+    assert!(
+        out.contains("unpaired") && out.contains("configuration not compared"),
+        "{out}"
+    );
 
     // A baseline whose summary.csv says one point was much better: a regression, exit 1.
     let edited = tmp.path().join("edited");
@@ -61,8 +101,14 @@ fn identical_runs_pass_an_edited_baseline_fails_and_bad_files_are_usage_errors()
     approx_bench::report::summary::write(&edited.join("summary.csv"), &summary).unwrap();
     let (code, out, err) = check(&["--baseline", edited.to_str().unwrap(), "--current", sb]);
     assert_eq!(code, Some(1), "{out}{err}");
-    let first = out.lines().find(|l| l.starts_with("REGRESSION")).unwrap_or_default();
-    assert!(first.contains(" 20 ") && first.contains("vmean") && first.contains(" 8 "), "{out}");
+    let first = out
+        .lines()
+        .find(|l| l.starts_with("REGRESSION"))
+        .unwrap_or_default();
+    assert!(
+        first.contains(" 20 ") && first.contains("vmean") && first.contains(" 8 "),
+        "{out}"
+    );
     assert!(out.contains("does not reproduce"), "{out}");
     assert!(out.contains("FAIL (exit 1): 1 regression, 3 ok"), "{out}");
 
@@ -72,24 +118,45 @@ fn identical_runs_pass_an_edited_baseline_fails_and_bad_files_are_usage_errors()
     let (code, out, _) = check(&["--baseline", sa, "--current", c.to_str().unwrap()]);
     assert_eq!(code, Some(1), "{out}");
     assert!(out.contains("CONFIG CHANGE: seed: 0 → 5"), "{out}");
-    let (code, out, _) = check(&["--baseline", sa, "--current", c.to_str().unwrap(), "--allow-config-change"]);
+    let (code, out, _) = check(&[
+        "--baseline",
+        sa,
+        "--current",
+        c.to_str().unwrap(),
+        "--allow-config-change",
+    ]);
     assert_eq!(code, Some(0), "{out}");
 
     // Malformed and missing inputs: exit 2, the file named.
     let bad = tmp.path().join("bad");
     std::fs::create_dir(&bad).unwrap();
-    std::fs::write(bad.join("summary.csv"), "model,n,method\ninitialized,sixteen,vmean\n").unwrap();
+    std::fs::write(
+        bad.join("summary.csv"),
+        "model,n,method\ninitialized,sixteen,vmean\n",
+    )
+    .unwrap();
     let (code, _, err) = check(&["--baseline", bad.to_str().unwrap(), "--current", sb]);
     assert_eq!(code, Some(2), "{err}");
-    assert!(err.contains(&bad.join("summary.csv").display().to_string()), "{err}");
+    assert!(
+        err.contains(&bad.join("summary.csv").display().to_string()),
+        "{err}"
+    );
     let trials_bad = tmp.path().join("trials_bad");
     std::fs::create_dir(&trials_bad).unwrap();
     std::fs::copy(a.join("summary.csv"), trials_bad.join("summary.csv")).unwrap();
     std::fs::write(trials_bad.join("trials.csv"), "model,n\nx,y\n").unwrap();
     let (code, _, err) = check(&["--baseline", sa, "--current", trials_bad.to_str().unwrap()]);
     assert_eq!(code, Some(2), "{err}");
-    assert!(err.contains("trials.csv") && err.contains("malformed"), "{err}");
-    let (code, _, err) = check(&["--baseline", tmp.path().join("nope").to_str().unwrap(), "--current", sb]);
+    assert!(
+        err.contains("trials.csv") && err.contains("malformed"),
+        "{err}"
+    );
+    let (code, _, err) = check(&[
+        "--baseline",
+        tmp.path().join("nope").to_str().unwrap(),
+        "--current",
+        sb,
+    ]);
     assert_eq!(code, Some(2), "{err}");
     assert!(err.contains("nope: no such file or directory"), "{err}");
     let (code, _, _) = check(&["--baseline", sa]);
@@ -103,12 +170,26 @@ fn rerun_reproduces_the_baseline_exactly() {
     let a = tmp.path().join("a");
     sweep(&model, &a, &[]);
     let out = tmp.path().join("rerun");
-    let (code, stdout, err) = check(&["--baseline", a.to_str().unwrap(), "--rerun", "--out", out.to_str().unwrap(), "--exact"]);
+    let (code, stdout, err) = check(&[
+        "--baseline",
+        a.to_str().unwrap(),
+        "--rerun",
+        "--out",
+        out.to_str().unwrap(),
+        "--exact",
+    ]);
     assert_eq!(code, Some(0), "{stdout}{err}");
     assert!(out.join("trials.csv").is_file() && out.join("check.md").is_file());
     assert!(stdout.contains("PASS (exit 0): 4 ok"), "{stdout}");
     // --rerun needs the manifest.
-    let (code, _, err) = check(&["--baseline", a.join("summary.csv").to_str().unwrap(), "--rerun"]);
+    let (code, _, err) = check(&[
+        "--baseline",
+        a.join("summary.csv").to_str().unwrap(),
+        "--rerun",
+    ]);
     assert_eq!(code, Some(2), "{err}");
-    assert!(err.contains("--rerun needs the baseline's manifest.json"), "{err}");
+    assert!(
+        err.contains("--rerun needs the baseline's manifest.json"),
+        "{err}"
+    );
 }

@@ -6,8 +6,21 @@ use common::*;
 
 fn base_args<'a>(model_dir: &'a str, corpus: &'a str, out: &'a str) -> Vec<&'a str> {
     vec![
-        "--model-dir", model_dir, "--corpus", corpus, "--lengths", "16,32", "--windows", "2", "--methods",
-        "vmean", "--features", "4,8", "--out", out, "--quiet",
+        "--model-dir",
+        model_dir,
+        "--corpus",
+        corpus,
+        "--lengths",
+        "16,32",
+        "--windows",
+        "2",
+        "--methods",
+        "vmean",
+        "--features",
+        "4,8",
+        "--out",
+        out,
+        "--quiet",
     ]
 }
 
@@ -18,14 +31,20 @@ fn initialized_and_pretrained_runs_write_every_trial_with_finite_errors() {
     let corpus = corpus_path();
     for kind in ["initialized", "pretrained"] {
         let out = tmp.path().join(kind);
-        let mut args = base_args(model.to_str().unwrap(), corpus.to_str().unwrap(), out.to_str().unwrap());
+        let mut args = base_args(
+            model.to_str().unwrap(),
+            corpus.to_str().unwrap(),
+            out.to_str().unwrap(),
+        );
         args.extend(["--model", kind]);
         let o = run(&args, &[]);
         assert!(o.status.success(), "{kind}: {}", stderr(&o));
         let rows = approx_bench::report::trials::read_rows(&out.join("trials.csv")).unwrap();
         // 2 lengths × 2 windows × 4 heads × 1 method × 2 d
         assert_eq!(rows.len(), 32);
-        assert!(rows.iter().all(|r| r.error.is_finite() && r.error > 0.0 && r.model == kind));
+        assert!(rows
+            .iter()
+            .all(|r| r.error.is_finite() && r.error > 0.0 && r.model == kind));
         let summary = approx_bench::report::summary::read(&out.join("summary.csv")).unwrap();
         assert_eq!(summary.len(), 4);
         assert!(summary.iter().all(|s| s.trials == 8));
@@ -40,7 +59,10 @@ fn initialized_and_pretrained_runs_write_every_trial_with_finite_errors() {
 fn same_seed_gives_identical_rows_and_other_seed_differs_only_for_random_methods() {
     let tmp = tempfile::tempdir().unwrap();
     let model = tiny_model(&tmp.path().join("m"), false);
-    let (m, c) = (model.to_str().unwrap().to_string(), corpus_path().to_str().unwrap().to_string());
+    let (m, c) = (
+        model.to_str().unwrap().to_string(),
+        corpus_path().to_str().unwrap().to_string(),
+    );
     let a = tmp.path().join("a");
     let b = tmp.path().join("b");
     for out in [&a, &b] {
@@ -49,14 +71,20 @@ fn same_seed_gives_identical_rows_and_other_seed_differs_only_for_random_methods
         let o = run(&args, &[]);
         assert!(o.status.success(), "{}", stderr(&o));
     }
-    assert_eq!(rows_without_timing(&a.join("trials.csv")), rows_without_timing(&b.join("trials.csv")));
+    assert_eq!(
+        rows_without_timing(&a.join("trials.csv")),
+        rows_without_timing(&b.join("trials.csv"))
+    );
 }
 
 #[test]
 fn resume_after_a_torn_write_gives_the_rows_of_an_uninterrupted_run() {
     let tmp = tempfile::tempdir().unwrap();
     let model = tiny_model(&tmp.path().join("m"), false);
-    let (m, c) = (model.to_str().unwrap().to_string(), corpus_path().to_str().unwrap().to_string());
+    let (m, c) = (
+        model.to_str().unwrap().to_string(),
+        corpus_path().to_str().unwrap().to_string(),
+    );
     let full = tmp.path().join("full");
     let cut = tmp.path().join("cut");
     for out in [&full, &cut] {
@@ -67,7 +95,11 @@ fn resume_after_a_torn_write_gives_the_rows_of_an_uninterrupted_run() {
     // Keep the header, 10 complete rows and half of the 11th, as a killed run would leave.
     let text = std::fs::read_to_string(cut.join("trials.csv")).unwrap();
     let lines: Vec<&str> = text.lines().collect();
-    let torn = format!("{}\n{}", lines[..11].join("\n"), &lines[11][..lines[11].len() / 2]);
+    let torn = format!(
+        "{}\n{}",
+        lines[..11].join("\n"),
+        &lines[11][..lines[11].len() / 2]
+    );
     std::fs::write(cut.join("trials.csv"), torn).unwrap();
     let mut args = base_args(&m, &c, cut.to_str().unwrap());
     args.extend(["--model", "initialized"]);
@@ -85,7 +117,10 @@ fn resume_after_a_torn_write_gives_the_rows_of_an_uninterrupted_run() {
 fn a_different_configuration_in_an_existing_out_is_refused_with_the_difference() {
     let tmp = tempfile::tempdir().unwrap();
     let model = tiny_model(&tmp.path().join("m"), false);
-    let (m, c) = (model.to_str().unwrap().to_string(), corpus_path().to_str().unwrap().to_string());
+    let (m, c) = (
+        model.to_str().unwrap().to_string(),
+        corpus_path().to_str().unwrap().to_string(),
+    );
     let out = tmp.path().join("o");
     let mut args = base_args(&m, &c, out.to_str().unwrap());
     args.extend(["--model", "initialized"]);
@@ -93,7 +128,11 @@ fn a_different_configuration_in_an_existing_out_is_refused_with_the_difference()
     args.extend(["--seed", "3"]);
     let o = run(&args, &[]);
     assert_eq!(o.status.code(), Some(2));
-    assert!(stderr(&o).contains("holds a run with another configuration (seed: 0 → 3)"), "{}", stderr(&o));
+    assert!(
+        stderr(&o).contains("holds a run with another configuration (seed: 0 → 3)"),
+        "{}",
+        stderr(&o)
+    );
     args.push("--force");
     assert!(run(&args, &[]).status.success());
 }
@@ -107,23 +146,48 @@ fn the_hub_cache_path_works_offline_and_matches_local_files() {
         .iter()
         .map(|f| (*f, model.join(f)))
         .collect();
-    let refs: Vec<(&str, &std::path::Path)> = files.iter().map(|(a, b)| (*a, b.as_path())).collect();
+    let refs: Vec<(&str, &std::path::Path)> =
+        files.iter().map(|(a, b)| (*a, b.as_path())).collect();
     hf_cache_repo(&home, "model", "tiny-org/tiny-bert", &refs);
     let rows = approx_bench::inputs::corpus::text_rows(&corpus_path()).unwrap();
     let pq = tmp.path().join("test.parquet");
     write_parquet(&pq, &rows);
-    hf_cache_repo(&home, "dataset", "Salesforce/wikitext", &[("wikitext-2-raw-v1/test-00000-of-00001.parquet", &pq)]);
+    hf_cache_repo(
+        &home,
+        "dataset",
+        "Salesforce/wikitext",
+        &[("wikitext-2-raw-v1/test-00000-of-00001.parquet", &pq)],
+    );
 
     let hub_out = tmp.path().join("hub");
     let o = run(
-        &["--model", "pretrained", "--model-id", "tiny-org/tiny-bert", "--lengths", "16,32", "--windows", "2",
-          "--methods", "vmean", "--features", "4,8", "--out", hub_out.to_str().unwrap(), "--quiet"],
+        &[
+            "--model",
+            "pretrained",
+            "--model-id",
+            "tiny-org/tiny-bert",
+            "--lengths",
+            "16,32",
+            "--windows",
+            "2",
+            "--methods",
+            "vmean",
+            "--features",
+            "4,8",
+            "--out",
+            hub_out.to_str().unwrap(),
+            "--quiet",
+        ],
         &[("HF_HOME", home.to_str().unwrap())],
     );
     assert!(o.status.success(), "{}", stderr(&o));
     let local_out = tmp.path().join("local");
     let corpus = corpus_path();
-    let mut args = base_args(model.to_str().unwrap(), corpus.to_str().unwrap(), local_out.to_str().unwrap());
+    let mut args = base_args(
+        model.to_str().unwrap(),
+        corpus.to_str().unwrap(),
+        local_out.to_str().unwrap(),
+    );
     args.extend(["--model", "pretrained"]);
     assert!(run(&args, &[]).status.success());
     let a = approx_bench::report::trials::read_rows(&hub_out.join("trials.csv")).unwrap();
@@ -131,7 +195,10 @@ fn the_hub_cache_path_works_offline_and_matches_local_files() {
     assert_eq!(a.len(), b.len());
     for (x, y) in a.iter().zip(&b) {
         assert_eq!(x.model_id, "tiny-org/tiny-bert");
-        assert_eq!((x.n, x.window, x.head, x.d, x.error), (y.n, y.window, y.head, y.d, y.error));
+        assert_eq!(
+            (x.n, x.window, x.head, x.d, x.error),
+            (y.n, y.window, y.head, y.d, y.error)
+        );
     }
 }
 
@@ -140,15 +207,33 @@ fn offline_without_cache_says_what_it_could_not_fetch_and_how_to_proceed() {
     let tmp = tempfile::tempdir().unwrap();
     let t0 = std::time::Instant::now();
     let o = run(
-        &["--model", "initialized", "--lengths", "16", "--features", "4", "--windows", "1", "--methods", "vmean", "--out",
-          tmp.path().join("o").to_str().unwrap()],
+        &[
+            "--model",
+            "initialized",
+            "--lengths",
+            "16",
+            "--features",
+            "4",
+            "--windows",
+            "1",
+            "--methods",
+            "vmean",
+            "--out",
+            tmp.path().join("o").to_str().unwrap(),
+        ],
         &[("HF_HOME", tmp.path().to_str().unwrap())],
     );
     assert!(t0.elapsed().as_secs() < 10);
     assert_eq!(o.status.code(), Some(2));
     let e = stderr(&o);
-    assert!(e.contains("cannot fetch config.json of bert-base-cased"), "{e}");
-    assert!(e.contains("HF_HOME") && e.contains("--model-dir") && e.contains("--corpus"), "{e}");
+    assert!(
+        e.contains("cannot fetch config.json of bert-base-cased"),
+        "{e}"
+    );
+    assert!(
+        e.contains("HF_HOME") && e.contains("--model-dir") && e.contains("--corpus"),
+        "{e}"
+    );
 }
 
 #[test]
@@ -157,8 +242,21 @@ fn dump_qkv_writes_the_windows_heads_and_token_ids() {
     let model = tiny_model(&tmp.path().join("m"), true);
     let out = tmp.path().join("qkv.safetensors");
     let o = run(
-        &["dump-qkv", "--model", "pretrained", "--model-dir", model.to_str().unwrap(), "--corpus",
-          corpus_path().to_str().unwrap(), "--length", "16", "--window", "1", "--out", out.to_str().unwrap()],
+        &[
+            "dump-qkv",
+            "--model",
+            "pretrained",
+            "--model-dir",
+            model.to_str().unwrap(),
+            "--corpus",
+            corpus_path().to_str().unwrap(),
+            "--length",
+            "16",
+            "--window",
+            "1",
+            "--out",
+            out.to_str().unwrap(),
+        ],
         &[],
     );
     assert!(o.status.success(), "{}", stderr(&o));
@@ -166,7 +264,11 @@ fn dump_qkv_writes_the_windows_heads_and_token_ids() {
     assert_eq!(t["q"].dims(), &[HEADS, 16, HIDDEN / HEADS]);
     assert_eq!(t["v"].dtype(), candle_core::DType::F32);
     let ids: Vec<u32> = t["token_ids"].to_vec1().unwrap();
-    let vocab: Vec<String> = std::fs::read_to_string(model.join("vocab.txt")).unwrap().lines().map(String::from).collect();
+    let vocab: Vec<String> = std::fs::read_to_string(model.join("vocab.txt"))
+        .unwrap()
+        .lines()
+        .map(String::from)
+        .collect();
     let tok = approx_bench::inputs::corpus::load_tokenizer(&model.join("vocab.txt")).unwrap();
     let corpus = approx_bench::inputs::corpus::tokenize(&corpus_path(), &tok, vocab.len()).unwrap();
     assert_eq!(ids, corpus.ids[16..32].to_vec());
@@ -176,7 +278,10 @@ fn dump_qkv_writes_the_windows_heads_and_token_ids() {
 fn deeper_layers_run_and_a_layer_beyond_the_model_is_refused() {
     let tmp = tempfile::tempdir().unwrap();
     let model = tiny_model(&tmp.path().join("m"), true);
-    let (m, c) = (model.to_str().unwrap().to_string(), corpus_path().to_str().unwrap().to_string());
+    let (m, c) = (
+        model.to_str().unwrap().to_string(),
+        corpus_path().to_str().unwrap().to_string(),
+    );
     let out = tmp.path().join("l1");
     let mut args = base_args(&m, &c, out.to_str().unwrap());
     args.extend(["--model", "pretrained", "--layer", "1", "--lengths", "48"]);
@@ -187,18 +292,44 @@ fn deeper_layers_run_and_a_layer_beyond_the_model_is_refused() {
     args.extend(["--model", "pretrained", "--layer", "2"]);
     let o = run(&args, &[]);
     assert_eq!(o.status.code(), Some(2));
-    assert!(stderr(&o).contains("error: --layer 2 is beyond the model: it has 2 layers (0..=1)"), "{}", stderr(&o));
+    assert!(
+        stderr(&o).contains("error: --layer 2 is beyond the model: it has 2 layers (0..=1)"),
+        "{}",
+        stderr(&o)
+    );
 }
 
 #[test]
 fn shards_merge_into_the_rows_of_an_unsharded_run() {
     let tmp = tempfile::tempdir().unwrap();
     let model = tiny_model(&tmp.path().join("m"), false);
-    let (m, c) = (model.to_str().unwrap().to_string(), corpus_path().to_str().unwrap().to_string());
+    let (m, c) = (
+        model.to_str().unwrap().to_string(),
+        corpus_path().to_str().unwrap().to_string(),
+    );
     let base = |out: &str| -> Vec<String> {
-        ["--model", "initialized", "--model-dir", &m, "--corpus", &c, "--methods", "vmean,informer,skeinformer",
-         "--lengths", "16,32", "--windows", "3", "--features", "4,8", "--quiet", "--out", out]
-            .iter().map(|s| s.to_string()).collect()
+        [
+            "--model",
+            "initialized",
+            "--model-dir",
+            &m,
+            "--corpus",
+            &c,
+            "--methods",
+            "vmean,informer,skeinformer",
+            "--lengths",
+            "16,32",
+            "--windows",
+            "3",
+            "--features",
+            "4,8",
+            "--quiet",
+            "--out",
+            out,
+        ]
+        .iter()
+        .map(|s| s.to_string())
+        .collect()
     };
     let full = tmp.path().join("full");
     let args = base(full.to_str().unwrap());
@@ -221,10 +352,17 @@ fn shards_merge_into_the_rows_of_an_unsharded_run() {
     args.extend(["--out", merged.to_str().unwrap()]);
     let o = run(&args, &[]);
     assert!(o.status.success(), "{}", stderr(&o));
-    assert_eq!(rows_without_timing(&merged.join("trials.csv")), rows_without_timing(&full.join("trials.csv")));
+    assert_eq!(
+        rows_without_timing(&merged.join("trials.csv")),
+        rows_without_timing(&full.join("trials.csv"))
+    );
     let a = std::fs::read_to_string(merged.join("summary.csv")).unwrap();
     let b = std::fs::read_to_string(full.join("summary.csv")).unwrap();
-    let strip = |s: &str| s.lines().map(|l| l.rsplit_once(',').unwrap().0.to_string()).collect::<Vec<_>>();
+    let strip = |s: &str| {
+        s.lines()
+            .map(|l| l.rsplit_once(',').unwrap().0.to_string())
+            .collect::<Vec<_>>()
+    };
     assert_eq!(strip(&a), strip(&b));
     let manifest = approx_bench::report::manifest::Manifest::read(&merged).unwrap();
     assert_eq!(manifest.status, "complete");
@@ -234,42 +372,88 @@ fn shards_merge_into_the_rows_of_an_unsharded_run() {
     args.extend(["--model", "initialized", "--shard", "3/2"]);
     let o = run(&args, &[]);
     assert_eq!(o.status.code(), Some(2));
-    assert!(stderr(&o).contains("--shard 3/2: expected K/N with 1 ≤ K ≤ N"), "{}", stderr(&o));
+    assert!(
+        stderr(&o).contains("--shard 3/2: expected K/N with 1 ≤ K ≤ N"),
+        "{}",
+        stderr(&o)
+    );
 }
 
 #[test]
 fn a_sweep_killed_with_sigkill_resumes_to_exactly_the_rows_of_an_uninterrupted_run() {
     let tmp = tempfile::tempdir().unwrap();
     let model = tiny_model(&tmp.path().join("m"), false);
-    let (m, c) = (model.to_str().unwrap().to_string(), corpus_path().to_str().unwrap().to_string());
-    let features: String = (1..=48).map(|d| d.to_string()).collect::<Vec<_>>().join(",");
+    let (m, c) = (
+        model.to_str().unwrap().to_string(),
+        corpus_path().to_str().unwrap().to_string(),
+    );
+    let features: String = (1..=48)
+        .map(|d| d.to_string())
+        .collect::<Vec<_>>()
+        .join(",");
     let grid = |out: &std::path::Path| -> Vec<String> {
-        ["--model", "initialized", "--model-dir", &m, "--corpus", &c, "--methods", "vmean,informer,skeinformer,linformer",
-         "--lengths", "64,128", "--windows", "2", "--features", &features, "--quiet", "--out", out.to_str().unwrap()]
-            .iter().map(|s| s.to_string()).collect()
+        [
+            "--model",
+            "initialized",
+            "--model-dir",
+            &m,
+            "--corpus",
+            &c,
+            "--methods",
+            "vmean,informer,skeinformer,linformer",
+            "--lengths",
+            "64,128",
+            "--windows",
+            "2",
+            "--features",
+            &features,
+            "--quiet",
+            "--out",
+            out.to_str().unwrap(),
+        ]
+        .iter()
+        .map(|s| s.to_string())
+        .collect()
     };
     let full = tmp.path().join("full");
-    let o = std::process::Command::new(bin()).args(grid(&full)).output().unwrap();
+    let o = std::process::Command::new(bin())
+        .args(grid(&full))
+        .output()
+        .unwrap();
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     let total = rows_without_timing(&full.join("trials.csv")).len();
 
     let cut = tmp.path().join("cut");
-    let mut child = std::process::Command::new(bin()).args(grid(&cut)).spawn().unwrap();
+    let mut child = std::process::Command::new(bin())
+        .args(grid(&cut))
+        .spawn()
+        .unwrap();
     let trials = cut.join("trials.csv");
     loop {
-        let lines = std::fs::read_to_string(&trials).map(|s| s.lines().count()).unwrap_or(0);
+        let lines = std::fs::read_to_string(&trials)
+            .map(|s| s.lines().count())
+            .unwrap_or(0);
         if lines > 200 {
             break;
         }
-        assert!(child.try_wait().unwrap().is_none(), "the sweep finished before it could be killed; enlarge the grid");
+        assert!(
+            child.try_wait().unwrap().is_none(),
+            "the sweep finished before it could be killed; enlarge the grid"
+        );
         std::thread::sleep(std::time::Duration::from_millis(1));
     }
     // SIGKILL: no chance to clean up.
     child.kill().unwrap();
     child.wait().unwrap();
     let before = rows_without_timing(&trials).len();
-    assert!(before < total, "killed after completion ({before} of {total} rows)");
-    let o = std::process::Command::new(bin()).args(grid(&cut)).output().unwrap();
+    assert!(
+        before < total,
+        "killed after completion ({before} of {total} rows)"
+    );
+    let o = std::process::Command::new(bin())
+        .args(grid(&cut))
+        .output()
+        .unwrap();
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     let mut got = rows_without_timing(&trials);
     let mut want = rows_without_timing(&full.join("trials.csv"));
@@ -283,12 +467,20 @@ fn a_sweep_killed_with_sigkill_resumes_to_exactly_the_rows_of_an_uninterrupted_r
 fn rows_do_not_depend_on_the_number_of_threads() {
     let tmp = tempfile::tempdir().unwrap();
     let model = tiny_model(&tmp.path().join("m"), false);
-    let (m, c) = (model.to_str().unwrap().to_string(), corpus_path().to_str().unwrap().to_string());
+    let (m, c) = (
+        model.to_str().unwrap().to_string(),
+        corpus_path().to_str().unwrap().to_string(),
+    );
     let mut outs = Vec::new();
     for threads in ["1", "2"] {
         let out = tmp.path().join(format!("t{threads}"));
         let mut args = base_args(&m, &c, out.to_str().unwrap());
-        args.extend(["--model", "initialized", "--methods", "vmean,informer,skeinformer,linformer"]);
+        args.extend([
+            "--model",
+            "initialized",
+            "--methods",
+            "vmean,informer,skeinformer,linformer",
+        ]);
         let o = run(&args, &[("RAYON_NUM_THREADS", threads)]);
         assert!(o.status.success(), "{}", stderr(&o));
         outs.push(rows_without_timing(&out.join("trials.csv")));

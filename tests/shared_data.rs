@@ -10,7 +10,9 @@ use approx_bench::inputs::{corpus, model, qkv};
 use candle_core::{DType, Device, Tensor};
 
 fn shared(rel: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../shared/data").join(rel)
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../shared/data")
+        .join(rel)
 }
 
 /// |a − b| ≤ 1e-4 · max(|b|, 0.1·rms(b)): relative agreement, with a floor so that entries near
@@ -24,30 +26,72 @@ fn assert_close(got: &[f32], want: &[f32], what: &str) {
         let err = (*g as f64 - *w as f64).abs();
         worst = worst.max(err / tol);
     }
-    assert!(worst <= 1.0, "{what}: worst error is {worst:.3}× the 1e-4 relative tolerance");
+    assert!(
+        worst <= 1.0,
+        "{what}: worst error is {worst:.3}× the 1e-4 relative tolerance"
+    );
 }
 
 fn case_values(case: &serde_json::Value, key: &str) -> Vec<f32> {
-    case[key].as_array().unwrap().iter().flat_map(|h| h.as_array().unwrap().iter().flat_map(|t| t.as_array().unwrap().iter().map(|x| x.as_f64().unwrap() as f32))).collect()
+    case[key]
+        .as_array()
+        .unwrap()
+        .iter()
+        .flat_map(|h| {
+            h.as_array().unwrap().iter().flat_map(|t| {
+                t.as_array()
+                    .unwrap()
+                    .iter()
+                    .map(|x| x.as_f64().unwrap() as f32)
+            })
+        })
+        .collect()
 }
 
 fn heads_values(t: &Tensor, heads: &[usize]) -> Vec<f32> {
-    heads.iter().flat_map(|&h| t.get(h).unwrap().flatten_all().unwrap().to_vec1::<f32>().unwrap()).collect()
+    heads
+        .iter()
+        .flat_map(|&h| {
+            t.get(h)
+                .unwrap()
+                .flatten_all()
+                .unwrap()
+                .to_vec1::<f32>()
+                .unwrap()
+        })
+        .collect()
 }
 
 #[test]
 #[ignore = "needs ../shared/data"]
 fn minilm_qkv_matches_hugging_face_transformers() {
-    let fixture: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures/hf_minilm_qkv.json")).unwrap()).unwrap();
+    let fixture: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(
+            Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures/hf_minilm_qkv.json"),
+        )
+        .unwrap(),
+    )
+    .unwrap();
     let dir = shared("all-MiniLM-L6-v2");
     let cfg = model::load_config(&dir.join("config.json")).unwrap();
-    let ids: Vec<u32> = fixture["token_ids"].as_array().unwrap().iter().map(|x| x.as_u64().unwrap() as u32).collect();
+    let ids: Vec<u32> = fixture["token_ids"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|x| x.as_u64().unwrap() as u32)
+        .collect();
     // Our tokenizer path gives Hugging Face's ids for the fixture text.
     let tok = corpus::load_tokenizer(&dir.join("tokenizer.json")).unwrap();
-    let enc = tok.encode(fixture["text"].as_str().unwrap(), false).unwrap();
+    let enc = tok
+        .encode(fixture["text"].as_str().unwrap(), false)
+        .unwrap();
     assert_eq!(enc.get_ids(), ids.as_slice());
-    let heads: Vec<usize> = fixture["heads"].as_array().unwrap().iter().map(|x| x.as_u64().unwrap() as usize).collect();
+    let heads: Vec<usize> = fixture["heads"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|x| x.as_u64().unwrap() as usize)
+        .collect();
     let weights_path = dir.join("model.safetensors");
     for case in fixture["cases"].as_array().unwrap() {
         let layer = case["layer"].as_u64().unwrap() as usize;
@@ -60,7 +104,11 @@ fn minilm_qkv_matches_hugging_face_transformers() {
         let w = model::load(&cfg, layer, &src, &src, &Device::Cpu).unwrap();
         let (q, k, v) = qkv::window_qkv(&w, &cfg, &ids, policy, DType::F32).unwrap();
         for (name, t) in [("q", &q), ("k", &k), ("v", &v)] {
-            assert_close(&heads_values(t, &heads), &case_values(case, name), &format!("{} layer {layer} {name}", policy.name()));
+            assert_close(
+                &heads_values(t, &heads),
+                &case_values(case, name),
+                &format!("{} layer {layer} {name}", policy.name()),
+            );
         }
     }
 }
@@ -68,25 +116,56 @@ fn minilm_qkv_matches_hugging_face_transformers() {
 #[test]
 #[ignore = "needs ../shared/data"]
 fn dump_qkv_of_minilm_matches_hugging_face_transformers() {
-    let fixture: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures/hf_minilm_qkv.json")).unwrap()).unwrap();
+    let fixture: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(
+            Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures/hf_minilm_qkv.json"),
+        )
+        .unwrap(),
+    )
+    .unwrap();
     let tmp = tempfile::tempdir().unwrap();
     let text = tmp.path().join("text.raw");
-    std::fs::write(&text, format!(" \r\n {} \r\n", fixture["text"].as_str().unwrap())).unwrap();
+    std::fs::write(
+        &text,
+        format!(" \r\n {} \r\n", fixture["text"].as_str().unwrap()),
+    )
+    .unwrap();
     let out = tmp.path().join("qkv.safetensors");
     let n = fixture["n"].as_u64().unwrap().to_string();
     let o = common::run(
-        &["dump-qkv", "--model", "pretrained", "--model-dir", shared("all-MiniLM-L6-v2").to_str().unwrap(), "--corpus",
-          text.to_str().unwrap(), "--length", &n, "--embedding", "word-pos-type", "--out", out.to_str().unwrap()],
+        &[
+            "dump-qkv",
+            "--model",
+            "pretrained",
+            "--model-dir",
+            shared("all-MiniLM-L6-v2").to_str().unwrap(),
+            "--corpus",
+            text.to_str().unwrap(),
+            "--length",
+            &n,
+            "--embedding",
+            "word-pos-type",
+            "--out",
+            out.to_str().unwrap(),
+        ],
         &[],
     );
     assert!(o.status.success(), "{}", common::stderr(&o));
     let t = candle_core::safetensors::load(&out, &Device::Cpu).unwrap();
-    let heads: Vec<usize> = fixture["heads"].as_array().unwrap().iter().map(|x| x.as_u64().unwrap() as usize).collect();
+    let heads: Vec<usize> = fixture["heads"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|x| x.as_u64().unwrap() as usize)
+        .collect();
     let case = &fixture["cases"][0];
     assert_eq!(case["layer"], 0);
     for name in ["q", "k", "v"] {
-        assert_close(&heads_values(&t[name], &heads), &case_values(case, name), name);
+        assert_close(
+            &heads_values(&t[name], &heads),
+            &case_values(case, name),
+            name,
+        );
     }
 }
 
@@ -111,11 +190,21 @@ fn wikitext2_token_counts_with_the_bert_base_cased_tokenizer() {
 fn initialized_bert_base_cased_qkv_have_the_hf_init_distribution() {
     let dir = shared("bert-base-cased");
     let cfg = model::load_config(&dir.join("config.json")).unwrap();
-    let src = model::WeightSource::Initialized { seed: 12345, scheme: model::InitScheme::Hf };
+    let src = model::WeightSource::Initialized {
+        seed: 12345,
+        scheme: model::InitScheme::Hf,
+    };
     let w = model::load(&cfg, 0, &src, &src, &Device::Cpu).unwrap();
     let tok = corpus::load_tokenizer(&dir.join("tokenizer.json")).unwrap();
     let c = corpus::tokenize(&shared("wikitext-2/wiki.test.raw"), &tok, cfg.vocab_size).unwrap();
-    let (q, _k, v) = qkv::window_qkv(&w, &cfg, c.window(512, 0).unwrap(), qkv::EmbeddingPolicy::WordPos, DType::F64).unwrap();
+    let (q, _k, v) = qkv::window_qkv(
+        &w,
+        &cfg,
+        c.window(512, 0).unwrap(),
+        qkv::EmbeddingPolicy::WordPos,
+        DType::F64,
+    )
+    .unwrap();
     // X rows are LayerNorm-ed (mean 0, variance 1 per row), W ~ N(0, 0.02²), b = 0, so every
     // entry of Q and V has mean 0 and variance 768·0.02² = 0.3072.
     for (name, t) in [("q", &q), ("v", &v)] {
@@ -126,7 +215,13 @@ fn initialized_bert_base_cased_qkv_have_the_hf_init_distribution() {
         assert!(mean.abs() < 0.02, "{name} mean {mean}");
         assert!((var - 0.3072).abs() < 0.03, "{name} var {var}");
     }
-    let word: Vec<f32> = w.embeddings.word.get(cfg.pad_token_id).unwrap().to_vec1().unwrap();
+    let word: Vec<f32> = w
+        .embeddings
+        .word
+        .get(cfg.pad_token_id)
+        .unwrap()
+        .to_vec1()
+        .unwrap();
     assert!(word.iter().all(|&x| x == 0.0));
 }
 
@@ -142,21 +237,58 @@ fn end_to_end_through_a_laid_out_hf_cache_matches_local_files() {
     let bert = shared("bert-base-cased");
     let minilm = shared("all-MiniLM-L6-v2");
     let f = |d: &Path, n: &str| d.join(n);
-    common::hf_cache_repo(&home, "model", "bert-base-cased", &[
-        ("config.json", &f(&bert, "config.json")), ("tokenizer.json", &f(&bert, "tokenizer.json")), ("vocab.txt", &f(&bert, "vocab.txt")),
-    ]);
-    common::hf_cache_repo(&home, "model", "sentence-transformers/all-MiniLM-L6-v2", &[
-        ("config.json", &f(&minilm, "config.json")), ("tokenizer.json", &f(&minilm, "tokenizer.json")),
-        ("model.safetensors", &f(&minilm, "model.safetensors")),
-    ]);
+    common::hf_cache_repo(
+        &home,
+        "model",
+        "bert-base-cased",
+        &[
+            ("config.json", &f(&bert, "config.json")),
+            ("tokenizer.json", &f(&bert, "tokenizer.json")),
+            ("vocab.txt", &f(&bert, "vocab.txt")),
+        ],
+    );
+    common::hf_cache_repo(
+        &home,
+        "model",
+        "sentence-transformers/all-MiniLM-L6-v2",
+        &[
+            ("config.json", &f(&minilm, "config.json")),
+            ("tokenizer.json", &f(&minilm, "tokenizer.json")),
+            ("model.safetensors", &f(&minilm, "model.safetensors")),
+        ],
+    );
     let rows = corpus::text_rows(&shared("wikitext-2/wiki.test.raw")).unwrap();
     let pq = tmp.path().join("test.parquet");
     common::write_parquet(&pq, &rows);
-    common::hf_cache_repo(&home, "dataset", "Salesforce/wikitext", &[("wikitext-2-raw-v1/test-00000-of-00001.parquet", &pq)]);
+    common::hf_cache_repo(
+        &home,
+        "dataset",
+        "Salesforce/wikitext",
+        &[("wikitext-2-raw-v1/test-00000-of-00001.parquet", &pq)],
+    );
     let methods = std::env::var("APPROX_BENCH_CI_METHODS").unwrap_or_else(|_| "all".into());
-    for (kind, id, dir) in [("initialized", "bert-base-cased", &bert), ("pretrained", "sentence-transformers/all-MiniLM-L6-v2", &minilm)] {
+    for (kind, id, dir) in [
+        ("initialized", "bert-base-cased", &bert),
+        (
+            "pretrained",
+            "sentence-transformers/all-MiniLM-L6-v2",
+            &minilm,
+        ),
+    ] {
         let hub_out = tmp.path().join(format!("hub-{kind}"));
-        let common_args = ["--model", kind, "--lengths", "512,1024", "--windows", "1", "--methods", &methods, "--features", "16,64", "--quiet"];
+        let common_args = [
+            "--model",
+            kind,
+            "--lengths",
+            "512,1024",
+            "--windows",
+            "1",
+            "--methods",
+            &methods,
+            "--features",
+            "16,64",
+            "--quiet",
+        ];
         let mut args: Vec<&str> = common_args.to_vec();
         args.extend(["--model-id", id, "--out", hub_out.to_str().unwrap()]);
         let o = common::run(&args, &[("HF_HOME", home.to_str().unwrap())]);
@@ -164,21 +296,48 @@ fn end_to_end_through_a_laid_out_hf_cache_matches_local_files() {
         let local_out = tmp.path().join(format!("local-{kind}"));
         let corpus_file = shared("wikitext-2/wiki.test.raw");
         let mut args: Vec<&str> = common_args.to_vec();
-        args.extend(["--model-dir", dir.to_str().unwrap(), "--corpus", corpus_file.to_str().unwrap(), "--out", local_out.to_str().unwrap()]);
+        args.extend([
+            "--model-dir",
+            dir.to_str().unwrap(),
+            "--corpus",
+            corpus_file.to_str().unwrap(),
+            "--out",
+            local_out.to_str().unwrap(),
+        ]);
         let o = common::run(&args, &[]);
         assert!(o.status.success(), "{kind} local: {}", common::stderr(&o));
         let a = approx_bench::report::trials::read_rows(&hub_out.join("trials.csv")).unwrap();
         let b = approx_bench::report::trials::read_rows(&local_out.join("trials.csv")).unwrap();
         assert_eq!(a.len(), b.len());
         let heads = 12; // bert-base-cased and all-MiniLM-L6-v2 both have 12 heads
-        let n_methods = a.iter().map(|r| r.method.clone()).collect::<std::collections::BTreeSet<_>>().len();
+        let n_methods = a
+            .iter()
+            .map(|r| r.method.clone())
+            .collect::<std::collections::BTreeSet<_>>()
+            .len();
         assert_eq!(a.len(), 2 * heads * n_methods * 2);
         for (x, y) in a.iter().zip(&b) {
             assert_eq!(x.model_id, id);
-            assert_eq!((x.n, x.window, x.head, &x.method, x.d), (y.n, y.window, y.head, &y.method, y.d));
-            assert_eq!(x.error.to_bits(), y.error.to_bits(), "{kind} {} d={}", x.method, x.d);
+            assert_eq!(
+                (x.n, x.window, x.head, &x.method, x.d),
+                (y.n, y.window, y.head, &y.method, y.d)
+            );
+            assert_eq!(
+                x.error.to_bits(),
+                y.error.to_bits(),
+                "{kind} {} d={}",
+                x.method,
+                x.d
+            );
             // Every method's error is finite except where a row is flagged (non-finite Ô or D̂ ≤ 0).
-            assert!(x.error.is_finite() || x.nonfinite_rows > 0, "{kind} {} n={} d={}: error {}", x.method, x.n, x.d, x.error);
+            assert!(
+                x.error.is_finite() || x.nonfinite_rows > 0,
+                "{kind} {} n={} d={}: error {}",
+                x.method,
+                x.n,
+                x.d,
+                x.error
+            );
             assert!(x.error >= 0.0 || x.error.is_nan());
         }
     }

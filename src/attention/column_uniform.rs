@@ -35,20 +35,27 @@ impl Method for ColumnUniform {
         // Q K_Jᵀ and softmax·V_J: 2ndp.
         2.0 * (n * d.min(n) * p) as f64
     }
-    fn approximate(&self, head: &HeadInputs, d: usize, rng: &mut TrialRng) -> Result<Approximation> {
+    fn approximate(
+        &self,
+        head: &HeadInputs,
+        d: usize,
+        rng: &mut TrialRng,
+    ) -> Result<Approximation> {
         self.check(head.n(), d).map_err(anyhow::Error::msg)?;
         let n = head.n();
         let cols = uniform_without_replacement(rng, n, d.min(n));
-        Ok(Approximation::plain(with_columns(&head.q, &head.k, &head.v, &cols)?))
+        Ok(Approximation::plain(with_columns(
+            &head.q, &head.k, &head.v, &cols,
+        )?))
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    
+
     use crate::numerics::spectral::error_norms;
-    
+
     use candle_core::DType;
     use rand::SeedableRng;
 
@@ -58,8 +65,14 @@ mod tests {
     fn all_keys_is_exact() {
         let h = head(50, 8, 1, DType::F64);
         for d in [50, 80] {
-            let out = ColumnUniform.approximate(&h, d, &mut TrialRng::seed_from_u64(2)).unwrap().output;
-            assert!(error_norms(&h.exact.output, &out).unwrap().spectral < 1e-12, "d = {d}");
+            let out = ColumnUniform
+                .approximate(&h, d, &mut TrialRng::seed_from_u64(2))
+                .unwrap()
+                .output;
+            assert!(
+                error_norms(&h.exact.output, &out).unwrap().spectral < 1e-12,
+                "d = {d}"
+            );
         }
     }
 
@@ -67,11 +80,17 @@ mod tests {
     fn matches_naive_softmax_over_sampled_keys() {
         let h = head(30, 4, 3, DType::F64);
         let cols = [4usize, 17, 2, 29, 11];
-        let out: Vec<Vec<f64>> = with_columns(&h.q, &h.k, &h.v, &cols).unwrap().to_vec2().unwrap();
+        let out: Vec<Vec<f64>> = with_columns(&h.q, &h.k, &h.v, &cols)
+            .unwrap()
+            .to_vec2()
+            .unwrap();
         let m = |t: &Tensor| -> Vec<Vec<f64>> { t.to_vec2().unwrap() };
         let (q, k, v) = (m(&h.q), m(&h.k), m(&h.v));
         for i in 0..30 {
-            let a: Vec<f64> = cols.iter().map(|&j| (q[i].iter().zip(&k[j]).map(|(x, y)| x * y).sum::<f64>() / 2.0).exp()).collect();
+            let a: Vec<f64> = cols
+                .iter()
+                .map(|&j| (q[i].iter().zip(&k[j]).map(|(x, y)| x * y).sum::<f64>() / 2.0).exp())
+                .collect();
             let z: f64 = a.iter().sum();
             for c in 0..4 {
                 let want = cols.iter().zip(&a).map(|(&j, w)| w * v[j][c]).sum::<f64>() / z;
@@ -83,13 +102,35 @@ mod tests {
     #[test]
     fn seeded_reproducible_f32_agrees_and_finite() {
         let h64 = head(128, 16, 4, DType::F64);
-        let h32 = HeadInputs::new(h64.q.to_dtype(DType::F32).unwrap(), h64.k.to_dtype(DType::F32).unwrap(), h64.v.to_dtype(DType::F32).unwrap()).unwrap();
-        let run = |h: &HeadInputs, seed| ColumnUniform.approximate(h, 16, &mut TrialRng::seed_from_u64(seed)).unwrap().output;
+        let h32 = HeadInputs::new(
+            h64.q.to_dtype(DType::F32).unwrap(),
+            h64.k.to_dtype(DType::F32).unwrap(),
+            h64.v.to_dtype(DType::F32).unwrap(),
+        )
+        .unwrap();
+        let run = |h: &HeadInputs, seed| {
+            ColumnUniform
+                .approximate(h, 16, &mut TrialRng::seed_from_u64(seed))
+                .unwrap()
+                .output
+        };
         let a = run(&h64, 5);
-        assert_eq!(a.to_vec2::<f64>().unwrap(), run(&h64, 5).to_vec2::<f64>().unwrap());
-        assert_ne!(a.to_vec2::<f64>().unwrap(), run(&h64, 6).to_vec2::<f64>().unwrap());
+        assert_eq!(
+            a.to_vec2::<f64>().unwrap(),
+            run(&h64, 5).to_vec2::<f64>().unwrap()
+        );
+        assert_ne!(
+            a.to_vec2::<f64>().unwrap(),
+            run(&h64, 6).to_vec2::<f64>().unwrap()
+        );
         let b = run(&h32, 5).to_dtype(DType::F64).unwrap();
         assert!(error_norms(&a, &b).unwrap().spectral < 1e-5);
-        assert!(b.flatten_all().unwrap().to_vec1::<f64>().unwrap().iter().all(|x| x.is_finite()));
+        assert!(b
+            .flatten_all()
+            .unwrap()
+            .to_vec1::<f64>()
+            .unwrap()
+            .iter()
+            .all(|x| x.is_finite()));
     }
 }

@@ -61,7 +61,12 @@ fn block_rows(n: usize, u: usize, p: usize) -> usize {
 /// The sparsity measure M̄_i = max_{j∈T_i} q_i·k_j − (1/n)·Σ_{j∈T_i} q_i·k_j on unscaled logits, for
 /// the sampled key indices `samples` (row-major [n, U]). Only the n·U sampled logits are formed,
 /// in query blocks: gather the U key rows of each query and take a batched dot with q_i.
-pub fn sparsity_measure(q: &Tensor, k: &Tensor, samples: &[usize], big_u: usize) -> Result<Vec<f64>> {
+pub fn sparsity_measure(
+    q: &Tensor,
+    k: &Tensor,
+    samples: &[usize],
+    big_u: usize,
+) -> Result<Vec<f64>> {
     let (n, p) = q.dims2()?;
     assert_eq!(samples.len(), n * big_u, "samples must be [n, U]");
     let step = block_rows(n, big_u, p);
@@ -113,7 +118,14 @@ pub(crate) fn exact_rows(q: &Tensor, k: &Tensor, v: &Tensor, rows: &[usize]) -> 
 
 /// Informer's output for given per-query key samples ([n, U], row-major) and top count u.
 /// Returns Ô and the selected (exact) rows.
-pub fn with_samples(q: &Tensor, k: &Tensor, v: &Tensor, samples: &[usize], big_u: usize, u: usize) -> Result<(Tensor, Vec<usize>)> {
+pub fn with_samples(
+    q: &Tensor,
+    k: &Tensor,
+    v: &Tensor,
+    samples: &[usize],
+    big_u: usize,
+    u: usize,
+) -> Result<(Tensor, Vec<usize>)> {
     let m = sparsity_measure(q, k, samples, big_u)?;
     let top = top_indices(&m, u);
     let lazy = v.mean_keepdim(0)?.broadcast_as(v.shape())?.contiguous()?; // (1/n)·1ᵀV on every row
@@ -152,14 +164,22 @@ impl Method for Informer {
             return Err("d must be at least 1".into());
         }
         if !self.direct && n < 2 {
-            return Err(format!("{} needs n ≥ 2 (the factor divides by ln n), got n = {n}", self.id()));
+            return Err(format!(
+                "{} needs n ≥ 2 (the factor divides by ln n), got n = {n}",
+                self.id()
+            ));
         }
         if n == 0 {
             return Err("n must be at least 1".into());
         }
         Ok(())
     }
-    fn approximate(&self, head: &HeadInputs, d: usize, rng: &mut TrialRng) -> Result<Approximation> {
+    fn approximate(
+        &self,
+        head: &HeadInputs,
+        d: usize,
+        rng: &mut TrialRng,
+    ) -> Result<Approximation> {
         self.check(head.n(), d).map_err(anyhow::Error::msg)?;
         let n = head.n();
         let (big_u, u) = self.sizes(n, d);
@@ -183,10 +203,22 @@ mod tests {
     fn factor_and_top_table() {
         // METHODS.md §2.6 table: (c, u) per n (rows) and d = 8, 16, 32, 64, 128, 256 (columns).
         let table: [(usize, [(usize, usize); 6]); 4] = [
-            (512, [(2, 14), (3, 21), (6, 42), (11, 77), (21, 147), (42, 294)]),
-            (1024, [(2, 14), (3, 21), (5, 35), (10, 70), (19, 133), (37, 259)]),
-            (2048, [(2, 16), (3, 24), (5, 40), (9, 72), (17, 136), (34, 272)]),
-            (4096, [(1, 9), (2, 18), (4, 36), (8, 72), (16, 144), (31, 279)]),
+            (
+                512,
+                [(2, 14), (3, 21), (6, 42), (11, 77), (21, 147), (42, 294)],
+            ),
+            (
+                1024,
+                [(2, 14), (3, 21), (5, 35), (10, 70), (19, 133), (37, 259)],
+            ),
+            (
+                2048,
+                [(2, 16), (3, 24), (5, 40), (9, 72), (17, 136), (34, 272)],
+            ),
+            (
+                4096,
+                [(1, 9), (2, 18), (4, 36), (8, 72), (16, 144), (31, 279)],
+            ),
         ];
         for (n, row) in table {
             for (d, want) in [8, 16, 32, 64, 128, 256].into_iter().zip(row) {
@@ -200,7 +232,10 @@ mod tests {
 
     #[test]
     fn top_indices_ranks_descending_with_ties_low_first() {
-        assert_eq!(top_indices(&[1.0, 3.0, 3.0, f64::NAN, 2.0], 3), vec![1, 2, 4]);
+        assert_eq!(
+            top_indices(&[1.0, 3.0, 3.0, f64::NAN, 2.0], 3),
+            vec![1, 2, 4]
+        );
         assert_eq!(top_indices(&[1.0, 2.0], 0), Vec::<usize>::new());
     }
 
@@ -214,8 +249,16 @@ mod tests {
         let q: Vec<Vec<f64>> = h.q.to_vec2().unwrap();
         let k: Vec<Vec<f64>> = h.k.to_vec2().unwrap();
         for i in 0..40 {
-            let l: Vec<f64> = (0..big_u).map(|t| q[i].iter().zip(&k[s[i * big_u + t]]).map(|(a, b)| a * b).sum()).collect();
-            let want = l.iter().cloned().fold(f64::NEG_INFINITY, f64::max) - l.iter().sum::<f64>() / 40.0;
+            let l: Vec<f64> = (0..big_u)
+                .map(|t| {
+                    q[i].iter()
+                        .zip(&k[s[i * big_u + t]])
+                        .map(|(a, b)| a * b)
+                        .sum()
+                })
+                .collect();
+            let want =
+                l.iter().cloned().fold(f64::NEG_INFINITY, f64::max) - l.iter().sum::<f64>() / 40.0;
             assert!((m[i] - want).abs() < 1e-12, "row {i}");
         }
     }
@@ -225,10 +268,16 @@ mod tests {
         // informer_mask with d = n selects every query: Ô = O.
         let h = head(64, 16, 3, DType::F64);
         let mut rng = TrialRng::seed_from_u64(4);
-        let out = Informer::direct().approximate(&h, 64, &mut rng).unwrap().output;
+        let out = Informer::direct()
+            .approximate(&h, 64, &mut rng)
+            .unwrap()
+            .output;
         assert!(error_norms(&h.exact.output, &out).unwrap().spectral < 1e-12);
         // So does `informer` once c·⌈ln n⌉ ≥ n (capped at n).
-        let out = Informer::log_factor().approximate(&h, 1000, &mut rng).unwrap().output;
+        let out = Informer::log_factor()
+            .approximate(&h, 1000, &mut rng)
+            .unwrap()
+            .output;
         assert!(error_norms(&h.exact.output, &out).unwrap().spectral < 1e-12);
     }
 
@@ -242,7 +291,13 @@ mod tests {
         let (out, top) = with_samples(&h.q, &h.k, &h.v, &samples, big_u, u).unwrap();
         assert_eq!(top.len(), u);
         let o: Vec<Vec<f64>> = out.to_vec2().unwrap();
-        let mean: Vec<f64> = h.v.mean_keepdim(0).unwrap().squeeze(0).unwrap().to_vec1().unwrap();
+        let mean: Vec<f64> =
+            h.v.mean_keepdim(0)
+                .unwrap()
+                .squeeze(0)
+                .unwrap()
+                .to_vec1()
+                .unwrap();
         let exact: Vec<Vec<f64>> = h.exact.output.to_vec2().unwrap();
         for i in 0..n {
             if top.contains(&i) {
@@ -262,20 +317,46 @@ mod tests {
     #[test]
     fn seeded_reproducible_and_f32_agrees_with_f64() {
         let h64 = head(128, 16, 7, DType::F64);
-        let h32 = HeadInputs::new(h64.q.to_dtype(DType::F32).unwrap(), h64.k.to_dtype(DType::F32).unwrap(), h64.v.to_dtype(DType::F32).unwrap()).unwrap();
+        let h32 = HeadInputs::new(
+            h64.q.to_dtype(DType::F32).unwrap(),
+            h64.k.to_dtype(DType::F32).unwrap(),
+            h64.v.to_dtype(DType::F32).unwrap(),
+        )
+        .unwrap();
         let m = Informer::log_factor();
-        let run = |h: &HeadInputs, seed| m.approximate(h, 16, &mut TrialRng::seed_from_u64(seed)).unwrap().output;
+        let run = |h: &HeadInputs, seed| {
+            m.approximate(h, 16, &mut TrialRng::seed_from_u64(seed))
+                .unwrap()
+                .output
+        };
         let a = run(&h64, 9);
-        assert_eq!(a.to_vec2::<f64>().unwrap(), run(&h64, 9).to_vec2::<f64>().unwrap());
-        assert_ne!(a.to_vec2::<f64>().unwrap(), run(&h64, 10).to_vec2::<f64>().unwrap());
+        assert_eq!(
+            a.to_vec2::<f64>().unwrap(),
+            run(&h64, 9).to_vec2::<f64>().unwrap()
+        );
+        assert_ne!(
+            a.to_vec2::<f64>().unwrap(),
+            run(&h64, 10).to_vec2::<f64>().unwrap()
+        );
         let b = run(&h32, 9);
-        let diff = error_norms(&a, &b.to_dtype(DType::F64).unwrap()).unwrap().spectral;
+        let diff = error_norms(&a, &b.to_dtype(DType::F64).unwrap())
+            .unwrap()
+            .spectral;
         assert!(diff < 1e-4, "f32 vs f64: {diff}");
         let v: Vec<f32> = b.flatten_all().unwrap().to_vec1().unwrap();
         assert!(v.iter().all(|x| x.is_finite()));
         // Error is below V-Mean's (the selected rows are exact), and positive.
         let err = error_norms(&h64.exact.output, &a).unwrap().spectral;
-        let vmean = error_norms(&h64.exact.output, &h64.v.mean_keepdim(0).unwrap().broadcast_as((128, 16)).unwrap()).unwrap().spectral;
+        let vmean = error_norms(
+            &h64.exact.output,
+            &h64.v
+                .mean_keepdim(0)
+                .unwrap()
+                .broadcast_as((128, 16))
+                .unwrap(),
+        )
+        .unwrap()
+        .spectral;
         assert!(err > 0.0 && err <= vmean + 1e-12, "{err} vs {vmean}");
     }
 

@@ -39,7 +39,13 @@ impl HeadInputs {
     pub fn new(q: Tensor, k: Tensor, v: Tensor) -> Result<Self> {
         let (q, k, v) = (q.contiguous()?, k.contiguous()?, v.contiguous()?);
         let exact = exact::ExactAttention::compute(&q, &k, &v)?;
-        Ok(Self { q, k, v, exact, memo: Mutex::new(HashMap::new()) })
+        Ok(Self {
+            q,
+            k,
+            v,
+            exact,
+            memo: Mutex::new(HashMap::new()),
+        })
     }
 
     pub fn n(&self) -> usize {
@@ -62,10 +68,16 @@ impl HeadInputs {
         f: impl FnOnce() -> Result<T>,
     ) -> Result<Arc<T>> {
         if let Some(v) = self.memo.lock().expect("memo lock").get(key) {
-            return v.clone().downcast::<T>().map_err(|_| anyhow::anyhow!("memo type mismatch for {key}"));
+            return v
+                .clone()
+                .downcast::<T>()
+                .map_err(|_| anyhow::anyhow!("memo type mismatch for {key}"));
         }
         let value: Arc<T> = Arc::new(f()?);
-        self.memo.lock().expect("memo lock").insert(key, value.clone());
+        self.memo
+            .lock()
+            .expect("memo lock")
+            .insert(key, value.clone());
         Ok(value)
     }
 }
@@ -79,7 +91,10 @@ pub struct Approximation {
 
 impl Approximation {
     pub fn plain(output: Tensor) -> Self {
-        Self { output, normalizer: None }
+        Self {
+            output,
+            normalizer: None,
+        }
     }
 }
 
@@ -102,12 +117,13 @@ pub trait Method: Send + Sync {
         Ok(())
     }
     /// Computes Ô for one head with d features.
-    fn approximate(&self, head: &HeadInputs, d: usize, rng: &mut TrialRng) -> Result<Approximation>;
+    fn approximate(&self, head: &HeadInputs, d: usize, rng: &mut TrialRng)
+        -> Result<Approximation>;
 }
 
 /// Every method, in the order figures and tables list them.
 pub fn registry() -> Vec<Box<dyn Method>> {
-    use skeinformer::{Skeinformer, SkeinVariant};
+    use skeinformer::{SkeinVariant, Skeinformer};
     vec![
         Box::new(skyformer::Skyformer::pseudo_inverse()),
         Box::new(nystromformer::Nystromformer),
@@ -139,7 +155,12 @@ pub fn by_id(id: &str) -> std::result::Result<Box<dyn Method>, String> {
     registry()
         .into_iter()
         .find(|m| m.id() == id)
-        .ok_or_else(|| format!("unknown method '{id}'; known methods: {}", method_ids().join(", ")))
+        .ok_or_else(|| {
+            format!(
+                "unknown method '{id}'; known methods: {}",
+                method_ids().join(", ")
+            )
+        })
 }
 
 /// Row-wise max-shifted softmax over the last dimension (re-exported so methods share one).
@@ -180,7 +201,15 @@ pub(crate) mod test_util {
     /// A head with iid N(0, 1) Q, K, V of shape [n, p] from `seed`.
     pub fn random_head(n: usize, p: usize, seed: u64, dtype: DType) -> HeadInputs {
         let mut rng = TrialRng::seed_from_u64(seed);
-        let mut mk = || from_f64(normal_values(&mut rng, n, p, 1.0), (n, p), &Device::Cpu, dtype).unwrap();
+        let mut mk = || {
+            from_f64(
+                normal_values(&mut rng, n, p, 1.0),
+                (n, p),
+                &Device::Cpu,
+                dtype,
+            )
+            .unwrap()
+        };
         let (q, k, v) = (mk(), mk(), mk());
         HeadInputs::new(q, k, v).unwrap()
     }

@@ -31,7 +31,10 @@ pub(crate) fn segments(n: usize, d: usize) -> Vec<(usize, usize)> {
 /// The d segment means of the rows of x (n×p), d×p, in x's dtype and device.
 pub(crate) fn segment_means(x: &Tensor, d: usize) -> Result<Tensor> {
     let (n, p) = x.dims2()?;
-    anyhow::ensure!(d >= 1 && d <= n, "segment means need 1 ≤ d ≤ n (d = {d}, n = {n})");
+    anyhow::ensure!(
+        d >= 1 && d <= n,
+        "segment means need 1 ≤ d ≤ n (d = {d}, n = {n})"
+    );
     if n % d == 0 {
         return Ok(x.reshape((d, n / d, p))?.mean(1)?);
     }
@@ -60,7 +63,12 @@ impl Method for Nystromformer {
         let (n, p, d) = (n as f64, p as f64, d as f64);
         4.0 * n * d * p + 24.0 * d * d * d + n * p
     }
-    fn approximate(&self, head: &HeadInputs, d: usize, _rng: &mut TrialRng) -> Result<Approximation> {
+    fn approximate(
+        &self,
+        head: &HeadInputs,
+        d: usize,
+        _rng: &mut TrialRng,
+    ) -> Result<Approximation> {
         let n = head.n();
         anyhow::ensure!(d >= 1, "nystromformer needs d ≥ 1");
         if d >= n {
@@ -109,7 +117,12 @@ mod tests {
     }
 
     /// Independent host port (loops for the means, nalgebra for the products).
-    fn host_reference(q: &DMatrix<f64>, k: &DMatrix<f64>, v: &DMatrix<f64>, d: usize) -> DMatrix<f64> {
+    fn host_reference(
+        q: &DMatrix<f64>,
+        k: &DMatrix<f64>,
+        v: &DMatrix<f64>,
+        d: usize,
+    ) -> DMatrix<f64> {
         let (n, p) = q.shape();
         let s = (p as f64).powf(-0.25);
         let (qt, kt) = (q * s, k * s);
@@ -123,7 +136,9 @@ mod tests {
         let f = softmax_rows(&qt * kb.transpose());
         let a = softmax_rows(&qb * kb.transpose());
         let b = softmax_rows(&qb * kt.transpose());
-        let colmax = (0..d).map(|j| a.column(j).iter().map(|x| x.abs()).sum::<f64>()).fold(0.0, f64::max);
+        let colmax = (0..d)
+            .map(|j| a.column(j).iter().map(|x| x.abs()).sum::<f64>())
+            .fold(0.0, f64::max);
         let mut z = a.transpose() / colmax;
         let eye = DMatrix::<f64>::identity(d, d);
         for _ in 0..ITER_STEPS {
@@ -160,12 +175,26 @@ mod tests {
     fn matches_host_reference_for_dividing_and_non_dividing_d() {
         let mut rng = TrialRng::seed_from_u64(1);
         let (n, p) = (60, 16);
-        let (q, k, v) = (gauss(&mut rng, n, p, 1.0), gauss(&mut rng, n, p, 1.0), gauss(&mut rng, n, p, 1.0));
+        let (q, k, v) = (
+            gauss(&mut rng, n, p, 1.0),
+            gauss(&mut rng, n, p, 1.0),
+            gauss(&mut rng, n, p, 1.0),
+        );
         let h = head(&q, &k, &v, DType::F64);
         for d in [1, 4, 7, 12, 13, 59] {
-            let got = to_dmatrix(&Nystromformer.approximate(&h, d, &mut TrialRng::seed_from_u64(0)).unwrap().output).unwrap();
+            let got = to_dmatrix(
+                &Nystromformer
+                    .approximate(&h, d, &mut TrialRng::seed_from_u64(0))
+                    .unwrap()
+                    .output,
+            )
+            .unwrap();
             let want = host_reference(&q, &k, &v, d);
-            assert!(max_rel(&got, &want) < 1e-9, "d={d}: {}", max_rel(&got, &want));
+            assert!(
+                max_rel(&got, &want) < 1e-9,
+                "d={d}: {}",
+                max_rel(&got, &want)
+            );
         }
     }
 
@@ -174,9 +203,19 @@ mod tests {
         // d = 1: F = 1, A_s = [1], IterInv = [1], so every row is softmax(mean(Q̃)K̃ᵀ)V.
         let mut rng = TrialRng::seed_from_u64(2);
         let (n, p) = (20, 8);
-        let (q, k, v) = (gauss(&mut rng, n, p, 1.0), gauss(&mut rng, n, p, 1.0), gauss(&mut rng, n, p, 1.0));
+        let (q, k, v) = (
+            gauss(&mut rng, n, p, 1.0),
+            gauss(&mut rng, n, p, 1.0),
+            gauss(&mut rng, n, p, 1.0),
+        );
         let h = head(&q, &k, &v, DType::F64);
-        let got = to_dmatrix(&Nystromformer.approximate(&h, 1, &mut TrialRng::seed_from_u64(0)).unwrap().output).unwrap();
+        let got = to_dmatrix(
+            &Nystromformer
+                .approximate(&h, 1, &mut TrialRng::seed_from_u64(0))
+                .unwrap()
+                .output,
+        )
+        .unwrap();
         let s = (p as f64).powf(-0.25);
         let qm = (q * s).row_mean();
         let qbar = DMatrix::from_row_slice(1, p, qm.as_slice());
@@ -190,17 +229,32 @@ mod tests {
     fn exact_when_every_row_is_a_landmark() {
         let mut rng = TrialRng::seed_from_u64(3);
         let (n, p) = (32, 8);
-        let (q, k, v) = (gauss(&mut rng, n, p, 1.0), gauss(&mut rng, n, p, 1.0), gauss(&mut rng, n, p, 1.0));
+        let (q, k, v) = (
+            gauss(&mut rng, n, p, 1.0),
+            gauss(&mut rng, n, p, 1.0),
+            gauss(&mut rng, n, p, 1.0),
+        );
         let h = head(&q, &k, &v, DType::F64);
         let exact = to_dmatrix(&h.exact.output).unwrap();
         for d in [n, n + 1, 4 * n] {
-            let got = to_dmatrix(&Nystromformer.approximate(&h, d, &mut TrialRng::seed_from_u64(0)).unwrap().output).unwrap();
+            let got = to_dmatrix(
+                &Nystromformer
+                    .approximate(&h, d, &mut TrialRng::seed_from_u64(0))
+                    .unwrap()
+                    .output,
+            )
+            .unwrap();
             assert!(max_rel(&got, &exact) < 1e-14, "d={d}");
         }
         // And the error shrinks towards it: d = n/2 is worse than exact but still beats d = 1.
         let err = |d| {
-            let o = Nystromformer.approximate(&h, d, &mut TrialRng::seed_from_u64(0)).unwrap().output;
-            crate::numerics::spectral::error_norms(&h.exact.output, &o).unwrap().spectral
+            let o = Nystromformer
+                .approximate(&h, d, &mut TrialRng::seed_from_u64(0))
+                .unwrap()
+                .output;
+            crate::numerics::spectral::error_norms(&h.exact.output, &o)
+                .unwrap()
+                .spectral
         };
         assert!(err(n / 2) > 0.0 && err(n / 2) < err(1));
     }
@@ -209,16 +263,29 @@ mod tests {
     fn f32_agrees_with_f64_and_outputs_are_finite_and_deterministic() {
         let mut rng = TrialRng::seed_from_u64(4);
         let (n, p) = (256, 64);
-        let (q, k, v) = (gauss(&mut rng, n, p, 0.6), gauss(&mut rng, n, p, 0.6), gauss(&mut rng, n, p, 1.0));
+        let (q, k, v) = (
+            gauss(&mut rng, n, p, 0.6),
+            gauss(&mut rng, n, p, 0.6),
+            gauss(&mut rng, n, p, 1.0),
+        );
         let (h32, h64) = (head(&q, &k, &v, DType::F32), head(&q, &k, &v, DType::F64));
         for d in [8, 16, 24, 64, 100] {
-            let a32 = Nystromformer.approximate(&h32, d, &mut TrialRng::seed_from_u64(0)).unwrap().output;
-            let a64 = Nystromformer.approximate(&h64, d, &mut TrialRng::seed_from_u64(1)).unwrap().output;
+            let a32 = Nystromformer
+                .approximate(&h32, d, &mut TrialRng::seed_from_u64(0))
+                .unwrap()
+                .output;
+            let a64 = Nystromformer
+                .approximate(&h64, d, &mut TrialRng::seed_from_u64(1))
+                .unwrap()
+                .output;
             assert_eq!(a32.dtype(), DType::F32);
             let (o32, o64) = (to_dmatrix(&a32).unwrap(), to_dmatrix(&a64).unwrap());
             assert!(o32.iter().all(|x| x.is_finite()));
             assert!(max_rel(&o32, &o64) < 1e-3, "d={d}: {}", max_rel(&o32, &o64));
-            let again = Nystromformer.approximate(&h64, d, &mut TrialRng::seed_from_u64(7)).unwrap().output;
+            let again = Nystromformer
+                .approximate(&h64, d, &mut TrialRng::seed_from_u64(7))
+                .unwrap()
+                .output;
             assert_eq!(to_dmatrix(&again).unwrap(), o64);
         }
         assert!(!Nystromformer.is_random());

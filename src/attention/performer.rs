@@ -39,11 +39,15 @@ pub struct Performer {
 impl Performer {
     /// `performer`: the double-scaled reference estimator of softmax(QKᵀ/p)V (Fig. 1).
     pub fn reference() -> Self {
-        Self { double_scaled: true }
+        Self {
+            double_scaled: true,
+        }
     }
     /// `performer_favor`: textbook FAVOR+ for softmax(QKᵀ/√p)V.
     pub fn favor() -> Self {
-        Self { double_scaled: false }
+        Self {
+            double_scaled: false,
+        }
     }
     /// Total input scale: p^{-1/2} (double-scaled) or p^{-1/4} (FAVOR+); x̃ = x·scale.
     pub fn input_scale(&self, p: usize) -> f64 {
@@ -63,7 +67,11 @@ pub(crate) fn orthogonal_gaussian(rng: &mut TrialRng, m: usize, p: usize) -> DMa
     let mut omega = omega.rows(0, m).into_owned();
     let lengths = normal_values(rng, m, p, 1.0);
     for r in 0..m {
-        let len = lengths[r * p..(r + 1) * p].iter().map(|x| x * x).sum::<f64>().sqrt();
+        let len = lengths[r * p..(r + 1) * p]
+            .iter()
+            .map(|x| x * x)
+            .sum::<f64>()
+            .sqrt();
         omega.row_mut(r).scale_mut(len);
     }
     omega
@@ -117,7 +125,12 @@ impl Method for Performer {
     fn macs(&self, n: usize, p: usize, d: usize) -> f64 {
         4.0 * (n * d * p) as f64 + (d.div_ceil(p) * p * p * p) as f64
     }
-    fn approximate(&self, head: &HeadInputs, d: usize, rng: &mut TrialRng) -> Result<Approximation> {
+    fn approximate(
+        &self,
+        head: &HeadInputs,
+        d: usize,
+        rng: &mut TrialRng,
+    ) -> Result<Approximation> {
         anyhow::ensure!(d >= 1, "performer needs at least one random feature");
         let (n, p) = (head.n(), head.p());
         let (dt, dev) = (head.dtype(), head.device());
@@ -126,13 +139,16 @@ impl Method for Performer {
         let s = self.input_scale(p);
         let phi_q = feature_map(&(&head.q * s)?, &omega, Shift::PerRow, EPS)?; // n×m
         let phi_k = feature_map(&(&head.k * s)?, &omega, Shift::Global, EPS)?; // n×m
-        // [V, 1]: numerator and denominator share the products.
+                                                                               // [V, 1]: numerator and denominator share the products.
         let rhs = Tensor::cat(&[head.v.clone(), Tensor::ones((n, 1), dt, dev)?], 1)?;
         let kv = phi_k.t()?.matmul(&rhs)?; // m×(p+1)
         let fr = phi_q.matmul(&kv)?; // n×(p+1)
         let den = fr.narrow(1, p, 1)?;
         let out = fr.narrow(1, 0, p)?.broadcast_div(&den)?;
-        Ok(Approximation { output: out, normalizer: Some(den.squeeze(1)?.to_dtype(DType::F64)?) })
+        Ok(Approximation {
+            output: out,
+            normalizer: Some(den.squeeze(1)?.to_dtype(DType::F64)?),
+        })
     }
 }
 
@@ -147,7 +163,12 @@ mod tests {
     fn t64(m: &DMatrix<f64>) -> Tensor {
         from_dmatrix(m, &Device::Cpu, DType::F64).unwrap()
     }
-    fn softmax_attention(q: &DMatrix<f64>, k: &DMatrix<f64>, v: &DMatrix<f64>, scale: f64) -> DMatrix<f64> {
+    fn softmax_attention(
+        q: &DMatrix<f64>,
+        k: &DMatrix<f64>,
+        v: &DMatrix<f64>,
+        scale: f64,
+    ) -> DMatrix<f64> {
         let mut a = q * k.transpose() * scale;
         for mut r in a.row_iter_mut() {
             let mx = r.max();
@@ -183,11 +204,23 @@ mod tests {
     }
 
     /// Mean and standard error over `draws` fresh Ω of φ(q̃)·φ(k̃) with ε = 0 and no shift.
-    fn kernel_estimate(method: &Performer, q: &[f64], k: &[f64], m: usize, draws: usize) -> (f64, f64) {
+    fn kernel_estimate(
+        method: &Performer,
+        q: &[f64],
+        k: &[f64],
+        m: usize,
+        draws: usize,
+    ) -> (f64, f64) {
         let p = q.len();
         let s = method.input_scale(p);
-        let qt = Tensor::new(q, &Device::Cpu).unwrap().reshape((1, p)).unwrap();
-        let kt = Tensor::new(k, &Device::Cpu).unwrap().reshape((1, p)).unwrap();
+        let qt = Tensor::new(q, &Device::Cpu)
+            .unwrap()
+            .reshape((1, p))
+            .unwrap();
+        let kt = Tensor::new(k, &Device::Cpu)
+            .unwrap()
+            .reshape((1, p))
+            .unwrap();
         let (qt, kt) = ((qt * s).unwrap(), (kt * s).unwrap());
         let mut rng = TrialRng::seed_from_u64(42);
         let vals: Vec<f64> = (0..draws)
@@ -212,11 +245,15 @@ mod tests {
         let k = [0.6, -0.3, 0.1, 0.2];
         let qk: f64 = q.iter().zip(&k).map(|(a, b)| a * b).sum();
         for (method, target) in [
-            (Performer::reference(), (qk / p as f64).exp()),         // exp(q·k/p)
-            (Performer::favor(), (qk / (p as f64).sqrt()).exp()),   // exp(q·k/√p)
+            (Performer::reference(), (qk / p as f64).exp()), // exp(q·k/p)
+            (Performer::favor(), (qk / (p as f64).sqrt()).exp()), // exp(q·k/√p)
         ] {
             let (mean, se) = kernel_estimate(&method, &q, &k, 6, 20_000);
-            assert!((mean - target).abs() < 4.0 * se, "{}: {mean} ± {se} vs {target}", method.id());
+            assert!(
+                (mean - target).abs() < 4.0 * se,
+                "{}: {mean} ± {se} vs {target}",
+                method.id()
+            );
             assert!(se < 0.01 * target, "{}: se {se}", method.id());
         }
     }
@@ -228,20 +265,50 @@ mod tests {
         // error relative to the gap between the two targets shrinks like m^{-1/2} at any scale.
         let mut rng = TrialRng::seed_from_u64(2);
         let (n, p) = (12, 8);
-        let (q, k, v) = (gauss(&mut rng, n, p, 0.3), gauss(&mut rng, n, p, 0.3), gauss(&mut rng, n, p, 1.0));
+        let (q, k, v) = (
+            gauss(&mut rng, n, p, 0.3),
+            gauss(&mut rng, n, p, 0.3),
+            gauss(&mut rng, n, p, 1.0),
+        );
         let head = HeadInputs::new(t64(&q), t64(&k), t64(&v)).unwrap();
         let flat = softmax_attention(&q, &k, &v, 1.0 / p as f64); // softmax(QKᵀ/p)V
         let sharp = softmax_attention(&q, &k, &v, 1.0 / (p as f64).sqrt()); // the real target
-        assert!((&sharp - to_dmatrix(&head.exact.output).unwrap()).abs().max() < 1e-12);
+        assert!(
+            (&sharp - to_dmatrix(&head.exact.output).unwrap())
+                .abs()
+                .max()
+                < 1e-12
+        );
         let dist = |a: &DMatrix<f64>, b: &DMatrix<f64>| (a - b).abs().max();
         let gap = dist(&flat, &sharp);
         assert!(gap > 0.02, "targets too close to tell apart: {gap}");
-        for (method, own, other) in [(Performer::reference(), &flat, &sharp), (Performer::favor(), &sharp, &flat)] {
-            let a = method.approximate(&head, 16384, &mut TrialRng::seed_from_u64(3)).unwrap();
+        for (method, own, other) in [
+            (Performer::reference(), &flat, &sharp),
+            (Performer::favor(), &sharp, &flat),
+        ] {
+            let a = method
+                .approximate(&head, 16384, &mut TrialRng::seed_from_u64(3))
+                .unwrap();
             let o = to_dmatrix(&a.output).unwrap();
-            assert!(dist(&o, own) < 0.3 * gap, "{}: {} vs gap {gap}", method.id(), dist(&o, own));
-            assert!(dist(&o, other) > 0.7 * gap, "{}: {} vs gap {gap}", method.id(), dist(&o, other));
-            assert!(a.normalizer.unwrap().to_vec1::<f64>().unwrap().iter().all(|&x| x > 0.0));
+            assert!(
+                dist(&o, own) < 0.3 * gap,
+                "{}: {} vs gap {gap}",
+                method.id(),
+                dist(&o, own)
+            );
+            assert!(
+                dist(&o, other) > 0.7 * gap,
+                "{}: {} vs gap {gap}",
+                method.id(),
+                dist(&o, other)
+            );
+            assert!(a
+                .normalizer
+                .unwrap()
+                .to_vec1::<f64>()
+                .unwrap()
+                .iter()
+                .all(|&x| x > 0.0));
         }
     }
 
@@ -249,29 +316,62 @@ mod tests {
     fn seeded_reproducible_finite_and_f32_agrees_with_f64() {
         let mut rng = TrialRng::seed_from_u64(4);
         let (n, p) = (200, 64);
-        let (q, k, v) = (gauss(&mut rng, n, p, 0.6), gauss(&mut rng, n, p, 0.6), gauss(&mut rng, n, p, 1.0));
+        let (q, k, v) = (
+            gauss(&mut rng, n, p, 0.6),
+            gauss(&mut rng, n, p, 0.6),
+            gauss(&mut rng, n, p, 1.0),
+        );
         let h64 = HeadInputs::new(t64(&q), t64(&k), t64(&v)).unwrap();
         let t32 = |m: &DMatrix<f64>| from_dmatrix(m, &Device::Cpu, DType::F32).unwrap();
         let h32 = HeadInputs::new(t32(&q), t32(&k), t32(&v)).unwrap();
         for method in [Performer::reference(), Performer::favor()] {
             for d in [1, 16, 70, 256] {
-                let a = to_dmatrix(&method.approximate(&h64, d, &mut TrialRng::seed_from_u64(9)).unwrap().output).unwrap();
-                let b = to_dmatrix(&method.approximate(&h64, d, &mut TrialRng::seed_from_u64(9)).unwrap().output).unwrap();
+                let a = to_dmatrix(
+                    &method
+                        .approximate(&h64, d, &mut TrialRng::seed_from_u64(9))
+                        .unwrap()
+                        .output,
+                )
+                .unwrap();
+                let b = to_dmatrix(
+                    &method
+                        .approximate(&h64, d, &mut TrialRng::seed_from_u64(9))
+                        .unwrap()
+                        .output,
+                )
+                .unwrap();
                 assert_eq!(a, b);
                 assert!(a.iter().all(|x| x.is_finite()));
-                let c = method.approximate(&h32, d, &mut TrialRng::seed_from_u64(9)).unwrap();
+                let c = method
+                    .approximate(&h32, d, &mut TrialRng::seed_from_u64(9))
+                    .unwrap();
                 assert_eq!(c.output.dtype(), DType::F32);
                 let c = to_dmatrix(&c.output).unwrap();
                 let rel = (&c - &a).abs().max() / a.abs().max();
                 assert!(rel < 1e-3, "{} d={d}: {rel}", method.id());
             }
-            let x = to_dmatrix(&method.approximate(&h64, 16, &mut TrialRng::seed_from_u64(1)).unwrap().output).unwrap();
-            let y = to_dmatrix(&method.approximate(&h64, 16, &mut TrialRng::seed_from_u64(2)).unwrap().output).unwrap();
+            let x = to_dmatrix(
+                &method
+                    .approximate(&h64, 16, &mut TrialRng::seed_from_u64(1))
+                    .unwrap()
+                    .output,
+            )
+            .unwrap();
+            let y = to_dmatrix(
+                &method
+                    .approximate(&h64, 16, &mut TrialRng::seed_from_u64(2))
+                    .unwrap()
+                    .output,
+            )
+            .unwrap();
             assert_ne!(x, y);
         }
         assert_eq!(Performer::reference().id(), "performer");
         assert_eq!(Performer::favor().id(), "performer_favor");
-        assert_eq!(Performer::reference().macs(512, 64, 100), 4.0 * 512.0 * 100.0 * 64.0 + 2.0 * 64f64.powi(3));
+        assert_eq!(
+            Performer::reference().macs(512, 64, 100),
+            4.0 * 512.0 * 100.0 * 64.0 + 2.0 * 64f64.powi(3)
+        );
     }
 
     #[test]
@@ -279,7 +379,11 @@ mod tests {
         // With ε = 0 the per-row and global shifts cancel exactly in Ô.
         let mut rng = TrialRng::seed_from_u64(6);
         let (n, p, m) = (10, 4, 12);
-        let (q, k, v) = (gauss(&mut rng, n, p, 1.0), gauss(&mut rng, n, p, 1.0), gauss(&mut rng, n, p, 1.0));
+        let (q, k, v) = (
+            gauss(&mut rng, n, p, 1.0),
+            gauss(&mut rng, n, p, 1.0),
+            gauss(&mut rng, n, p, 1.0),
+        );
         let om = t64(&orthogonal_gaussian(&mut rng, m, p));
         let out = |sq: Shift, sk: Shift| {
             let fq = to_dmatrix(&feature_map(&t64(&q), &om, sq, 0.0).unwrap()).unwrap();
@@ -291,7 +395,9 @@ mod tests {
             }
             o
         };
-        let diff = (out(Shift::PerRow, Shift::Global) - out(Shift::None, Shift::None)).abs().max();
+        let diff = (out(Shift::PerRow, Shift::Global) - out(Shift::None, Shift::None))
+            .abs()
+            .max();
         assert!(diff < 1e-12, "{diff}");
     }
 }

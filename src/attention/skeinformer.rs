@@ -20,7 +20,9 @@ use candle_core::{Tensor, D};
 
 use super::informer::replace_rows;
 use super::{Approximation, HeadInputs, Method};
-use crate::numerics::sampling::{uniform_with_replacement, uniform_without_replacement, weighted_without_replacement, TrialRng};
+use crate::numerics::sampling::{
+    uniform_with_replacement, uniform_without_replacement, weighted_without_replacement, TrialRng,
+};
 use crate::tensor_util::{index_tensor, to_vec_f64};
 
 /// Skeinformer and its Table 1 ablations.
@@ -73,7 +75,13 @@ pub fn column_weights(b: &Tensor, v: &Tensor) -> Result<Vec<f64>> {
 
 /// Steps 5–9 (or the ablation's normalisation) for the selected columns `cols` (distinct).
 /// Returns R ([n, p]) and the normaliser ([n], shifted by e^{−c_i}) where the method has one.
-pub fn rows_from_columns(q: &Tensor, k: &Tensor, v: &Tensor, cols: &[usize], norm: RowNorm) -> Result<(Tensor, Option<Tensor>)> {
+pub fn rows_from_columns(
+    q: &Tensor,
+    k: &Tensor,
+    v: &Tensor,
+    cols: &[usize],
+    norm: RowNorm,
+) -> Result<(Tensor, Option<Tensor>)> {
     let (n, p) = q.dims2()?;
     let d = cols.len();
     let idx = index_tensor(cols, q.device())?;
@@ -93,14 +101,15 @@ pub fn rows_from_columns(q: &Tensor, k: &Tensor, v: &Tensor, cols: &[usize], nor
         _ => {
             let g = ls.mean_keepdim(D::Minus1)?.exp()?; // step 6: geometric mean, [n, 1]
             let delta = (sum_a + (g.clone() * (n - d) as f64)?)?; // step 7
-            // Step 8: u = Σ_{j∉J'} v_j, summed directly over the complement (no cancellation).
+                                                                  // Step 8: u = Σ_{j∉J'} v_j, summed directly over the complement (no cancellation).
             let mut selected = vec![false; n];
             cols.iter().for_each(|&j| selected[j] = true);
             let rest: Vec<usize> = (0..n).filter(|&j| !selected[j]).collect();
             let u = if rest.is_empty() {
                 v.narrow(0, 0, 1)?.zeros_like()?
             } else {
-                v.index_select(&index_tensor(&rest, v.device())?, 0)?.sum_keepdim(0)? // [1, p]
+                v.index_select(&index_tensor(&rest, v.device())?, 0)?
+                    .sum_keepdim(0)? // [1, p]
             };
             (av.add(&g.broadcast_mul(&u)?)?, delta) // step 9 numerator
         }
@@ -121,13 +130,26 @@ pub struct SkeinRun {
 
 impl Skeinformer {
     /// Runs the variant with d features (capped at n − 1) on q, k, v; `log_rowsum` (log D) is used by NoNorm only.
-    pub fn run(&self, q: &Tensor, k: &Tensor, v: &Tensor, log_rowsum: &Tensor, d: usize, rng: &mut TrialRng) -> Result<SkeinRun> {
+    pub fn run(
+        &self,
+        q: &Tensor,
+        k: &Tensor,
+        v: &Tensor,
+        log_rowsum: &Tensor,
+        d: usize,
+        rng: &mut TrialRng,
+    ) -> Result<SkeinRun> {
         let n = q.dims2()?.0;
         let d = effective_d(n, d);
         if self.variant == SkeinVariant::Uniform {
             let cols = uniform_without_replacement(rng, n, d);
             let (output, normalizer) = rows_from_columns(q, k, v, &cols, RowNorm::Adaptive)?;
-            return Ok(SkeinRun { output, normalizer, pilot: None, cols });
+            return Ok(SkeinRun {
+                output,
+                normalizer,
+                pilot: None,
+                cols,
+            });
         }
         let pilot = uniform_with_replacement(rng, n, d); // step 1
         let qj = q.index_select(&index_tensor(&pilot, q.device())?, 0)?;
@@ -144,7 +166,12 @@ impl Skeinformer {
         if self.variant == SkeinVariant::Full {
             output = replace_rows(&output, &pilot, &b.matmul(v)?)?; // step 10: R[J,:] = B_J V
         }
-        Ok(SkeinRun { output, normalizer, pilot: Some(pilot), cols })
+        Ok(SkeinRun {
+            output,
+            normalizer,
+            pilot: Some(pilot),
+            cols,
+        })
     }
 }
 
@@ -185,16 +212,31 @@ impl Method for Skeinformer {
             return Err("d must be at least 1".into());
         }
         if n < 2 {
-            return Err(format!("{} needs n ≥ 2 (d is capped at n − 1), got n = {n}", self.id()));
+            return Err(format!(
+                "{} needs n ≥ 2 (d is capped at n − 1), got n = {n}",
+                self.id()
+            ));
         }
         Ok(())
     }
-    fn approximate(&self, head: &HeadInputs, d: usize, rng: &mut TrialRng) -> Result<Approximation> {
+    fn approximate(
+        &self,
+        head: &HeadInputs,
+        d: usize,
+        rng: &mut TrialRng,
+    ) -> Result<Approximation> {
         self.check(head.n(), d).map_err(anyhow::Error::msg)?;
         // log D costs a pass over QKᵀ: computed (once per head) only for the variant that needs it.
-        let log_rowsum = if self.variant == SkeinVariant::NoNorm { head.exact.log_rowsum()?.clone() } else { Tensor::zeros(0, head.dtype(), head.device())? };
+        let log_rowsum = if self.variant == SkeinVariant::NoNorm {
+            head.exact.log_rowsum()?.clone()
+        } else {
+            Tensor::zeros(0, head.dtype(), head.device())?
+        };
         let run = self.run(&head.q, &head.k, &head.v, &log_rowsum, d, rng)?;
-        Ok(Approximation { output: run.output, normalizer: run.normalizer })
+        Ok(Approximation {
+            output: run.output,
+            normalizer: run.normalizer,
+        })
     }
 }
 
@@ -207,11 +249,25 @@ mod tests {
     use candle_core::{DType, Device};
     use rand::SeedableRng;
 
-    const ALL: [SkeinVariant; 5] = [SkeinVariant::Full, SkeinVariant::Uniform, SkeinVariant::NoNorm, SkeinVariant::SimpleNorm, SkeinVariant::NoPilot];
+    const ALL: [SkeinVariant; 5] = [
+        SkeinVariant::Full,
+        SkeinVariant::Uniform,
+        SkeinVariant::NoNorm,
+        SkeinVariant::SimpleNorm,
+        SkeinVariant::NoPilot,
+    ];
 
     fn head(n: usize, p: usize, seed: u64, std: f64, dtype: DType) -> HeadInputs {
         let mut rng = TrialRng::seed_from_u64(seed);
-        let mut mk = |s| from_f64(normal_values(&mut rng, n, p, s), (n, p), &Device::Cpu, dtype).unwrap();
+        let mut mk = |s| {
+            from_f64(
+                normal_values(&mut rng, n, p, s),
+                (n, p),
+                &Device::Cpu,
+                dtype,
+            )
+            .unwrap()
+        };
         let (q, k, v) = (mk(std), mk(std), mk(1.0));
         HeadInputs::new(q, k, v).unwrap()
     }
@@ -224,19 +280,25 @@ mod tests {
     fn naive(h: &HeadInputs, cols: &[usize], norm: &str) -> Vec<Vec<f64>> {
         let (q, k, v) = (rows(&h.q), rows(&h.k), rows(&h.v));
         let (n, p) = (q.len(), q[0].len());
-        let dot = |a: &[f64], b: &[f64]| a.iter().zip(b).map(|(x, y)| x * y).sum::<f64>() / (p as f64).sqrt();
+        let dot = |a: &[f64], b: &[f64]| {
+            a.iter().zip(b).map(|(x, y)| x * y).sum::<f64>() / (p as f64).sqrt()
+        };
         (0..n)
             .map(|i| {
                 let a: Vec<f64> = cols.iter().map(|&j| dot(&q[i], &k[j]).exp()).collect();
                 let dsum: f64 = (0..n).map(|j| dot(&q[i], &k[j]).exp()).sum();
-                let g = (cols.iter().map(|&j| dot(&q[i], &k[j])).sum::<f64>() / cols.len() as f64).exp();
+                let g = (cols.iter().map(|&j| dot(&q[i], &k[j])).sum::<f64>() / cols.len() as f64)
+                    .exp();
                 let rest: Vec<usize> = (0..n).filter(|j| !cols.contains(j)).collect();
                 (0..p)
                     .map(|c| {
                         let av: f64 = cols.iter().zip(&a).map(|(&j, w)| w * v[j][c]).sum();
                         let sa: f64 = a.iter().sum();
                         match norm {
-                            "adaptive" => (av + g * rest.iter().map(|&j| v[j][c]).sum::<f64>()) / (sa + (n - cols.len()) as f64 * g),
+                            "adaptive" => {
+                                (av + g * rest.iter().map(|&j| v[j][c]).sum::<f64>())
+                                    / (sa + (n - cols.len()) as f64 * g)
+                            }
                             "simple" => av / sa,
                             _ => av / dsum,
                         }
@@ -249,7 +311,10 @@ mod tests {
     fn assert_close(a: &[Vec<f64>], b: &[Vec<f64>], tol: f64) {
         for (i, (x, y)) in a.iter().zip(b).enumerate() {
             for (s, t) in x.iter().zip(y) {
-                assert!((s - t).abs() <= tol * (1.0 + t.abs()), "row {i}: {s} vs {t}");
+                assert!(
+                    (s - t).abs() <= tol * (1.0 + t.abs()),
+                    "row {i}: {s} vs {t}"
+                );
             }
         }
     }
@@ -257,8 +322,15 @@ mod tests {
     #[test]
     fn shifted_steps_match_unshifted_formula() {
         let h = head(40, 8, 1, 1.0, DType::F64);
-        for cols in [vec![3usize, 17, 0, 39, 22], (0..40).filter(|&j| j != 11).collect()] {
-            for (norm, name) in [(RowNorm::Adaptive, "adaptive"), (RowNorm::Simple, "simple"), (RowNorm::Exact(h.exact.log_rowsum().unwrap()), "exact")] {
+        for cols in [
+            vec![3usize, 17, 0, 39, 22],
+            (0..40).filter(|&j| j != 11).collect(),
+        ] {
+            for (norm, name) in [
+                (RowNorm::Adaptive, "adaptive"),
+                (RowNorm::Simple, "simple"),
+                (RowNorm::Exact(h.exact.log_rowsum().unwrap()), "exact"),
+            ] {
                 let (r, delta) = rows_from_columns(&h.q, &h.k, &h.v, &cols, norm).unwrap();
                 assert_close(&rows(&r), &naive(&h, &cols, name), 1e-12);
                 assert_eq!(delta.is_some(), name != "exact");
@@ -292,7 +364,16 @@ mod tests {
         let h = HeadInputs::new(h0.q.zeros_like().unwrap(), h0.k.clone(), h0.v.clone()).unwrap();
         let mean = h.v.mean_keepdim(0).unwrap();
         for variant in ALL {
-            let run = Skeinformer::new(variant).run(&h.q, &h.k, &h.v, h.exact.log_rowsum().unwrap(), 10, &mut TrialRng::seed_from_u64(4)).unwrap();
+            let run = Skeinformer::new(variant)
+                .run(
+                    &h.q,
+                    &h.k,
+                    &h.v,
+                    h.exact.log_rowsum().unwrap(),
+                    10,
+                    &mut TrialRng::seed_from_u64(4),
+                )
+                .unwrap();
             let idx = index_tensor(&run.cols, &Device::Cpu).unwrap();
             let sel = h.v.index_select(&idx, 0).unwrap().sum_keepdim(0).unwrap();
             let want = match variant {
@@ -301,7 +382,10 @@ mod tests {
                 _ => mean.clone(),
             };
             let want = want.broadcast_as((64, 8)).unwrap().contiguous().unwrap();
-            assert!(error_norms(&want, &run.output).unwrap().spectral < 1e-12, "{variant:?}");
+            assert!(
+                error_norms(&want, &run.output).unwrap().spectral < 1e-12,
+                "{variant:?}"
+            );
         }
     }
 
@@ -310,20 +394,39 @@ mod tests {
         let h = head(96, 16, 5, 1.0, DType::F64);
         let exact = rows(&h.exact.output);
         for variant in [SkeinVariant::Full, SkeinVariant::NoPilot] {
-            let run = Skeinformer::new(variant).run(&h.q, &h.k, &h.v, h.exact.log_rowsum().unwrap(), 12, &mut TrialRng::seed_from_u64(6)).unwrap();
+            let run = Skeinformer::new(variant)
+                .run(
+                    &h.q,
+                    &h.k,
+                    &h.v,
+                    h.exact.log_rowsum().unwrap(),
+                    12,
+                    &mut TrialRng::seed_from_u64(6),
+                )
+                .unwrap();
             let (out, pilot) = (rows(&run.output), run.pilot.unwrap());
             assert_eq!(pilot.len(), 12);
             let mut c = run.cols.clone();
             c.sort_unstable();
             c.dedup();
             assert_eq!(c.len(), 12, "columns are distinct");
-            let off: f64 = pilot.iter().flat_map(|&i| out[i].iter().zip(&exact[i]).map(|(a, b)| (a - b).abs())).fold(0.0, f64::max);
+            let off: f64 = pilot
+                .iter()
+                .flat_map(|&i| out[i].iter().zip(&exact[i]).map(|(a, b)| (a - b).abs()))
+                .fold(0.0, f64::max);
             if variant == SkeinVariant::Full {
                 assert!(off < 1e-12, "pilot rows must be exact, off by {off}");
                 // The other rows are the steps 5–9 rows.
                 let no_pilot = naive(&h, &run.cols, "adaptive");
                 let rest: Vec<usize> = (0..96).filter(|i| !pilot.contains(i)).collect();
-                assert_close(&rest.iter().map(|&i| out[i].clone()).collect::<Vec<_>>(), &rest.iter().map(|&i| no_pilot[i].clone()).collect::<Vec<_>>(), 1e-12);
+                assert_close(
+                    &rest.iter().map(|&i| out[i].clone()).collect::<Vec<_>>(),
+                    &rest
+                        .iter()
+                        .map(|&i| no_pilot[i].clone())
+                        .collect::<Vec<_>>(),
+                    1e-12,
+                );
             } else {
                 assert!(off > 1e-6, "nopilot keeps approximate rows");
             }
@@ -333,11 +436,21 @@ mod tests {
     #[test]
     fn importance_weights_follow_pilot_columns_and_value_norms() {
         let h = head(20, 4, 7, 1.0, DType::F64);
-        let b = super::super::row_softmax(&(h.q.narrow(0, 0, 3).unwrap().matmul(&h.k.t().unwrap()).unwrap() / 2.0).unwrap()).unwrap();
+        let b = super::super::row_softmax(
+            &(h.q
+                .narrow(0, 0, 3)
+                .unwrap()
+                .matmul(&h.k.t().unwrap())
+                .unwrap()
+                / 2.0)
+                .unwrap(),
+        )
+        .unwrap();
         let w = column_weights(&b, &h.v).unwrap();
         let (bm, vm) = (rows(&b), rows(&h.v));
         for i in 0..20 {
-            let want = bm.iter().map(|r| r[i] * r[i]).sum::<f64>().sqrt() * vm[i].iter().map(|x| x * x).sum::<f64>().sqrt();
+            let want = bm.iter().map(|r| r[i] * r[i]).sum::<f64>().sqrt()
+                * vm[i].iter().map(|x| x * x).sum::<f64>().sqrt();
             assert!((w[i] - want).abs() < 1e-14);
         }
     }
@@ -345,40 +458,93 @@ mod tests {
     #[test]
     fn cap_normalizer_reproducibility_and_dtypes() {
         let h64 = head(128, 16, 8, 1.0, DType::F64);
-        let h32 = HeadInputs::new(h64.q.to_dtype(DType::F32).unwrap(), h64.k.to_dtype(DType::F32).unwrap(), h64.v.to_dtype(DType::F32).unwrap()).unwrap();
-        let vmean = error_norms(&h64.exact.output, &h64.v.mean_keepdim(0).unwrap().broadcast_as((128, 16)).unwrap()).unwrap().spectral;
+        let h32 = HeadInputs::new(
+            h64.q.to_dtype(DType::F32).unwrap(),
+            h64.k.to_dtype(DType::F32).unwrap(),
+            h64.v.to_dtype(DType::F32).unwrap(),
+        )
+        .unwrap();
+        let vmean = error_norms(
+            &h64.exact.output,
+            &h64.v
+                .mean_keepdim(0)
+                .unwrap()
+                .broadcast_as((128, 16))
+                .unwrap(),
+        )
+        .unwrap()
+        .spectral;
         for variant in ALL {
             let m = Skeinformer::new(variant);
-            let go = |h: &HeadInputs, d, seed| m.approximate(h, d, &mut TrialRng::seed_from_u64(seed)).unwrap();
+            let go = |h: &HeadInputs, d, seed| {
+                m.approximate(h, d, &mut TrialRng::seed_from_u64(seed))
+                    .unwrap()
+            };
             let a = go(&h64, 32, 9);
-            assert_eq!(rows(&a.output), rows(&go(&h64, 32, 9).output), "{variant:?} not reproducible");
-            assert_ne!(rows(&a.output), rows(&go(&h64, 32, 10).output), "{variant:?} ignores the seed");
+            assert_eq!(
+                rows(&a.output),
+                rows(&go(&h64, 32, 9).output),
+                "{variant:?} not reproducible"
+            );
+            assert_ne!(
+                rows(&a.output),
+                rows(&go(&h64, 32, 10).output),
+                "{variant:?} ignores the seed"
+            );
             let b = go(&h32, 32, 9);
             let diff = error_norms(&a.output, &b.output).unwrap().spectral;
             assert!(diff < 1e-4, "{variant:?}: f32 vs f64 {diff}");
             assert!(rows(&b.output).iter().flatten().all(|x| x.is_finite()));
             match &a.normalizer {
-                Some(dl) => assert!(variant != SkeinVariant::NoNorm && rows(&dl.unsqueeze(1).unwrap()).iter().all(|r| r[0] >= 1.0)),
+                Some(dl) => assert!(
+                    variant != SkeinVariant::NoNorm
+                        && rows(&dl.unsqueeze(1).unwrap()).iter().all(|r| r[0] >= 1.0)
+                ),
                 None => assert_eq!(variant, SkeinVariant::NoNorm),
             }
             // d ≥ n is capped at n − 1: it runs and uses n − 1 columns.
-            let run = m.run(&h64.q, &h64.k, &h64.v, h64.exact.log_rowsum().unwrap(), 500, &mut TrialRng::seed_from_u64(1)).unwrap();
+            let run = m
+                .run(
+                    &h64.q,
+                    &h64.k,
+                    &h64.v,
+                    h64.exact.log_rowsum().unwrap(),
+                    500,
+                    &mut TrialRng::seed_from_u64(1),
+                )
+                .unwrap();
             assert_eq!(run.cols.len(), 127);
-            let err = error_norms(&h64.exact.output, &run.output).unwrap().spectral;
+            let err = error_norms(&h64.exact.output, &run.output)
+                .unwrap()
+                .spectral;
             if variant == SkeinVariant::NoNorm {
                 // The only error is the missing column: E = P[:, j*]·v_{j*}ᵀ, of norm ‖P[:, j*]‖·‖v_{j*}‖.
                 let j = (0..128).find(|j| !run.cols.contains(j)).unwrap();
-                let pm = rows(&crate::attention::exact::ExactAttention::probabilities(&h64.q, &h64.k).unwrap());
-                let want = pm.iter().map(|r| r[j] * r[j]).sum::<f64>().sqrt() * rows(&h64.v)[j].iter().map(|x| x * x).sum::<f64>().sqrt();
+                let pm = rows(
+                    &crate::attention::exact::ExactAttention::probabilities(&h64.q, &h64.k)
+                        .unwrap(),
+                );
+                let want = pm.iter().map(|r| r[j] * r[j]).sum::<f64>().sqrt()
+                    * rows(&h64.v)[j].iter().map(|x| x * x).sum::<f64>().sqrt();
                 assert!((err - want).abs() < 1e-10, "{err} vs {want}");
             } else {
                 // One missing column: the geometric-mean fill leaves 8–14 % of V-Mean's error here, and
                 // renormalising over the selected columns (SimpleNorm) 21 %.
-                let bound = if variant == SkeinVariant::SimpleNorm { 0.3 } else { 0.2 };
-                assert!(err < bound * vmean, "{variant:?} at d = n − 1: {err} vs V-Mean {vmean}");
+                let bound = if variant == SkeinVariant::SimpleNorm {
+                    0.3
+                } else {
+                    0.2
+                };
+                assert!(
+                    err < bound * vmean,
+                    "{variant:?} at d = n − 1: {err} vs V-Mean {vmean}"
+                );
             }
         }
-        assert_eq!(Skeinformer::new(SkeinVariant::Full).macs(1024, 64, 2000), 4.0 * (1024 * 1023 * 64) as f64);
+        assert_eq!(
+            Skeinformer::new(SkeinVariant::Full).macs(1024, 64, 2000),
+            4.0 * (1024 * 1023 * 64) as f64
+        );
         assert!(Skeinformer::new(SkeinVariant::Full).check(1, 4).is_err());
     }
 
@@ -387,8 +553,14 @@ mod tests {
         // Logits of order ±400 overflow exp in f32 and f64 without the row shift.
         let h = head(64, 16, 11, 10.0, DType::F32);
         for variant in ALL {
-            let out = Skeinformer::new(variant).approximate(&h, 8, &mut TrialRng::seed_from_u64(12)).unwrap().output;
-            assert!(rows(&out).iter().flatten().all(|x| x.is_finite()), "{variant:?}");
+            let out = Skeinformer::new(variant)
+                .approximate(&h, 8, &mut TrialRng::seed_from_u64(12))
+                .unwrap()
+                .output;
+            assert!(
+                rows(&out).iter().flatten().all(|x| x.is_finite()),
+                "{variant:?}"
+            );
         }
     }
 }

@@ -151,15 +151,26 @@ impl Method for Skyformer {
         let (n, p, d) = (n as f64, p as f64, d as f64);
         4.0 * n * d * p + 24.0 * d * d * d
     }
-    fn approximate(&self, head: &HeadInputs, d: usize, rng: &mut TrialRng) -> Result<Approximation> {
+    fn approximate(
+        &self,
+        head: &HeadInputs,
+        d: usize,
+        rng: &mut TrialRng,
+    ) -> Result<Approximation> {
         let (iq, ik) = draw_landmarks(rng, head.n(), d);
         let inverse = if self.iterative {
-            CoreInverse::Iterative { gamma: GAMMA, steps: ITER_STEPS }
+            CoreInverse::Iterative {
+                gamma: GAMMA,
+                steps: ITER_STEPS,
+            }
         } else {
             CoreInverse::Pinv
         };
         let (out, den) = skyformer_core(&head.q, &head.k, &head.v, &iq, &ik, inverse)?;
-        Ok(Approximation { output: out.to_dtype(head.dtype())?, normalizer: Some(den) })
+        Ok(Approximation {
+            output: out.to_dtype(head.dtype())?,
+            normalizer: Some(den),
+        })
     }
 }
 
@@ -179,7 +190,13 @@ mod tests {
 
     /// Independent dense construction: Ā = exp(XXᵀ) (no shift), Ā̃ = ĀS·core·SᵀĀ with
     /// core = (SᵀĀS)^† (nalgebra SVD) or (SᵀĀS + γI)⁻¹ (LU), Ã its upper-right block.
-    fn dense(q: &DMatrix<f64>, k: &DMatrix<f64>, v: &DMatrix<f64>, sel: &[usize], gamma: Option<f64>) -> (DMatrix<f64>, Vec<f64>) {
+    fn dense(
+        q: &DMatrix<f64>,
+        k: &DMatrix<f64>,
+        v: &DMatrix<f64>,
+        sel: &[usize],
+        gamma: Option<f64>,
+    ) -> (DMatrix<f64>, Vec<f64>) {
         let (n, p) = q.shape();
         let s = (p as f64).powf(-0.25);
         let mut x = DMatrix::zeros(2 * n, p);
@@ -190,7 +207,9 @@ mod tests {
         let core = cols.select_rows(sel); // SᵀĀS
         let w = match gamma {
             None => core.pseudo_inverse(1e-12).unwrap(),
-            Some(g) => (core + DMatrix::identity(sel.len(), sel.len()) * g).try_inverse().unwrap(),
+            Some(g) => (core + DMatrix::identity(sel.len(), sel.len()) * g)
+                .try_inverse()
+                .unwrap(),
         };
         let full = &cols * w * cols.transpose();
         let a = full.view((0, n), (n, n)).into_owned();
@@ -210,10 +229,22 @@ mod tests {
     fn matches_dense_eq5_construction_with_duplicates() {
         let mut rng = TrialRng::seed_from_u64(1);
         let (n, p) = (7, 6);
-        let (q, k, v) = (gauss(&mut rng, n, p, 1.0), gauss(&mut rng, n, p, 1.0), gauss(&mut rng, n, p, 1.0));
+        let (q, k, v) = (
+            gauss(&mut rng, n, p, 1.0),
+            gauss(&mut rng, n, p, 1.0),
+            gauss(&mut rng, n, p, 1.0),
+        );
         let iq = vec![0, 3, 3, 5];
         let ik = vec![1, 6, 2];
-        let (out, den) = skyformer_core(&tensor(&q, DType::F64), &tensor(&k, DType::F64), &tensor(&v, DType::F64), &iq, &ik, CoreInverse::Pinv).unwrap();
+        let (out, den) = skyformer_core(
+            &tensor(&q, DType::F64),
+            &tensor(&k, DType::F64),
+            &tensor(&v, DType::F64),
+            &iq,
+            &ik,
+            CoreInverse::Pinv,
+        )
+        .unwrap();
         let sel: Vec<usize> = iq.iter().cloned().chain(ik.iter().map(|j| j + n)).collect();
         let (want, want_den) = dense(&q, &k, &v, &sel, None);
         let got = to_dmatrix(&out).unwrap();
@@ -232,15 +263,31 @@ mod tests {
         // so 6 iterations converge and the result is (M + 0.1 I)⁻¹ on the *unshifted* scale.
         let mut rng = TrialRng::seed_from_u64(2);
         let (n, p) = (40, 16);
-        let (q, k, v) = (gauss(&mut rng, n, p, 1.0), gauss(&mut rng, n, p, 1.0), gauss(&mut rng, n, p, 1.0));
+        let (q, k, v) = (
+            gauss(&mut rng, n, p, 1.0),
+            gauss(&mut rng, n, p, 1.0),
+            gauss(&mut rng, n, p, 1.0),
+        );
         let (iq, ik) = (vec![0, 5, 9], vec![2, 17, 33]);
         let sel: Vec<usize> = iq.iter().cloned().chain(ik.iter().map(|j| j + n)).collect();
-        let (tq, tk, tv) = (tensor(&q, DType::F64), tensor(&k, DType::F64), tensor(&v, DType::F64));
-        let it = CoreInverse::Iterative { gamma: GAMMA, steps: ITER_STEPS };
+        let (tq, tk, tv) = (
+            tensor(&q, DType::F64),
+            tensor(&k, DType::F64),
+            tensor(&v, DType::F64),
+        );
+        let it = CoreInverse::Iterative {
+            gamma: GAMMA,
+            steps: ITER_STEPS,
+        };
         let got = to_dmatrix(&skyformer_core(&tq, &tk, &tv, &iq, &ik, it).unwrap().0).unwrap();
         let (want, _) = dense(&q, &k, &v, &sel, Some(GAMMA));
         assert!(max_rel(&got, &want) < 1e-8, "{}", max_rel(&got, &want));
-        let pinv = to_dmatrix(&skyformer_core(&tq, &tk, &tv, &iq, &ik, CoreInverse::Pinv).unwrap().0).unwrap();
+        let pinv = to_dmatrix(
+            &skyformer_core(&tq, &tk, &tv, &iq, &ik, CoreInverse::Pinv)
+                .unwrap()
+                .0,
+        )
+        .unwrap();
         let rel = max_rel(&got, &pinv);
         assert!(rel < 2e-2 && rel > 0.0, "iter vs pinv {rel}");
     }
@@ -250,17 +297,29 @@ mod tests {
         // S = I (all 2n rows): Ā Ā^† Ā = Ā, so Ô = softmax(QKᵀ/√p)V to rounding.
         let mut rng = TrialRng::seed_from_u64(3);
         let (n, p) = (6, 8);
-        let (q, k, v) = (gauss(&mut rng, n, p, 1.0), gauss(&mut rng, n, p, 1.0), gauss(&mut rng, n, p, 1.0));
-        let head = HeadInputs::new(tensor(&q, DType::F64), tensor(&k, DType::F64), tensor(&v, DType::F64)).unwrap();
+        let (q, k, v) = (
+            gauss(&mut rng, n, p, 1.0),
+            gauss(&mut rng, n, p, 1.0),
+            gauss(&mut rng, n, p, 1.0),
+        );
+        let head = HeadInputs::new(
+            tensor(&q, DType::F64),
+            tensor(&k, DType::F64),
+            tensor(&v, DType::F64),
+        )
+        .unwrap();
         let all: Vec<usize> = (0..n).collect();
-        let (out, den) = skyformer_core(&head.q, &head.k, &head.v, &all, &all, CoreInverse::Pinv).unwrap();
+        let (out, den) =
+            skyformer_core(&head.q, &head.k, &head.v, &all, &all, CoreInverse::Pinv).unwrap();
         let exact = to_dmatrix(&head.exact.output).unwrap();
         assert!(max_rel(&to_dmatrix(&out).unwrap(), &exact) < 1e-7);
         assert!(den.to_vec1::<f64>().unwrap().iter().all(|&x| x > 0.0));
         // Through the method: d = 400 draws cover all 12 rows w.h.p., with many duplicates
         // (M singular of rank 12): the pseudo-inverse still gives the exact output.
         let mut r = TrialRng::seed_from_u64(4);
-        let approx = Skyformer::pseudo_inverse().approximate(&head, 400, &mut r).unwrap();
+        let approx = Skyformer::pseudo_inverse()
+            .approximate(&head, 400, &mut r)
+            .unwrap();
         assert!(max_rel(&to_dmatrix(&approx.output).unwrap(), &exact) < 1e-6);
     }
 
@@ -268,27 +327,59 @@ mod tests {
     fn random_inputs_finite_reproducible_and_f32_agrees_with_f64() {
         let mut rng = TrialRng::seed_from_u64(5);
         let (n, p) = (128, 32);
-        let (q, k, v) = (gauss(&mut rng, n, p, 0.6), gauss(&mut rng, n, p, 0.6), gauss(&mut rng, n, p, 1.0));
-        let h64 = HeadInputs::new(tensor(&q, DType::F64), tensor(&k, DType::F64), tensor(&v, DType::F64)).unwrap();
-        let h32 = HeadInputs::new(tensor(&q, DType::F32), tensor(&k, DType::F32), tensor(&v, DType::F32)).unwrap();
+        let (q, k, v) = (
+            gauss(&mut rng, n, p, 0.6),
+            gauss(&mut rng, n, p, 0.6),
+            gauss(&mut rng, n, p, 1.0),
+        );
+        let h64 = HeadInputs::new(
+            tensor(&q, DType::F64),
+            tensor(&k, DType::F64),
+            tensor(&v, DType::F64),
+        )
+        .unwrap();
+        let h32 = HeadInputs::new(
+            tensor(&q, DType::F32),
+            tensor(&k, DType::F32),
+            tensor(&v, DType::F32),
+        )
+        .unwrap();
         for method in [Skyformer::pseudo_inverse(), Skyformer::iterative()] {
             for d in [1, 7, 16, 64] {
-                let a64 = method.approximate(&h64, d, &mut TrialRng::seed_from_u64(9)).unwrap();
-                let a32 = method.approximate(&h32, d, &mut TrialRng::seed_from_u64(9)).unwrap();
+                let a64 = method
+                    .approximate(&h64, d, &mut TrialRng::seed_from_u64(9))
+                    .unwrap();
+                let a32 = method
+                    .approximate(&h32, d, &mut TrialRng::seed_from_u64(9))
+                    .unwrap();
                 assert_eq!(a32.output.dtype(), DType::F32);
                 assert_eq!(a64.normalizer.as_ref().unwrap().dims(), &[n]);
                 let o64 = to_dmatrix(&a64.output).unwrap();
                 let o32 = to_dmatrix(&a32.output).unwrap();
                 assert!(o64.iter().all(|x| x.is_finite()), "{} d={d}", method.id());
                 // The core is f64 either way; only the f32 rounding of the inputs differs.
-                assert!(max_rel(&o32, &o64) < 1e-3, "{} d={d}: {}", method.id(), max_rel(&o32, &o64));
+                assert!(
+                    max_rel(&o32, &o64) < 1e-3,
+                    "{} d={d}: {}",
+                    method.id(),
+                    max_rel(&o32, &o64)
+                );
                 // Same seed, same draw.
-                let again = method.approximate(&h64, d, &mut TrialRng::seed_from_u64(9)).unwrap();
+                let again = method
+                    .approximate(&h64, d, &mut TrialRng::seed_from_u64(9))
+                    .unwrap();
                 assert_eq!(to_dmatrix(&again.output).unwrap(), o64);
             }
-            let x = method.approximate(&h64, 16, &mut TrialRng::seed_from_u64(10)).unwrap();
-            let y = method.approximate(&h64, 16, &mut TrialRng::seed_from_u64(11)).unwrap();
-            assert_ne!(to_dmatrix(&x.output).unwrap(), to_dmatrix(&y.output).unwrap());
+            let x = method
+                .approximate(&h64, 16, &mut TrialRng::seed_from_u64(10))
+                .unwrap();
+            let y = method
+                .approximate(&h64, 16, &mut TrialRng::seed_from_u64(11))
+                .unwrap();
+            assert_ne!(
+                to_dmatrix(&x.output).unwrap(),
+                to_dmatrix(&y.output).unwrap()
+            );
         }
     }
 
@@ -301,15 +392,39 @@ mod tests {
         let r = 800f64.sqrt() * (p as f64).powf(0.25);
         let q = DMatrix::from_fn(n, p, |i, j| {
             let t = i as f64 / (n - 1) as f64;
-            if j == 0 { r * t.cos() } else { r * t.sin() }
+            if j == 0 {
+                r * t.cos()
+            } else {
+                r * t.sin()
+            }
         });
         let v = gauss(&mut TrialRng::seed_from_u64(6), n, p, 1.0);
-        assert!((&q * q.transpose() / (p as f64).sqrt()).map(f64::exp).iter().any(|x| x.is_infinite()));
-        let head = HeadInputs::new(tensor(&q, DType::F64), tensor(&q, DType::F64), tensor(&v, DType::F64)).unwrap();
+        assert!((&q * q.transpose() / (p as f64).sqrt())
+            .map(f64::exp)
+            .iter()
+            .any(|x| x.is_infinite()));
+        let head = HeadInputs::new(
+            tensor(&q, DType::F64),
+            tensor(&q, DType::F64),
+            tensor(&v, DType::F64),
+        )
+        .unwrap();
         for method in [Skyformer::pseudo_inverse(), Skyformer::iterative()] {
-            let a = method.approximate(&head, 16, &mut TrialRng::seed_from_u64(8)).unwrap();
-            assert!(to_dmatrix(&a.output).unwrap().iter().all(|x| x.is_finite()), "{}", method.id());
-            assert!(a.normalizer.unwrap().to_vec1::<f64>().unwrap().iter().all(|x| x.is_finite()));
+            let a = method
+                .approximate(&head, 16, &mut TrialRng::seed_from_u64(8))
+                .unwrap();
+            assert!(
+                to_dmatrix(&a.output).unwrap().iter().all(|x| x.is_finite()),
+                "{}",
+                method.id()
+            );
+            assert!(a
+                .normalizer
+                .unwrap()
+                .to_vec1::<f64>()
+                .unwrap()
+                .iter()
+                .all(|x| x.is_finite()));
         }
     }
 
@@ -323,7 +438,10 @@ mod tests {
         assert_eq!((iq.len(), ik.len()), (1, 0));
         assert_eq!(Skyformer::pseudo_inverse().id(), "skyformer");
         assert_eq!(Skyformer::iterative().id(), "skyformer_iter");
-        assert_eq!(Skyformer::pseudo_inverse().macs(1024, 64, 16), 4.0 * 1024.0 * 16.0 * 64.0 + 24.0 * 4096.0);
+        assert_eq!(
+            Skyformer::pseudo_inverse().macs(1024, 64, 16),
+            4.0 * 1024.0 * 16.0 * 64.0 + 24.0 * 4096.0
+        );
         assert!(Skyformer::pseudo_inverse().check(512, 0).is_err());
     }
 }

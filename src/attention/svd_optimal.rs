@@ -63,7 +63,11 @@ impl Factor {
     fn output(&self, d: usize) -> Result<Tensor> {
         let r = d.min(self.left.dim(1)?);
         // Column slices are not row-contiguous; cuBLAS needs them to be.
-        Ok(self.left.narrow(1, 0, r)?.contiguous()?.matmul(&self.right.narrow(0, 0, r)?)?)
+        Ok(self
+            .left
+            .narrow(1, 0, r)?
+            .contiguous()?
+            .matmul(&self.right.narrow(0, 0, r)?)?)
     }
 }
 
@@ -79,7 +83,11 @@ pub(crate) fn exact_factor(p: &Tensor, v: &Tensor) -> Result<Factor> {
     let dev = p.device();
     let left = from_dmatrix(&us, dev, DType::F64)?;
     let right = from_dmatrix(&wt, dev, DType::F64)?.matmul(v)?;
-    Ok(Factor { left, right, max_d: n })
+    Ok(Factor {
+        left,
+        right,
+        max_d: n,
+    })
 }
 
 /// Orthonormalises the columns of y (n×k, f64, device) in two passes of y ← y·T with T from the
@@ -102,7 +110,9 @@ fn orthonormalize(y: &Tensor) -> Result<Tensor> {
             None => {
                 let eig = nalgebra::SymmetricEigen::new(g);
                 let lmax = eig.eigenvalues.iter().cloned().fold(0.0f64, f64::max);
-                let keep: Vec<usize> = (0..k).filter(|&j| eig.eigenvalues[j] > 1e-14 * lmax).collect();
+                let keep: Vec<usize> = (0..k)
+                    .filter(|&j| eig.eigenvalues[j] > 1e-14 * lmax)
+                    .collect();
                 anyhow::ensure!(!keep.is_empty(), "svd_optimal: the subspace collapsed");
                 let mut t = DMatrix::zeros(k, keep.len());
                 for (c, &j) in keep.iter().enumerate() {
@@ -134,13 +144,23 @@ pub(crate) fn randomized_factor(p: &Tensor, v: &Tensor, k: usize, iters: usize) 
     let bbt = to_dmatrix(&b.matmul(&b.t()?)?)?;
     let eig = nalgebra::SymmetricEigen::new((&bbt + bbt.transpose()) * 0.5);
     let mut order: Vec<usize> = (0..bbt.nrows()).collect();
-    order.sort_by(|&a, &c| eig.eigenvalues[c].partial_cmp(&eig.eigenvalues[a]).expect("finite eigenvalues"));
-    let u_tilde = DMatrix::from_fn(bbt.nrows(), order.len(), |i, c| eig.eigenvectors[(i, order[c])]);
+    order.sort_by(|&a, &c| {
+        eig.eigenvalues[c]
+            .partial_cmp(&eig.eigenvalues[a])
+            .expect("finite eigenvalues")
+    });
+    let u_tilde = DMatrix::from_fn(bbt.nrows(), order.len(), |i, c| {
+        eig.eigenvectors[(i, order[c])]
+    });
     let u_tilde = from_dmatrix(&u_tilde, dev, DType::F64)?;
     let left = q.matmul(&u_tilde)?; // n×k', the left singular vectors
     let right = u_tilde.t()?.matmul(&b.matmul(v)?)?; // ŨᵀBV = ΣWᵀV
     let kept = left.dim(1)?;
-    Ok(Factor { left, right, max_d: kept.saturating_sub(OVERSAMPLE).max(1) })
+    Ok(Factor {
+        left,
+        right,
+        max_d: kept.saturating_sub(OVERSAMPLE).max(1),
+    })
 }
 
 /// P = softmax(QKᵀ/√p) in f64 on the head's device.
@@ -171,7 +191,12 @@ impl Method for SvdOptimal {
         };
         nf * nf * pf + factor + nf * df * pf
     }
-    fn approximate(&self, head: &HeadInputs, d: usize, _rng: &mut TrialRng) -> Result<Approximation> {
+    fn approximate(
+        &self,
+        head: &HeadInputs,
+        d: usize,
+        _rng: &mut TrialRng,
+    ) -> Result<Approximation> {
         anyhow::ensure!(d >= 1, "svd_optimal needs d ≥ 1");
         let n = head.n();
         if d >= n {
@@ -196,7 +221,9 @@ impl Method for SvdOptimal {
                 }
             }
         };
-        Ok(Approximation::plain(factor.output(d)?.to_dtype(head.dtype())?))
+        Ok(Approximation::plain(
+            factor.output(d)?.to_dtype(head.dtype())?,
+        ))
     }
 }
 
@@ -223,7 +250,10 @@ mod tests {
     }
 
     fn err(head: &HeadInputs, d: usize) -> f64 {
-        let o = SvdOptimal.approximate(head, d, &mut TrialRng::seed_from_u64(0)).unwrap().output;
+        let o = SvdOptimal
+            .approximate(head, d, &mut TrialRng::seed_from_u64(0))
+            .unwrap()
+            .output;
         error_norms(&head.exact.output, &o).unwrap().spectral
     }
 
@@ -236,9 +266,14 @@ mod tests {
         }
         assert!(errs[0] > 1e-3);
         assert!(errs[95] == 0.0 && err(&head, 500) == 0.0); // d ≥ n returns O
-        // The full factor itself reproduces O = PV to rounding.
+                                                            // The full factor itself reproduces O = PV to rounding.
         let f = exact_factor(&attention_matrix(&head).unwrap(), &head.v).unwrap();
-        assert!(error_norms(&head.exact.output, &f.output(96).unwrap()).unwrap().spectral < 1e-12);
+        assert!(
+            error_norms(&head.exact.output, &f.output(96).unwrap())
+                .unwrap()
+                .spectral
+                < 1e-12
+        );
     }
 
     #[test]
@@ -250,7 +285,12 @@ mod tests {
         let f = exact_factor(&p, &eye).unwrap(); // right = Wᵀ, so output(d) = P_d
         let pm = to_dmatrix(&p).unwrap();
         let sv = pm.clone().svd(false, false).singular_values;
-        assert!((to_dmatrix(&f.output(40).unwrap()).unwrap() - &pm).abs().max() < 1e-12);
+        assert!(
+            (to_dmatrix(&f.output(40).unwrap()).unwrap() - &pm)
+                .abs()
+                .max()
+                < 1e-12
+        );
         for d in [1, 3, 10, 25] {
             let pd = to_dmatrix(&f.output(d).unwrap()).unwrap();
             let gap = (&pm - &pd).svd(false, false).singular_values.max();
@@ -264,15 +304,26 @@ mod tests {
         // errors. (The randomized error may even be slightly below the exact one: P_d minimises
         // ‖P − P_d‖, not ‖(P − P_d)V‖.)
         for (seed, scale) in [(3u64, 1.0), (4, 2.5)] {
-            let head = bert_like(&mut TrialRng::seed_from_u64(seed), 256, 32, scale, DType::F64);
+            let head = bert_like(
+                &mut TrialRng::seed_from_u64(seed),
+                256,
+                32,
+                scale,
+                DType::F64,
+            );
             let p = attention_matrix(&head).unwrap();
             let v = head.v.clone();
             let rf = randomized_factor(&p, &v, 64 + OVERSAMPLE, POWER_ITERS).unwrap();
             assert!(rf.max_d >= 64);
             for d in [1, 8, 16, 32, 64] {
-                let er = error_norms(&head.exact.output, &rf.output(d).unwrap()).unwrap().spectral;
+                let er = error_norms(&head.exact.output, &rf.output(d).unwrap())
+                    .unwrap()
+                    .spectral;
                 let ee = err(&head, d);
-                assert!((er - ee).abs() <= 1e-3 * ee, "scale {scale} d={d}: {er} vs {ee}");
+                assert!(
+                    (er - ee).abs() <= 1e-3 * ee,
+                    "scale {scale} d={d}: {er} vs {ee}"
+                );
             }
         }
     }
@@ -284,7 +335,9 @@ mod tests {
         let ex = exact_factor(&attention_matrix(&head).unwrap(), &head.v).unwrap();
         // d = 8 builds k = 256 + OVERSAMPLE; d = 300 > 256 rebuilds with k = 300 + OVERSAMPLE.
         for d in [8, 64, 300] {
-            let ee = error_norms(&head.exact.output, &ex.output(d).unwrap()).unwrap().spectral;
+            let ee = error_norms(&head.exact.output, &ex.output(d).unwrap())
+                .unwrap()
+                .spectral;
             let er = err(&head, d);
             assert!((er - ee).abs() <= 1e-6 * ee, "d={d}: {er} vs {ee}");
         }
@@ -293,14 +346,25 @@ mod tests {
     #[test]
     fn f32_heads_and_memo_reuse() {
         let h32 = bert_like(&mut TrialRng::seed_from_u64(5), 128, 16, 1.0, DType::F32);
-        let a = SvdOptimal.approximate(&h32, 16, &mut TrialRng::seed_from_u64(0)).unwrap().output;
+        let a = SvdOptimal
+            .approximate(&h32, 16, &mut TrialRng::seed_from_u64(0))
+            .unwrap()
+            .output;
         assert_eq!(a.dtype(), DType::F32);
         let a = to_dmatrix(&a).unwrap();
         assert!(a.iter().all(|x| x.is_finite()));
         // Deterministic and independent of the generator; a second d reuses the memo.
-        let b = to_dmatrix(&SvdOptimal.approximate(&h32, 16, &mut TrialRng::seed_from_u64(9)).unwrap().output).unwrap();
+        let b = to_dmatrix(
+            &SvdOptimal
+                .approximate(&h32, 16, &mut TrialRng::seed_from_u64(9))
+                .unwrap()
+                .output,
+        )
+        .unwrap();
         assert_eq!(a, b);
-        let _ = SvdOptimal.approximate(&h32, 64, &mut TrialRng::seed_from_u64(0)).unwrap();
+        let _ = SvdOptimal
+            .approximate(&h32, 64, &mut TrialRng::seed_from_u64(0))
+            .unwrap();
         assert!(!SvdOptimal.is_random());
         assert!(SvdOptimal.check(4096, 256).is_ok() && SvdOptimal.check(4096, 0).is_err());
     }

@@ -21,10 +21,17 @@ impl Method for VMean {
     fn macs(&self, n: usize, p: usize, _d: usize) -> f64 {
         (n * p) as f64
     }
-    fn approximate(&self, head: &HeadInputs, _d: usize, _rng: &mut TrialRng) -> Result<Approximation> {
+    fn approximate(
+        &self,
+        head: &HeadInputs,
+        _d: usize,
+        _rng: &mut TrialRng,
+    ) -> Result<Approximation> {
         let v = &head.v;
         let mean = v.mean_keepdim(0)?; // 1ᵀV / n
-        Ok(Approximation::plain(mean.broadcast_as(v.shape())?.contiguous()?))
+        Ok(Approximation::plain(
+            mean.broadcast_as(v.shape())?.contiguous()?,
+        ))
     }
 }
 

@@ -19,18 +19,30 @@ pub struct Corpus {
 /// Rows of the dataset as HF `datasets` gives them: CRLF → LF, whitespace-only lines empty.
 /// Empty rows produce no tokens, so they are dropped here.
 pub fn text_rows(path: &Path) -> Result<Vec<String>> {
-    let bytes = std::fs::read(path).map_err(|e| usage!("corpus {}: cannot read it ({e}); pass an existing text file with --corpus", path.display()))?;
+    let bytes = std::fs::read(path).map_err(|e| {
+        usage!(
+            "corpus {}: cannot read it ({e}); pass an existing text file with --corpus",
+            path.display()
+        )
+    })?;
     if path.extension().is_some_and(|e| e == "parquet") || bytes.starts_with(b"PAR1") {
         return parquet_rows(path);
     }
     if bytes.iter().all(|b| b.is_ascii_whitespace()) {
-        return Err(usage!("corpus {}: the file is empty; pass a text file such as wiki.test.raw with --corpus", path.display()));
+        return Err(usage!(
+            "corpus {}: the file is empty; pass a text file such as wiki.test.raw with --corpus",
+            path.display()
+        ));
     }
     if bytes.contains(&0) {
         return Err(usage!("corpus {}: the file is binary (it contains NUL bytes), not text; pass a UTF-8 text file with --corpus", path.display()));
     }
     let text = String::from_utf8(bytes).map_err(|e| {
-        usage!("corpus {}: not valid UTF-8 text (at byte {}); pass a UTF-8 text file with --corpus", path.display(), e.utf8_error().valid_up_to())
+        usage!(
+            "corpus {}: not valid UTF-8 text (at byte {}); pass a UTF-8 text file with --corpus",
+            path.display(),
+            e.utf8_error().valid_up_to()
+        )
     })?;
     Ok(text
         .split('\n')
@@ -45,12 +57,23 @@ fn parquet_rows(path: &Path) -> Result<Vec<String>> {
     use parquet::file::reader::{FileReader, SerializedFileReader};
     use parquet::record::Field;
     let file = std::fs::File::open(path).with_context(|| format!("opening {}", path.display()))?;
-    let reader = SerializedFileReader::new(file)
-        .map_err(|e| usage!("corpus {}: not a readable parquet file ({e})", path.display()))?;
+    let reader = SerializedFileReader::new(file).map_err(|e| {
+        usage!(
+            "corpus {}: not a readable parquet file ({e})",
+            path.display()
+        )
+    })?;
     let mut rows = Vec::new();
-    for row in reader.get_row_iter(None).map_err(|e| usage!("corpus {}: {e}", path.display()))? {
-        let row = row.map_err(|e| usage!("corpus {}: corrupt parquet row ({e})", path.display()))?;
-        let text = row.get_column_iter().find(|(name, _)| name.as_str() == "text").map(|(_, f)| f.clone());
+    for row in reader
+        .get_row_iter(None)
+        .map_err(|e| usage!("corpus {}: {e}", path.display()))?
+    {
+        let row =
+            row.map_err(|e| usage!("corpus {}: corrupt parquet row ({e})", path.display()))?;
+        let text = row
+            .get_column_iter()
+            .find(|(name, _)| name.as_str() == "text")
+            .map(|(_, f)| f.clone());
         match text {
             Some(Field::Str(s)) => {
                 if !s.trim().is_empty() {
@@ -58,11 +81,19 @@ fn parquet_rows(path: &Path) -> Result<Vec<String>> {
                 }
             }
             Some(Field::Null) => {}
-            _ => return Err(usage!("corpus {}: parquet file has no string column 'text'", path.display())),
+            _ => {
+                return Err(usage!(
+                    "corpus {}: parquet file has no string column 'text'",
+                    path.display()
+                ))
+            }
         }
     }
     if rows.is_empty() {
-        return Err(usage!("corpus {}: the parquet file holds no text", path.display()));
+        return Err(usage!(
+            "corpus {}: the parquet file holds no text",
+            path.display()
+        ));
     }
     Ok(rows)
 }
@@ -85,16 +116,26 @@ pub fn load_tokenizer(path: &Path) -> Result<Tokenizer> {
         let wp = WordPiece::from_file(&path.to_string_lossy())
             .unk_token("[UNK]".into())
             .build()
-            .map_err(|e| usage!("tokenizer {}: cannot read the vocabulary ({e})", path.display()))?;
+            .map_err(|e| {
+                usage!(
+                    "tokenizer {}: cannot read the vocabulary ({e})",
+                    path.display()
+                )
+            })?;
         let mut t = Tokenizer::new(wp);
         let _ = t.with_normalizer(Some(BertNormalizer::new(true, true, None, lower)));
         t.with_pre_tokenizer(Some(BertPreTokenizer));
         t
     } else {
-        Tokenizer::from_file(path)
-            .map_err(|e| usage!("tokenizer {}: not a valid tokenizer.json ({e})", path.display()))?
+        Tokenizer::from_file(path).map_err(|e| {
+            usage!(
+                "tokenizer {}: not a valid tokenizer.json ({e})",
+                path.display()
+            )
+        })?
     };
-    tok.with_truncation(None).map_err(|e| anyhow::anyhow!("disabling truncation: {e}"))?;
+    tok.with_truncation(None)
+        .map_err(|e| anyhow::anyhow!("disabling truncation: {e}"))?;
     tok.with_padding(None);
     Ok(tok)
 }
@@ -106,9 +147,15 @@ pub fn tokenize(path: &Path, tokenizer: &Tokenizer, vocab_size: usize) -> Result
     let encodings = tokenizer
         .encode_batch(rows, false)
         .map_err(|e| anyhow::anyhow!("tokenizing {}: {e}", path.display()))?;
-    let ids: Vec<u32> = encodings.iter().flat_map(|e| e.get_ids().iter().copied()).collect();
+    let ids: Vec<u32> = encodings
+        .iter()
+        .flat_map(|e| e.get_ids().iter().copied())
+        .collect();
     if ids.is_empty() {
-        return Err(usage!("corpus {}: no tokens after tokenization", path.display()));
+        return Err(usage!(
+            "corpus {}: no tokens after tokenization",
+            path.display()
+        ));
     }
     if let Some(&bad) = ids.iter().find(|&&i| i as usize >= vocab_size) {
         return Err(usage!(
@@ -116,7 +163,10 @@ pub fn tokenize(path: &Path, tokenizer: &Tokenizer, vocab_size: usize) -> Result
              belongs to another model; use the tokenizer that ships with the model"
         ));
     }
-    Ok(Corpus { path: path.to_path_buf(), ids })
+    Ok(Corpus {
+        path: path.to_path_buf(),
+        ids,
+    })
 }
 
 impl Corpus {
@@ -167,7 +217,13 @@ mod tests {
         let p = dir.path().join("t.raw");
         std::fs::write(&p, " \r\n = Title = \r\n \r\n Some text , here .\r\n").unwrap();
         let rows = text_rows(&p).unwrap();
-        assert_eq!(rows, vec![" = Title = \n".to_string(), " Some text , here .\n".to_string()]);
+        assert_eq!(
+            rows,
+            vec![
+                " = Title = \n".to_string(),
+                " Some text , here .\n".to_string()
+            ]
+        );
     }
 
     #[test]
@@ -175,17 +231,26 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let empty = dir.path().join("empty.txt");
         std::fs::write(&empty, "  \n").unwrap();
-        assert!(text_rows(&empty).unwrap_err().to_string().contains("the file is empty"));
+        assert!(text_rows(&empty)
+            .unwrap_err()
+            .to_string()
+            .contains("the file is empty"));
         let bin = dir.path().join("bin.txt");
         std::fs::write(&bin, [0u8, 1, 2, 3]).unwrap();
         assert!(text_rows(&bin).unwrap_err().to_string().contains("binary"));
         let missing = dir.path().join("nope.txt");
-        assert!(text_rows(&missing).unwrap_err().to_string().contains("cannot read it"));
+        assert!(text_rows(&missing)
+            .unwrap_err()
+            .to_string()
+            .contains("cannot read it"));
     }
 
     #[test]
     fn windows_are_consecutive_and_too_few_tokens_says_how_many_fit() {
-        let c = Corpus { path: "x".into(), ids: (0..10).collect() };
+        let c = Corpus {
+            path: "x".into(),
+            ids: (0..10).collect(),
+        };
         assert_eq!(c.window(3, 2).unwrap(), &[6, 7, 8]);
         let e = c.check_fits(&[4], 3).unwrap_err().to_string();
         assert!(e.contains("only 2 windows of n = 4 fit"), "{e}");

@@ -34,7 +34,10 @@ pub struct ModelFiles {
 }
 
 fn connect_timeout() -> Duration {
-    let secs = std::env::var("APPROX_BENCH_CONNECT_TIMEOUT").ok().and_then(|s| s.parse().ok()).unwrap_or(5);
+    let secs = std::env::var("APPROX_BENCH_CONNECT_TIMEOUT")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(5);
     Duration::from_secs(secs)
 }
 
@@ -46,9 +49,17 @@ fn endpoint() -> String {
 /// Fails fast (within the connect timeout) when the endpoint cannot be reached.
 fn check_reachable(what: &str) -> Result<()> {
     let ep = endpoint();
-    let host = ep.trim_start_matches("https://").trim_start_matches("http://");
+    let host = ep
+        .trim_start_matches("https://")
+        .trim_start_matches("http://");
     let host = host.split('/').next().unwrap_or(host);
-    let hostport = if host.contains(':') { host.to_string() } else if ep.starts_with("http://") { format!("{host}:80") } else { format!("{host}:443") };
+    let hostport = if host.contains(':') {
+        host.to_string()
+    } else if ep.starts_with("http://") {
+        format!("{host}:80")
+    } else {
+        format!("{host}:443")
+    };
     let timeout = connect_timeout();
     let ok = hostport
         .to_socket_addrs()
@@ -100,12 +111,20 @@ pub fn model_files(source: &ModelSource, need_weights: bool) -> Result<ModelFile
             }
             let config = dir.join("config.json");
             if !config.is_file() {
-                return Err(usage!("--model-dir {}: config.json is missing", dir.display()));
+                return Err(usage!(
+                    "--model-dir {}: config.json is missing",
+                    dir.display()
+                ));
             }
             let tokenizer = [dir.join("tokenizer.json"), dir.join("vocab.txt")]
                 .into_iter()
                 .find(|p| p.is_file())
-                .ok_or_else(|| usage!("--model-dir {}: neither tokenizer.json nor vocab.txt is present", dir.display()))?;
+                .ok_or_else(|| {
+                    usage!(
+                        "--model-dir {}: neither tokenizer.json nor vocab.txt is present",
+                        dir.display()
+                    )
+                })?;
             let weights = if need_weights {
                 let w = dir.join("model.safetensors");
                 if !w.is_file() {
@@ -119,7 +138,11 @@ pub fn model_files(source: &ModelSource, need_weights: bool) -> Result<ModelFile
             } else {
                 None
             };
-            Ok(ModelFiles { config, tokenizer, weights })
+            Ok(ModelFiles {
+                config,
+                tokenizer,
+                weights,
+            })
         }
         ModelSource::Hub { id, revision } => {
             let repo = Repo::with_revision(id.clone(), RepoType::Model, revision.clone());
@@ -133,16 +156,31 @@ pub fn model_files(source: &ModelSource, need_weights: bool) -> Result<ModelFile
             } else {
                 hub_file(&repo, "vocab.txt")?
             };
-            let weights = if need_weights { Some(hub_file(&repo, "model.safetensors")?) } else { None };
-            Ok(ModelFiles { config, tokenizer, weights })
+            let weights = if need_weights {
+                Some(hub_file(&repo, "model.safetensors")?)
+            } else {
+                None
+            };
+            Ok(ModelFiles {
+                config,
+                tokenizer,
+                weights,
+            })
         }
     }
 }
 
 /// Resolves the default corpus: the Wikitext-2 raw split as parquet from the hub dataset.
 pub fn wikitext_parquet(split: &str) -> Result<PathBuf> {
-    let repo = Repo::with_revision(WIKITEXT_REPO.to_string(), RepoType::Dataset, "main".to_string());
-    hub_file(&repo, &format!("{WIKITEXT_CONFIG}/{split}-00000-of-00001.parquet"))
+    let repo = Repo::with_revision(
+        WIKITEXT_REPO.to_string(),
+        RepoType::Dataset,
+        "main".to_string(),
+    );
+    hub_file(
+        &repo,
+        &format!("{WIKITEXT_CONFIG}/{split}-00000-of-00001.parquet"),
+    )
 }
 
 /// A short display name of a model source (for CSV `model_id`).

@@ -50,14 +50,38 @@ pub fn prepare(inputs: &InputConfig) -> Result<Prepared> {
     };
     let corpus = corpus::tokenize(&corpus_path, &tokenizer, config.vocab_size)?;
     let from = |kind: ModelKind| match kind {
-        ModelKind::Pretrained => model::WeightSource::Pretrained(files.weights.as_deref().expect("weights resolved when needed")),
-        ModelKind::Initialized => model::WeightSource::Initialized { seed: inputs.model_seed, scheme: inputs.init },
+        ModelKind::Pretrained => model::WeightSource::Pretrained(
+            files
+                .weights
+                .as_deref()
+                .expect("weights resolved when needed"),
+        ),
+        ModelKind::Initialized => model::WeightSource::Initialized {
+            seed: inputs.model_seed,
+            scheme: inputs.init,
+        },
     };
-    let weights = model::load(&config, inputs.layer, &from(inputs.embeddings_from), &from(inputs.model), &device)?;
-    let mut list = vec![("config".to_string(), files.config.clone()), ("tokenizer".to_string(), files.tokenizer.clone())];
+    let weights = model::load(
+        &config,
+        inputs.layer,
+        &from(inputs.embeddings_from),
+        &from(inputs.model),
+        &device,
+    )?;
+    let mut list = vec![
+        ("config".to_string(), files.config.clone()),
+        ("tokenizer".to_string(), files.tokenizer.clone()),
+    ];
     if let Some(w) = &files.weights {
         list.push(("weights".to_string(), w.clone()));
     }
     list.push(("corpus".to_string(), corpus_path));
-    Ok(Prepared { config, weights, corpus, device, model_id: hub::source_name(&source), files: list })
+    Ok(Prepared {
+        config,
+        weights,
+        corpus,
+        device,
+        model_id: hub::source_name(&source),
+        files: list,
+    })
 }

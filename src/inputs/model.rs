@@ -15,9 +15,14 @@ use rand::{Rng, SeedableRng};
 
 /// Reads and validates config.json.
 pub fn load_config(path: &Path) -> Result<Config> {
-    let text = std::fs::read_to_string(path).map_err(|e| usage!("config {}: cannot read it ({e})", path.display()))?;
-    let cfg: Config = serde_json::from_str(&text)
-        .map_err(|e| usage!("config {}: not a valid BERT config.json ({e})", path.display()))?;
+    let text = std::fs::read_to_string(path)
+        .map_err(|e| usage!("config {}: cannot read it ({e})", path.display()))?;
+    let cfg: Config = serde_json::from_str(&text).map_err(|e| {
+        usage!(
+            "config {}: not a valid BERT config.json ({e})",
+            path.display()
+        )
+    })?;
     if cfg.num_attention_heads == 0 || !cfg.hidden_size.is_multiple_of(cfg.num_attention_heads) {
         return Err(usage!(
             "config {}: hidden_size {} is not divisible by num_attention_heads {}",
@@ -118,7 +123,8 @@ impl TensorSource for Pretrained<'_> {
             candidates.push(format!("{stem}LayerNorm.beta"));
             candidates.push(format!("bert.{stem}LayerNorm.beta"));
         }
-        let names: std::collections::HashSet<String> = self.st.tensors().into_iter().map(|(n, _)| n).collect();
+        let names: std::collections::HashSet<String> =
+            self.st.tensors().into_iter().map(|(n, _)| n).collect();
         let found = candidates.iter().find(|c| names.contains(*c)).ok_or_else(|| {
             usage!(
                 "weights {}: tensor '{name}' is missing (also tried with the 'bert.' prefix and gamma/beta); \
@@ -126,10 +132,12 @@ impl TensorSource for Pretrained<'_> {
                 self.path.display()
             )
         })?;
-        let t = self
-            .st
-            .load(found, &self.device)
-            .map_err(|e| usage!("weights {}: cannot read tensor '{found}' ({e})", self.path.display()))?;
+        let t = self.st.load(found, &self.device).map_err(|e| {
+            usage!(
+                "weights {}: cannot read tensor '{found}' ({e})",
+                self.path.display()
+            )
+        })?;
         if t.dims() != shape {
             return Err(usage!(
                 "weights {}: tensor '{found}' has shape {:?} but config.json implies {:?}; the weights do not fit the config",
@@ -152,7 +160,17 @@ struct Initialized {
 }
 
 /// Which initialization the Linear layers get (METHODS.md §4.5 calibration candidates).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum, serde::Serialize, serde::Deserialize)]
+#[derive(
+    Debug,
+    Clone,
+    Copy,
+    PartialEq,
+    Eq,
+    Default,
+    clap::ValueEnum,
+    serde::Serialize,
+    serde::Deserialize,
+)]
 #[serde(rename_all = "lowercase")]
 pub enum InitScheme {
     /// Hugging Face `_init_weights`: Linear weights N(0, initializer_range²), biases 0.
@@ -176,7 +194,9 @@ impl TensorSource for Initialized {
             Init::LinearWeight(fan_in) | Init::LinearBias(fan_in) => {
                 let bound = 1.0 / (fan_in as f64).sqrt();
                 let mut rng = TrialRng::seed_from_u64(derive_labeled_seed(self.seed, name));
-                let v: Vec<f32> = (0..numel).map(|_| ((rng.random::<f64>() * 2.0 - 1.0) * bound) as f32).collect();
+                let v: Vec<f32> = (0..numel)
+                    .map(|_| ((rng.random::<f64>() * 2.0 - 1.0) * bound) as f32)
+                    .collect();
                 Tensor::from_vec(v, shape, &self.device)?
             }
             Init::Zeros => Tensor::zeros(shape, DType::F32, &self.device)?,
@@ -186,7 +206,9 @@ impl TensorSource for Initialized {
                 if let Init::NormalPadRow(pad) = kind {
                     let cols = shape[1];
                     if pad < shape[0] {
-                        v[pad * cols..(pad + 1) * cols].iter_mut().for_each(|x| *x = 0.0);
+                        v[pad * cols..(pad + 1) * cols]
+                            .iter_mut()
+                            .for_each(|x| *x = 0.0);
                     }
                 }
                 Tensor::from_vec(v, shape, &self.device)?
@@ -201,20 +223,40 @@ impl TensorSource for Initialized {
 fn normal_rows(base: u64, shape: &[usize], std: f64) -> Vec<f32> {
     use rayon::prelude::*;
     let numel: usize = shape.iter().product();
-    let cols = if shape.len() > 1 { shape[1..].iter().product() } else { numel };
+    let cols = if shape.len() > 1 {
+        shape[1..].iter().product()
+    } else {
+        numel
+    };
     let mut v = vec![0f32; numel];
-    v.par_chunks_mut(cols.max(1)).enumerate().for_each(|(r, row)| {
-        let mut rng = TrialRng::seed_from_u64(base ^ (r as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15));
-        let vals = normal_values(&mut rng, 1, row.len(), std);
-        row.iter_mut().zip(vals).for_each(|(x, y)| *x = y as f32);
-    });
+    v.par_chunks_mut(cols.max(1))
+        .enumerate()
+        .for_each(|(r, row)| {
+            let mut rng =
+                TrialRng::seed_from_u64(base ^ (r as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15));
+            let vals = normal_values(&mut rng, 1, row.len(), std);
+            row.iter_mut().zip(vals).for_each(|(x, y)| *x = y as f32);
+        });
     v
 }
 
-fn linear(src: &mut dyn TensorSource, prefix: &str, out_dim: usize, in_dim: usize) -> Result<Linear> {
+fn linear(
+    src: &mut dyn TensorSource,
+    prefix: &str,
+    out_dim: usize,
+    in_dim: usize,
+) -> Result<Linear> {
     Ok(Linear {
-        weight: src.get(&format!("{prefix}.weight"), &[out_dim, in_dim], Init::LinearWeight(in_dim))?,
-        bias: src.get(&format!("{prefix}.bias"), &[out_dim], Init::LinearBias(in_dim))?,
+        weight: src.get(
+            &format!("{prefix}.weight"),
+            &[out_dim, in_dim],
+            Init::LinearWeight(in_dim),
+        )?,
+        bias: src.get(
+            &format!("{prefix}.bias"),
+            &[out_dim],
+            Init::LinearBias(in_dim),
+        )?,
     })
 }
 
@@ -228,9 +270,21 @@ fn layer_norm(src: &mut dyn TensorSource, prefix: &str, dim: usize) -> Result<La
 fn embeddings(src: &mut dyn TensorSource, cfg: &Config) -> Result<EmbeddingWeights> {
     let h = cfg.hidden_size;
     Ok(EmbeddingWeights {
-        word: src.get("embeddings.word_embeddings.weight", &[cfg.vocab_size, h], Init::NormalPadRow(cfg.pad_token_id))?,
-        position: src.get("embeddings.position_embeddings.weight", &[cfg.max_position_embeddings, h], Init::Normal)?,
-        token_type: src.get("embeddings.token_type_embeddings.weight", &[cfg.type_vocab_size, h], Init::Normal)?,
+        word: src.get(
+            "embeddings.word_embeddings.weight",
+            &[cfg.vocab_size, h],
+            Init::NormalPadRow(cfg.pad_token_id),
+        )?,
+        position: src.get(
+            "embeddings.position_embeddings.weight",
+            &[cfg.max_position_embeddings, h],
+            Init::Normal,
+        )?,
+        token_type: src.get(
+            "embeddings.token_type_embeddings.weight",
+            &[cfg.type_vocab_size, h],
+            Init::Normal,
+        )?,
         layer_norm: layer_norm(src, "embeddings", h)?,
     })
 }
@@ -244,7 +298,12 @@ fn layers(src: &mut dyn TensorSource, cfg: &Config, upto: usize) -> Result<Vec<L
                 Some(LayerRest {
                     attention_output: linear(src, &format!("{p}.attention.output.dense"), h, h)?,
                     attention_norm: layer_norm(src, &format!("{p}.attention.output"), h)?,
-                    intermediate: linear(src, &format!("{p}.intermediate.dense"), cfg.intermediate_size, h)?,
+                    intermediate: linear(
+                        src,
+                        &format!("{p}.intermediate.dense"),
+                        cfg.intermediate_size,
+                        h,
+                    )?,
                     output: linear(src, &format!("{p}.output.dense"), h, cfg.intermediate_size)?,
                     output_norm: layer_norm(src, &format!("{p}.output"), h)?,
                 })
@@ -268,18 +327,29 @@ pub enum WeightSource<'a> {
     Initialized { seed: u64, scheme: InitScheme },
 }
 
-fn source<'a>(ws: &WeightSource<'a>, cfg: &Config, device: &Device) -> Result<Box<dyn TensorSource + 'a>> {
+fn source<'a>(
+    ws: &WeightSource<'a>,
+    cfg: &Config,
+    device: &Device,
+) -> Result<Box<dyn TensorSource + 'a>> {
     Ok(match ws {
         WeightSource::Pretrained(path) => {
             // SAFETY: the file is mapped read-only and not modified while the run holds it.
             let st = unsafe { MmapedSafetensors::new(path) }.map_err(|e| {
                 usage!("weights {}: not a readable safetensors file ({e}); re-download it or pass another --model-dir", path.display())
             })?;
-            Box::new(Pretrained { st, path, device: device.clone() })
+            Box::new(Pretrained {
+                st,
+                path,
+                device: device.clone(),
+            })
         }
-        WeightSource::Initialized { seed, scheme } => {
-            Box::new(Initialized { seed: *seed, std: cfg.initializer_range, scheme: *scheme, device: device.clone() })
-        }
+        WeightSource::Initialized { seed, scheme } => Box::new(Initialized {
+            seed: *seed,
+            std: cfg.initializer_range,
+            scheme: *scheme,
+            device: device.clone(),
+        }),
     })
 }
 
@@ -301,7 +371,10 @@ pub fn load(
     }
     let emb = embeddings(source(embeddings_from, cfg, device)?.as_mut(), cfg)?;
     let lay = layers(source(layers_from, cfg, device)?.as_mut(), cfg, layer)?;
-    Ok(BertWeights { embeddings: emb, layers: lay })
+    Ok(BertWeights {
+        embeddings: emb,
+        layers: lay,
+    })
 }
 
 #[cfg(test)]
@@ -321,9 +394,25 @@ mod tests {
     #[test]
     fn initialized_weights_follow_hf_init_weights() {
         let cfg = tiny_config();
-        let w = load(&cfg, 1, &WeightSource::Initialized { seed: 3, scheme: InitScheme::Hf }, &WeightSource::Initialized { seed: 3, scheme: InitScheme::Hf }, &Device::Cpu).unwrap();
+        let w = load(
+            &cfg,
+            1,
+            &WeightSource::Initialized {
+                seed: 3,
+                scheme: InitScheme::Hf,
+            },
+            &WeightSource::Initialized {
+                seed: 3,
+                scheme: InitScheme::Hf,
+            },
+            &Device::Cpu,
+        )
+        .unwrap();
         let word: Vec<Vec<f32>> = w.embeddings.word.to_vec2().unwrap();
-        assert!(word[0].iter().all(|&x| x == 0.0), "padding row must be zero");
+        assert!(
+            word[0].iter().all(|&x| x == 0.0),
+            "padding row must be zero"
+        );
         assert!(word[1].iter().any(|&x| x != 0.0));
         let ln: Vec<f32> = w.embeddings.layer_norm.weight.to_vec1().unwrap();
         assert!(ln.iter().all(|&x| x == 1.0));
@@ -331,7 +420,20 @@ mod tests {
         assert!(b.iter().all(|&x| x == 0.0));
         assert!(w.layers[1].rest.is_none() && w.layers[0].rest.is_some());
         // Same seed, same values; the tensor does not depend on what else was built.
-        let w0 = load(&cfg, 0, &WeightSource::Initialized { seed: 3, scheme: InitScheme::Hf }, &WeightSource::Initialized { seed: 3, scheme: InitScheme::Hf }, &Device::Cpu).unwrap();
+        let w0 = load(
+            &cfg,
+            0,
+            &WeightSource::Initialized {
+                seed: 3,
+                scheme: InitScheme::Hf,
+            },
+            &WeightSource::Initialized {
+                seed: 3,
+                scheme: InitScheme::Hf,
+            },
+            &Device::Cpu,
+        )
+        .unwrap();
         let a: Vec<Vec<f32>> = w0.layers[0].query.weight.to_vec2().unwrap();
         let c: Vec<Vec<f32>> = w.layers[0].query.weight.to_vec2().unwrap();
         assert_eq!(a, c);
@@ -342,8 +444,27 @@ mod tests {
         let mut cfg = tiny_config();
         cfg.hidden_size = 256;
         cfg.num_attention_heads = 4;
-        let w = load(&cfg, 0, &WeightSource::Initialized { seed: 9, scheme: InitScheme::Hf }, &WeightSource::Initialized { seed: 9, scheme: InitScheme::Hf }, &Device::Cpu).unwrap();
-        let v: Vec<f32> = w.layers[0].key.weight.flatten_all().unwrap().to_vec1().unwrap();
+        let w = load(
+            &cfg,
+            0,
+            &WeightSource::Initialized {
+                seed: 9,
+                scheme: InitScheme::Hf,
+            },
+            &WeightSource::Initialized {
+                seed: 9,
+                scheme: InitScheme::Hf,
+            },
+            &Device::Cpu,
+        )
+        .unwrap();
+        let v: Vec<f32> = w.layers[0]
+            .key
+            .weight
+            .flatten_all()
+            .unwrap()
+            .to_vec1()
+            .unwrap();
         let n = v.len() as f64;
         let mean = v.iter().map(|&x| x as f64).sum::<f64>() / n;
         let sd = (v.iter().map(|&x| (x as f64 - mean).powi(2)).sum::<f64>() / (n - 1.0)).sqrt();
@@ -356,9 +477,18 @@ mod tests {
     fn pytorch_linear_init_is_uniform_with_bound_one_over_root_fan_in() {
         let mut cfg = tiny_config();
         cfg.hidden_size = 256;
-        let src = WeightSource::Initialized { seed: 4, scheme: InitScheme::Pytorch };
+        let src = WeightSource::Initialized {
+            seed: 4,
+            scheme: InitScheme::Pytorch,
+        };
         let w = load(&cfg, 0, &src, &src, &Device::Cpu).unwrap();
-        let v: Vec<f32> = w.layers[0].query.weight.flatten_all().unwrap().to_vec1().unwrap();
+        let v: Vec<f32> = w.layers[0]
+            .query
+            .weight
+            .flatten_all()
+            .unwrap()
+            .to_vec1()
+            .unwrap();
         let bound = 1.0 / 16.0;
         assert!(v.iter().all(|&x| (x as f64).abs() <= bound));
         let var = v.iter().map(|&x| (x as f64).powi(2)).sum::<f64>() / v.len() as f64;
@@ -367,7 +497,13 @@ mod tests {
         let b: Vec<f32> = w.layers[0].query.bias.to_vec1().unwrap();
         assert!(b.iter().any(|&x| x != 0.0) && b.iter().all(|&x| (x as f64).abs() <= bound));
         // Embeddings keep HF's N(0, 0.02²).
-        let e: Vec<f32> = w.embeddings.position.flatten_all().unwrap().to_vec1().unwrap();
+        let e: Vec<f32> = w
+            .embeddings
+            .position
+            .flatten_all()
+            .unwrap()
+            .to_vec1()
+            .unwrap();
         let sd = (e.iter().map(|&x| (x as f64).powi(2)).sum::<f64>() / e.len() as f64).sqrt();
         assert!((sd - 0.02).abs() < 0.002, "{sd}");
     }
@@ -375,7 +511,23 @@ mod tests {
     #[test]
     fn layer_beyond_model_is_a_clear_error() {
         let cfg = tiny_config();
-        let e = load(&cfg, 2, &WeightSource::Initialized { seed: 1, scheme: InitScheme::Hf }, &WeightSource::Initialized { seed: 1, scheme: InitScheme::Hf }, &Device::Cpu).unwrap_err();
-        assert_eq!(e.to_string(), "--layer 2 is beyond the model: it has 2 layers (0..=1)");
+        let e = load(
+            &cfg,
+            2,
+            &WeightSource::Initialized {
+                seed: 1,
+                scheme: InitScheme::Hf,
+            },
+            &WeightSource::Initialized {
+                seed: 1,
+                scheme: InitScheme::Hf,
+            },
+            &Device::Cpu,
+        )
+        .unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "--layer 2 is beyond the model: it has 2 layers (0..=1)"
+        );
     }
 }

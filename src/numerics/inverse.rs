@@ -38,7 +38,13 @@ pub fn symmetric_pinv(m: &DMatrix<f64>, rel_cutoff: f64) -> DMatrix<f64> {
     let inv: Vec<f64> = eig
         .eigenvalues
         .iter()
-        .map(|&l| if l.abs() > cut && l.abs() > 0.0 { 1.0 / l } else { 0.0 })
+        .map(|&l| {
+            if l.abs() > cut && l.abs() > 0.0 {
+                1.0 / l
+            } else {
+                0.0
+            }
+        })
         .collect();
     let u = &eig.eigenvectors;
     let mut scaled = u.clone();

@@ -106,14 +106,30 @@ mod tests {
     use super::*;
 
     fn key(method: &str, d: usize) -> TrialKey<'_> {
-        TrialKey { seed: 1, n: 512, window: 3, head: 7, method, d }
+        TrialKey {
+            seed: 1,
+            n: 512,
+            window: 3,
+            head: 7,
+            method,
+            d,
+        }
     }
 
     #[test]
     fn seeds_are_reproducible_and_distinct() {
-        assert_eq!(key("skyformer", 16).derive_seed(), key("skyformer", 16).derive_seed());
-        assert_ne!(key("skyformer", 16).derive_seed(), key("skyformer", 32).derive_seed());
-        assert_ne!(key("skyformer", 16).derive_seed(), key("performer", 16).derive_seed());
+        assert_eq!(
+            key("skyformer", 16).derive_seed(),
+            key("skyformer", 16).derive_seed()
+        );
+        assert_ne!(
+            key("skyformer", 16).derive_seed(),
+            key("skyformer", 32).derive_seed()
+        );
+        assert_ne!(
+            key("skyformer", 16).derive_seed(),
+            key("performer", 16).derive_seed()
+        );
         // A pinned value: changing the derivation silently would change every published number.
         assert_eq!(key("vmean", 8).derive_seed(), key("vmean", 8).derive_seed());
         let a: Vec<usize> = uniform_with_replacement(&mut key("x", 1).rng(), 100, 5);
@@ -127,7 +143,9 @@ mod tests {
         let mut s = uniform_without_replacement(&mut rng, 50, 50);
         s.sort();
         assert_eq!(s, (0..50).collect::<Vec<_>>());
-        let w: Vec<f64> = (0..40).map(|i| if i % 3 == 0 { 0.0 } else { i as f64 }).collect();
+        let w: Vec<f64> = (0..40)
+            .map(|i| if i % 3 == 0 { 0.0 } else { i as f64 })
+            .collect();
         let mut s = weighted_without_replacement(&mut rng, &w, 40);
         s.sort();
         assert_eq!(s, (0..40).collect::<Vec<_>>());

@@ -55,7 +55,11 @@ pub fn power_iteration(g: &DMatrix<f64>, seed: u64) -> PowerResult {
     let p = g.nrows();
     let tr = g.trace();
     if p == 0 || tr == 0.0 {
-        return PowerResult { lambda: 0.0, steps: 0, converged: true };
+        return PowerResult {
+            lambda: 0.0,
+            steps: 0,
+            converged: true,
+        };
     }
     let mut rng = ChaCha8Rng::seed_from_u64(seed);
     let x0 = DVector::from_fn(p, |_, _| rng.random::<f64>() - 0.5);
@@ -88,15 +92,27 @@ pub fn power_iteration(g: &DMatrix<f64>, seed: u64) -> PowerResult {
         let ny = y.norm();
         if !(ny > 0.0) || !ny.is_finite() {
             let lambda = if ny == 0.0 { 0.0 } else { f64::NAN };
-            return PowerResult { lambda, steps: step, converged: ny == 0.0 };
+            return PowerResult {
+                lambda,
+                steps: step,
+                converged: ny == 0.0,
+            };
         }
         if (new_rho - rho).abs() <= REL_TOL * new_rho.abs() {
-            return PowerResult { lambda: new_rho.max(rho), steps: step, converged: true };
+            return PowerResult {
+                lambda: new_rho.max(rho),
+                steps: step,
+                converged: true,
+            };
         }
         rho = new_rho;
         x = y / ny;
     }
-    PowerResult { lambda: rho, steps: MAX_STEPS, converged: false }
+    PowerResult {
+        lambda: rho,
+        steps: MAX_STEPS,
+        converged: false,
+    }
 }
 
 /// λ_max by nalgebra's exact symmetric eigen-solver (the check for the power iteration).
@@ -105,7 +121,10 @@ pub fn exact_lambda_max(g: &DMatrix<f64>) -> f64 {
         return 0.0;
     }
     let eig = nalgebra::SymmetricEigen::new(g.clone());
-    eig.eigenvalues.iter().cloned().fold(f64::NEG_INFINITY, f64::max)
+    eig.eigenvalues
+        .iter()
+        .cloned()
+        .fold(f64::NEG_INFINITY, f64::max)
 }
 
 /// ‖E‖₂ and ‖E‖_F of E = exact − approx. Non-finite inputs give NaN norms (the caller counts
@@ -119,7 +138,11 @@ pub fn error_norms(exact: &Tensor, approx: &Tensor) -> Result<ErrorNorms> {
 pub fn matrix_norms(m: &Tensor) -> Result<ErrorNorms> {
     let g = gram(m)?;
     if g.iter().any(|x| !x.is_finite()) {
-        return Ok(ErrorNorms { spectral: f64::NAN, frobenius: f64::NAN, steps: 0 });
+        return Ok(ErrorNorms {
+            spectral: f64::NAN,
+            frobenius: f64::NAN,
+            steps: 0,
+        });
     }
     let pr = power_iteration(&g, 0x5eed_5eed);
     let spectral = if pr.converged {
@@ -129,7 +152,11 @@ pub fn matrix_norms(m: &Tensor) -> Result<ErrorNorms> {
         // quotient that may be low (never observed on p×p Gram matrices, but cheap to guard).
         exact_lambda_max(&g).max(0.0).sqrt()
     };
-    Ok(ErrorNorms { spectral, frobenius: g.trace().max(0.0).sqrt(), steps: pr.steps })
+    Ok(ErrorNorms {
+        spectral,
+        frobenius: g.trace().max(0.0).sqrt(),
+        steps: pr.steps,
+    })
 }
 
 #[cfg(test)]
@@ -150,7 +177,12 @@ mod tests {
             let pr = power_iteration(&g, trial);
             let exact = exact_lambda_max(&g);
             assert!(pr.converged);
-            assert!((pr.lambda - exact).abs() <= 1e-10 * exact, "{} vs {}", pr.lambda, exact);
+            assert!(
+                (pr.lambda - exact).abs() <= 1e-10 * exact,
+                "{} vs {}",
+                pr.lambda,
+                exact
+            );
         }
     }
 
@@ -164,14 +196,25 @@ mod tests {
             let w = random_matrix(&mut rng, 64, 64).qr().q();
             let mut s = DMatrix::zeros(64, 64);
             for i in 0..64 {
-                s[(i, i)] = if i == 0 { 3.0 } else if i == 1 { 3.0 * (1.0 - gap) } else { 1.0 / (i as f64) };
+                s[(i, i)] = if i == 0 {
+                    3.0
+                } else if i == 1 {
+                    3.0 * (1.0 - gap)
+                } else {
+                    1.0 / (i as f64)
+                };
             }
             let e = u * s * w.transpose();
             let g = e.transpose() * &e;
             let pr = power_iteration(&g, 3);
             let exact = exact_lambda_max(&g);
             assert!((exact - 9.0).abs() < 1e-9);
-            assert!((pr.lambda - exact).abs() <= 1e-9 * exact, "gap {gap}: {} vs {}", pr.lambda, exact);
+            assert!(
+                (pr.lambda - exact).abs() <= 1e-9 * exact,
+                "gap {gap}: {} vs {}",
+                pr.lambda,
+                exact
+            );
         }
     }
 

@@ -17,13 +17,18 @@ pub fn print_summary(o: &SweepOutcome) {
         if !r.mean.is_finite() || r.method == "svd_optimal" {
             continue;
         }
-        let e = best.entry((r.model.clone(), r.n, r.d)).or_insert((r.method.clone(), r.mean, r.stderr));
+        let e =
+            best.entry((r.model.clone(), r.n, r.d))
+                .or_insert((r.method.clone(), r.mean, r.stderr));
         if r.mean < e.1 {
             *e = (r.method.clone(), r.mean, r.stderr);
         }
     }
     if !best.is_empty() {
-        eprintln!("{:<12} {:>6} {:>5}  best method (mean ± SE of ‖O − Ô‖₂)", "model", "n", "d");
+        eprintln!(
+            "{:<12} {:>6} {:>5}  best method (mean ± SE of ‖O − Ô‖₂)",
+            "model", "n", "d"
+        );
         for ((model, n, d), (m, mean, se)) in best {
             eprintln!("{model:<12} {n:>6} {d:>5}  {m} {mean:.4} ± {se:.4}");
         }

@@ -69,13 +69,15 @@ impl Manifest {
         let tmp = dir.join("manifest.json.tmp");
         std::fs::write(&tmp, serde_json::to_string_pretty(self)? + "\n")
             .with_context(|| format!("writing {}", tmp.display()))?;
-        std::fs::rename(&tmp, dir.join("manifest.json")).with_context(|| format!("writing {}/manifest.json", dir.display()))?;
+        std::fs::rename(&tmp, dir.join("manifest.json"))
+            .with_context(|| format!("writing {}/manifest.json", dir.display()))?;
         Ok(())
     }
 
     pub fn read(dir: &Path) -> Result<Self> {
         let p = dir.join("manifest.json");
         let s = std::fs::read_to_string(&p).with_context(|| format!("reading {}", p.display()))?;
-        serde_json::from_str(&s).map_err(|e| crate::usage!("{}: not a valid approx-bench manifest ({e})", p.display()))
+        serde_json::from_str(&s)
+            .map_err(|e| crate::usage!("{}: not a valid approx-bench manifest ({e})", p.display()))
     }
 }

@@ -49,17 +49,30 @@ pub fn mean_stderr(values: &[f64]) -> (f64, f64) {
 /// Groups trials by (model, n, method, d) and averages over the finite ones. Order: model, n,
 /// method in `method_order` (unknown ones last, by name), d.
 pub fn summarize(rows: &[TrialRow], method_order: &[String]) -> Vec<SummaryRow> {
-    let rank = |m: &str| method_order.iter().position(|x| x == m).unwrap_or(usize::MAX);
-    let mut groups: BTreeMap<(String, usize, usize, String, usize), Vec<&TrialRow>> = BTreeMap::new();
+    let rank = |m: &str| {
+        method_order
+            .iter()
+            .position(|x| x == m)
+            .unwrap_or(usize::MAX)
+    };
+    let mut groups: BTreeMap<(String, usize, usize, String, usize), Vec<&TrialRow>> =
+        BTreeMap::new();
     for r in rows {
-        groups.entry((r.model.clone(), r.n, rank(&r.method), r.method.clone(), r.d)).or_default().push(r);
+        groups
+            .entry((r.model.clone(), r.n, rank(&r.method), r.method.clone(), r.d))
+            .or_default()
+            .push(r);
     }
     groups
         .into_iter()
         .map(|((model, n, _, method, d), rs)| {
             let finite: Vec<&&TrialRow> = rs.iter().filter(|r| r.error.is_finite()).collect();
             let errs: Vec<f64> = finite.iter().map(|r| r.error).collect();
-            let rels: Vec<f64> = finite.iter().map(|r| r.rel_error).filter(|x| x.is_finite()).collect();
+            let rels: Vec<f64> = finite
+                .iter()
+                .map(|r| r.rel_error)
+                .filter(|x| x.is_finite())
+                .collect();
             let (mean, stderr) = mean_stderr(&errs);
             let (rel_mean, rel_stderr) = mean_stderr(&rels);
             SummaryRow {
@@ -84,7 +97,8 @@ pub fn summarize(rows: &[TrialRow], method_order: &[String]) -> Vec<SummaryRow> 
 pub fn write(path: &Path, rows: &[SummaryRow]) -> Result<()> {
     let tmp = path.with_extension("csv.tmp");
     {
-        let mut w = csv::Writer::from_path(&tmp).map_err(|e| crate::usage!("cannot write {} ({e})", tmp.display()))?;
+        let mut w = csv::Writer::from_path(&tmp)
+            .map_err(|e| crate::usage!("cannot write {} ({e})", tmp.display()))?;
         for r in rows {
             w.serialize(r)?;
         }
@@ -95,10 +109,17 @@ pub fn write(path: &Path, rows: &[SummaryRow]) -> Result<()> {
 }
 
 pub fn read(path: &Path) -> Result<Vec<SummaryRow>> {
-    let mut rdr = csv::Reader::from_path(path).map_err(|e| crate::usage!("{}: cannot read ({e})", path.display()))?;
+    let mut rdr = csv::Reader::from_path(path)
+        .map_err(|e| crate::usage!("{}: cannot read ({e})", path.display()))?;
     let mut out = Vec::new();
     for (i, r) in rdr.deserialize().enumerate() {
-        out.push(r.map_err(|e| crate::usage!("{}: malformed summary row {} ({e}); expected the columns of summary.csv", path.display(), i + 2))?);
+        out.push(r.map_err(|e| {
+            crate::usage!(
+                "{}: malformed summary row {} ({e}); expected the columns of summary.csv",
+                path.display(),
+                i + 2
+            )
+        })?);
     }
     Ok(out)
 }

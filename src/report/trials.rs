@@ -37,7 +37,14 @@ pub struct TrialRow {
 impl TrialRow {
     /// The identity of a trial within a run: what resume and `check --exact` match on.
     pub fn key(&self) -> (String, usize, usize, usize, String, usize) {
-        (self.model.clone(), self.n, self.window, self.head, self.method.clone(), self.d)
+        (
+            self.model.clone(),
+            self.n,
+            self.window,
+            self.head,
+            self.method.clone(),
+            self.d,
+        )
     }
 }
 
@@ -53,10 +60,12 @@ pub type TrialKeyOwned = (String, usize, usize, usize, String, usize);
 
 /// Reads every complete row of a trials.csv.
 pub fn read_rows(path: &Path) -> Result<Vec<TrialRow>> {
-    let mut rdr = csv::Reader::from_path(path).map_err(|e| crate::usage!("{}: cannot read trials ({e})", path.display()))?;
+    let mut rdr = csv::Reader::from_path(path)
+        .map_err(|e| crate::usage!("{}: cannot read trials ({e})", path.display()))?;
     let mut rows = Vec::new();
     for (i, r) in rdr.deserialize().enumerate() {
-        let row: TrialRow = r.map_err(|e| crate::usage!("{}: malformed row {} ({e})", path.display(), i + 2))?;
+        let row: TrialRow =
+            r.map_err(|e| crate::usage!("{}: malformed row {} ({e})", path.display(), i + 2))?;
         rows.push(row);
     }
     Ok(rows)
@@ -74,7 +83,11 @@ impl TrialWriter {
     pub fn open(path: &Path) -> Result<(Self, Vec<TrialRow>)> {
         let mut existing = Vec::new();
         if path.is_file() {
-            let mut f = OpenOptions::new().read(true).write(true).open(path).with_context(|| format!("opening {}", path.display()))?;
+            let mut f = OpenOptions::new()
+                .read(true)
+                .write(true)
+                .open(path)
+                .with_context(|| format!("opening {}", path.display()))?;
             let mut bytes = Vec::new();
             f.read_to_end(&mut bytes)?;
             let keep = match bytes.iter().rposition(|&b| b == b'\n') {
@@ -94,20 +107,35 @@ impl TrialWriter {
             .create(true)
             .append(true)
             .open(path)
-            .map_err(|e| crate::usage!("cannot write {} ({e}); choose a writable --out", path.display()))?;
+            .map_err(|e| {
+                crate::usage!(
+                    "cannot write {} ({e}); choose a writable --out",
+                    path.display()
+                )
+            })?;
         if fresh {
-            let mut w = csv::WriterBuilder::new().has_headers(false).from_writer(Vec::new());
+            let mut w = csv::WriterBuilder::new()
+                .has_headers(false)
+                .from_writer(Vec::new());
             w.write_record(HEADER)?;
             file.write_all(&w.into_inner()?)
                 .and_then(|_| file.flush())
                 .with_context(|| format!("writing {} (disk full?)", path.display()))?;
         }
-        Ok((Self { file, path: path.to_path_buf() }, existing))
+        Ok((
+            Self {
+                file,
+                path: path.to_path_buf(),
+            },
+            existing,
+        ))
     }
 
     /// Appends one row as a single write, then flushes it to the OS.
     pub fn append(&mut self, row: &TrialRow) -> Result<()> {
-        let mut w = csv::WriterBuilder::new().has_headers(false).from_writer(Vec::new());
+        let mut w = csv::WriterBuilder::new()
+            .has_headers(false)
+            .from_writer(Vec::new());
         w.serialize(row)?;
         let line = w.into_inner().map_err(|e| anyhow::anyhow!("{e}"))?;
         self.file
@@ -120,8 +148,22 @@ impl TrialWriter {
 
 /// The CSV header, in [`TrialRow`] field order.
 pub const HEADER: &[&str] = &[
-    "model", "model_id", "layer", "n", "window", "head", "method", "d", "seed", "error", "rel_error", "frob_error",
-    "exact_norm", "nonfinite_rows", "macs", "seconds",
+    "model",
+    "model_id",
+    "layer",
+    "n",
+    "window",
+    "head",
+    "method",
+    "d",
+    "seed",
+    "error",
+    "rel_error",
+    "frob_error",
+    "exact_norm",
+    "nonfinite_rows",
+    "macs",
+    "seconds",
 ];
 
 /// Keys of rows, for skipping on resume.
@@ -166,7 +208,10 @@ mod tests {
             Err(e) => e,
         };
         let msg = format!("{err:#}");
-        assert!(msg.contains("/dev/full") && (msg.contains("disk full") || msg.contains("No space")), "{msg}");
+        assert!(
+            msg.contains("/dev/full") && (msg.contains("disk full") || msg.contains("No space")),
+            "{msg}"
+        );
     }
 
     #[test]

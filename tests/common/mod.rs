@@ -44,7 +44,10 @@ fn vocab() -> Vec<String> {
             words.insert(cur);
         }
     }
-    let mut v: Vec<String> = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"].iter().map(|s| s.to_string()).collect();
+    let mut v: Vec<String> = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
     v.extend(words);
     v
 }
@@ -54,7 +57,11 @@ pub fn tiny_model(dir: &Path, with_weights: bool) -> PathBuf {
     let vocab = vocab();
     std::fs::create_dir_all(dir).unwrap();
     std::fs::write(dir.join("vocab.txt"), vocab.join("\n") + "\n").unwrap();
-    std::fs::write(dir.join("tokenizer_config.json"), r#"{"do_lower_case": true}"#).unwrap();
+    std::fs::write(
+        dir.join("tokenizer_config.json"),
+        r#"{"do_lower_case": true}"#,
+    )
+    .unwrap();
     let config = serde_json::json!({
         "architectures": ["BertModel"], "model_type": "bert",
         "vocab_size": vocab.len(), "hidden_size": HIDDEN, "num_hidden_layers": LAYERS,
@@ -63,7 +70,11 @@ pub fn tiny_model(dir: &Path, with_weights: bool) -> PathBuf {
         "max_position_embeddings": MAX_POS, "type_vocab_size": 2, "initializer_range": 0.02,
         "layer_norm_eps": 1e-12, "pad_token_id": 0
     });
-    std::fs::write(dir.join("config.json"), serde_json::to_string_pretty(&config).unwrap()).unwrap();
+    std::fs::write(
+        dir.join("config.json"),
+        serde_json::to_string_pretty(&config).unwrap(),
+    )
+    .unwrap();
     if with_weights {
         write_weights(&dir.join("model.safetensors"), vocab.len(), "bert.");
     }
@@ -80,7 +91,9 @@ pub fn write_weights(path: &Path, vocab: usize, prefix: &str) {
         let n: usize = shape.iter().product();
         let v: Vec<f32> = (0..n)
             .map(|_| {
-                state = state.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+                state = state
+                    .wrapping_mul(6364136223846793005)
+                    .wrapping_add(1442695040888963407);
                 ((state >> 40) as f32 / (1u64 << 24) as f32 - 0.5) * 2.0 * scale
             })
             .collect();
@@ -88,10 +101,22 @@ pub fn write_weights(path: &Path, vocab: usize, prefix: &str) {
     };
     let mut m: HashMap<String, Tensor> = HashMap::new();
     let h = HIDDEN;
-    m.insert(format!("{prefix}embeddings.word_embeddings.weight"), rnd(&[vocab, h], 1.0));
-    m.insert(format!("{prefix}embeddings.position_embeddings.weight"), rnd(&[MAX_POS, h], 0.5));
-    m.insert(format!("{prefix}embeddings.token_type_embeddings.weight"), rnd(&[2, h], 0.5));
-    m.insert(format!("{prefix}embeddings.LayerNorm.weight"), (rnd(&[h], 0.2) + 1.0).unwrap());
+    m.insert(
+        format!("{prefix}embeddings.word_embeddings.weight"),
+        rnd(&[vocab, h], 1.0),
+    );
+    m.insert(
+        format!("{prefix}embeddings.position_embeddings.weight"),
+        rnd(&[MAX_POS, h], 0.5),
+    );
+    m.insert(
+        format!("{prefix}embeddings.token_type_embeddings.weight"),
+        rnd(&[2, h], 0.5),
+    );
+    m.insert(
+        format!("{prefix}embeddings.LayerNorm.weight"),
+        (rnd(&[h], 0.2) + 1.0).unwrap(),
+    );
     m.insert(format!("{prefix}embeddings.LayerNorm.bias"), rnd(&[h], 0.1));
     for l in 0..LAYERS {
         let p = format!("{prefix}encoder.layer.{l}");
@@ -106,7 +131,11 @@ pub fn write_weights(path: &Path, vocab: usize, prefix: &str) {
             m.insert(format!("{p}.{name}.weight"), rnd(&[o, i], 0.6));
             m.insert(format!("{p}.{name}.bias"), rnd(&[o], 0.1));
         }
-        let (g, b) = if l == 1 { ("gamma", "beta") } else { ("weight", "bias") };
+        let (g, b) = if l == 1 {
+            ("gamma", "beta")
+        } else {
+            ("weight", "bias")
+        };
         for ln in ["attention.output.LayerNorm", "output.LayerNorm"] {
             m.insert(format!("{p}.{ln}.{g}"), (rnd(&[h], 0.2) + 1.0).unwrap());
             m.insert(format!("{p}.{ln}.{b}"), rnd(&[h], 0.1));
@@ -115,7 +144,10 @@ pub fn write_weights(path: &Path, vocab: usize, prefix: &str) {
     m.insert(format!("{prefix}pooler.dense.weight"), rnd(&[h, h], 0.1));
     m.insert(
         format!("{prefix}embeddings.position_ids"),
-        Tensor::arange(0i64, MAX_POS as i64, &dev).unwrap().reshape((1, MAX_POS)).unwrap(),
+        Tensor::arange(0i64, MAX_POS as i64, &dev)
+            .unwrap()
+            .reshape((1, MAX_POS))
+            .unwrap(),
     );
     let _ = DType::F32;
     candle_core::safetensors::save(&m, path).unwrap();
@@ -140,14 +172,22 @@ pub fn stderr(o: &Output) -> String {
 /// trials.csv rows without the timing column.
 pub fn rows_without_timing(path: &Path) -> Vec<String> {
     let text = std::fs::read_to_string(path).unwrap();
-    text.lines().map(|l| l.rsplit_once(',').map(|(a, _)| a.to_string()).unwrap_or_default()).collect()
+    text.lines()
+        .map(|l| {
+            l.rsplit_once(',')
+                .map(|(a, _)| a.to_string())
+                .unwrap_or_default()
+        })
+        .collect()
 }
 
 /// Lays out files as the Hugging Face hub cache does: <home>/hub/<kind>s--<org>--<name>/
 /// refs/main (commit hash) and snapshots/<commit>/<file> (symlinks to blobs, as hf-hub writes them).
 pub fn hf_cache_repo(home: &Path, kind: &str, repo: &str, files: &[(&str, &Path)]) {
     let commit = "0123456789abcdef0123456789abcdef01234567";
-    let root = home.join("hub").join(format!("{kind}s--{}", repo.replace('/', "--")));
+    let root = home
+        .join("hub")
+        .join(format!("{kind}s--{}", repo.replace('/', "--")));
     std::fs::create_dir_all(root.join("refs")).unwrap();
     std::fs::write(root.join("refs/main"), commit).unwrap();
     for (i, (name, src)) in files.iter().enumerate() {
@@ -172,13 +212,18 @@ pub fn write_parquet(path: &Path, rows: &[String]) {
     use parquet::file::writer::SerializedFileWriter;
     use parquet::schema::parser::parse_message_type;
     use std::sync::Arc;
-    let schema = Arc::new(parse_message_type("message schema { REQUIRED BINARY text (UTF8); }").unwrap());
+    let schema =
+        Arc::new(parse_message_type("message schema { REQUIRED BINARY text (UTF8); }").unwrap());
     let file = std::fs::File::create(path).unwrap();
-    let mut w = SerializedFileWriter::new(file, schema, Arc::new(WriterProperties::builder().build())).unwrap();
+    let mut w =
+        SerializedFileWriter::new(file, schema, Arc::new(WriterProperties::builder().build()))
+            .unwrap();
     let mut rg = w.next_row_group().unwrap();
     let mut col = rg.next_column().unwrap().unwrap();
     let values: Vec<ByteArray> = rows.iter().map(|s| ByteArray::from(s.as_str())).collect();
-    col.typed::<ByteArrayType>().write_batch(&values, None, None).unwrap();
+    col.typed::<ByteArrayType>()
+        .write_batch(&values, None, None)
+        .unwrap();
     col.close().unwrap();
     rg.close().unwrap();
     w.close().unwrap();

@@ -29,13 +29,25 @@ pub fn execute(args: &CheckArgs) -> Result<i32> {
             let out = match &args.out {
                 Some(o) => o.clone(),
                 None => {
-                    let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_nanos()).unwrap_or(0);
-                    std::env::temp_dir().join(format!("approx-bench-rerun-{}-{nanos}", std::process::id()))
+                    let nanos = std::time::SystemTime::now()
+                        .duration_since(std::time::UNIX_EPOCH)
+                        .map(|d| d.as_nanos())
+                        .unwrap_or(0);
+                    std::env::temp_dir()
+                        .join(format!("approx-bench-rerun-{}-{nanos}", std::process::id()))
                 }
             };
-            eprintln!("re-running the baseline's configuration into {}", out.display());
-            let sweep_opts =
-                crate::sweep::SweepOptions { out: out.clone(), force: false, quiet: false, command: std::env::args().collect(), shard: None };
+            eprintln!(
+                "re-running the baseline's configuration into {}",
+                out.display()
+            );
+            let sweep_opts = crate::sweep::SweepOptions {
+                out: out.clone(),
+                force: false,
+                quiet: false,
+                command: std::env::args().collect(),
+                shard: None,
+            };
             crate::sweep::run(&manifest.config, &sweep_opts)?;
             load(&out, "--out")?
         }
@@ -49,7 +61,8 @@ pub fn execute(args: &CheckArgs) -> Result<i32> {
         None => None,
     };
     if let Some(p) = report_path {
-        std::fs::write(&p, render::markdown(&report)).map_err(|e| usage!("--report {}: cannot write ({e})", p.display()))?;
+        std::fs::write(&p, render::markdown(&report))
+            .map_err(|e| usage!("--report {}: cannot write ({e})", p.display()))?;
         eprintln!("report written to {}", p.display());
     }
     Ok(report.exit_code())

@@ -39,14 +39,24 @@ pub(super) fn exact_point(
         notes.push("the baseline's trials.csv has no trials for this point".into());
         status = Status::ExactMismatch;
     }
-    let missing: Vec<String> = tb.keys().filter(|k| !tc.contains_key(k)).map(|(w, h)| format!("window {w} head {h}")).collect();
+    let missing: Vec<String> = tb
+        .keys()
+        .filter(|k| !tc.contains_key(k))
+        .map(|(w, h)| format!("window {w} head {h}"))
+        .collect();
     if !missing.is_empty() {
-        notes.push(format!("{} baseline trial(s) missing from the current run (first: {})", missing.len(), missing[0]));
+        notes.push(format!(
+            "{} baseline trial(s) missing from the current run (first: {})",
+            missing.len(),
+            missing[0]
+        ));
         status = Status::ExactMismatch;
     }
     let extra = tc.keys().filter(|k| !tb.contains_key(k)).count();
     if extra > 0 {
-        notes.push(format!("{extra} trial(s) in the current run that the baseline lacks"));
+        notes.push(format!(
+            "{extra} trial(s) in the current run that the baseline lacks"
+        ));
         status = Status::ExactMismatch;
     }
     let mut point_worst: Option<WorstTrial> = None;
@@ -54,7 +64,14 @@ pub(super) fn exact_point(
         let Some(&ec) = tc.get(k) else { continue };
         let rel = rel_diff(eb, ec);
         if point_worst.as_ref().is_none_or(|w| rel > w.rel) {
-            point_worst = Some(WorstTrial { point: key.clone(), window: k.0, head: k.1, baseline: eb, current: ec, rel });
+            point_worst = Some(WorstTrial {
+                point: key.clone(),
+                window: k.0,
+                head: k.1,
+                baseline: eb,
+                current: ec,
+                rel,
+            });
         }
         worst_rel = worst_rel.max(rel);
     }

@@ -29,8 +29,19 @@ pub struct RunData {
 
 impl RunData {
     /// A side made from data in memory (tests, or callers that computed rows themselves).
-    pub fn from_parts(label: &str, summary: Vec<SummaryRow>, trials: Option<Vec<TrialRow>>, manifest: Option<Manifest>) -> Self {
-        Self { path: label.into(), summary_source: label.into(), summary, trials, manifest }
+    pub fn from_parts(
+        label: &str,
+        summary: Vec<SummaryRow>,
+        trials: Option<Vec<TrialRow>>,
+        manifest: Option<Manifest>,
+    ) -> Self {
+        Self {
+            path: label.into(),
+            summary_source: label.into(),
+            summary,
+            trials,
+            manifest,
+        }
     }
 
     /// Whether the side was given as a directory (the default home of the markdown report).
@@ -42,7 +53,10 @@ impl RunData {
 /// Loads `path` given for `flag` (`--baseline` or `--current`).
 pub fn load(path: &Path, flag: &str) -> Result<RunData> {
     if !path.exists() {
-        return Err(usage!("{flag} {}: no such file or directory; give a run directory or a summary.csv file", path.display()));
+        return Err(usage!(
+            "{flag} {}: no such file or directory; give a run directory or a summary.csv file",
+            path.display()
+        ));
     }
     let (summary_source, summary, trials, manifest) = if path.is_dir() {
         let manifest = match path.join("manifest.json") {
@@ -50,13 +64,30 @@ pub fn load(path: &Path, flag: &str) -> Result<RunData> {
             _ => None,
         };
         let trials_path = path.join("trials.csv");
-        let trials = if trials_path.is_file() { Some(trials::read_rows(&trials_path)?) } else { None };
+        let trials = if trials_path.is_file() {
+            Some(trials::read_rows(&trials_path)?)
+        } else {
+            None
+        };
         let summary_path = path.join("summary.csv");
         if summary_path.is_file() {
-            (summary_path.clone(), summary::read(&summary_path)?, trials, manifest)
+            (
+                summary_path.clone(),
+                summary::read(&summary_path)?,
+                trials,
+                manifest,
+            )
         } else if let Some(rows) = &trials {
-            let order = manifest.as_ref().map(|m| m.config.methods.clone()).unwrap_or_default();
-            (trials_path.clone(), summary::summarize(rows, &order), trials, manifest)
+            let order = manifest
+                .as_ref()
+                .map(|m| m.config.methods.clone())
+                .unwrap_or_default();
+            (
+                trials_path.clone(),
+                summary::summarize(rows, &order),
+                trials,
+                manifest,
+            )
         } else {
             return Err(usage!(
                 "{flag} {}: the directory holds neither summary.csv nor trials.csv; give a run directory written by approx-bench or a summary.csv file",
@@ -67,7 +98,10 @@ pub fn load(path: &Path, flag: &str) -> Result<RunData> {
         (path.to_path_buf(), summary::read(path)?, None, None)
     };
     if summary.is_empty() {
-        return Err(usage!("{flag} {}: no curve points (the file has no data rows)", summary_source.display()));
+        return Err(usage!(
+            "{flag} {}: no curve points (the file has no data rows)",
+            summary_source.display()
+        ));
     }
     let mut seen = HashSet::new();
     for r in &summary {
@@ -95,5 +129,11 @@ pub fn load(path: &Path, flag: &str) -> Result<RunData> {
             ));
         }
     }
-    Ok(RunData { path: path.to_path_buf(), summary_source, summary, trials, manifest })
+    Ok(RunData {
+        path: path.to_path_buf(),
+        summary_source,
+        summary,
+        trials,
+        manifest,
+    })
 }

@@ -76,8 +76,18 @@ fn bound_text(p: &PointResult) -> String {
     }
 }
 
-const HEADERS: [&str; 10] =
-    ["status", "model", "n", "method", "d", "baseline mean ± SE", "current mean ± SE", "difference", "bound", "test"];
+const HEADERS: [&str; 10] = [
+    "status",
+    "model",
+    "n",
+    "method",
+    "d",
+    "baseline mean ± SE",
+    "current mean ± SE",
+    "difference",
+    "bound",
+    "test",
+];
 
 fn cells(p: &PointResult) -> [String; 10] {
     [
@@ -127,7 +137,11 @@ fn verdict(r: &CheckReport) -> String {
             parts.push(format!("{k} {what}"));
         }
     }
-    let nonfinite_extra = r.points.iter().filter(|p| p.status != Status::NewNonFinite && p.notes.iter().any(|n| n.contains("rose"))).count();
+    let nonfinite_extra = r
+        .points
+        .iter()
+        .filter(|p| p.status != Status::NewNonFinite && p.notes.iter().any(|n| n.contains("rose")))
+        .count();
     if nonfinite_extra > 0 {
         parts.push(format!("{nonfinite_extra} more with new non-finite trials"));
     }
@@ -135,16 +149,30 @@ fn verdict(r: &CheckReport) -> String {
     if config > 0 {
         parts.push(format!("{config} failing finding(s)"));
     }
-    format!("{} (exit {}): {}", if r.failed() { "FAIL" } else { "PASS" }, r.exit_code(), parts.join(", "))
+    format!(
+        "{} (exit {}): {}",
+        if r.failed() { "FAIL" } else { "PASS" },
+        r.exit_code(),
+        parts.join(", ")
+    )
 }
 
 /// The terminal table, with findings above it and per-point notes and the verdict below.
 pub fn table(r: &CheckReport) -> String {
     let mut s = String::new();
-    let _ = writeln!(s, "approx-bench check: baseline {} → current {}", r.baseline.display(), r.current.display());
+    let _ = writeln!(
+        s,
+        "approx-bench check: baseline {} → current {}",
+        r.baseline.display(),
+        r.current.display()
+    );
     let _ = writeln!(s, "{}", scope(r));
     for f in &r.findings {
-        let kind = if f.failing { f.kind.to_uppercase() } else { f.kind.to_string() };
+        let kind = if f.failing {
+            f.kind.to_uppercase()
+        } else {
+            f.kind.to_string()
+        };
         let _ = writeln!(s, "{kind}: {}", f.message);
     }
     let rows: Vec<[String; 10]> = r.points.iter().map(cells).collect();
@@ -191,7 +219,11 @@ pub fn table(r: &CheckReport) -> String {
 /// The markdown report: verdict, scope, findings, the table, notes and how the bound is made.
 pub fn markdown(r: &CheckReport) -> String {
     let mut s = String::new();
-    let _ = writeln!(s, "# approx-bench check: {}\n", if r.failed() { "FAIL" } else { "PASS" });
+    let _ = writeln!(
+        s,
+        "# approx-bench check: {}\n",
+        if r.failed() { "FAIL" } else { "PASS" }
+    );
     let _ = writeln!(s, "- baseline: `{}`", r.baseline.display());
     let _ = writeln!(s, "- current: `{}`", r.current.display());
     let _ = writeln!(s, "- {}", scope(r));
@@ -199,7 +231,13 @@ pub fn markdown(r: &CheckReport) -> String {
     if !r.findings.is_empty() {
         let _ = writeln!(s, "## Findings\n");
         for f in &r.findings {
-            let _ = writeln!(s, "- {}{}: {}", f.kind, if f.failing { " (fails the check)" } else { "" }, f.message);
+            let _ = writeln!(
+                s,
+                "- {}{}: {}",
+                f.kind,
+                if f.failing { " (fails the check)" } else { "" },
+                f.message
+            );
         }
         let _ = writeln!(s);
     }
@@ -242,7 +280,16 @@ fn note_lines(r: &CheckReport) -> Vec<String> {
     r.points
         .iter()
         .filter(|p| !p.notes.is_empty())
-        .map(|p| format!("{} n={} {} d={}: {}", p.model, p.n, p.method, p.d, p.notes.join("; ")))
+        .map(|p| {
+            format!(
+                "{} n={} {} d={}: {}",
+                p.model,
+                p.n,
+                p.method,
+                p.d,
+                p.notes.join("; ")
+            )
+        })
         .collect()
 }
 

@@ -55,21 +55,40 @@ impl Axis {
             (Some(&a), _) => (a / 2.0, a * 2.0),
             _ => (1.0, 2.0),
         };
-        Axis { scale: Scale::Log2, lo, hi, ticks: ds, minor: vec![], format: TickFormat::Number }
+        Axis {
+            scale: Scale::Log2,
+            lo,
+            hi,
+            ticks: ds,
+            minor: vec![],
+            format: TickFormat::Number,
+        }
     }
 
     /// An axis spanning the raw data values `vals` (non-admissible ones ignored) with a margin.
     /// Linear axes start at 0 when the data are non-negative and would come within a margin of 0.
     pub fn fit(scale: Scale, vals: &[f64], format: TickFormat) -> Axis {
         let vals: Vec<f64> = vals.iter().copied().filter(|&v| scale.admits(v)).collect();
-        let (mut lo, mut hi) = vals.iter().fold((f64::INFINITY, f64::NEG_INFINITY), |(a, b), &v| (a.min(v), b.max(v)));
+        let (mut lo, mut hi) = vals
+            .iter()
+            .fold((f64::INFINITY, f64::NEG_INFINITY), |(a, b), &v| {
+                (a.min(v), b.max(v))
+            });
         if !lo.is_finite() {
-            (lo, hi) = if scale == Scale::Linear { (0.0, 1.0) } else { (1.0, 10.0) };
+            (lo, hi) = if scale == Scale::Linear {
+                (0.0, 1.0)
+            } else {
+                (1.0, 10.0)
+            };
         }
         match scale {
             // A single value gets a range around it: ±10 % (linear) or ×/÷ 10^0.15 (log).
             Scale::Linear => {
-                let pad = if hi > lo { 0.06 * (hi - lo) } else { 0.1 * lo.abs().max(1e-12) };
+                let pad = if hi > lo {
+                    0.06 * (hi - lo)
+                } else {
+                    0.1 * lo.abs().max(1e-12)
+                };
                 let l = lo - pad;
                 lo = if lo >= 0.0 && l < 0.0 { 0.0 } else { l };
                 hi += pad;
@@ -85,7 +104,14 @@ impl Axis {
             Scale::Linear => (linear_ticks(lo, hi, 6), vec![]),
             _ => log_ticks(lo, hi),
         };
-        Axis { scale, lo, hi, ticks, minor, format }
+        Axis {
+            scale,
+            lo,
+            hi,
+            ticks,
+            minor,
+            format,
+        }
     }
 
     pub fn range(&self) -> std::ops::Range<f64> {
@@ -119,10 +145,16 @@ pub fn linear_ticks(lo: f64, hi: f64, target: usize) -> Vec<f64> {
     }
     let raw = (hi - lo) / target.max(1) as f64;
     let mag = 10f64.powf(raw.log10().floor());
-    let step = [1.0, 2.0, 2.5, 5.0, 10.0].iter().map(|m| m * mag).find(|&s| s >= raw).unwrap_or(10.0 * mag);
+    let step = [1.0, 2.0, 2.5, 5.0, 10.0]
+        .iter()
+        .map(|m| m * mag)
+        .find(|&s| s >= raw)
+        .unwrap_or(10.0 * mag);
     let first = (lo / step).ceil() as i64;
     let last = (hi / step).floor() as i64;
-    (first..=last).map(|k| round_sig(k as f64 * step, 12)).collect()
+    (first..=last)
+        .map(|k| round_sig(k as f64 * step, 12))
+        .collect()
 }
 
 /// Ticks for a log axis: decades (with 2 and 5 between when they fit), or, for ranges under a
@@ -134,7 +166,10 @@ pub fn log_ticks(lo: f64, hi: f64) -> (Vec<f64>, Vec<f64>) {
     let (a, b) = (lo.log10().floor() as i32, hi.log10().ceil() as i32);
     let within = |v: &f64| *v >= lo * (1.0 - 1e-12) && *v <= hi * (1.0 + 1e-12);
     let decade = |mults: &[f64]| -> Vec<f64> {
-        (a..=b).flat_map(|e| mults.iter().map(move |m| round_sig(m * 10f64.powi(e), 12))).filter(within).collect()
+        (a..=b)
+            .flat_map(|e| mults.iter().map(move |m| round_sig(m * 10f64.powi(e), 12)))
+            .filter(within)
+            .collect()
     };
     let minor = decade(&[2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0, 9.0]);
     let decades = decade(&[1.0]);
@@ -259,9 +294,15 @@ mod tests {
         let a = Axis::fit(Scale::Linear, &[0.3, 2.0], TickFormat::Number);
         assert!(a.lo > 0.15 && a.lo < 0.3);
         let b = Axis::fit(Scale::Linear, &[4.0, 4.7], TickFormat::Number);
-        assert!(b.lo > 3.9, "a narrow range far from 0 is not stretched to 0");
+        assert!(
+            b.lo > 3.9,
+            "a narrow range far from 0 is not stretched to 0"
+        );
         let l = Axis::fit(Scale::Log10, &[-1.0, 0.0, 2.0, 30.0], TickFormat::Number);
-        assert!(l.lo > 1.0 && l.lo < 2.0, "non-positive values are ignored on log axes");
+        assert!(
+            l.lo > 1.0 && l.lo < 2.0,
+            "non-positive values are ignored on log axes"
+        );
     }
 
     #[test]

@@ -80,7 +80,11 @@ fn err<E: std::fmt::Display>(e: E) -> anyhow::Error {
 }
 
 fn text_w(text: &str, px: u32) -> i32 {
-    (FONT, px).into_font().box_size(text).map(|(w, _)| w as i32).unwrap_or(text.chars().count() as i32 * px as i32 * 6 / 10)
+    (FONT, px)
+        .into_font()
+        .box_size(text)
+        .map(|(w, _)| w as i32)
+        .unwrap_or(text.chars().count() as i32 * px as i32 * 6 / 10)
 }
 
 impl Figure {
@@ -128,7 +132,9 @@ impl Figure {
             Some(p) => p.title.as_str(),
             None => self.empty_titles.get(i).map(String::as_str).unwrap_or(""),
         });
-        let two = titles.into_iter().any(|t| title_lines(t, self.cell_w()).1.len() > 1);
+        let two = titles
+            .into_iter()
+            .any(|t| title_lines(t, self.cell_w()).1.len() > 1);
         if two {
             2 * (PANEL_TITLE_MIN_PX + 5) + 12
         } else {
@@ -138,14 +144,18 @@ impl Figure {
 
     /// (width, height) in pixels.
     pub fn size(&self) -> (u32, u32) {
-        (self.width(), TITLE_H + self.legend_h() + self.rows() as u32 * self.panel_h + MARGIN)
+        (
+            self.width(),
+            TITLE_H + self.legend_h() + self.rows() as u32 * self.panel_h + MARGIN,
+        )
     }
 
     pub fn save_png(&self, path: &Path) -> Result<()> {
         ensure_font()?;
         let root = BitMapBackend::new(path, self.size()).into_drawing_area();
         self.render(&root)?;
-        root.present().map_err(|e| anyhow!("writing {}: {e}", path.display()))
+        root.present()
+            .map_err(|e| anyhow!("writing {}: {e}", path.display()))
     }
 
     pub fn render<DB: DrawingBackend>(&self, root: &DrawingArea<DB, Shift>) -> Result<()> {
@@ -153,15 +163,21 @@ impl Figure {
         root.fill(&WHITE).map_err(err)?;
         let w = self.width() as i32;
         let center = Pos::new(HPos::Center, VPos::Center);
-        root.draw_text(&self.title, &(FONT, TITLE_PX).into_font().color(&BLACK).pos(center), (w / 2, TITLE_H as i32 / 2 + 2))
-            .map_err(err)?;
+        root.draw_text(
+            &self.title,
+            &(FONT, TITLE_PX).into_font().color(&BLACK).pos(center),
+            (w / 2, TITLE_H as i32 / 2 + 2),
+        )
+        .map_err(err)?;
         let mut y = TITLE_H as i32;
         for row in self.legend_rows() {
             let cy = y + LEGEND_ROW_H as i32 / 2;
             let total: i32 = row
                 .iter()
                 .map(|&i| match &self.legend[i] {
-                    LegendItem::Series(l, _) | LegendItem::Ring(l) => SAMPLE_W + 10 + text_w(l, LEGEND_PX) + ITEM_GAP,
+                    LegendItem::Series(l, _) | LegendItem::Ring(l) => {
+                        SAMPLE_W + 10 + text_w(l, LEGEND_PX) + ITEM_GAP
+                    }
                 })
                 .sum::<i32>()
                 - ITEM_GAP;
@@ -179,15 +195,23 @@ impl Figure {
                     }
                 };
                 let left = Pos::new(HPos::Left, VPos::Center);
-                root.draw_text(label, &(FONT, LEGEND_PX).into_font().color(&BLACK).pos(left), (x + SAMPLE_W + 10, cy))
-                    .map_err(err)?;
+                root.draw_text(
+                    label,
+                    &(FONT, LEGEND_PX).into_font().color(&BLACK).pos(left),
+                    (x + SAMPLE_W + 10, cy),
+                )
+                .map_err(err)?;
                 x += SAMPLE_W + 10 + text_w(label, LEGEND_PX) + ITEM_GAP;
             }
             y += LEGEND_ROW_H as i32;
         }
         for note in &self.notes {
-            let style = (FONT, NOTE_PX).into_font().color(&RGBColor(60, 60, 60)).pos(center);
-            root.draw_text(note, &style, (w / 2, y + NOTE_ROW_H as i32 / 2)).map_err(err)?;
+            let style = (FONT, NOTE_PX)
+                .into_font()
+                .color(&RGBColor(60, 60, 60))
+                .pos(center);
+            root.draw_text(note, &style, (w / 2, y + NOTE_ROW_H as i32 / 2))
+                .map_err(err)?;
             y += NOTE_ROW_H as i32;
         }
         let top = (TITLE_H + self.legend_h()) as i32;
@@ -201,7 +225,11 @@ impl Figure {
             let area = root.clone().shrink((x0, y0), (cw as u32, ch as u32));
             match cell {
                 Some(p) => draw_panel(root, &area, p, title_h)?,
-                None => draw_empty(&area, self.empty_titles.get(i).map(String::as_str).unwrap_or(""), title_h)?,
+                None => draw_empty(
+                    &area,
+                    self.empty_titles.get(i).map(String::as_str).unwrap_or(""),
+                    title_h,
+                )?,
             }
         }
         Ok(())
@@ -217,28 +245,47 @@ pub(super) fn title_lines(title: &str, width: u32) -> (u32, Vec<String>) {
         }
     }
     match title.rfind(" n=") {
-        Some(i) => (PANEL_TITLE_MIN_PX, vec![title[..i].to_string(), title[i + 1..].to_string()]),
+        Some(i) => (
+            PANEL_TITLE_MIN_PX,
+            vec![title[..i].to_string(), title[i + 1..].to_string()],
+        ),
         None => (PANEL_TITLE_MIN_PX, vec![title.to_string()]),
     }
 }
 
-fn draw_title<DB: DrawingBackend>(area: &DrawingArea<DB, Shift>, title: &str, title_h: u32) -> Result<()> {
+fn draw_title<DB: DrawingBackend>(
+    area: &DrawingArea<DB, Shift>,
+    title: &str,
+    title_h: u32,
+) -> Result<()> {
     let (w, _) = area.dim_in_pixel();
     let (px, lines) = title_lines(title, w);
-    let style = (FONT, px).into_font().color(&BLACK).pos(Pos::new(HPos::Center, VPos::Center));
+    let style = (FONT, px)
+        .into_font()
+        .color(&BLACK)
+        .pos(Pos::new(HPos::Center, VPos::Center));
     let line_h = px as i32 + 5;
     let y0 = title_h as i32 / 2 + 4 - (lines.len() as i32 - 1) * line_h / 2;
     for (k, line) in lines.iter().enumerate() {
-        area.draw_text(line, &style, (w as i32 / 2, y0 + k as i32 * line_h)).map_err(err)?;
+        area.draw_text(line, &style, (w as i32 / 2, y0 + k as i32 * line_h))
+            .map_err(err)?;
     }
     Ok(())
 }
 
-fn draw_empty<DB: DrawingBackend>(area: &DrawingArea<DB, Shift>, title: &str, title_h: u32) -> Result<()> {
+fn draw_empty<DB: DrawingBackend>(
+    area: &DrawingArea<DB, Shift>,
+    title: &str,
+    title_h: u32,
+) -> Result<()> {
     draw_title(area, title, title_h)?;
     let (w, h) = area.dim_in_pixel();
-    let style = (FONT, PANEL_TITLE_PX).into_font().color(&RGBColor(150, 150, 150)).pos(Pos::new(HPos::Center, VPos::Center));
-    area.draw_text("no data", &style, (w as i32 / 2, h as i32 / 2)).map_err(err)?;
+    let style = (FONT, PANEL_TITLE_PX)
+        .into_font()
+        .color(&RGBColor(150, 150, 150))
+        .pos(Pos::new(HPos::Center, VPos::Center));
+    area.draw_text("no data", &style, (w as i32 / 2, h as i32 / 2))
+        .map_err(err)?;
     Ok(())
 }
 
@@ -287,9 +334,11 @@ fn draw_panel<DB: DrawingBackend>(
             if bottom - top < 2 {
                 continue;
             }
-            root.draw(&PathElement::new(vec![(x, top), (x, bottom)], bar)).map_err(err)?;
+            root.draw(&PathElement::new(vec![(x, top), (x, bottom)], bar))
+                .map_err(err)?;
             for yy in [top, bottom] {
-                root.draw(&PathElement::new(vec![(x - 5, yy), (x + 5, yy)], bar)).map_err(err)?;
+                root.draw(&PathElement::new(vec![(x - 5, yy), (x + 5, yy)], bar))
+                    .map_err(err)?;
             }
         }
     }
@@ -303,7 +352,10 @@ fn draw_panel<DB: DrawingBackend>(
     }
     for s in &p.series {
         let lone = |i: usize| {
-            let ok = |j: Option<usize>| j.and_then(|j| s.points.get(j)).is_some_and(|q| placeable(p, q));
+            let ok = |j: Option<usize>| {
+                j.and_then(|j| s.points.get(j))
+                    .is_some_and(|q| placeable(p, q))
+            };
             !ok(i.checked_sub(1)) && !ok(Some(i + 1))
         };
         for (i, q) in s.points.iter().enumerate() {
@@ -313,7 +365,8 @@ fn draw_panel<DB: DrawingBackend>(
             let at = px(q.x, q.y);
             if s.style.marker == Marker::None && lone(i) {
                 // A line-only style would leave an isolated point invisible.
-                root.draw(&Circle::new(at, 5, s.style.color.filled())).map_err(err)?;
+                root.draw(&Circle::new(at, 5, s.style.color.filled()))
+                    .map_err(err)?;
             }
             draw_marker(root, at, &s.style)?;
             if q.nonfinite > 0 {
@@ -337,7 +390,12 @@ impl AxisCoord {
     fn new(a: &Axis) -> Self {
         let r = a.range();
         let fwd = |v: &Vec<f64>| v.iter().map(|&x| a.scale.fwd(x)).collect();
-        Self { lo: r.start, hi: r.end, ticks: fwd(&a.ticks), minor: fwd(&a.minor) }
+        Self {
+            lo: r.start,
+            hi: r.end,
+            ticks: fwd(&a.ticks),
+            minor: fwd(&a.minor),
+        }
     }
 }
 
@@ -371,29 +429,56 @@ fn placeable(p: &Panel, q: &Point) -> bool {
     p.x.scale.admits(q.x) && p.y.scale.admits(q.y)
 }
 
-fn draw_line<DB: DrawingBackend>(area: &DrawingArea<DB, Shift>, pts: &[(i32, i32)], s: &SeriesStyle) -> Result<()> {
+fn draw_line<DB: DrawingBackend>(
+    area: &DrawingArea<DB, Shift>,
+    pts: &[(i32, i32)],
+    s: &SeriesStyle,
+) -> Result<()> {
     let style = s.color.stroke_width(s.width);
     if s.dashed {
-        area.draw(&DashedPathElement::new(pts.to_vec(), 12, 7, style)).map_err(err)?;
+        area.draw(&DashedPathElement::new(pts.to_vec(), 12, 7, style))
+            .map_err(err)?;
     } else {
-        area.draw(&PathElement::new(pts.to_vec(), style)).map_err(err)?;
+        area.draw(&PathElement::new(pts.to_vec(), style))
+            .map_err(err)?;
     }
     Ok(())
 }
 
-fn draw_marker<DB: DrawingBackend>(area: &DrawingArea<DB, Shift>, (x, y): (i32, i32), s: &SeriesStyle) -> Result<()> {
+fn draw_marker<DB: DrawingBackend>(
+    area: &DrawingArea<DB, Shift>,
+    (x, y): (i32, i32),
+    s: &SeriesStyle,
+) -> Result<()> {
     let fill = s.color.filled();
     let stroke = s.color.stroke_width(3);
     match s.marker {
         Marker::None => Ok(()),
         Marker::Dot => area.draw(&Circle::new((x, y), 5, fill)),
         Marker::Square => area.draw(&Rectangle::new([(x - 5, y - 5), (x + 5, y + 5)], fill)),
-        Marker::TriUp => area.draw(&Polygon::new(vec![(x, y - 8), (x - 7, y + 5), (x + 7, y + 5)], fill)),
-        Marker::TriDown => area.draw(&Polygon::new(vec![(x, y + 8), (x - 7, y - 5), (x + 7, y - 5)], fill)),
-        Marker::Diamond => area.draw(&Polygon::new(vec![(x, y - 8), (x + 7, y), (x, y + 8), (x - 7, y)], fill)),
+        Marker::TriUp => area.draw(&Polygon::new(
+            vec![(x, y - 8), (x - 7, y + 5), (x + 7, y + 5)],
+            fill,
+        )),
+        Marker::TriDown => area.draw(&Polygon::new(
+            vec![(x, y + 8), (x - 7, y - 5), (x + 7, y - 5)],
+            fill,
+        )),
+        Marker::Diamond => area.draw(&Polygon::new(
+            vec![(x, y - 8), (x + 7, y), (x, y + 8), (x - 7, y)],
+            fill,
+        )),
         Marker::Cross => area
-            .draw(&PathElement::new(vec![(x - 6, y - 6), (x + 6, y + 6)], stroke))
-            .and_then(|_| area.draw(&PathElement::new(vec![(x - 6, y + 6), (x + 6, y - 6)], stroke))),
+            .draw(&PathElement::new(
+                vec![(x - 6, y - 6), (x + 6, y + 6)],
+                stroke,
+            ))
+            .and_then(|_| {
+                area.draw(&PathElement::new(
+                    vec![(x - 6, y + 6), (x + 6, y - 6)],
+                    stroke,
+                ))
+            }),
         Marker::Plus => area
             .draw(&PathElement::new(vec![(x - 7, y), (x + 7, y)], stroke))
             .and_then(|_| area.draw(&PathElement::new(vec![(x, y - 7), (x, y + 7)], stroke))),
@@ -402,11 +487,21 @@ fn draw_marker<DB: DrawingBackend>(area: &DrawingArea<DB, Shift>, (x, y): (i32, 
 }
 
 /// A hollow ring around a point with non-finite trials, and their count beside it.
-fn draw_ring<DB: DrawingBackend>(area: &DrawingArea<DB, Shift>, (x, y): (i32, i32), color: &RGBColor, count: Option<usize>) -> Result<()> {
-    area.draw(&Circle::new((x, y), 12, color.stroke_width(2))).map_err(err)?;
+fn draw_ring<DB: DrawingBackend>(
+    area: &DrawingArea<DB, Shift>,
+    (x, y): (i32, i32),
+    color: &RGBColor,
+    count: Option<usize>,
+) -> Result<()> {
+    area.draw(&Circle::new((x, y), 12, color.stroke_width(2)))
+        .map_err(err)?;
     if let Some(k) = count {
-        let style = (FONT, 16).into_font().color(color).pos(Pos::new(HPos::Left, VPos::Bottom));
-        area.draw_text(&format!("{k} flagged"), &style, (x + 10, y - 12)).map_err(err)?;
+        let style = (FONT, 16)
+            .into_font()
+            .color(color)
+            .pos(Pos::new(HPos::Left, VPos::Bottom));
+        area.draw_text(&format!("{k} flagged"), &style, (x + 10, y - 12))
+            .map_err(err)?;
     }
     Ok(())
 }

@@ -5,7 +5,9 @@ use std::collections::BTreeSet;
 use super::axis::{Axis, Scale, TickFormat};
 use super::draw::{Figure, LegendItem, Panel, Point, Series};
 use super::style::{self, Marker, SeriesStyle};
-use super::{grid, lengths_of, skeinformer_panels, skyformer_panels, SKEINFORMER_METHODS, SKYFORMER_METHODS};
+use super::{
+    grid, lengths_of, skeinformer_panels, skyformer_panels, SKEINFORMER_METHODS, SKYFORMER_METHODS,
+};
 use crate::report::summary::SummaryRow;
 
 const X_FEATURES: &str = "number of features";
@@ -30,14 +32,27 @@ impl XOf {
 }
 
 /// The rows of one curve, by d.
-fn curve_rows<'a>(rows: &'a [SummaryRow], model: &str, n: usize, method: &str) -> Vec<&'a SummaryRow> {
-    let mut v: Vec<&SummaryRow> = rows.iter().filter(|r| r.model == model && r.n == n && r.method == method).collect();
+fn curve_rows<'a>(
+    rows: &'a [SummaryRow],
+    model: &str,
+    n: usize,
+    method: &str,
+) -> Vec<&'a SummaryRow> {
+    let mut v: Vec<&SummaryRow> = rows
+        .iter()
+        .filter(|r| r.model == model && r.n == n && r.method == method)
+        .collect();
     v.sort_by_key(|r| r.d);
     v
 }
 
 fn point(r: &SummaryRow, x: XOf) -> Point {
-    Point { x: x.of(r), y: r.mean, se: r.stderr, nonfinite: r.flagged_trials.max(r.nonfinite_trials) }
+    Point {
+        x: x.of(r),
+        y: r.mean,
+        se: r.stderr,
+        nonfinite: r.flagged_trials.max(r.nonfinite_trials),
+    }
 }
 
 /// Values an axis must show for these points: each mean and its ±SE bar (on log axes the lower
@@ -48,7 +63,11 @@ fn y_extent(points: &[Point], scale: Scale) -> Vec<f64> {
         let se = if q.se.is_finite() { q.se } else { 0.0 };
         v.push(q.y);
         v.push(q.y + se);
-        v.push(if scale == Scale::Linear { q.y - se } else { (q.y - se).max(q.y * 0.5) });
+        v.push(if scale == Scale::Linear {
+            q.y - se
+        } else {
+            (q.y - se).max(q.y * 0.5)
+        });
     }
     v
 }
@@ -69,8 +88,17 @@ impl Tally {
             self.nonfinite |= r.nonfinite_trials > 0 || r.flagged_trials > 0;
             self.methods.insert(style::method_rank(&r.method));
         } else {
-            let why = if r.mean.is_finite() { "non-positive" } else { "no finite trial" };
-            self.missing.push(format!("{} n={} d={} ({why})", style::method_label(&r.method), r.n, r.d));
+            let why = if r.mean.is_finite() {
+                "non-positive"
+            } else {
+                "no finite trial"
+            };
+            self.missing.push(format!(
+                "{} n={} d={} ({why})",
+                style::method_label(&r.method),
+                r.n,
+                r.d
+            ));
         }
     }
 
@@ -87,7 +115,11 @@ impl Tally {
         if !self.missing.is_empty() {
             let shown: Vec<&str> = self.missing.iter().take(4).map(String::as_str).collect();
             let more = self.missing.len().saturating_sub(4);
-            let tail = if more > 0 { format!(" and {more} more") } else { String::new() };
+            let tail = if more > 0 {
+                format!(" and {more} more")
+            } else {
+                String::new()
+            };
             notes.push(format!("Not drawn: {}{tail}", shown.join("; ")));
         }
         notes
@@ -95,10 +127,21 @@ impl Tally {
 
     /// Legend entries of the methods drawn, in `order` (ids not in it follow in legend order).
     fn legend(&self, order: &[String], style_of: &dyn Fn(&str) -> SeriesStyle) -> Vec<LegendItem> {
-        let mut ids: Vec<&str> = order.iter().map(String::as_str).filter(|m| self.methods.iter().any(|(_, x)| x == m)).collect();
-        ids.extend(self.methods.iter().map(|(_, m)| m.as_str()).filter(|m| !order.iter().any(|o| o == m)));
-        let mut items: Vec<LegendItem> =
-            ids.into_iter().map(|m| LegendItem::Series(style::method_label(m), style_of(m))).collect();
+        let mut ids: Vec<&str> = order
+            .iter()
+            .map(String::as_str)
+            .filter(|m| self.methods.iter().any(|(_, x)| x == m))
+            .collect();
+        ids.extend(
+            self.methods
+                .iter()
+                .map(|(_, m)| m.as_str())
+                .filter(|m| !order.iter().any(|o| o == m)),
+        );
+        let mut items: Vec<LegendItem> = ids
+            .into_iter()
+            .map(|m| LegendItem::Series(style::method_label(m), style_of(m)))
+            .collect();
         if self.nonfinite {
             items.push(LegendItem::Ring("trials with non-finite rows or an estimated normalizer ≤ 0 (count shown; non-finite ones excluded from the mean)".into()));
         }
@@ -132,11 +175,24 @@ fn panel(
         if !matches!(xof, XOf::Features) {
             pts.retain(|q| x_axis.scale.admits(q.x));
         }
-        series.push(Series { style: style_of(m), points: pts });
+        series.push(Series {
+            style: style_of(m),
+            points: pts,
+        });
     }
-    let all: Vec<Point> = series.iter().flat_map(|s| s.points.iter().cloned()).collect();
+    let all: Vec<Point> = series
+        .iter()
+        .flat_map(|s| s.points.iter().cloned())
+        .collect();
     let y = Axis::fit(y_scale, &y_extent(&all, y_scale), TickFormat::Number);
-    Panel { title: format!("{model} n={n}"), x: x_axis, y, x_label: x_label.into(), y_label: Y_LOSS.into(), series }
+    Panel {
+        title: format!("{model} n={n}"),
+        x: x_axis,
+        y,
+        x_label: x_label.into(),
+        y_label: Y_LOSS.into(),
+        series,
+    }
 }
 
 fn ds_of(rows: &[SummaryRow], keep: impl Fn(&SummaryRow) -> bool) -> Vec<usize> {
@@ -184,7 +240,11 @@ fn paper_figure(
         let k = cells.len();
         (cells, k, vec![String::new(); k])
     };
-    let scale = if y_scale == Scale::Linear { "linear y" } else { "log y" };
+    let scale = if y_scale == Scale::Linear {
+        "linear y"
+    } else {
+        "log y"
+    };
     Some(Figure {
         title: format!("{name} Fig. 1 reproduction: ‖O − Ô‖₂ against exact softmax attention"),
         legend: tally.legend(&methods, &style_of),
@@ -202,19 +262,38 @@ fn paper_figure(
 
 pub fn skyformer(rows: &[SummaryRow]) -> Option<Figure> {
     let panels = skyformer_panels(rows);
-    paper_figure(rows, panels, true, &SKYFORMER_METHODS, style::skyformer_style, Scale::Linear, "Skyformer")
+    paper_figure(
+        rows,
+        panels,
+        true,
+        &SKYFORMER_METHODS,
+        style::skyformer_style,
+        Scale::Linear,
+        "Skyformer",
+    )
 }
 
 pub fn skeinformer(rows: &[SummaryRow]) -> Option<Figure> {
     let panels = skeinformer_panels(rows);
-    paper_figure(rows, panels, false, &SKEINFORMER_METHODS, style::skeinformer_style, Scale::Log10, "Skeinformer")
+    paper_figure(
+        rows,
+        panels,
+        false,
+        &SKEINFORMER_METHODS,
+        style::skeinformer_style,
+        Scale::Log10,
+        "Skeinformer",
+    )
 }
 
 /// Every method present for `model`, by legend order, with the floor (svd_optimal) first so
 /// that the others are drawn over it.
 fn methods_of(rows: &[SummaryRow], model: &str) -> Vec<String> {
-    let set: BTreeSet<(usize, String)> =
-        rows.iter().filter(|r| r.model == model).map(|r| style::method_rank(&r.method)).collect();
+    let set: BTreeSet<(usize, String)> = rows
+        .iter()
+        .filter(|r| r.model == model)
+        .map(|r| style::method_rank(&r.method))
+        .collect();
     let mut v: Vec<String> = set.into_iter().map(|(_, m)| m).collect();
     if let Some(i) = v.iter().position(|m| m == "svd_optimal") {
         let floor = v.remove(i);
@@ -226,7 +305,10 @@ fn methods_of(rows: &[SummaryRow], model: &str) -> Vec<String> {
 /// A style per method, unknown ids numbered in order of appearance.
 fn all_styles(methods: &[String], marker_for_floor: bool) -> impl Fn(&str) -> SeriesStyle + '_ {
     move |m: &str| {
-        let unknown = methods.iter().filter(|x| style::method_rank(x).0 == style::method_rank("?").0).position(|x| x == m);
+        let unknown = methods
+            .iter()
+            .filter(|x| style::method_rank(x).0 == style::method_rank("?").0)
+            .position(|x| x == m);
         let mut s = style::all_methods_style(m, unknown.unwrap_or(0));
         if marker_for_floor && m == "svd_optimal" {
             s.marker = Marker::Dot;
@@ -250,7 +332,16 @@ pub fn all_methods(rows: &[SummaryRow], model: &str) -> Option<Figure> {
         .iter()
         .map(|&n| {
             let x = (XOf::Features, x_axis.clone(), X_FEATURES);
-            Some(panel(rows, model, n, &methods, &style_of, x, Scale::Log10, &mut tally))
+            Some(panel(
+                rows,
+                model,
+                n,
+                &methods,
+                &style_of,
+                x,
+                Scale::Log10,
+                &mut tally,
+            ))
         })
         .collect();
     Some(Figure {
@@ -259,7 +350,11 @@ pub fn all_methods(rows: &[SummaryRow], model: &str) -> Option<Figure> {
         notes: tally.notes(format!(
             "Mean ± 1 standard error over {}; x: d on log₂ spacing; log y.{}",
             tally.trials_text(),
-            if has_floor { " Thick grey: the best rank-d approximation (SVD), a floor for every method." } else { "" }
+            if has_floor {
+                " Thick grey: the best rank-d approximation (SVD), a floor for every method."
+            } else {
+                ""
+            }
         )),
         cols: ns.len().min(2),
         empty_titles: vec![String::new(); cells.len()],
@@ -280,16 +375,37 @@ pub fn accuracy_cost(rows: &[SummaryRow], model: &str) -> Option<Figure> {
     let mut cells = vec![];
     for &n in &ns {
         for (xof, fmt, label) in [
-            (XOf::Seconds, TickFormat::Seconds, "seconds per head (measured)"),
-            (XOf::Macs, TickFormat::Power10, "multiply-adds per head (analytic)"),
+            (
+                XOf::Seconds,
+                TickFormat::Seconds,
+                "seconds per head (measured)",
+            ),
+            (
+                XOf::Macs,
+                TickFormat::Power10,
+                "multiply-adds per head (analytic)",
+            ),
         ] {
             let keep = |r: &&SummaryRow| r.model == model && r.n == n && r.mean.is_finite();
             let xs: Vec<f64> = rows.iter().filter(keep).map(|r| xof.of(r)).collect();
             let x_axis = Axis::fit(Scale::Log10, &xs, fmt);
             // Each n is tallied once (on the seconds panel) so that notes do not repeat.
             let mut scratch = Tally::default();
-            let t = if matches!(xof, XOf::Seconds) { &mut tally } else { &mut scratch };
-            cells.push(Some(panel(rows, model, n, &methods, &style_of, (xof, x_axis, label), Scale::Log10, t)));
+            let t = if matches!(xof, XOf::Seconds) {
+                &mut tally
+            } else {
+                &mut scratch
+            };
+            cells.push(Some(panel(
+                rows,
+                model,
+                n,
+                &methods,
+                &style_of,
+                (xof, x_axis, label),
+                Scale::Log10,
+                t,
+            )));
         }
     }
     Some(Figure {

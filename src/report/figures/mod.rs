@@ -40,7 +40,11 @@ pub struct RunData {
 
 impl RunData {
     pub fn new(model_id: impl Into<String>, rows: Vec<SummaryRow>) -> Self {
-        Self { model_id: model_id.into(), embeddings_from: None, rows }
+        Self {
+            model_id: model_id.into(),
+            embeddings_from: None,
+            rows,
+        }
     }
 }
 
@@ -48,7 +52,10 @@ impl RunData {
 /// a manifest.json beside it is used when present, otherwise the model is `unknown`.
 pub fn load_run(dir: &Path) -> Result<RunData> {
     let (summary_path, run_dir) = if dir.is_file() {
-        (dir.to_path_buf(), dir.parent().map(Path::to_path_buf).unwrap_or_default())
+        (
+            dir.to_path_buf(),
+            dir.parent().map(Path::to_path_buf).unwrap_or_default(),
+        )
     } else {
         (dir.join("summary.csv"), dir.to_path_buf())
     };
@@ -59,14 +66,25 @@ pub fn load_run(dir: &Path) -> Result<RunData> {
         ));
     }
     let rows = summary::read(&summary_path)?;
-    let manifest_dir = if run_dir.as_os_str().is_empty() { Path::new(".") } else { run_dir.as_path() };
+    let manifest_dir = if run_dir.as_os_str().is_empty() {
+        Path::new(".")
+    } else {
+        run_dir.as_path()
+    };
     let (model_id, embeddings_from) = if manifest_dir.join("manifest.json").is_file() {
         let m = Manifest::read(manifest_dir)?;
-        (m.model_id, Some(m.config.inputs.embeddings_from.name().to_string()))
+        (
+            m.model_id,
+            Some(m.config.inputs.embeddings_from.name().to_string()),
+        )
     } else {
         ("unknown".to_string(), None)
     };
-    Ok(RunData { model_id, embeddings_from, rows })
+    Ok(RunData {
+        model_id,
+        embeddings_from,
+        rows,
+    })
 }
 
 /// Loads the run in `out_dir` and draws its figures into it.
@@ -119,7 +137,11 @@ fn is_reference_model(model_id: &str) -> bool {
 pub fn model_label(kind: &str, model_id: &str, embeddings_from: Option<&str>) -> String {
     let mut extra = vec![];
     if !is_reference_model(model_id) {
-        extra.push(if model_id == "unknown" { "model unknown".to_string() } else { model_id.to_string() });
+        extra.push(if model_id == "unknown" {
+            "model unknown".to_string()
+        } else {
+            model_id.to_string()
+        });
     }
     if let Some(e) = embeddings_from.filter(|e| *e != kind) {
         extra.push(format!("{e} embeddings"));
@@ -139,7 +161,10 @@ fn combine(runs: &[RunData]) -> Vec<SummaryRow> {
         for r in &run.rows {
             let label = model_label(&r.model, &run.model_id, run.embeddings_from.as_deref());
             if seen.insert((label.clone(), r.n, r.method.clone(), r.d)) {
-                out.push(SummaryRow { model: label, ..r.clone() });
+                out.push(SummaryRow {
+                    model: label,
+                    ..r.clone()
+                });
             }
         }
     }
@@ -147,8 +172,20 @@ fn combine(runs: &[RunData]) -> Vec<SummaryRow> {
 }
 
 fn slug(label: &str) -> String {
-    let s: String = label.chars().map(|c| if c.is_ascii_alphanumeric() || c == '-' || c == '.' { c } else { '-' }).collect();
-    s.split('-').filter(|p| !p.is_empty()).collect::<Vec<_>>().join("-")
+    let s: String = label
+        .chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || c == '-' || c == '.' {
+                c
+            } else {
+                '-'
+            }
+        })
+        .collect();
+    s.split('-')
+        .filter(|p| !p.is_empty())
+        .collect::<Vec<_>>()
+        .join("-")
 }
 
 /// Sort key of a model label: initialized first, then pretrained, then anything else.
@@ -175,7 +212,9 @@ pub const SKEINFORMER_METHODS: [&str; 4] = ["skeinformer", "vmean", "informer", 
 
 /// Whether any of `methods` has a finite mean at (model, n).
 fn has_data(rows: &[SummaryRow], model: &str, n: usize, methods: &[&str]) -> bool {
-    rows.iter().any(|r| r.model == model && r.n == n && methods.contains(&r.method.as_str()) && r.mean.is_finite())
+    rows.iter().any(|r| {
+        r.model == model && r.n == n && methods.contains(&r.method.as_str()) && r.mean.is_finite()
+    })
 }
 
 /// Panels of the Skyformer figure that have data: (model, n), models initialized first, n ascending.
@@ -212,7 +251,11 @@ pub fn grid(panels: &[(String, usize)]) -> (Vec<String>, Vec<usize>) {
 
 /// The lengths n with at least one finite mean for `model`, ascending.
 pub fn lengths_of(rows: &[SummaryRow], model: &str) -> Vec<usize> {
-    let ns: BTreeSet<usize> = rows.iter().filter(|r| r.model == model && r.mean.is_finite()).map(|r| r.n).collect();
+    let ns: BTreeSet<usize> = rows
+        .iter()
+        .filter(|r| r.model == model && r.mean.is_finite())
+        .map(|r| r.n)
+        .collect();
     ns.into_iter().collect()
 }
 

@@ -23,7 +23,9 @@ pub fn ensure_font() -> Result<()> {
     if ok {
         Ok(())
     } else {
-        Err(anyhow!("the embedded font assets/DejaVuSans.ttf could not be loaded"))
+        Err(anyhow!(
+            "the embedded font assets/DejaVuSans.ttf could not be loaded"
+        ))
     }
 }
 
@@ -56,7 +58,12 @@ const BLACK: RGBColor = RGBColor(0, 0, 0);
 pub const GREY: RGBColor = RGBColor(165, 165, 165);
 
 const fn st(color: RGBColor, dashed: bool, marker: Marker) -> SeriesStyle {
-    SeriesStyle { color, dashed, width: 3, marker }
+    SeriesStyle {
+        color,
+        dashed,
+        width: 3,
+        marker,
+    }
 }
 
 /// Skyformer Fig. 1: Skyformer red solid; Nyströmformer blue dashed with dots; Performer black
@@ -85,7 +92,12 @@ pub fn skeinformer_style(method: &str) -> Option<SeriesStyle> {
 
 /// The floor: the best rank-d approximation (SVD), drawn as a plain grey line.
 pub fn floor_style() -> SeriesStyle {
-    SeriesStyle { color: GREY, dashed: false, width: 6, marker: Marker::None }
+    SeriesStyle {
+        color: GREY,
+        dashed: false,
+        width: 6,
+        marker: Marker::None,
+    }
 }
 
 /// A fixed, distinct style per method id (families share a hue; variants differ in dash/marker).
@@ -110,10 +122,24 @@ pub fn all_methods_style(method: &str, unknown_index: usize) -> SeriesStyle {
         "linformer_jlt" => st(c(44, 160, 44), true, Marker::TriUp),
         "column_uniform" => st(c(227, 119, 194), false, Marker::Plus),
         _ => {
-            const EXTRA: [RGBColor; 5] =
-                [RGBColor(140, 86, 75), RGBColor(188, 189, 34), RGBColor(0, 128, 128), RGBColor(120, 0, 160), RGBColor(160, 0, 60)];
-            const MARKS: [Marker; 4] = [Marker::Square, Marker::Diamond, Marker::TriUp, Marker::Cross];
-            st(EXTRA[unknown_index % EXTRA.len()], unknown_index / EXTRA.len() % 2 == 1, MARKS[unknown_index % MARKS.len()])
+            const EXTRA: [RGBColor; 5] = [
+                RGBColor(140, 86, 75),
+                RGBColor(188, 189, 34),
+                RGBColor(0, 128, 128),
+                RGBColor(120, 0, 160),
+                RGBColor(160, 0, 60),
+            ];
+            const MARKS: [Marker; 4] = [
+                Marker::Square,
+                Marker::Diamond,
+                Marker::TriUp,
+                Marker::Cross,
+            ];
+            st(
+                EXTRA[unknown_index % EXTRA.len()],
+                unknown_index / EXTRA.len() % 2 == 1,
+                MARKS[unknown_index % MARKS.len()],
+            )
         }
     }
 }
@@ -139,7 +165,13 @@ pub fn method_rank(method: &str) -> (usize, String) {
         "column_uniform",
         "svd_optimal",
     ];
-    (ORDER.iter().position(|m| *m == method).unwrap_or(ORDER.len()), method.to_string())
+    (
+        ORDER
+            .iter()
+            .position(|m| *m == method)
+            .unwrap_or(ORDER.len()),
+        method.to_string(),
+    )
 }
 
 /// Legend label of a method id.

@@ -24,8 +24,17 @@ fn row(model: &str, n: usize, method: &str, d: usize, mean: f64) -> SummaryRow {
 }
 
 const DS: [usize; 6] = [8, 16, 32, 64, 128, 256];
-const METHODS: [&str; 9] =
-    ["skyformer", "nystromformer", "performer", "informer", "skeinformer", "vmean", "linformer", "performer_favor", "svd_optimal"];
+const METHODS: [&str; 9] = [
+    "skyformer",
+    "nystromformer",
+    "performer",
+    "informer",
+    "skeinformer",
+    "vmean",
+    "linformer",
+    "performer_favor",
+    "svd_optimal",
+];
 
 /// Two models, n ∈ {512, 1024, 4096}, nine methods; one NaN mean and one point with non-finite trials.
 fn synthetic() -> Vec<SummaryRow> {
@@ -34,8 +43,13 @@ fn synthetic() -> Vec<SummaryRow> {
         for n in [512, 1024, 4096] {
             for (k, m) in METHODS.iter().enumerate() {
                 for d in DS {
-                    let level = (n as f64 / 512.0).sqrt() * if *m == "linformer" { 15.0 } else { 1.5 };
-                    let mean = if *m == "svd_optimal" { 0.3 / (d as f64).sqrt() } else { level * (1.0 + 0.05 * k as f64) / (d as f64).powf(0.1) };
+                    let level =
+                        (n as f64 / 512.0).sqrt() * if *m == "linformer" { 15.0 } else { 1.5 };
+                    let mean = if *m == "svd_optimal" {
+                        0.3 / (d as f64).sqrt()
+                    } else {
+                        level * (1.0 + 0.05 * k as f64) / (d as f64).powf(0.1)
+                    };
                     rows.push(row(model, n, m, d, mean));
                 }
             }
@@ -55,14 +69,22 @@ fn synthetic() -> Vec<SummaryRow> {
 
 fn png_size(path: &Path) -> (u32, u32) {
     let b = std::fs::read(path).unwrap();
-    assert_eq!(&b[..8], b"\x89PNG\r\n\x1a\n", "{} is not a PNG", path.display());
+    assert_eq!(
+        &b[..8],
+        b"\x89PNG\r\n\x1a\n",
+        "{} is not a PNG",
+        path.display()
+    );
     assert_eq!(&b[12..16], b"IHDR");
     let be = |i: usize| u32::from_be_bytes([b[i], b[i + 1], b[i + 2], b[i + 3]]);
     (be(16), be(20))
 }
 
 fn names(paths: &[std::path::PathBuf]) -> Vec<String> {
-    paths.iter().map(|p| p.file_name().unwrap().to_string_lossy().into_owned()).collect()
+    paths
+        .iter()
+        .map(|p| p.file_name().unwrap().to_string_lossy().into_owned())
+        .collect()
 }
 
 #[test]
@@ -101,14 +123,22 @@ fn draws_every_figure_with_the_expected_size() {
     assert_eq!((ac.rows(), ac.cols), (3, 2));
     assert_eq!(png_size(&written[3]), ac.size());
     for p in &written {
-        assert!(std::fs::metadata(p).unwrap().len() > 10_000, "{} looks empty", p.display());
+        assert!(
+            std::fs::metadata(p).unwrap().len() > 10_000,
+            "{} looks empty",
+            p.display()
+        );
     }
 }
 
 #[test]
 fn one_row_is_one_panel_height_shorter_than_two() {
     let rows = synthetic();
-    let init: Vec<SummaryRow> = rows.iter().filter(|r| r.model == "initialized").cloned().collect();
+    let init: Vec<SummaryRow> = rows
+        .iter()
+        .filter(|r| r.model == "initialized")
+        .cloned()
+        .collect();
     let both = figs::skyformer(&rows).unwrap();
     let one = figs::skyformer(&init).unwrap();
     assert_eq!(one.rows(), 1);
@@ -126,8 +156,17 @@ fn skyformer_panels_follow_the_data() {
         }
     }
     let p = skyformer_panels(&rows);
-    assert_eq!(p, vec![("initialized".to_string(), 1024), ("initialized".to_string(), 4096)]);
-    assert_eq!(grid(&p), (vec!["initialized".to_string()], vec![1024, 4096]));
+    assert_eq!(
+        p,
+        vec![
+            ("initialized".to_string(), 1024),
+            ("initialized".to_string(), 4096)
+        ]
+    );
+    assert_eq!(
+        grid(&p),
+        (vec!["initialized".to_string()], vec![1024, 4096])
+    );
 
     // A length that is not in the paper's grid, a method that is not in the figure, and a
     // panel whose only method is all NaN add no panels.
@@ -151,12 +190,25 @@ fn skyformer_panels_follow_the_data() {
 #[test]
 fn skeinformer_panels_in_paper_order() {
     let mut rows = vec![];
-    for (model, n) in [("pretrained", 4096), ("initialized", 4096), ("pretrained", 1024), ("initialized", 1024), ("initialized", 2048)] {
+    for (model, n) in [
+        ("pretrained", 4096),
+        ("initialized", 4096),
+        ("pretrained", 1024),
+        ("initialized", 1024),
+        ("initialized", 2048),
+    ] {
         rows.push(row(model, n, "vmean", 64, 2.0));
     }
     let p = skeinformer_panels(&rows);
-    let want: Vec<(String, usize)> =
-        [("initialized", 1024), ("initialized", 4096), ("pretrained", 1024), ("pretrained", 4096)].iter().map(|(m, n)| (m.to_string(), *n)).collect();
+    let want: Vec<(String, usize)> = [
+        ("initialized", 1024),
+        ("initialized", 4096),
+        ("pretrained", 1024),
+        ("pretrained", 4096),
+    ]
+    .iter()
+    .map(|(m, n)| (m.to_string(), *n))
+    .collect();
     assert_eq!(p, want);
     // Skyformer's methods are absent: no Skyformer figure.
     assert!(skyformer_panels(&rows).is_empty());
@@ -165,19 +217,40 @@ fn skeinformer_panels_in_paper_order() {
 
 #[test]
 fn stand_in_models_are_named_in_titles() {
-    assert_eq!(model_label("initialized", "bert-base-cased", Some("initialized")), "initialized");
-    assert_eq!(model_label("pretrained", "all-MiniLM-L6-v2", Some("pretrained")), "pretrained (all-MiniLM-L6-v2)");
-    assert_eq!(model_label("initialized", "bert-base-cased", Some("pretrained")), "initialized (pretrained embeddings)");
-    assert_eq!(model_label("initialized", "unknown", None), "initialized (model unknown)");
+    assert_eq!(
+        model_label("initialized", "bert-base-cased", Some("initialized")),
+        "initialized"
+    );
+    assert_eq!(
+        model_label("pretrained", "all-MiniLM-L6-v2", Some("pretrained")),
+        "pretrained (all-MiniLM-L6-v2)"
+    );
+    assert_eq!(
+        model_label("initialized", "bert-base-cased", Some("pretrained")),
+        "initialized (pretrained embeddings)"
+    );
+    assert_eq!(
+        model_label("initialized", "unknown", None),
+        "initialized (model unknown)"
+    );
 
-    let rows: Vec<SummaryRow> = DS.iter().map(|&d| row("pretrained", 1024, "informer", d, 1.5)).collect();
+    let rows: Vec<SummaryRow> = DS
+        .iter()
+        .map(|&d| row("pretrained", 1024, "informer", d, 1.5))
+        .collect();
     let mut mini = RunData::new("all-MiniLM-L6-v2", rows.clone());
     mini.embeddings_from = Some("pretrained".into());
     let combined = combine(&[mini, RunData::new("bert-base-cased", rows)]);
     let f = figs::skyformer(&combined).unwrap();
     let titles: Vec<String> = f.cells.iter().flatten().map(|p| p.title.clone()).collect();
-    assert_eq!(titles, ["pretrained n=1024", "pretrained (all-MiniLM-L6-v2) n=1024"]);
-    assert_eq!(slug("pretrained (all-MiniLM-L6-v2)"), "pretrained-all-MiniLM-L6-v2");
+    assert_eq!(
+        titles,
+        ["pretrained n=1024", "pretrained (all-MiniLM-L6-v2) n=1024"]
+    );
+    assert_eq!(
+        slug("pretrained (all-MiniLM-L6-v2)"),
+        "pretrained-all-MiniLM-L6-v2"
+    );
 }
 
 #[test]
@@ -187,18 +260,41 @@ fn nan_means_are_skipped_and_nonfinite_points_flagged() {
     let p1024 = f.cells[1].as_ref().unwrap();
     assert_eq!(p1024.title, "initialized n=1024");
     assert!(p1024.y.lo > 0.0);
-    assert!(f.notes.iter().any(|n| n.contains("Not drawn: Performer (textbook FAVOR+) n=1024 d=8 (no finite trial)")), "{:?}", f.notes);
-    assert!(f.legend.iter().any(|l| matches!(l, draw::LegendItem::Ring(_))));
-    let performer = p1024.series.iter().find(|s| s.style == style::all_methods_style("performer", 0)).unwrap();
-    assert_eq!(performer.points.iter().filter(|q| q.nonfinite > 0).count(), 1);
+    assert!(
+        f.notes
+            .iter()
+            .any(|n| n
+                .contains("Not drawn: Performer (textbook FAVOR+) n=1024 d=8 (no finite trial)")),
+        "{:?}",
+        f.notes
+    );
+    assert!(f
+        .legend
+        .iter()
+        .any(|l| matches!(l, draw::LegendItem::Ring(_))));
+    let performer = p1024
+        .series
+        .iter()
+        .find(|s| s.style == style::all_methods_style("performer", 0))
+        .unwrap();
+    assert_eq!(
+        performer.points.iter().filter(|q| q.nonfinite > 0).count(),
+        1
+    );
     // Linear y (Skyformer figure): a NaN mean must not pull the axis down to 0.
-    let mut rows: Vec<SummaryRow> = DS.iter().map(|&d| row("initialized", 1024, "informer", d, 2.0 + d as f64 / 256.0)).collect();
+    let mut rows: Vec<SummaryRow> = DS
+        .iter()
+        .map(|&d| row("initialized", 1024, "informer", d, 2.0 + d as f64 / 256.0))
+        .collect();
     rows.push(row("initialized", 1024, "skyformer", 16, f64::NAN));
     let sky = figs::skyformer(&rows).unwrap();
     let p = sky.cells[0].as_ref().unwrap();
     assert!(p.y.lo > 1.5, "y axis starts at {}", p.y.lo);
     // A figure without non-finite trials has no ring in its legend.
-    assert!(!sky.legend.iter().any(|l| matches!(l, draw::LegendItem::Ring(_))));
+    assert!(!sky
+        .legend
+        .iter()
+        .any(|l| matches!(l, draw::LegendItem::Ring(_))));
 }
 
 #[test]
@@ -213,7 +309,10 @@ fn text_renders_with_the_embedded_font() {
         root.present().unwrap();
     }
     // The title band (top 40 px) holds only text: it must have dark pixels.
-    let dark = buf[..(w * 40 * 3) as usize].chunks(3).filter(|p| p.iter().all(|&c| c < 100)).count();
+    let dark = buf[..(w * 40 * 3) as usize]
+        .chunks(3)
+        .filter(|p| p.iter().all(|&c| c < 100))
+        .count();
     assert!(dark > 500, "only {dark} dark pixels in the title band");
 }
 
@@ -225,7 +324,13 @@ fn load_run_reads_a_dir_or_a_bare_summary() {
     let run = load_run(dir.path()).unwrap();
     assert_eq!(run.model_id, "unknown");
     assert_eq!(run.rows.len(), rows.len());
-    assert!(run.rows.iter().zip(&rows).all(|(a, b)| a.mean.to_bits() == b.mean.to_bits() || (a.mean.is_nan() && b.mean.is_nan())));
+    assert!(
+        run.rows
+            .iter()
+            .zip(&rows)
+            .all(|(a, b)| a.mean.to_bits() == b.mean.to_bits()
+                || (a.mean.is_nan() && b.mean.is_nan()))
+    );
     let bare = load_run(&dir.path().join("summary.csv")).unwrap();
     assert_eq!(bare.model_id, "unknown");
     let e = load_run(&dir.path().join("nope")).unwrap_err();
@@ -233,7 +338,12 @@ fn load_run_reads_a_dir_or_a_bare_summary() {
     assert!(e.to_string().contains("nope"), "{e}");
     // Only-NaN data draws nothing.
     let nan = vec![row("initialized", 1024, "informer", 16, f64::NAN)];
-    assert!(draw_all(&[RunData::new("bert-base-cased", nan)], &dir.path().join("x")).unwrap().is_empty());
+    assert!(draw_all(
+        &[RunData::new("bert-base-cased", nan)],
+        &dir.path().join("x")
+    )
+    .unwrap()
+    .is_empty());
 }
 
 #[test]
@@ -243,9 +353,18 @@ fn long_panel_titles_wrap_before_n() {
     assert_eq!((px, lines.len()), (20, 1));
     let long = "initialized (all-MiniLM-L6-v2; pretrained embeddings) n=1024";
     let (_, lines) = draw::title_lines(long, 460);
-    assert_eq!(lines, ["initialized (all-MiniLM-L6-v2; pretrained embeddings)", "n=1024"]);
+    assert_eq!(
+        lines,
+        [
+            "initialized (all-MiniLM-L6-v2; pretrained embeddings)",
+            "n=1024"
+        ]
+    );
     // A figure with such a title is taller by the second title line, never clipped.
-    let rows: Vec<SummaryRow> = DS.iter().map(|&d| row("initialized", 1024, "informer", d, 2.0)).collect();
+    let rows: Vec<SummaryRow> = DS
+        .iter()
+        .map(|&d| row("initialized", 1024, "informer", d, 2.0))
+        .collect();
     let short = figs::skyformer(&rows).unwrap();
     let mut run = RunData::new("all-MiniLM-L6-v2", rows);
     run.embeddings_from = Some("pretrained".into());
