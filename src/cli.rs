@@ -19,6 +19,10 @@ use crate::inputs::qkv::EmbeddingPolicy;
 pub struct Cli {
     #[command(subcommand)]
     pub command: Option<Command>,
+    /// Worker threads for the whole process (heads and row blocks run in parallel; results do
+    /// not depend on it). Default: RAYON_NUM_THREADS if set, else every available core.
+    #[arg(long, global = true, value_name = "N")]
+    pub threads: Option<usize>,
     #[command(flatten)]
     pub sweep: SweepArgs,
 }

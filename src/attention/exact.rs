@@ -21,20 +21,24 @@ pub struct ExactAttention {
 
 /// Applies `f` to each row block of the scores S_b = Q̃_b·Kᵀ (Q̃ = Q/√p already scaled, Kᵀ
 /// contiguous) and stacks the results: the one place that walks QKᵀ without holding it whole.
+/// Blocks run in parallel on rayon's pool (each block's arithmetic is the same whichever thread
+/// runs it, so the result does not depend on the thread count).
 pub fn map_score_blocks(
     qs: &Tensor,
     kt: &Tensor,
-    mut f: impl FnMut(usize, usize, Tensor) -> Result<Tensor>,
+    f: impl Fn(usize, usize, Tensor) -> Result<Tensor> + Sync,
 ) -> Result<Tensor> {
+    use rayon::prelude::*;
     let n = qs.dims()[0];
     let step = block_rows(n);
-    let mut outs = Vec::with_capacity(n.div_ceil(step));
-    let mut start = 0;
-    while start < n {
-        let len = step.min(n - start);
-        outs.push(f(start, len, qs.narrow(0, start, len)?.matmul(kt)?)?);
-        start += len;
-    }
+    let starts: Vec<usize> = (0..n).step_by(step).collect();
+    let outs = starts
+        .par_iter()
+        .map(|&start| {
+            let len = step.min(n - start);
+            f(start, len, qs.narrow(0, start, len)?.matmul(kt)?)
+        })
+        .collect::<Result<Vec<_>>>()?;
     Ok(Tensor::cat(&outs, 0)?)
 }
 

@@ -1,0 +1,50 @@
+//! The process's thread budget, set once at start-up before any thread exists.
+//!
+//! approx-bench parallelises at coarse grain itself (heads of a window; row blocks of exact
+//! attention) on rayon's global pool. Two defaults of candle 0.11's CPU backend fight that:
+//! - its element-wise pool ("barrier pool") spins on a barrier and serialises callers behind one
+//!   lock, so two heads in flight wait on each other: on the issue-6 workload the whole process
+//!   took 3.5 s with it and 1.7 s without (BENCHMARKS.md). We keep it to the calling thread
+//!   (`CANDLE_NUM_THREADS=1`) unless the user set that variable;
+//! - its matmul asks `RAYON_NUM_THREADS` for its thread count on every call and, when unset,
+//!   parses /proc/cpuinfo each time (≈ 5 % of the run in system time). Setting the variable to
+//!   the pool's size makes that a lookup and keeps gemm and rayon agreeing on one number.
+
+use anyhow::Result;
+
+/// Environment variable read by rayon and by candle's matmul.
+const RAYON_VAR: &str = "RAYON_NUM_THREADS";
+/// Environment variable read by candle's element-wise pool.
+const CANDLE_VAR: &str = "CANDLE_NUM_THREADS";
+
+/// Resolves the thread count (`--threads`, else `RAYON_NUM_THREADS`, else the available cores),
+/// exports it for candle and builds rayon's global pool. Call it first thing in `main`, while
+/// the process is single-threaded (it writes environment variables).
+pub fn configure(requested: Option<usize>) -> Result<usize> {
+    let from_env = std::env::var(RAYON_VAR)
+        .ok()
+        .and_then(|s| s.trim().parse::<usize>().ok())
+        .filter(|&n| n > 0);
+    let threads = match requested {
+        Some(0) => {
+            return Err(crate::usage!(
+                "--threads 0: give at least 1 (or leave it out to use every available core)"
+            ))
+        }
+        Some(n) => n,
+        None => from_env.unwrap_or_else(|| {
+            std::thread::available_parallelism()
+                .map(|n| n.get())
+                .unwrap_or(1)
+        }),
+    };
+    std::env::set_var(RAYON_VAR, threads.to_string());
+    if std::env::var_os(CANDLE_VAR).is_none() {
+        std::env::set_var(CANDLE_VAR, "1");
+    }
+    // Fails only if the pool was already built (a second call): the first size stands.
+    let _ = rayon::ThreadPoolBuilder::new()
+        .num_threads(threads)
+        .build_global();
+    Ok(rayon::current_num_threads())
+}
