@@ -4,6 +4,8 @@
 use anyhow::Result;
 use candle_core::{DType, Tensor, D};
 
+use crate::numerics::softmax::ShiftedExpRows;
+
 /// Rows per block: bounds the score block to about 1 M entries (4 MB in f32), small enough for
 /// the allocator to reuse the same memory block after block instead of mapping fresh pages.
 pub fn block_rows(n: usize) -> usize {
@@ -48,12 +50,33 @@ pub fn scaled_operands(q: &Tensor, k: &Tensor) -> Result<(Tensor, Tensor)> {
     Ok(((q * (1.0 / (p as f64).sqrt()))?, k.t()?.contiguous()?))
 }
 
+/// On the CPU in f32: each row of the score block replaced in place by exp(s − max s), and the
+/// per-row (max, Σ exp) returned (see `numerics::softmax`). `None` on other devices and dtypes,
+/// which take candle's own ops.
+fn shifted_exp_in_place(s: &Tensor) -> Result<Option<Vec<(f32, f64)>>> {
+    if !s.device().is_cpu() || s.dtype() != DType::F32 || !s.is_contiguous() {
+        return Ok(None);
+    }
+    let op = ShiftedExpRows::default();
+    s.inplace_op1(&op)?;
+    let stats = std::mem::take(&mut *op.stats.lock().expect("not poisoned"));
+    Ok(Some(stats))
+}
+
 impl ExactAttention {
     pub fn compute(q: &Tensor, k: &Tensor, v: &Tensor) -> Result<Self> {
         let (qs, kt) = scaled_operands(q, k)?;
-        // Fused max-shifted softmax: one pass, one allocation per block.
         let output = map_score_blocks(&qs, &kt, |_, _, s| {
-            Ok(candle_nn::ops::softmax_last_dim(&s)?.matmul(v)?)
+            Ok(match shifted_exp_in_place(&s)? {
+                // O_b = (E_b·V) / rowsum: the normalisation on n×p entries instead of n×n.
+                Some(stats) => {
+                    let sums = Tensor::from_iter(stats.iter().map(|&(_, z)| z as f32), s.device())?
+                        .unsqueeze(1)?;
+                    s.matmul(v)?.broadcast_div(&sums)?
+                }
+                // Max-shifted softmax, one allocation per block.
+                None => candle_nn::ops::softmax_last_dim(&s)?.matmul(v)?,
+            })
         })?;
         Ok(Self {
             output,
@@ -69,9 +92,19 @@ impl ExactAttention {
             return Ok(t);
         }
         let t = map_score_blocks(&self.q, &self.k, |_, _, s| {
-            let m = s.max_keepdim(D::Minus1)?;
-            let z = s.broadcast_sub(&m)?.exp()?.sum_keepdim(D::Minus1)?;
-            Ok((m + z.log()?)?)
+            Ok(match shifted_exp_in_place(&s)? {
+                // log D_i = m_i + log Σ_j exp(s_ij − m_i), formed in f64.
+                Some(stats) => Tensor::from_iter(
+                    stats.iter().map(|&(m, z)| (m as f64 + z.ln()) as f32),
+                    s.device(),
+                )?
+                .unsqueeze(1)?,
+                None => {
+                    let m = s.max_keepdim(D::Minus1)?;
+                    let z = s.broadcast_sub(&m)?.exp()?.sum_keepdim(D::Minus1)?;
+                    (m + z.log()?)?
+                }
+            })
         })?
         .squeeze(1)?;
         Ok(self.log_rowsum.get_or_init(|| t))
@@ -150,6 +183,74 @@ mod tests {
             })
             .sum();
         assert!((ld[0] - s0.ln()).abs() < 1e-12);
+    }
+
+    /// The f32 CPU path (vectorised exponentials, normalisation after E·V) against the same
+    /// computation in f64, over several row blocks; and against candle's f32 softmax path, whose
+    /// error it must not exceed by more than rounding noise.
+    #[test]
+    fn f32_path_matches_f64_and_is_as_accurate_as_candles_softmax() {
+        use crate::numerics::sampling::{normal_values, TrialRng};
+        use rand::SeedableRng;
+        let (n, p) = (1500, 64); // block_rows(1500) = 699: three blocks, the last one short
+        let dev = Device::Cpu;
+        let mut rng = TrialRng::seed_from_u64(7);
+        let mut mk = |std: f64| {
+            crate::tensor_util::from_f64(
+                normal_values(&mut rng, n, p, std),
+                (n, p),
+                &dev,
+                DType::F64,
+            )
+            .unwrap()
+        };
+        // Logits up to ≈ ±15, like BERT's first layer.
+        let (q, k, v) = (mk(0.9), mk(0.9), mk(1.0));
+        let f32t = |t: &Tensor| t.to_dtype(DType::F32).unwrap();
+        let reference = ExactAttention::compute(&q, &k, &v).unwrap();
+        let fast = ExactAttention::compute(&f32t(&q), &f32t(&k), &f32t(&v)).unwrap();
+        let candle32 = {
+            let s = (f32t(&q).matmul(&f32t(&k).t().unwrap()).unwrap() / 8.0).unwrap();
+            candle_nn::ops::softmax_last_dim(&s)
+                .unwrap()
+                .matmul(&f32t(&v))
+                .unwrap()
+        };
+        let max_err = |a: &Tensor| -> f64 {
+            let d = (a.to_dtype(DType::F64).unwrap() - &reference.output).unwrap();
+            d.abs()
+                .unwrap()
+                .max_all()
+                .unwrap()
+                .to_scalar::<f64>()
+                .unwrap()
+        };
+        let scale = reference
+            .output
+            .abs()
+            .unwrap()
+            .max_all()
+            .unwrap()
+            .to_scalar::<f64>()
+            .unwrap();
+        let (e_fast, e_candle) = (max_err(&fast.output) / scale, max_err(&candle32) / scale);
+        assert!(e_fast < 2e-6, "f32 path max error {e_fast:e} of max |O|");
+        assert!(
+            e_fast <= 1.2 * e_candle,
+            "f32 path {e_fast:e} vs candle's softmax {e_candle:e}"
+        );
+        // log D from the row statistics against f64.
+        let ld = (fast.log_rowsum().unwrap().to_dtype(DType::F64).unwrap()
+            - reference.log_rowsum().unwrap())
+        .unwrap();
+        let worst = ld
+            .abs()
+            .unwrap()
+            .max_all()
+            .unwrap()
+            .to_scalar::<f64>()
+            .unwrap();
+        assert!(worst < 1e-6, "log D error {worst:e}");
     }
 
     #[test]

@@ -1,6 +1,7 @@
 //! Shared numerics, written once: the spectral norm (the metric), matrix inverses used by the
-//! Nyström-type methods, and seeded sampling.
+//! Nyström-type methods, seeded sampling, and the vectorised row exponentials of exact attention.
 
 pub mod inverse;
 pub mod sampling;
+pub mod softmax;
 pub mod spectral;
