@@ -29,14 +29,8 @@ const ROUNDER: f32 = 12_582_912.0;
 /// `LOWEST` give 0.
 #[inline(always)]
 pub fn exp_f32(x: f32) -> f32 {
-    // Clamp with comparisons that let NaN through (f32::max would swallow it).
-    let xc = if x < LOWEST {
-        LOWEST
-    } else if x > HIGHEST {
-        HIGHEST
-    } else {
-        x
-    };
+    // f32::clamp lets NaN through (f32::max would swallow it).
+    let xc = x.clamp(LOWEST, HIGHEST);
     // n = round(x / ln 2), via the 1.5·2²³ trick (its low bits hold n).
     let t = xc * LOG2E + ROUNDER;
     let n = t - ROUNDER;
@@ -47,7 +41,7 @@ pub fn exp_f32(x: f32) -> f32 {
     p = p * r + 8.333_452e-3;
     p = p * r + 4.166_579_6e-2;
     p = p * r + 1.666_666_5e-1;
-    p = p * r + 5.000_000_1e-1;
+    p = p * r + 0.5; // Cephes' 5.0000001201e-1 rounds to 0.5 in f32
     let y = p * (r * r) + r + 1.0;
     let scale = f32::from_bits((k.wrapping_add(127) as u32) << 23);
     if x < LOWEST {
