@@ -4,7 +4,7 @@
 use anyhow::Result;
 use candle_core::{DType, Tensor, D};
 
-use crate::numerics::softmax::ShiftedExpRows;
+use crate::numerics::shifted_exp::shifted_exp_rows_in_place;
 
 /// Rows per block: bounds the score block to about 1 M entries (4 MB in f32), small enough for
 /// the allocator to reuse the same memory block after block instead of mapping fresh pages.
@@ -50,24 +50,11 @@ pub fn scaled_operands(q: &Tensor, k: &Tensor) -> Result<(Tensor, Tensor)> {
     Ok(((q * (1.0 / (p as f64).sqrt()))?, k.t()?.contiguous()?))
 }
 
-/// On the CPU in f32: each row of the score block replaced in place by exp(s − max s), and the
-/// per-row (max, Σ exp) returned (see `numerics::softmax`). `None` on other devices and dtypes,
-/// which take candle's own ops.
-fn shifted_exp_in_place(s: &Tensor) -> Result<Option<Vec<(f32, f64)>>> {
-    if !s.device().is_cpu() || s.dtype() != DType::F32 || !s.is_contiguous() {
-        return Ok(None);
-    }
-    let op = ShiftedExpRows::default();
-    s.inplace_op1(&op)?;
-    let stats = std::mem::take(&mut *op.stats.lock().expect("not poisoned"));
-    Ok(Some(stats))
-}
-
 impl ExactAttention {
     pub fn compute(q: &Tensor, k: &Tensor, v: &Tensor) -> Result<Self> {
         let (qs, kt) = scaled_operands(q, k)?;
         let output = map_score_blocks(&qs, &kt, |_, _, s| {
-            Ok(match shifted_exp_in_place(&s)? {
+            Ok(match shifted_exp_rows_in_place(&s)? {
                 // O_b = (E_b·V) / rowsum: the normalisation on n×p entries instead of n×n.
                 Some(stats) => {
                     let sums = Tensor::from_iter(stats.iter().map(|&(_, z)| z as f32), s.device())?
@@ -92,7 +79,7 @@ impl ExactAttention {
             return Ok(t);
         }
         let t = map_score_blocks(&self.q, &self.k, |_, _, s| {
-            Ok(match shifted_exp_in_place(&s)? {
+            Ok(match shifted_exp_rows_in_place(&s)? {
                 // log D_i = m_i + log Σ_j exp(s_ij − m_i), formed in f64.
                 Some(stats) => Tensor::from_iter(
                     stats.iter().map(|&(m, z)| (m as f64 + z.ln()) as f32),

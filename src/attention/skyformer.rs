@@ -31,6 +31,7 @@ use candle_core::{DType, Tensor, D};
 use super::{Approximation, HeadInputs, Method};
 use crate::numerics::inverse::{iterative_inverse, symmetric_pinv_tensor, PINV_REL_CUTOFF};
 use crate::numerics::sampling::{uniform_with_replacement, TrialRng};
+use crate::numerics::shifted_exp::exp_minus;
 use crate::tensor_util::{index_tensor, scalar};
 
 /// Ridge of the reference code path (`skyformer_iter`), METHODS.md §2.3.
@@ -69,21 +70,45 @@ pub(crate) fn draw_landmarks(rng: &mut TrialRng, n: usize, d: usize) -> (Vec<usi
     (iq, ik)
 }
 
+/// The per-head operands in float64, built once and shared by every d and trial (and by both
+/// ids): Q̃ = Q/p^¼, K̃ = K/p^¼ and [V, 1] (numerator and denominator share every product).
+pub(crate) struct Operands {
+    qt: Tensor,
+    kt: Tensor,
+    rhs: Tensor,
+}
+
+impl Operands {
+    pub(crate) fn new(q: &Tensor, k: &Tensor, v: &Tensor) -> Result<Self> {
+        let (n, p) = q.dims2()?;
+        let s = (p as f64).powf(-0.25);
+        let v64 = v.to_dtype(DType::F64)?;
+        let ones = Tensor::ones((n, 1), DType::F64, q.device())?;
+        Ok(Self {
+            qt: (q.to_dtype(DType::F64)? * s)?,
+            kt: (k.to_dtype(DType::F64)? * s)?,
+            rhs: Tensor::cat(&[v64, ones], 1)?, // n×(p+1)
+        })
+    }
+
+    /// The head's operands from its memo.
+    pub(crate) fn of(head: &HeadInputs) -> Result<std::sync::Arc<Self>> {
+        head.memo("skyformer_operands", || {
+            Self::new(&head.q, &head.k, &head.v)
+        })
+    }
+}
+
 /// Ô (f64, n×p) and den = Ã1 (f64, n) for the landmarks Q̃[iq] and K̃[ik].
 pub(crate) fn skyformer_core(
-    q: &Tensor,
-    k: &Tensor,
-    v: &Tensor,
+    ops: &Operands,
     iq: &[usize],
     ik: &[usize],
     inverse: CoreInverse,
 ) -> Result<(Tensor, Tensor)> {
-    let (n, p) = q.dims2()?;
-    let dev = q.device();
-    let s = (p as f64).powf(-0.25);
-    let qt = (q.to_dtype(DType::F64)? * s)?;
-    let kt = (k.to_dtype(DType::F64)? * s)?;
-    let v64 = v.to_dtype(DType::F64)?;
+    let Operands { qt, kt, rhs } = ops;
+    let p = rhs.dim(1)? - 1;
+    let dev = qt.device();
 
     let mut parts = Vec::with_capacity(2);
     if !iq.is_empty() {
@@ -102,9 +127,10 @@ pub(crate) fn skyformer_core(
     let lm = z.matmul(&zt)?; // d×d logits of M
     let gmax = |t: &Tensor| -> Result<f64> { scalar(&t.flatten_all()?.max(0)?) };
     let c = gmax(&lf)?.max(gmax(&lg)?).max(gmax(&lm)?);
-    let f = lf.affine(1.0, -c)?.exp()?;
-    let g = lg.affine(1.0, -c)?.exp()?;
-    let m = lm.affine(1.0, -c)?.exp()?;
+    // In place over the fresh logits: the same bits as (logits − c).exp().
+    let f = exp_minus(lf, c)?;
+    let g = exp_minus(lg, c)?;
+    let m = exp_minus(lm, c)?;
 
     let w = match inverse {
         CoreInverse::Pinv => symmetric_pinv_tensor(&m, PINV_REL_CUTOFF)?,
@@ -121,9 +147,7 @@ pub(crate) fn skyformer_core(
         }
     };
 
-    // [V, 1]: numerator and denominator share every product.
-    let rhs = Tensor::cat(&[v64, Tensor::ones((n, 1), DType::F64, dev)?], 1)?; // n×(p+1)
-    let gtr = g.t()?.matmul(&rhs)?; // d×(p+1)
+    let gtr = g.t()?.matmul(rhs)?; // d×(p+1)
     let fr = f.matmul(&w.matmul(&gtr)?)?; // n×(p+1)
     let num = fr.narrow(1, 0, p)?;
     let den = fr.narrow(1, p, 1)?;
@@ -166,7 +190,7 @@ impl Method for Skyformer {
         } else {
             CoreInverse::Pinv
         };
-        let (out, den) = skyformer_core(&head.q, &head.k, &head.v, &iq, &ik, inverse)?;
+        let (out, den) = skyformer_core(&*Operands::of(head)?, &iq, &ik, inverse)?;
         Ok(Approximation {
             output: out.to_dtype(head.dtype())?,
             normalizer: Some(den),
@@ -236,15 +260,13 @@ mod tests {
         );
         let iq = vec![0, 3, 3, 5];
         let ik = vec![1, 6, 2];
-        let (out, den) = skyformer_core(
+        let ops = Operands::new(
             &tensor(&q, DType::F64),
             &tensor(&k, DType::F64),
             &tensor(&v, DType::F64),
-            &iq,
-            &ik,
-            CoreInverse::Pinv,
         )
         .unwrap();
+        let (out, den) = skyformer_core(&ops, &iq, &ik, CoreInverse::Pinv).unwrap();
         let sel: Vec<usize> = iq.iter().cloned().chain(ik.iter().map(|j| j + n)).collect();
         let (want, want_den) = dense(&q, &k, &v, &sel, None);
         let got = to_dmatrix(&out).unwrap();
@@ -279,15 +301,12 @@ mod tests {
             gamma: GAMMA,
             steps: ITER_STEPS,
         };
-        let got = to_dmatrix(&skyformer_core(&tq, &tk, &tv, &iq, &ik, it).unwrap().0).unwrap();
+        let ops = Operands::new(&tq, &tk, &tv).unwrap();
+        let got = to_dmatrix(&skyformer_core(&ops, &iq, &ik, it).unwrap().0).unwrap();
         let (want, _) = dense(&q, &k, &v, &sel, Some(GAMMA));
         assert!(max_rel(&got, &want) < 1e-8, "{}", max_rel(&got, &want));
-        let pinv = to_dmatrix(
-            &skyformer_core(&tq, &tk, &tv, &iq, &ik, CoreInverse::Pinv)
-                .unwrap()
-                .0,
-        )
-        .unwrap();
+        let pinv =
+            to_dmatrix(&skyformer_core(&ops, &iq, &ik, CoreInverse::Pinv).unwrap().0).unwrap();
         let rel = max_rel(&got, &pinv);
         assert!(rel < 2e-2 && rel > 0.0, "iter vs pinv {rel}");
     }
@@ -309,8 +328,13 @@ mod tests {
         )
         .unwrap();
         let all: Vec<usize> = (0..n).collect();
-        let (out, den) =
-            skyformer_core(&head.q, &head.k, &head.v, &all, &all, CoreInverse::Pinv).unwrap();
+        let (out, den) = skyformer_core(
+            &*Operands::of(&head).unwrap(),
+            &all,
+            &all,
+            CoreInverse::Pinv,
+        )
+        .unwrap();
         let exact = to_dmatrix(&head.exact.output).unwrap();
         assert!(max_rel(&to_dmatrix(&out).unwrap(), &exact) < 1e-7);
         assert!(den.to_vec1::<f64>().unwrap().iter().all(|&x| x > 0.0));

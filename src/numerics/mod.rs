@@ -3,5 +3,5 @@
 
 pub mod inverse;
 pub mod sampling;
-pub mod softmax;
+pub mod shifted_exp;
 pub mod spectral;

@@ -1,4 +1,7 @@
-//! Row-wise shifted exponentials for exact attention on the CPU, in f32: E_ij = exp(s_ij − m_i)
+//! Shifted exponentials computed in place on the CPU, without the fresh buffers (and page faults)
+//! of candle's element-wise ops.
+//!
+//! Row-wise, for exact attention, in f32: E_ij = exp(s_ij − m_i)
 //! with m_i = max_j s_ij, written in place over the score block, with the row sums Σ_j E_ij
 //! accumulated in f64. Exact attention is O = (E·V) / rowsum — the n×n normalisation becomes an
 //! n×p one — and log D_i = m_i + log Σ_j E_ij.
@@ -10,7 +13,7 @@
 //! order as the f32 rounding of the scores themselves. No fused multiply-add is used, so the
 //! result does not depend on the CPU's instruction set.
 
-use candle_core::{CpuStorage, InplaceOp1, Layout};
+use candle_core::{CpuStorage, DType, InplaceOp1, Layout, Tensor};
 use rayon::prelude::*;
 
 const LOG2E: f32 = std::f32::consts::LOG2_E;
@@ -146,6 +149,52 @@ impl InplaceOp1 for ShiftedExpRows {
     }
 }
 
+/// On the CPU in f32: each row of the score block `s` replaced in place by exp(s − max s), and
+/// the per-row (max, Σ exp) returned. `None` on other devices and dtypes, which take candle's own
+/// ops. `s` must not be shared (it is the caller's fresh matmul output).
+pub fn shifted_exp_rows_in_place(s: &Tensor) -> candle_core::Result<Option<Vec<(f32, f64)>>> {
+    if !s.device().is_cpu() || s.dtype() != DType::F32 || !s.is_contiguous() {
+        return Ok(None);
+    }
+    let op = ShiftedExpRows::default();
+    s.inplace_op1(&op)?;
+    let stats = std::mem::take(&mut *op.stats.lock().expect("not poisoned"));
+    Ok(Some(stats))
+}
+
+/// Candle in-place op: x ← exp(x − c) for f64 storage (libm's exp: the same bits as
+/// `t.affine(1.0, −c)?.exp()`, without its two fresh buffers).
+struct ExpMinus(f64);
+
+impl InplaceOp1 for ExpMinus {
+    fn name(&self) -> &'static str {
+        "exp-minus"
+    }
+
+    fn cpu_fwd(&self, storage: &mut CpuStorage, layout: &Layout) -> candle_core::Result<()> {
+        let (Some((start, end)), CpuStorage::F64(data)) = (layout.contiguous_offsets(), storage)
+        else {
+            candle_core::bail!("exp-minus needs contiguous f64 storage");
+        };
+        let c = self.0;
+        data[start..end]
+            .par_chunks_mut(4096)
+            .for_each(|xs| xs.iter_mut().for_each(|x| *x = (*x - c).exp()));
+        Ok(())
+    }
+}
+
+/// exp(t − c) for a global shift c, in place when `t` is a contiguous f64 CPU tensor (the
+/// caller hands over its own fresh product), through candle's ops otherwise.
+pub fn exp_minus(t: Tensor, c: f64) -> candle_core::Result<Tensor> {
+    if t.device().is_cpu() && t.dtype() == DType::F64 && t.is_contiguous() {
+        t.inplace_op1(&ExpMinus(c))?;
+        Ok(t)
+    } else {
+        t.affine(1.0, -c)?.exp()
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -217,6 +266,43 @@ mod tests {
         assert_eq!(sa.0.to_bits(), sb.0.to_bits());
         assert_eq!(sa.1.to_bits(), sb.1.to_bits());
         assert!(a.iter().zip(&b).all(|(x, y)| x.to_bits() == y.to_bits()));
+    }
+
+    #[test]
+    fn exp_minus_in_place_equals_candles_affine_then_exp_bit_for_bit() {
+        let dev = candle_core::Device::Cpu;
+        let t = Tensor::arange(0u32, 10_000, &dev)
+            .unwrap()
+            .to_dtype(DType::F64)
+            .unwrap()
+            .affine(0.0123, -70.0)
+            .unwrap();
+        let want: Vec<f64> = t
+            .affine(1.0, -3.25)
+            .unwrap()
+            .exp()
+            .unwrap()
+            .to_vec1()
+            .unwrap();
+        let got: Vec<f64> = exp_minus(t.copy().unwrap(), 3.25)
+            .unwrap()
+            .to_vec1()
+            .unwrap();
+        assert!(want
+            .iter()
+            .zip(&got)
+            .all(|(a, b)| a.to_bits() == b.to_bits()));
+        // Other dtypes take candle's path.
+        let t32 = t.to_dtype(DType::F32).unwrap();
+        let via: Vec<f32> = exp_minus(t32.clone(), 1.0).unwrap().to_vec1().unwrap();
+        let want32: Vec<f32> = t32
+            .affine(1.0, -1.0)
+            .unwrap()
+            .exp()
+            .unwrap()
+            .to_vec1()
+            .unwrap();
+        assert_eq!(via, want32);
     }
 
     #[test]
