@@ -329,7 +329,7 @@ mod tests {
         .unwrap();
         let all: Vec<usize> = (0..n).collect();
         let (out, den) = skyformer_core(
-            &*Operands::of(&head).unwrap(),
+            &Operands::of(&head).unwrap(),
             &all,
             &all,
             CoreInverse::Pinv,
