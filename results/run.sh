@@ -14,6 +14,8 @@ for fig in skyformer skeinformer; do
   $BIN --figure $fig "${PRE[@]}" --windows 64 --out results/$fig-fig1/pretrained-minilm --quiet
   $BIN plot --from results/$fig-fig1/initialized --from results/$fig-fig1/pretrained-minilm --out results/$fig-fig1
   rm -f results/$fig-fig1/*/*.png
+  other=$([ $fig = skyformer ] && echo skeinformer || echo skyformer)
+  rm -f results/$fig-fig1/$other-fig1.png   # the other paper's figure from this data is partial
 done
 $BIN anchors --from results/skyformer-fig1/initialized --from results/skeinformer-fig1/initialized > results/anchors-initialized.md
 $BIN anchors --from results/skyformer-fig1/pretrained-minilm --from results/skeinformer-fig1/pretrained-minilm > results/anchors-pretrained-minilm.md

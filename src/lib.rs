@@ -12,9 +12,9 @@ pub mod config;
 pub mod inputs;
 pub mod numerics;
 pub mod report;
+pub mod runtime;
 pub mod sweep;
 pub mod tensor_util;
-pub mod threads;
 
 /// Exit status for usage errors (bad flags, bad input files).
 pub const EXIT_USAGE: i32 = 2;

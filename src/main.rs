@@ -112,7 +112,7 @@ fn run(cli: Cli) -> anyhow::Result<i32> {
 
 fn main() {
     let cli = Cli::parse();
-    let code = match approx_bench::threads::configure(cli.threads).and_then(|_| run(cli)) {
+    let code = match approx_bench::runtime::configure(cli.threads).and_then(|_| run(cli)) {
         Ok(code) => code,
         Err(e) => {
             eprintln!("error: {e:#}");

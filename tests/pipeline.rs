@@ -472,18 +472,28 @@ fn rows_do_not_depend_on_the_number_of_threads() {
         corpus_path().to_str().unwrap().to_string(),
     );
     let mut outs = Vec::new();
-    for threads in ["1", "2"] {
-        let out = tmp.path().join(format!("t{threads}"));
+    // RAYON_NUM_THREADS and --threads (which wins over it) both set the pool.
+    for (env_threads, flag_threads) in [("1", None), ("2", None), ("1", Some("3"))] {
+        let out = tmp.path().join(format!("t{env_threads}-{flag_threads:?}"));
         let mut args = base_args(&m, &c, out.to_str().unwrap());
-        args.extend([
-            "--model",
-            "initialized",
-            "--methods",
-            "vmean,informer,skeinformer,linformer",
-        ]);
-        let o = run(&args, &[("RAYON_NUM_THREADS", threads)]);
+        args.extend(["--model", "initialized", "--methods", "figure"]);
+        if let Some(t) = flag_threads {
+            args.extend(["--threads", t]);
+        }
+        let o = run(&args, &[("RAYON_NUM_THREADS", env_threads)]);
         assert!(o.status.success(), "{}", stderr(&o));
+        let manifest = std::fs::read_to_string(out.join("manifest.json")).unwrap();
+        let want = format!("\"threads\": {}", flag_threads.unwrap_or(env_threads));
+        assert!(manifest.contains(&want), "manifest lacks {want}");
         outs.push(rows_without_timing(&out.join("trials.csv")));
     }
     assert_eq!(outs[0], outs[1]);
+    assert_eq!(outs[0], outs[2]);
+}
+
+#[test]
+fn zero_threads_is_a_usage_error() {
+    let o = run(&["--threads", "0", "--quiet"], &[]);
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    assert!(stderr(&o).contains("--threads 0"), "{}", stderr(&o));
 }

@@ -90,17 +90,66 @@ pub(crate) enum Shift {
 }
 
 /// φ(x̃) (n×m) for scaled inputs x̃ (n×p) and Ω (m×p), both on the same device and dtype.
+#[cfg(test)]
 pub(crate) fn feature_map(xt: &Tensor, omega: &Tensor, shift: Shift, eps: f64) -> Result<Tensor> {
+    feature_map_with_norms(xt, &half_sq_norms(xt)?, omega, shift, eps)
+}
+
+/// ‖x̃_i‖²/2 (n×1).
+fn half_sq_norms(xt: &Tensor) -> Result<Tensor> {
+    Ok((xt.sqr()?.sum_keepdim(D::Minus1)? * 0.5)?)
+}
+
+/// φ(x̃) given ‖x̃_i‖²/2 (`half_sq`, n×1), which does not depend on Ω.
+fn feature_map_with_norms(
+    xt: &Tensor,
+    half_sq: &Tensor,
+    omega: &Tensor,
+    shift: Shift,
+    eps: f64,
+) -> Result<Tensor> {
     let m = omega.dim(0)?;
     let proj = xt.matmul(&omega.t()?)?; // n×m, ω_r·x̃_i
-    let half_sq = (xt.sqr()?.sum_keepdim(D::Minus1)? * 0.5)?; // n×1
-    let e = proj.broadcast_sub(&half_sq)?;
+    let e = proj.broadcast_sub(half_sq)?;
     let e = match shift {
         Shift::PerRow => e.broadcast_sub(&proj.max_keepdim(D::Minus1)?)?,
         Shift::Global => e.broadcast_sub(&proj.max_keepdim(D::Minus1)?.max_keepdim(0)?)?,
         Shift::None => e,
     };
     Ok(((e.exp()? + eps)? * (m as f64).powf(-0.5))?)
+}
+
+/// What the feature maps and the products need that does not depend on Ω, built once per head
+/// and variant: x̃ = x·scale for Q and K with their ‖x̃‖²/2, and [V, 1] (numerator and
+/// denominator share the products).
+struct Operands {
+    qt: Tensor,
+    kt: Tensor,
+    q_half_sq: Tensor,
+    k_half_sq: Tensor,
+    rhs: Tensor,
+}
+
+impl Operands {
+    fn of(head: &HeadInputs, performer: &Performer) -> Result<std::sync::Arc<Self>> {
+        let key = if performer.double_scaled {
+            "performer_operands"
+        } else {
+            "performer_favor_operands"
+        };
+        head.memo(key, || {
+            let s = performer.input_scale(head.p());
+            let (qt, kt) = ((&head.q * s)?, (&head.k * s)?);
+            let ones = Tensor::ones((head.n(), 1), head.dtype(), head.device())?;
+            Ok(Self {
+                q_half_sq: half_sq_norms(&qt)?,
+                k_half_sq: half_sq_norms(&kt)?,
+                qt,
+                kt,
+                rhs: Tensor::cat(&[head.v.clone(), ones], 1)?,
+            })
+        })
+    }
 }
 
 impl Method for Performer {
@@ -132,16 +181,14 @@ impl Method for Performer {
         rng: &mut TrialRng,
     ) -> Result<Approximation> {
         anyhow::ensure!(d >= 1, "performer needs at least one random feature");
-        let (n, p) = (head.n(), head.p());
+        let p = head.p();
         let (dt, dev) = (head.dtype(), head.device());
         let omega = orthogonal_gaussian(rng, d, p);
         let omega = crate::tensor_util::from_dmatrix(&omega, dev, dt)?;
-        let s = self.input_scale(p);
-        let phi_q = feature_map(&(&head.q * s)?, &omega, Shift::PerRow, EPS)?; // n×m
-        let phi_k = feature_map(&(&head.k * s)?, &omega, Shift::Global, EPS)?; // n×m
-                                                                               // [V, 1]: numerator and denominator share the products.
-        let rhs = Tensor::cat(&[head.v.clone(), Tensor::ones((n, 1), dt, dev)?], 1)?;
-        let kv = phi_k.t()?.matmul(&rhs)?; // m×(p+1)
+        let ops = Operands::of(head, self)?;
+        let phi_q = feature_map_with_norms(&ops.qt, &ops.q_half_sq, &omega, Shift::PerRow, EPS)?; // n×m
+        let phi_k = feature_map_with_norms(&ops.kt, &ops.k_half_sq, &omega, Shift::Global, EPS)?; // n×m
+        let kv = phi_k.t()?.matmul(&ops.rhs)?; // m×(p+1)
         let fr = phi_q.matmul(&kv)?; // n×(p+1)
         let den = fr.narrow(1, p, 1)?;
         let out = fr.narrow(1, 0, p)?.broadcast_div(&den)?;

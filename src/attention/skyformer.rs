@@ -328,13 +328,8 @@ mod tests {
         )
         .unwrap();
         let all: Vec<usize> = (0..n).collect();
-        let (out, den) = skyformer_core(
-            &Operands::of(&head).unwrap(),
-            &all,
-            &all,
-            CoreInverse::Pinv,
-        )
-        .unwrap();
+        let (out, den) =
+            skyformer_core(&Operands::of(&head).unwrap(), &all, &all, CoreInverse::Pinv).unwrap();
         let exact = to_dmatrix(&head.exact.output).unwrap();
         assert!(max_rel(&to_dmatrix(&out).unwrap(), &exact) < 1e-7);
         assert!(den.to_vec1::<f64>().unwrap().iter().all(|&x| x > 0.0));

@@ -1,4 +1,5 @@
-//! The process's thread budget, set once at start-up before any thread exists.
+//! Process-wide settings made once at start-up, before any thread exists: the thread budget and
+//! the allocator's treatment of large buffers.
 //!
 //! approx-bench parallelises at coarse grain itself (heads of a window; row blocks of exact
 //! attention) on rayon's global pool. Two defaults of candle 0.11's CPU backend fight that:
@@ -9,6 +10,14 @@
 //! - its matmul asks `RAYON_NUM_THREADS` for its thread count on every call and, when unset,
 //!   parses /proc/cpuinfo each time (≈ 5 % of the run in system time). Setting the variable to
 //!   the pool's size makes that a lookup and keeps gemm and rayon agreeing on one number.
+
+//!
+//! Allocator (glibc): candle allocates a fresh buffer for every op's result. Past glibc's default
+//! thresholds those buffers of a few MB are mapped and unmapped (or trimmed) each time, so every
+//! op pays page faults on memory it had a moment ago; at n = 16384 that was a third to half of the
+//! per-trial time of the O(nd) methods (BENCHMARKS.md). Buffers up to 32 MB are kept in the heap
+//! and freed memory is not trimmed: the process keeps its high-water mark (which the peak RSS
+//! reports anyway) instead of faulting it in again.
 
 use anyhow::Result;
 
@@ -42,9 +51,24 @@ pub fn configure(requested: Option<usize>) -> Result<usize> {
     if std::env::var_os(CANDLE_VAR).is_none() {
         std::env::set_var(CANDLE_VAR, "1");
     }
+    keep_freed_memory();
     // Fails only if the pool was already built (a second call): the first size stands.
     let _ = rayon::ThreadPoolBuilder::new()
         .num_threads(threads)
         .build_global();
     Ok(rayon::current_num_threads())
+}
+
+/// Largest buffer glibc serves from its heap instead of a fresh mapping (its own ceiling).
+#[cfg(all(target_os = "linux", target_env = "gnu"))]
+const MMAP_THRESHOLD: libc::c_int = 32 << 20;
+
+/// See the module comment. A no-op outside glibc.
+fn keep_freed_memory() {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    // SAFETY: mallopt only changes allocator parameters; called before any other thread exists.
+    unsafe {
+        libc::mallopt(libc::M_MMAP_THRESHOLD, MMAP_THRESHOLD);
+        libc::mallopt(libc::M_TRIM_THRESHOLD, libc::c_int::MAX);
+    }
 }
