@@ -10,7 +10,6 @@
 //! - its matmul asks `RAYON_NUM_THREADS` for its thread count on every call and, when unset,
 //!   parses /proc/cpuinfo each time (≈ 5 % of the run in system time). Setting the variable to
 //!   the pool's size makes that a lookup and keeps gemm and rayon agreeing on one number.
-
 //!
 //! Allocator (glibc): candle allocates a fresh buffer for every op's result. Past glibc's default
 //! thresholds those buffers of a few MB are mapped and unmapped (or trimmed) each time, so every

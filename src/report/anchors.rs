@@ -2310,6 +2310,7 @@ mod tests {
             trials: 10,
             mean,
             stderr: 0.01,
+            median: mean,
             rel_mean: 0.1,
             rel_stderr: 0.0,
             nonfinite_trials: 0,

@@ -15,6 +15,11 @@ pub struct SummaryRow {
     pub mean: f64,
     /// Standard error sd/√trials (sample sd, n − 1); 0 with one trial.
     pub stderr: f64,
+    /// Median of the finite trials' errors: a robust level beside the mean for heavy-tailed
+    /// methods (Skyformer's pseudo-inverse on pretrained weights has single trials 10⁴× the
+    /// median). Absent (NaN) in summaries written before the column existed.
+    #[serde(default = "not_recorded")]
+    pub median: f64,
     pub rel_mean: f64,
     pub rel_stderr: f64,
     /// Trials excluded from the mean because Ô had non-finite rows (or D̂ ≤ 0 rows made it NaN).
@@ -31,6 +36,21 @@ use std::path::Path;
 use anyhow::Result;
 
 use super::trials::TrialRow;
+
+fn not_recorded() -> f64 {
+    f64::NAN
+}
+
+/// Median of the values (the mean of the middle two for an even count); NaN when empty.
+pub fn median(values: &[f64]) -> f64 {
+    let mut v = values.to_vec();
+    v.sort_by(f64::total_cmp);
+    match v.len() {
+        0 => f64::NAN,
+        k if k % 2 == 1 => v[k / 2],
+        k => 0.5 * (v[k / 2 - 1] + v[k / 2]),
+    }
+}
 
 /// Mean and standard error (sample sd / √k) of finite values; (NaN, NaN) when none.
 pub fn mean_stderr(values: &[f64]) -> (f64, f64) {
@@ -83,6 +103,7 @@ pub fn summarize(rows: &[TrialRow], method_order: &[String]) -> Vec<SummaryRow> 
                 trials: errs.len(),
                 mean,
                 stderr,
+                median: median(&errs),
                 rel_mean,
                 rel_stderr,
                 nonfinite_trials: rs.len() - errs.len(),
@@ -136,5 +157,35 @@ mod tests {
         assert!((se - (5.0f64 / 3.0).sqrt() / 2.0).abs() < 1e-15);
         assert_eq!(mean_stderr(&[7.0]), (7.0, 0.0));
         assert!(mean_stderr(&[]).0.is_nan());
+    }
+
+    #[test]
+    fn median_of_odd_and_even_counts_and_heavy_tails() {
+        assert_eq!(median(&[3.0, 1.0, 2.0]), 2.0);
+        assert_eq!(median(&[4.0, 1.0, 3.0, 2.0]), 2.5);
+        assert!(median(&[]).is_nan());
+        // One wild trial moves the mean, not the median.
+        assert_eq!(median(&[1.0, 1.1, 0.9, 1e5, 1.0]), 1.0);
+    }
+
+    #[test]
+    fn summaries_without_the_median_column_still_read() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("summary.csv");
+        std::fs::write(
+            &path,
+            "model,n,method,d,trials,mean,stderr,rel_mean,rel_stderr,nonfinite_trials,flagged_trials,macs,seconds_mean\n\
+             initialized,512,vmean,8,2,1.5,0.5,0.1,0.01,0,0,10.0,0.001\n",
+        )
+        .unwrap();
+        let rows = read(&path).unwrap();
+        assert_eq!(rows.len(), 1);
+        assert_eq!(rows[0].mean, 1.5);
+        assert!(rows[0].median.is_nan());
+        // Written back, the column is there.
+        write(&path, &rows).unwrap();
+        assert!(std::fs::read_to_string(&path)
+            .unwrap()
+            .starts_with("model,n,method,d,trials,mean,stderr,median,"));
     }
 }

@@ -369,6 +369,7 @@ fn honest_noise_from_a_seeded_distribution_passes_at_the_nominal_rate() {
                     trials: k,
                     mean,
                     stderr,
+                    median: crate::report::summary::median(&errs),
                     rel_mean: 0.0,
                     rel_stderr: 0.0,
                     nonfinite_trials: 0,
