@@ -204,23 +204,13 @@ mod tests {
                 .matmul(&f32t(&v))
                 .unwrap()
         };
-        let max_err = |a: &Tensor| -> f64 {
-            let d = (a.to_dtype(DType::F64).unwrap() - &reference.output).unwrap();
-            d.abs()
-                .unwrap()
-                .max_all()
-                .unwrap()
-                .to_scalar::<f64>()
-                .unwrap()
+        let max_abs = |t: &Tensor| -> f64 {
+            let t = t.to_dtype(DType::F64).unwrap().abs().unwrap();
+            t.max_all().unwrap().to_scalar::<f64>().unwrap()
         };
-        let scale = reference
-            .output
-            .abs()
-            .unwrap()
-            .max_all()
-            .unwrap()
-            .to_scalar::<f64>()
-            .unwrap();
+        let max_err =
+            |a: &Tensor| max_abs(&(a.to_dtype(DType::F64).unwrap() - &reference.output).unwrap());
+        let scale = max_abs(&reference.output);
         let (e_fast, e_candle) = (max_err(&fast.output) / scale, max_err(&candle32) / scale);
         assert!(e_fast < 2e-6, "f32 path max error {e_fast:e} of max |O|");
         assert!(
@@ -231,13 +221,7 @@ mod tests {
         let ld = (fast.log_rowsum().unwrap().to_dtype(DType::F64).unwrap()
             - reference.log_rowsum().unwrap())
         .unwrap();
-        let worst = ld
-            .abs()
-            .unwrap()
-            .max_all()
-            .unwrap()
-            .to_scalar::<f64>()
-            .unwrap();
+        let worst = max_abs(&ld);
         assert!(worst < 1e-6, "log D error {worst:e}");
     }
 
