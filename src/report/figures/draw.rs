@@ -486,7 +486,8 @@ fn draw_marker<DB: DrawingBackend>(
     .map_err(err)
 }
 
-/// A hollow ring around a point with non-finite trials, and their count beside it.
+/// A hollow ring around a point with non-finite trials, and their count beside it (the number
+/// alone: the legend explains the rings, and longer labels collide along a curve).
 fn draw_ring<DB: DrawingBackend>(
     area: &DrawingArea<DB, Shift>,
     (x, y): (i32, i32),
@@ -500,7 +501,7 @@ fn draw_ring<DB: DrawingBackend>(
             .into_font()
             .color(color)
             .pos(Pos::new(HPos::Left, VPos::Bottom));
-        area.draw_text(&format!("{k} flagged"), &style, (x + 10, y - 12))
+        area.draw_text(&k.to_string(), &style, (x + 9, y - 9))
             .map_err(err)?;
     }
     Ok(())

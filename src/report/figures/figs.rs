@@ -143,7 +143,7 @@ impl Tally {
             .map(|m| LegendItem::Series(style::method_label(m), style_of(m)))
             .collect();
         if self.nonfinite {
-            items.push(LegendItem::Ring("trials with non-finite rows or an estimated normalizer ≤ 0 (count shown; non-finite ones excluded from the mean)".into()));
+            items.push(LegendItem::Ring("flagged trials: non-finite rows or an estimated normalizer ≤ 0 (number beside the ring; non-finite ones excluded from the mean)".into()));
         }
         items
     }
