@@ -35,6 +35,16 @@ fn time<T>(device: &Device, reps: usize, mut f: impl FnMut() -> Result<T>) -> Re
     Ok(ts[ts.len() / 2])
 }
 
+/// The machine's matmul speed for this device and dtype, GFLOP/s: one square 2048×2048 product
+/// (large enough for every thread's share to run at the kernel's full rate).
+fn square_matmul_peak(device: &Device, dtype: candle_core::DType) -> Result<f64> {
+    let m = 2048;
+    let a = Tensor::randn(0f32, 1.0, (m, m), device)?.to_dtype(dtype)?;
+    let b = Tensor::randn(0f32, 1.0, (m, m), device)?.to_dtype(dtype)?;
+    let t = time(device, 5, || Ok(a.matmul(&b)?))?;
+    Ok(2.0 * (m * m * m) as f64 / t / 1e9)
+}
+
 /// The matmul ceiling of exact attention's own schedule, GFLOP/s: the same parallel walk over
 /// row blocks doing only the two products of each block (S_b = Q̃_b·Kᵀ, then S_b·V), 4n²p flops,
 /// with no exponentials. Exact attention's share of it is what its softmax costs.
@@ -59,9 +69,10 @@ pub fn run(cfg: &RunConfig, reps: usize) -> Result<()> {
     let dev = &prepared.device;
     let p = prepared.head_dim();
     println!(
-        "device {:?}, dtype {dtype:?}, threads {}",
+        "device {:?}, dtype {dtype:?}, threads {}; matmul peak (square 2048³ product) {:.1} GFLOP/s",
         dev,
-        rayon::current_num_threads()
+        rayon::current_num_threads(),
+        square_matmul_peak(dev, dtype)?
     );
     for &n in &cfg.lengths {
         let ids = prepared.corpus.window(n, 0)?;
