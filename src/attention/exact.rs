@@ -225,6 +225,52 @@ mod tests {
         assert!(worst < 1e-6, "log D error {worst:e}");
     }
 
+    /// Blocks run in parallel: the output and log D must not depend on the pool's size.
+    #[test]
+    fn blocks_in_parallel_give_the_same_bits_on_any_thread_count() {
+        use crate::numerics::sampling::{normal_values, TrialRng};
+        use rand::SeedableRng;
+        let (n, p) = (3000, 16); // block_rows(3000) = 349: nine blocks
+        let mut rng = TrialRng::seed_from_u64(11);
+        let mut mk = || {
+            crate::tensor_util::from_f64(
+                normal_values(&mut rng, n, p, 1.0),
+                (n, p),
+                &Device::Cpu,
+                DType::F32,
+            )
+            .unwrap()
+        };
+        let (q, k, v) = (mk(), mk(), mk());
+        let run = |threads: usize| -> (Vec<f32>, Vec<f32>) {
+            let pool = rayon::ThreadPoolBuilder::new()
+                .num_threads(threads)
+                .build()
+                .unwrap();
+            pool.install(|| {
+                let ex = ExactAttention::compute(&q, &k, &v).unwrap();
+                (
+                    ex.output.flatten_all().unwrap().to_vec1().unwrap(),
+                    ex.log_rowsum().unwrap().to_vec1().unwrap(),
+                )
+            })
+        };
+        let one = run(1);
+        for threads in [2, 3] {
+            let other = run(threads);
+            assert!(one
+                .0
+                .iter()
+                .zip(&other.0)
+                .all(|(a, b)| a.to_bits() == b.to_bits()));
+            assert!(one
+                .1
+                .iter()
+                .zip(&other.1)
+                .all(|(a, b)| a.to_bits() == b.to_bits()));
+        }
+    }
+
     #[test]
     fn large_logits_do_not_overflow() {
         let q = (Tensor::ones((4, 2), DType::F32, &Device::Cpu).unwrap() * 300.0).unwrap();
