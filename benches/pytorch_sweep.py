@@ -18,8 +18,8 @@ the definitions of ``../shared/METHODS.md``:
   estimator of Fig. 1, §2.5), ``informer`` (§2.6), ``skeinformer`` (§2.8), ``vmean`` (§2.1),
   ``linformer`` (§2.7). Each method computes only from Q, K, V (it does not reuse the exact P).
   Precision mirrors the Rust tool's ``--dtype f32``: the methods run in float32, except Skyformer's
-  kernel blocks and the d×d cores (Skyformer's pseudo-inverse, Nyströmformer's iterative inverse),
-  which run in float64 (exp(‖z‖²) on M's diagonal and the exp-kernel's conditioning need it).
+  kernel blocks and its d×d pseudo-inverse core, which run in float64 (exp(‖z‖²) on M's diagonal
+  and the exp-kernel's conditioning need it).
 * error: ``torch.linalg.matrix_norm(O − Ô, ord=2)`` (SVD; E is cast to float64 first, as the Rust
   metric is f64), batched over heads.
 
@@ -47,13 +47,8 @@ Checked against the float64 reference ``tests/reference/score_dump.py`` on a ``d
 (``--qkv``, four ``--seed`` values): vmean and nystromformer agree row by row within 7e-8 relative
 (float32 here), and the mean errors of the five randomized methods lie within 1.7 SE.
 
-Measured on the 2-core build machine (torch 2.15 CPU, 2 threads, n = 1024, 2 windows × 12 heads,
-7 methods × 6 d = 1008 trials; other jobs were using the CPU at times, so treat as ±20 %):
-whole process 7.8-8.5 s wall (/usr/bin/time), of which imports of torch + transformers 3.0-3.5 s,
-BertModel init 0.75 s, tokenizing the test split 0.3 s, and the sweep 2.5-2.7 s (exact attention
-0.12 s, methods 1.65-1.75 s, matrix_norm 0.64-0.79 s). ``approx-bench`` on the same workload
-(``--methods skyformer,nystromformer,performer,informer,skeinformer,vmean,linformer``) took 3.6-3.9 s
-wall for the whole process.
+Measured on the idle 2-core build machine (torch 2.15 CPU, 2 threads, n = 1024, 2 windows × 12
+heads, 7 methods × 6 d = 1008 trials): see BENCHMARKS.md for the side-by-side with approx-bench.
 
 Shared machines: torch's OpenMP pool busy-waits, and when other processes compete for the cores it
 degrades badly (sweeps of 28-98 s instead of 2.5 s were seen). ``OMP_WAIT_POLICY=PASSIVE`` kept it at
@@ -132,7 +127,7 @@ def m_skyformer(Q, K, V, d, g):
 
 def m_nystromformer(Q, K, V, d, g):
     """§2.4: segment-means landmarks (near-equal contiguous segments if d ∤ n), 6-step iterative
-    inverse of the d×d core (float64)."""
+    inverse of the d×d core (float32, like every other Nyströmformer product here)."""
     H, n, p = Q.shape
     if d >= n:
         return softmax_rows(Q @ K.transpose(1, 2) / math.sqrt(p)) @ V
@@ -150,7 +145,7 @@ def m_nystromformer(Q, K, V, d, g):
     F = softmax_rows(Qt @ Kb.transpose(1, 2))  # [H, n, d]
     As = softmax_rows(Qb @ Kb.transpose(1, 2))  # [H, d, d]
     B = softmax_rows(Qb @ Kt.transpose(1, 2))  # [H, d, n]
-    Zinv = iter_inv(As.double(), 6).float()
+    Zinv = iter_inv(As, 6)  # float32, as approx-bench runs it (METHODS.md §1.4 item 7 allows it)
     return F @ (Zinv @ (B @ V))
 
 
@@ -377,7 +372,7 @@ def main() -> int:
     # report -------------------------------------------------------------------------------
     cpu = os.times()
     print(f"pytorch_sweep: torch {torch.__version__}, transformers {transformers.__version__}, "
-          f"{torch.get_num_threads()} threads, float32 (Skyformer kernel and d×d cores float64)")
+          f"{torch.get_num_threads()} threads, float32 (Skyformer kernel and core float64)")
     src = (f"Q/K/V from {args.qkv}" if args.qkv
            else f"corpus {len(ids)} tokens, model seed {args.model_seed}, embedding {args.embedding}")
     print(f"n = {n}, windows = {args.windows}, heads = {heads}, d = {feats}, {len(rows)} trials -> {out} ({src})")

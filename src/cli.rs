@@ -82,7 +82,7 @@ impl ModelKind {
     }
 }
 
-/// Working dtype of the methods (cores and the metric are always f64).
+/// Working dtype of the methods (Skyformer's kernel and core, and the metric, are always f64).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, serde::Serialize, serde::Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum DtypeArg {
@@ -136,7 +136,7 @@ pub struct InputArgs {
     /// Compute device: cpu, cuda or cuda:N (cuda needs a build with --features cuda).
     #[arg(long, default_value = "cpu")]
     pub device: String,
-    /// Working dtype of Q/K/V and the methods (Skyformer's kernel, inverse cores and the metric use f64 regardless).
+    /// Working dtype of Q/K/V, exact attention and the methods (Skyformer's kernel and core, and the metric, use f64 regardless).
     #[arg(long, value_enum, default_value = "f32")]
     pub dtype: DtypeArg,
 }
