@@ -1,9 +1,11 @@
 //! approx-bench: how well do fast-attention approximations reproduce exact softmax attention?
 //!
 //! The data flows one way, and the modules are named after the stages:
-//! `inputs` (hub, corpus, model, Q/K/V) → `attention` (exact target and approximations)
-//! → `numerics` (spectral norm, inverses, sampling) → `sweep` (the trial grid) → `report`
-//! (CSV, manifest, figures, regression check).
+//! `inputs` (hub, corpus, model, Q/K/V; `dump-qkv`) → `attention` (exact target and
+//! approximations) → `numerics` (spectral norm, inverses, sampling, shifted exponentials) →
+//! `sweep` (the trial grid) → `report` (CSV, manifest, shard merge, figures, regression check).
+//! `runtime` sets the process-wide thread budget and allocator behaviour once at start-up;
+//! `bench` times the stages.
 
 pub mod attention;
 pub mod bench;

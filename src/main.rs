@@ -66,13 +66,13 @@ fn run(cli: Cli) -> anyhow::Result<i32> {
             Ok(0)
         }
         Some(Command::Merge(a)) => {
-            let outcome = sweep::merge(&a.dirs, &a.out)?;
+            let outcome = approx_bench::report::merge::merge(&a.dirs, &a.out)?;
             approx_bench::report::console::print_summary(&outcome);
             Ok(0)
         }
         Some(Command::DumpQkv(a)) => {
             let inputs = InputConfig::from_args(&a.inputs)?;
-            sweep::dump_qkv(&inputs, a.length, a.window, &a.out)?;
+            approx_bench::inputs::dump::dump_qkv(&inputs, a.length, a.window, &a.out)?;
             Ok(0)
         }
         Some(Command::Plot(a)) => {

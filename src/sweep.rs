@@ -2,7 +2,7 @@
 //! and the exact target once per head; every trial's randomness comes from its own seed, so the
 //! rows do not depend on order, resume or threads. Rows are appended as trials finish.
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::time::Instant;
 
 use anyhow::{Context, Result};
@@ -34,38 +34,6 @@ pub struct SweepOutcome {
     pub summary: Vec<SummaryRow>,
     pub new_trials: usize,
     pub total_trials: usize,
-}
-
-/// Field-by-field differences between two JSON values (for "configuration differs" messages).
-pub fn json_diff(
-    prefix: &str,
-    a: &serde_json::Value,
-    b: &serde_json::Value,
-    out: &mut Vec<String>,
-) {
-    use serde_json::Value;
-    match (a, b) {
-        (Value::Object(x), Value::Object(y)) => {
-            let mut keys: Vec<&String> = x.keys().chain(y.keys()).collect();
-            keys.sort();
-            keys.dedup();
-            for k in keys {
-                let p = if prefix.is_empty() {
-                    k.clone()
-                } else {
-                    format!("{prefix}.{k}")
-                };
-                json_diff(
-                    &p,
-                    x.get(k).unwrap_or(&Value::Null),
-                    y.get(k).unwrap_or(&Value::Null),
-                    out,
-                );
-            }
-        }
-        _ if a != b => out.push(format!("{prefix}: {a} → {b}")),
-        _ => {}
-    }
 }
 
 /// Rows whose output is non-finite or whose estimated normalizer is ≤ 0 or non-finite.
@@ -127,7 +95,7 @@ fn prepare_out(cfg: &RunConfig, opts: &SweepOptions) -> Result<()> {
                 }
             } else {
                 let mut diff = Vec::new();
-                json_diff("", &a, &b, &mut diff);
+                manifest::json_diff("", &a, &b, &mut diff);
                 return Err(usage!(
                     "--out {} holds a run with another configuration ({}); use another --out, or --force to start over",
                     opts.out.display(),
@@ -400,142 +368,6 @@ fn progress_bar(len: u64, quiet: bool) -> indicatif::ProgressBar {
             .expect("valid template"),
     );
     bar
-}
-
-/// Writes one window's Q, K, V ([heads, n, p], f32) and token ids to a safetensors file.
-pub fn dump_qkv(
-    inputs_cfg: &crate::config::InputConfig,
-    n: usize,
-    window: usize,
-    out: &Path,
-) -> Result<()> {
-    let prepared = inputs::prepare(inputs_cfg)?;
-    let ids = prepared.corpus.window(n, window)?;
-    let (q, k, v) = qkv::window_qkv_dropout(
-        &prepared.weights,
-        &prepared.config,
-        ids,
-        inputs_cfg.embedding,
-        inputs_cfg.candle_dtype(),
-        inputs_cfg.dropout_for(n, window),
-    )?;
-    let cpu = candle_core::Device::Cpu;
-    let mut map = std::collections::HashMap::new();
-    map.insert("q".to_string(), q.to_dtype(DType::F32)?.to_device(&cpu)?);
-    map.insert("k".to_string(), k.to_dtype(DType::F32)?.to_device(&cpu)?);
-    map.insert("v".to_string(), v.to_dtype(DType::F32)?.to_device(&cpu)?);
-    map.insert(
-        "token_ids".to_string(),
-        candle_core::Tensor::from_vec(ids.to_vec(), ids.len(), &cpu)?,
-    );
-    if let Some(parent) = out.parent().filter(|p| !p.as_os_str().is_empty()) {
-        std::fs::create_dir_all(parent)
-            .map_err(|e| usage!("--out {}: cannot create its directory ({e})", out.display()))?;
-    }
-    candle_core::safetensors::save(&map, out)
-        .map_err(|e| usage!("--out {}: cannot write ({e})", out.display()))?;
-    Ok(())
-}
-
-/// Position of a trial in the grid order (n, window, head, method, d) of `cfg`.
-fn grid_rank(cfg: &RunConfig, r: &TrialRow) -> (usize, usize, usize, usize, usize) {
-    let pos = |v: &[usize], x: usize| v.iter().position(|&y| y == x).unwrap_or(usize::MAX);
-    let m = cfg
-        .methods
-        .iter()
-        .position(|y| *y == r.method)
-        .unwrap_or(usize::MAX);
-    (
-        pos(&cfg.lengths, r.n),
-        r.window,
-        r.head,
-        m,
-        pos(&cfg.features, r.d),
-    )
-}
-
-/// Combines shard directories (same configuration) into one run in `out`.
-pub fn merge(dirs: &[PathBuf], out: &Path) -> Result<SweepOutcome> {
-    let manifests: Vec<Manifest> = dirs
-        .iter()
-        .map(|d| Manifest::read(d))
-        .collect::<Result<_>>()?;
-    let first = &manifests[0];
-    for (d, m) in dirs.iter().zip(&manifests).skip(1) {
-        let (a, b) = (
-            serde_json::to_value(&first.config)?,
-            serde_json::to_value(&m.config)?,
-        );
-        if a != b {
-            let mut diff = Vec::new();
-            json_diff("", &a, &b, &mut diff);
-            return Err(usage!("{} was run with another configuration than {} ({}); only shards of one run can be merged", d.display(), dirs[0].display(), diff.join("; ")));
-        }
-    }
-    let mut by_key: std::collections::BTreeMap<_, TrialRow> = std::collections::BTreeMap::new();
-    for d in dirs {
-        for r in trials::read_rows(&d.join("trials.csv"))? {
-            let rank = grid_rank(&first.config, &r);
-            if let Some(prev) = by_key.get(&rank) {
-                let same = TrialRow {
-                    seconds: prev.seconds,
-                    ..r.clone()
-                } == *prev;
-                if !same {
-                    return Err(usage!("{}: trial {:?} differs from the same trial in another shard; the shards are not from one run", d.display(), r.key()));
-                }
-                continue;
-            }
-            by_key.insert(rank, r);
-        }
-    }
-    std::fs::create_dir_all(out)
-        .map_err(|e| usage!("--out {}: cannot create the directory ({e})", out.display()))?;
-    let path = out.join("trials.csv");
-    if path.exists() {
-        return Err(usage!(
-            "--out {} already holds a trials.csv; merge into an empty directory",
-            out.display()
-        ));
-    }
-    let (mut writer, _) = TrialWriter::open(&path)?;
-    for r in by_key.values() {
-        writer.append(r)?;
-    }
-    let rows: Vec<TrialRow> = by_key.into_values().collect();
-    let summary_rows = summary::summarize(&rows, &first.config.methods);
-    summary::write(&out.join("summary.csv"), &summary_rows)?;
-    let heads = first.config.heads.as_ref().map_or(first.heads, |h| h.len());
-    let expected = first.config.lengths.len()
-        * first.config.windows
-        * heads
-        * first.config.methods.len()
-        * first.config.features.len();
-    let mut manifest = first.clone();
-    manifest.shard = None;
-    manifest.trials = rows.len();
-    manifest.status = if rows.len() == expected {
-        "complete".into()
-    } else {
-        "partial".into()
-    };
-    manifest.finished = manifests.iter().filter_map(|m| m.finished.clone()).max();
-    manifest.started = manifests
-        .iter()
-        .map(|m| m.started.clone())
-        .min()
-        .unwrap_or_default();
-    manifest.command = std::env::args().collect();
-    manifest.write(out)?;
-    if rows.len() != expected {
-        eprintln!("warning: merged {} of the {expected} trials of the configuration; some shards are missing or incomplete", rows.len());
-    }
-    Ok(SweepOutcome {
-        out: out.to_path_buf(),
-        summary: summary_rows,
-        new_trials: 0,
-        total_trials: rows.len(),
-    })
 }
 
 #[cfg(test)]

@@ -3,6 +3,7 @@
 //! per-head Q, K, V of one window (`qkv`).
 
 pub mod corpus;
+pub mod dump;
 pub mod hub;
 pub mod model;
 pub mod qkv;

@@ -81,3 +81,35 @@ impl Manifest {
             .map_err(|e| crate::usage!("{}: not a valid approx-bench manifest ({e})", p.display()))
     }
 }
+
+/// Field-by-field differences between two JSON values (for "configuration differs" messages).
+pub fn json_diff(
+    prefix: &str,
+    a: &serde_json::Value,
+    b: &serde_json::Value,
+    out: &mut Vec<String>,
+) {
+    use serde_json::Value;
+    match (a, b) {
+        (Value::Object(x), Value::Object(y)) => {
+            let mut keys: Vec<&String> = x.keys().chain(y.keys()).collect();
+            keys.sort();
+            keys.dedup();
+            for k in keys {
+                let p = if prefix.is_empty() {
+                    k.clone()
+                } else {
+                    format!("{prefix}.{k}")
+                };
+                json_diff(
+                    &p,
+                    x.get(k).unwrap_or(&Value::Null),
+                    y.get(k).unwrap_or(&Value::Null),
+                    out,
+                );
+            }
+        }
+        _ if a != b => out.push(format!("{prefix}: {a} → {b}")),
+        _ => {}
+    }
+}

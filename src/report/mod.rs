@@ -5,5 +5,6 @@ pub mod check;
 pub mod console;
 pub mod figures;
 pub mod manifest;
+pub mod merge;
 pub mod summary;
 pub mod trials;

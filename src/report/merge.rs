@@ -1,0 +1,114 @@
+//! `approx-bench merge`: shard directories of one run (`--shard K/N`) combined into one run, rows in
+//! the grid's order, with its summary and manifest.
+
+use std::path::{Path, PathBuf};
+
+use anyhow::Result;
+
+use crate::config::RunConfig;
+use crate::report::manifest::{json_diff, Manifest};
+use crate::report::summary;
+use crate::report::trials::{self, TrialRow, TrialWriter};
+use crate::sweep::SweepOutcome;
+use crate::usage;
+
+/// Position of a trial in the grid order (n, window, head, method, d) of `cfg`.
+fn grid_rank(cfg: &RunConfig, r: &TrialRow) -> (usize, usize, usize, usize, usize) {
+    let pos = |v: &[usize], x: usize| v.iter().position(|&y| y == x).unwrap_or(usize::MAX);
+    let m = cfg
+        .methods
+        .iter()
+        .position(|y| *y == r.method)
+        .unwrap_or(usize::MAX);
+    (
+        pos(&cfg.lengths, r.n),
+        r.window,
+        r.head,
+        m,
+        pos(&cfg.features, r.d),
+    )
+}
+
+/// Combines shard directories (same configuration) into one run in `out`.
+pub fn merge(dirs: &[PathBuf], out: &Path) -> Result<SweepOutcome> {
+    let manifests: Vec<Manifest> = dirs
+        .iter()
+        .map(|d| Manifest::read(d))
+        .collect::<Result<_>>()?;
+    let first = &manifests[0];
+    for (d, m) in dirs.iter().zip(&manifests).skip(1) {
+        let (a, b) = (
+            serde_json::to_value(&first.config)?,
+            serde_json::to_value(&m.config)?,
+        );
+        if a != b {
+            let mut diff = Vec::new();
+            json_diff("", &a, &b, &mut diff);
+            return Err(usage!("{} was run with another configuration than {} ({}); only shards of one run can be merged", d.display(), dirs[0].display(), diff.join("; ")));
+        }
+    }
+    let mut by_key: std::collections::BTreeMap<_, TrialRow> = std::collections::BTreeMap::new();
+    for d in dirs {
+        for r in trials::read_rows(&d.join("trials.csv"))? {
+            let rank = grid_rank(&first.config, &r);
+            if let Some(prev) = by_key.get(&rank) {
+                let same = TrialRow {
+                    seconds: prev.seconds,
+                    ..r.clone()
+                } == *prev;
+                if !same {
+                    return Err(usage!("{}: trial {:?} differs from the same trial in another shard; the shards are not from one run", d.display(), r.key()));
+                }
+                continue;
+            }
+            by_key.insert(rank, r);
+        }
+    }
+    std::fs::create_dir_all(out)
+        .map_err(|e| usage!("--out {}: cannot create the directory ({e})", out.display()))?;
+    let path = out.join("trials.csv");
+    if path.exists() {
+        return Err(usage!(
+            "--out {} already holds a trials.csv; merge into an empty directory",
+            out.display()
+        ));
+    }
+    let (mut writer, _) = TrialWriter::open(&path)?;
+    for r in by_key.values() {
+        writer.append(r)?;
+    }
+    let rows: Vec<TrialRow> = by_key.into_values().collect();
+    let summary_rows = summary::summarize(&rows, &first.config.methods);
+    summary::write(&out.join("summary.csv"), &summary_rows)?;
+    let heads = first.config.heads.as_ref().map_or(first.heads, |h| h.len());
+    let expected = first.config.lengths.len()
+        * first.config.windows
+        * heads
+        * first.config.methods.len()
+        * first.config.features.len();
+    let mut manifest = first.clone();
+    manifest.shard = None;
+    manifest.trials = rows.len();
+    manifest.status = if rows.len() == expected {
+        "complete".into()
+    } else {
+        "partial".into()
+    };
+    manifest.finished = manifests.iter().filter_map(|m| m.finished.clone()).max();
+    manifest.started = manifests
+        .iter()
+        .map(|m| m.started.clone())
+        .min()
+        .unwrap_or_default();
+    manifest.command = std::env::args().collect();
+    manifest.write(out)?;
+    if rows.len() != expected {
+        eprintln!("warning: merged {} of the {expected} trials of the configuration; some shards are missing or incomplete", rows.len());
+    }
+    Ok(SweepOutcome {
+        out: out.to_path_buf(),
+        summary: summary_rows,
+        new_trials: 0,
+        total_trials: rows.len(),
+    })
+}
