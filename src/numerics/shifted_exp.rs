@@ -12,12 +12,15 @@
 //! so that it vectorises; its error is ≤ 2 ulp over the whole range (tested against f64), the same
 //! order as the f32 rounding of the scores themselves. No fused multiply-add is used, so the
 //! result does not depend on the CPU's instruction set.
+//!
+//! With one global shift, for Skyformer's float64 kernel blocks: x ← exp(x − c) in place, with
+//! libm's exp (the same bits as candle's ops, without their two fresh buffers).
 
 use candle_core::{CpuStorage, DType, InplaceOp1, Layout, Tensor};
 use rayon::prelude::*;
 
 const LOG2E: f32 = std::f32::consts::LOG2_E;
-/// ln 2 split in two (Cody–Waite): C1 has few mantissa bits, so n·C1 is exact for |n| ≤ 128.
+/// ln 2 split in two (Cody–Waite): LN2_HI has few mantissa bits, so n·LN2_HI is exact for |n| ≤ 128.
 const LN2_HI: f32 = 0.693_359_4;
 const LN2_LO: f32 = -2.121_944_4e-4;
 /// Below this exp(x) is under f32's smallest normal (2⁻¹²⁶); the result is flushed to 0, which
