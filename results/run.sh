@@ -14,6 +14,9 @@ for fig in skyformer skeinformer; do
   $BIN --figure $fig "${PRE[@]}" --windows 64 --out results/$fig-fig1/pretrained-minilm --quiet
   $BIN plot --from results/$fig-fig1/initialized --from results/$fig-fig1/pretrained-minilm --out results/$fig-fig1
   rm -f results/$fig-fig1/*/*.png
+  # The same figure with each point the median trial (Skyformer's pretrained curves are heavy-tailed).
+  $BIN plot --from results/$fig-fig1/initialized --from results/$fig-fig1/pretrained-minilm --out results/$fig-fig1/median --statistic median
+  mv results/$fig-fig1/median/$fig-fig1-median.png results/$fig-fig1/ && rm -rf results/$fig-fig1/median
   other=$([ $fig = skyformer ] && echo skeinformer || echo skyformer)
   rm -f results/$fig-fig1/$other-fig1.png   # the other paper's figure from this data is partial
 done

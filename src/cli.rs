@@ -225,6 +225,10 @@ pub struct PlotArgs {
     /// Where the PNGs go (default: the first --from directory).
     #[arg(long)]
     pub out: Option<PathBuf>,
+    /// What the points show: `mean` ± 1 standard error (the papers' figures), or the `median` of
+    /// the trials without bars (files get a `-median` suffix), for methods with a few wild trials.
+    #[arg(long, value_enum, default_value_t = crate::report::figures::Statistic::Mean)]
+    pub statistic: crate::report::figures::Statistic,
 }
 
 #[derive(Debug, Clone, Args)]

@@ -90,7 +90,7 @@ fn run(cli: Cli) -> anyhow::Result<i32> {
                 }
                 None => first.clone(),
             };
-            let written = figures::draw_all(&runs, &out)?;
+            let written = figures::draw_all(&runs, &out, a.statistic)?;
             if written.is_empty() {
                 return Err(approx_bench::usage!(
                     "nothing to draw: no finite mean in {}",

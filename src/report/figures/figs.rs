@@ -5,6 +5,7 @@ use std::collections::BTreeSet;
 use super::axis::{Axis, Scale, TickFormat};
 use super::draw::{Figure, LegendItem, Panel, Point, Series};
 use super::style::{self, Marker, SeriesStyle};
+use super::Statistic;
 use super::{
     grid, lengths_of, skeinformer_panels, skyformer_panels, SKEINFORMER_METHODS, SKYFORMER_METHODS,
 };
@@ -143,7 +144,7 @@ impl Tally {
             .map(|m| LegendItem::Series(style::method_label(m), style_of(m)))
             .collect();
         if self.nonfinite {
-            items.push(LegendItem::Ring("flagged trials: non-finite rows or an estimated normalizer ≤ 0 (number beside the ring; non-finite ones excluded from the mean)".into()));
+            items.push(LegendItem::Ring("flagged trials: non-finite rows or an estimated normalizer ≤ 0 (number beside the ring; non-finite trials are left out of every statistic)".into()));
         }
         items
     }
@@ -209,6 +210,7 @@ fn paper_figure(
     style_of: fn(&str) -> Option<SeriesStyle>,
     y_scale: Scale,
     name: &str,
+    stat: Statistic,
 ) -> Option<Figure> {
     if panels.is_empty() {
         return None;
@@ -249,7 +251,8 @@ fn paper_figure(
         title: format!("{name} Fig. 1 reproduction: ‖O − Ô‖₂ against exact softmax attention"),
         legend: tally.legend(&methods, &style_of),
         notes: tally.notes(format!(
-            "Mean ± 1 standard error over {}; x: d on log₂ spacing; {scale}.",
+            "{} over {}; x: d on log₂ spacing; {scale}.",
+            stat.lead(),
             tally.trials_text()
         )),
         cols,
@@ -260,7 +263,7 @@ fn paper_figure(
     })
 }
 
-pub fn skyformer(rows: &[SummaryRow]) -> Option<Figure> {
+pub fn skyformer(rows: &[SummaryRow], stat: Statistic) -> Option<Figure> {
     let panels = skyformer_panels(rows);
     paper_figure(
         rows,
@@ -270,10 +273,11 @@ pub fn skyformer(rows: &[SummaryRow]) -> Option<Figure> {
         style::skyformer_style,
         Scale::Linear,
         "Skyformer",
+        stat,
     )
 }
 
-pub fn skeinformer(rows: &[SummaryRow]) -> Option<Figure> {
+pub fn skeinformer(rows: &[SummaryRow], stat: Statistic) -> Option<Figure> {
     let panels = skeinformer_panels(rows);
     paper_figure(
         rows,
@@ -283,6 +287,7 @@ pub fn skeinformer(rows: &[SummaryRow]) -> Option<Figure> {
         style::skeinformer_style,
         Scale::Log10,
         "Skeinformer",
+        stat,
     )
 }
 
@@ -318,7 +323,7 @@ fn all_styles(methods: &[String], marker_for_floor: bool) -> impl Fn(&str) -> Se
     }
 }
 
-pub fn all_methods(rows: &[SummaryRow], model: &str) -> Option<Figure> {
+pub fn all_methods(rows: &[SummaryRow], model: &str, stat: Statistic) -> Option<Figure> {
     let ns = lengths_of(rows, model);
     if ns.is_empty() {
         return None;
@@ -348,7 +353,8 @@ pub fn all_methods(rows: &[SummaryRow], model: &str) -> Option<Figure> {
         title: format!("All methods, {model}: ‖O − Ô‖₂ against exact softmax attention"),
         legend: tally.legend(&[], &style_of),
         notes: tally.notes(format!(
-            "Mean ± 1 standard error over {}; x: d on log₂ spacing; log y.{}",
+            "{} over {}; x: d on log₂ spacing; log y.{}",
+            stat.lead(),
             tally.trials_text(),
             if has_floor {
                 " Thick grey: the best rank-d approximation (SVD), a floor for every method."
@@ -364,7 +370,7 @@ pub fn all_methods(rows: &[SummaryRow], model: &str) -> Option<Figure> {
     })
 }
 
-pub fn accuracy_cost(rows: &[SummaryRow], model: &str) -> Option<Figure> {
+pub fn accuracy_cost(rows: &[SummaryRow], model: &str, stat: Statistic) -> Option<Figure> {
     let ns = lengths_of(rows, model);
     if ns.is_empty() {
         return None;
@@ -412,7 +418,8 @@ pub fn accuracy_cost(rows: &[SummaryRow], model: &str) -> Option<Figure> {
         title: format!("Accuracy against cost, {model}: ‖O − Ô‖₂ per method across d"),
         legend: tally.legend(&[], &style_of),
         notes: tally.notes(format!(
-            "One point per d, joined in order of d; mean ± 1 standard error over {}; log–log axes.",
+            "One point per d, joined in order of d; {} over {}; log–log axes.",
+            stat.lead().to_lowercase(),
             tally.trials_text()
         )),
         cols: 2,

@@ -90,27 +90,72 @@ pub fn load_run(dir: &Path) -> Result<RunData> {
 /// Loads the run in `out_dir` and draws its figures into it.
 pub fn draw_after_sweep(out_dir: &Path) -> Result<Vec<PathBuf>> {
     let run = load_run(out_dir)?;
-    draw_all(&[run], out_dir)
+    draw_all(&[run], out_dir, Statistic::Mean)
+}
+
+/// What a figure's points show.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, clap::ValueEnum)]
+pub enum Statistic {
+    /// Mean ± 1 standard error (the papers' figures).
+    #[default]
+    Mean,
+    /// The median of the finite trials, without error bars: the typical trial where a few trials
+    /// are wild (summary.csv's `median` column).
+    Median,
+}
+
+impl Statistic {
+    /// The caption's opening words.
+    pub fn lead(self) -> &'static str {
+        match self {
+            Self::Mean => "Mean ± 1 standard error",
+            Self::Median => "Median (no error bars)",
+        }
+    }
+
+    /// The rows with the plotted value in `mean` and its bar half-width in `stderr`.
+    fn apply(self, rows: Vec<SummaryRow>) -> Vec<SummaryRow> {
+        match self {
+            Self::Mean => rows,
+            Self::Median => rows
+                .into_iter()
+                .map(|r| SummaryRow {
+                    mean: r.median,
+                    stderr: f64::NAN,
+                    ..r
+                })
+                .collect(),
+        }
+    }
+
+    /// File-name suffix, so that median figures sit beside the mean ones.
+    fn suffix(self) -> &'static str {
+        match self {
+            Self::Mean => "",
+            Self::Median => "-median",
+        }
+    }
 }
 
 /// Draws every figure there is data for into `out_dir` (created if missing); returns the paths.
 /// Rows of several runs are combined; where two runs hold the same (model, n, method, d) the
-/// earlier run wins.
-pub fn draw_all(runs: &[RunData], out_dir: &Path) -> Result<Vec<PathBuf>> {
-    let rows = combine(runs);
+/// earlier run wins. `stat` picks what the points show (median figures get a `-median` suffix).
+pub fn draw_all(runs: &[RunData], out_dir: &Path, stat: Statistic) -> Result<Vec<PathBuf>> {
+    let rows = stat.apply(combine(runs));
+    let sfx = stat.suffix();
     let mut figures: Vec<(String, Figure)> = vec![];
-    if let Some(f) = figs::skyformer(&rows) {
-        figures.push(("skyformer-fig1.png".into(), f));
+    if let Some(f) = figs::skyformer(&rows, stat) {
+        figures.push((format!("skyformer-fig1{sfx}.png"), f));
     }
-    if let Some(f) = figs::skeinformer(&rows) {
-        figures.push(("skeinformer-fig1.png".into(), f));
+    if let Some(f) = figs::skeinformer(&rows, stat) {
+        figures.push((format!("skeinformer-fig1{sfx}.png"), f));
     }
     for model in models(&rows) {
-        if let Some(f) = figs::all_methods(&rows, &model) {
-            figures.push((format!("all-methods-{}.png", slug(&model)), f));
+        if let Some(f) = figs::all_methods(&rows, &model, stat) {
+            figures.push((format!("all-methods-{}{sfx}.png", slug(&model)), f));
         }
-        if let Some(f) = figs::accuracy_cost(&rows, &model) {
-            figures.push((format!("accuracy-cost-{}.png", slug(&model)), f));
+        if let Some(f) = figs::accuracy_cost(&rows, &model, stat) {
+            figures.push((format!("accuracy-cost-{}{sfx}.png", slug(&model)), f));
         }
     }
     if figures.is_empty() {

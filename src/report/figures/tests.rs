@@ -94,7 +94,7 @@ fn draws_every_figure_with_the_expected_size() {
     let rows = synthetic();
     let run = RunData::new("bert-base-cased", rows.clone());
     let out = dir.path().join("figs");
-    let written = draw_all(&[run], &out).unwrap();
+    let written = draw_all(&[run], &out, Statistic::Mean).unwrap();
     assert_eq!(
         names(&written),
         [
@@ -107,20 +107,20 @@ fn draws_every_figure_with_the_expected_size() {
         ]
     );
     // Skyformer: 2 rows × 3 columns (512, 1024, 4096) of 460 px + margins.
-    let sky = figs::skyformer(&rows).unwrap();
+    let sky = figs::skyformer(&rows, Statistic::Mean).unwrap();
     assert_eq!((sky.rows(), sky.cols), (2, 3));
     assert_eq!(png_size(&written[0]), sky.size());
     assert_eq!(sky.size().0, 3 * 460 + 2 * draw::MARGIN);
     // Skeinformer: 1 × 4.
-    let skein = figs::skeinformer(&rows).unwrap();
+    let skein = figs::skeinformer(&rows, Statistic::Mean).unwrap();
     assert_eq!((skein.rows(), skein.cols), (1, 4));
     assert_eq!(png_size(&written[1]), skein.size());
     assert_eq!(skein.size().0, 4 * 460 + 2 * draw::MARGIN);
     // All methods: 3 lengths in 2 columns → 2 rows; accuracy-cost: one row of 2 panels per n.
-    let all = figs::all_methods(&rows, "initialized").unwrap();
+    let all = figs::all_methods(&rows, "initialized", Statistic::Mean).unwrap();
     assert_eq!((all.rows(), all.cols), (2, 2));
     assert_eq!(png_size(&written[2]), all.size());
-    let ac = figs::accuracy_cost(&rows, "initialized").unwrap();
+    let ac = figs::accuracy_cost(&rows, "initialized", Statistic::Mean).unwrap();
     assert_eq!((ac.rows(), ac.cols), (3, 2));
     assert_eq!(png_size(&written[3]), ac.size());
     for p in &written {
@@ -140,8 +140,8 @@ fn one_row_is_one_panel_height_shorter_than_two() {
         .filter(|r| r.model == "initialized")
         .cloned()
         .collect();
-    let both = figs::skyformer(&rows).unwrap();
-    let one = figs::skyformer(&init).unwrap();
+    let both = figs::skyformer(&rows, Statistic::Mean).unwrap();
+    let one = figs::skyformer(&init, Statistic::Mean).unwrap();
     assert_eq!(one.rows(), 1);
     assert_eq!(one.size().0, both.size().0);
     assert_eq!(both.size().1 - one.size().1, both.panel_h);
@@ -182,7 +182,7 @@ fn skyformer_panels_follow_the_data() {
     let (models, ns) = grid(&p);
     assert_eq!(models, ["initialized", "pretrained"]);
     assert_eq!(ns, [1024, 2048, 4096]);
-    let f = figs::skyformer(&rows).unwrap();
+    let f = figs::skyformer(&rows, Statistic::Mean).unwrap();
     let present: Vec<bool> = f.cells.iter().map(Option::is_some).collect();
     assert_eq!(present, [true, false, true, false, true, false]);
     assert_eq!(f.empty_titles[1], "initialized n=2048");
@@ -213,7 +213,7 @@ fn skeinformer_panels_in_paper_order() {
     assert_eq!(p, want);
     // Skyformer's methods are absent: no Skyformer figure.
     assert!(skyformer_panels(&rows).is_empty());
-    assert!(figs::skyformer(&rows).is_none());
+    assert!(figs::skyformer(&rows, Statistic::Mean).is_none());
 }
 
 #[test]
@@ -242,7 +242,7 @@ fn stand_in_models_are_named_in_titles() {
     let mut mini = RunData::new("all-MiniLM-L6-v2", rows.clone());
     mini.embeddings_from = Some("pretrained".into());
     let combined = combine(&[mini, RunData::new("bert-base-cased", rows)]);
-    let f = figs::skyformer(&combined).unwrap();
+    let f = figs::skyformer(&combined, Statistic::Mean).unwrap();
     let titles: Vec<String> = f.cells.iter().flatten().map(|p| p.title.clone()).collect();
     assert_eq!(
         titles,
@@ -257,7 +257,7 @@ fn stand_in_models_are_named_in_titles() {
 #[test]
 fn nan_means_are_skipped_and_nonfinite_points_flagged() {
     let rows = synthetic();
-    let f = figs::all_methods(&rows, "initialized").unwrap();
+    let f = figs::all_methods(&rows, "initialized", Statistic::Mean).unwrap();
     let p1024 = f.cells[1].as_ref().unwrap();
     assert_eq!(p1024.title, "initialized n=1024");
     assert!(p1024.y.lo > 0.0);
@@ -288,7 +288,7 @@ fn nan_means_are_skipped_and_nonfinite_points_flagged() {
         .map(|&d| row("initialized", 1024, "informer", d, 2.0 + d as f64 / 256.0))
         .collect();
     rows.push(row("initialized", 1024, "skyformer", 16, f64::NAN));
-    let sky = figs::skyformer(&rows).unwrap();
+    let sky = figs::skyformer(&rows, Statistic::Mean).unwrap();
     let p = sky.cells[0].as_ref().unwrap();
     assert!(p.y.lo > 1.5, "y axis starts at {}", p.y.lo);
     // A figure without non-finite trials has no ring in its legend.
@@ -301,7 +301,7 @@ fn nan_means_are_skipped_and_nonfinite_points_flagged() {
 #[test]
 fn text_renders_with_the_embedded_font() {
     let rows = synthetic();
-    let f: Figure = figs::skeinformer(&rows).unwrap();
+    let f: Figure = figs::skeinformer(&rows, Statistic::Mean).unwrap();
     let (w, h) = f.size();
     let mut buf = vec![255u8; (w * h * 3) as usize];
     {
@@ -341,7 +341,8 @@ fn load_run_reads_a_dir_or_a_bare_summary() {
     let nan = vec![row("initialized", 1024, "informer", 16, f64::NAN)];
     assert!(draw_all(
         &[RunData::new("bert-base-cased", nan)],
-        &dir.path().join("x")
+        &dir.path().join("x"),
+        Statistic::Mean
     )
     .unwrap()
     .is_empty());
@@ -366,11 +367,58 @@ fn long_panel_titles_wrap_before_n() {
         .iter()
         .map(|&d| row("initialized", 1024, "informer", d, 2.0))
         .collect();
-    let short = figs::skyformer(&rows).unwrap();
+    let short = figs::skyformer(&rows, Statistic::Mean).unwrap();
     let mut run = RunData::new("all-MiniLM-L6-v2", rows);
     run.embeddings_from = Some("pretrained".into());
-    let wrapped = figs::skyformer(&combine(&[run])).unwrap();
+    let wrapped = figs::skyformer(&combine(&[run]), Statistic::Mean).unwrap();
     assert_eq!(wrapped.cells[0].as_ref().unwrap().title, long);
     assert_eq!(wrapped.size().0, short.size().0);
     let _ = (short, wrapped);
+}
+
+#[test]
+fn median_figures_plot_the_median_column_without_bars_beside_the_mean_ones() {
+    let rows: Vec<SummaryRow> = synthetic()
+        .into_iter()
+        .map(|r| SummaryRow {
+            median: r.mean * 0.5,
+            ..r
+        })
+        .collect();
+    let med = Statistic::Median.apply(rows.clone());
+    assert!(med
+        .iter()
+        .zip(&rows)
+        .all(|(m, r)| m.mean.to_bits() == r.median.to_bits() && m.stderr.is_nan() && m.d == r.d));
+    let f = figs::skyformer(&med, Statistic::Median).unwrap();
+    assert!(
+        f.notes[0].starts_with("Median (no error bars) over"),
+        "{}",
+        f.notes[0]
+    );
+    let dir = tempfile::tempdir().unwrap();
+    let run = RunData::new("bert-base-cased", rows);
+    let written = draw_all(&[run], dir.path(), Statistic::Median).unwrap();
+    assert!(!written.is_empty());
+    assert!(written.iter().all(|p| p
+        .file_stem()
+        .unwrap()
+        .to_str()
+        .unwrap()
+        .ends_with("-median")));
+    // Summaries from before the median column (NaN medians) have nothing to draw.
+    let old: Vec<SummaryRow> = synthetic()
+        .into_iter()
+        .map(|r| SummaryRow {
+            median: f64::NAN,
+            ..r
+        })
+        .collect();
+    let none = draw_all(
+        &[RunData::new("bert-base-cased", old)],
+        &dir.path().join("old"),
+        Statistic::Median,
+    )
+    .unwrap();
+    assert!(none.is_empty());
 }
