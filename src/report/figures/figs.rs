@@ -201,20 +201,33 @@ fn ds_of(rows: &[SummaryRow], keep: impl Fn(&SummaryRow) -> bool) -> Vec<usize> 
     ds.into_iter().collect()
 }
 
+/// What sets the two papers' Figure 1s apart.
+struct PaperSpec {
+    name: &'static str,
+    methods: &'static [&'static str],
+    style_of: fn(&str) -> Option<SeriesStyle>,
+    y_scale: Scale,
+    /// Models × lengths in a grid (Skyformer), or one row of panels (Skeinformer).
+    grid_layout: bool,
+}
+
 /// A paper figure: the given panels, its four methods in the paper's styles.
 fn paper_figure(
     rows: &[SummaryRow],
     panels: Vec<(String, usize)>,
-    grid_layout: bool,
-    methods: &[&str],
-    style_of: fn(&str) -> Option<SeriesStyle>,
-    y_scale: Scale,
-    name: &str,
+    spec: &PaperSpec,
     stat: Statistic,
 ) -> Option<Figure> {
     if panels.is_empty() {
         return None;
     }
+    let PaperSpec {
+        name,
+        methods,
+        style_of,
+        y_scale,
+        grid_layout,
+    } = *spec;
     let methods: Vec<String> = methods.iter().map(|s| s.to_string()).collect();
     let style_of = |m: &str| style_of(m).unwrap_or_else(|| style::all_methods_style(m, 0));
     let x_axis = Axis::features(&ds_of(rows, |r| {
@@ -265,30 +278,26 @@ fn paper_figure(
 
 pub fn skyformer(rows: &[SummaryRow], stat: Statistic) -> Option<Figure> {
     let panels = skyformer_panels(rows);
-    paper_figure(
-        rows,
-        panels,
-        true,
-        &SKYFORMER_METHODS,
-        style::skyformer_style,
-        Scale::Linear,
-        "Skyformer",
-        stat,
-    )
+    let spec = PaperSpec {
+        name: "Skyformer",
+        methods: &SKYFORMER_METHODS,
+        style_of: style::skyformer_style,
+        y_scale: Scale::Linear,
+        grid_layout: true,
+    };
+    paper_figure(rows, panels, &spec, stat)
 }
 
 pub fn skeinformer(rows: &[SummaryRow], stat: Statistic) -> Option<Figure> {
     let panels = skeinformer_panels(rows);
-    paper_figure(
-        rows,
-        panels,
-        false,
-        &SKEINFORMER_METHODS,
-        style::skeinformer_style,
-        Scale::Log10,
-        "Skeinformer",
-        stat,
-    )
+    let spec = PaperSpec {
+        name: "Skeinformer",
+        methods: &SKEINFORMER_METHODS,
+        style_of: style::skeinformer_style,
+        y_scale: Scale::Log10,
+        grid_layout: false,
+    };
+    paper_figure(rows, panels, &spec, stat)
 }
 
 /// Every method present for `model`, by legend order, with the floor (svd_optimal) first so
