@@ -60,6 +60,9 @@ mod tests {
     use rand::SeedableRng;
 
     use crate::attention::test_util::random_head as head;
+    use crate::attention::test_util::{
+        assert_all_finite, assert_seed_determines_output, in_f32, run_seeded,
+    };
 
     #[test]
     fn all_keys_is_exact() {
@@ -102,35 +105,14 @@ mod tests {
     #[test]
     fn seeded_reproducible_f32_agrees_and_finite() {
         let h64 = head(128, 16, 4, DType::F64);
-        let h32 = HeadInputs::new(
-            h64.q.to_dtype(DType::F32).unwrap(),
-            h64.k.to_dtype(DType::F32).unwrap(),
-            h64.v.to_dtype(DType::F32).unwrap(),
-        )
-        .unwrap();
-        let run = |h: &HeadInputs, seed| {
-            ColumnUniform
-                .approximate(h, 16, &mut TrialRng::seed_from_u64(seed))
+        let a = assert_seed_determines_output(&ColumnUniform, &h64, 16, 5).output;
+        let b = run_seeded(&ColumnUniform, &in_f32(&h64), 16, 5).output;
+        assert!(
+            error_norms(&a, &b.to_dtype(DType::F64).unwrap())
                 .unwrap()
-                .output
-        };
-        let a = run(&h64, 5);
-        assert_eq!(
-            a.to_vec2::<f64>().unwrap(),
-            run(&h64, 5).to_vec2::<f64>().unwrap()
+                .spectral
+                < 1e-5
         );
-        assert_ne!(
-            a.to_vec2::<f64>().unwrap(),
-            run(&h64, 6).to_vec2::<f64>().unwrap()
-        );
-        let b = run(&h32, 5).to_dtype(DType::F64).unwrap();
-        assert!(error_norms(&a, &b).unwrap().spectral < 1e-5);
-        assert!(b
-            .flatten_all()
-            .unwrap()
-            .to_vec1::<f64>()
-            .unwrap()
-            .iter()
-            .all(|x| x.is_finite()));
+        assert_all_finite(&b);
     }
 }

@@ -198,6 +198,9 @@ mod tests {
     use rand::SeedableRng;
 
     use crate::attention::test_util::random_head as head;
+    use crate::attention::test_util::{
+        assert_all_finite, assert_seed_determines_output, in_f32, run_seeded, vmean_error,
+    };
 
     #[test]
     fn factor_and_top_table() {
@@ -317,46 +320,17 @@ mod tests {
     #[test]
     fn seeded_reproducible_and_f32_agrees_with_f64() {
         let h64 = head(128, 16, 7, DType::F64);
-        let h32 = HeadInputs::new(
-            h64.q.to_dtype(DType::F32).unwrap(),
-            h64.k.to_dtype(DType::F32).unwrap(),
-            h64.v.to_dtype(DType::F32).unwrap(),
-        )
-        .unwrap();
         let m = Informer::log_factor();
-        let run = |h: &HeadInputs, seed| {
-            m.approximate(h, 16, &mut TrialRng::seed_from_u64(seed))
-                .unwrap()
-                .output
-        };
-        let a = run(&h64, 9);
-        assert_eq!(
-            a.to_vec2::<f64>().unwrap(),
-            run(&h64, 9).to_vec2::<f64>().unwrap()
-        );
-        assert_ne!(
-            a.to_vec2::<f64>().unwrap(),
-            run(&h64, 10).to_vec2::<f64>().unwrap()
-        );
-        let b = run(&h32, 9);
+        let a = assert_seed_determines_output(&m, &h64, 16, 9).output;
+        let b = run_seeded(&m, &in_f32(&h64), 16, 9).output;
         let diff = error_norms(&a, &b.to_dtype(DType::F64).unwrap())
             .unwrap()
             .spectral;
         assert!(diff < 1e-4, "f32 vs f64: {diff}");
-        let v: Vec<f32> = b.flatten_all().unwrap().to_vec1().unwrap();
-        assert!(v.iter().all(|x| x.is_finite()));
+        assert_all_finite(&b);
         // Error is below V-Mean's (the selected rows are exact), and positive.
         let err = error_norms(&h64.exact.output, &a).unwrap().spectral;
-        let vmean = error_norms(
-            &h64.exact.output,
-            &h64.v
-                .mean_keepdim(0)
-                .unwrap()
-                .broadcast_as((128, 16))
-                .unwrap(),
-        )
-        .unwrap()
-        .spectral;
+        let vmean = vmean_error(&h64);
         assert!(err > 0.0 && err <= vmean + 1e-12, "{err} vs {vmean}");
     }
 

@@ -143,6 +143,9 @@ mod tests {
     use rand::SeedableRng;
 
     use crate::attention::test_util::random_head as head;
+    use crate::attention::test_util::{
+        assert_all_finite, assert_seed_determines_output, in_f32, run_seeded,
+    };
 
     #[test]
     fn identity_projection_is_exact() {
@@ -208,42 +211,20 @@ mod tests {
     #[test]
     fn seeded_reproducible_f32_agrees_and_finite() {
         let h64 = head(128, 16, 6, DType::F64);
-        let h32 = HeadInputs::new(
-            h64.q.to_dtype(DType::F32).unwrap(),
-            h64.k.to_dtype(DType::F32).unwrap(),
-            h64.v.to_dtype(DType::F32).unwrap(),
-        )
-        .unwrap();
+        let h32 = in_f32(&h64);
         for m in [Linformer::reference(), Linformer::unreduced_jlt()] {
-            let run = |h: &HeadInputs, seed| {
-                m.approximate(h, 16, &mut TrialRng::seed_from_u64(seed))
-                    .unwrap()
-                    .output
-            };
-            let a = run(&h64, 7);
-            assert_eq!(
-                a.to_vec2::<f64>().unwrap(),
-                run(&h64, 7).to_vec2::<f64>().unwrap()
-            );
-            assert_ne!(
-                a.to_vec2::<f64>().unwrap(),
-                run(&h64, 8).to_vec2::<f64>().unwrap()
-            );
-            let b = run(&h32, 7).to_dtype(DType::F64).unwrap();
+            let a = assert_seed_determines_output(&m, &h64, 16, 7).output;
+            let b = run_seeded(&m, &h32, 16, 7).output;
             let scale = error_norms(&a, &a.zeros_like().unwrap()).unwrap().spectral;
-            let diff = error_norms(&a, &b).unwrap().spectral;
+            let diff = error_norms(&a, &b.to_dtype(DType::F64).unwrap())
+                .unwrap()
+                .spectral;
             assert!(
                 diff < 1e-5 * scale.max(1.0),
                 "{}: f32 vs f64 {diff}",
                 m.id()
             );
-            assert!(b
-                .flatten_all()
-                .unwrap()
-                .to_vec1::<f64>()
-                .unwrap()
-                .iter()
-                .all(|x| x.is_finite()));
+            assert_all_finite(&b);
         }
     }
 

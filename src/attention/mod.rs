@@ -186,7 +186,7 @@ pub(crate) mod test_util {
     use rand::SeedableRng;
     use rand_distr::{Distribution, StandardNormal};
 
-    use super::HeadInputs;
+    use super::{Approximation, HeadInputs, Method};
     use crate::numerics::sampling::{normal_values, TrialRng};
     use crate::tensor_util::from_f64;
 
@@ -196,6 +196,67 @@ pub(crate) mod test_util {
             let z: f64 = StandardNormal.sample(rng);
             z * std
         })
+    }
+
+    /// The same head with Q, K, V in f32 (its exact target recomputed in f32).
+    pub fn in_f32(h: &HeadInputs) -> HeadInputs {
+        let f = |t: &candle_core::Tensor| t.to_dtype(DType::F32).unwrap();
+        HeadInputs::new(f(&h.q), f(&h.k), f(&h.v)).unwrap()
+    }
+
+    /// `m` at d with the trial generator seeded by `seed`.
+    pub fn run_seeded(m: &dyn Method, h: &HeadInputs, d: usize, seed: u64) -> Approximation {
+        m.approximate(h, d, &mut TrialRng::seed_from_u64(seed))
+            .unwrap()
+    }
+
+    /// A randomized method is a function of its seed: `seed` twice gives the same Ô, `seed + 1`
+    /// another. Returns the run for `seed`.
+    pub fn assert_seed_determines_output(
+        m: &dyn Method,
+        h: &HeadInputs,
+        d: usize,
+        seed: u64,
+    ) -> Approximation {
+        let rows = |a: &Approximation| {
+            a.output
+                .to_dtype(DType::F64)
+                .unwrap()
+                .to_vec2::<f64>()
+                .unwrap()
+        };
+        let a = run_seeded(m, h, d, seed);
+        assert_eq!(
+            rows(&a),
+            rows(&run_seeded(m, h, d, seed)),
+            "{} not reproducible",
+            m.id()
+        );
+        assert_ne!(
+            rows(&a),
+            rows(&run_seeded(m, h, d, seed + 1)),
+            "{} ignores the seed",
+            m.id()
+        );
+        a
+    }
+
+    /// Every entry of `t` is finite.
+    pub fn assert_all_finite(t: &candle_core::Tensor) {
+        let v = t.flatten_all().unwrap().to_dtype(DType::F64).unwrap();
+        assert!(v.to_vec1::<f64>().unwrap().iter().all(|x| x.is_finite()));
+    }
+
+    /// ‖O − Ô_V-Mean‖₂ of a head (every row of Ô the mean of V).
+    pub fn vmean_error(h: &HeadInputs) -> f64 {
+        let mean =
+            h.v.mean_keepdim(0)
+                .unwrap()
+                .broadcast_as(h.v.shape())
+                .unwrap();
+        crate::numerics::spectral::error_norms(&h.exact.output, &mean)
+            .unwrap()
+            .spectral
     }
 
     /// A head with iid N(0, 1) Q, K, V of shape [n, p] from `seed`.

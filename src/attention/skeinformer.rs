@@ -243,6 +243,9 @@ impl Method for Skeinformer {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::attention::test_util::{
+        assert_all_finite, assert_seed_determines_output, in_f32, run_seeded, vmean_error,
+    };
     use crate::numerics::sampling::normal_values;
     use crate::numerics::spectral::error_norms;
     use crate::tensor_util::from_f64;
@@ -458,43 +461,15 @@ mod tests {
     #[test]
     fn cap_normalizer_reproducibility_and_dtypes() {
         let h64 = head(128, 16, 8, 1.0, DType::F64);
-        let h32 = HeadInputs::new(
-            h64.q.to_dtype(DType::F32).unwrap(),
-            h64.k.to_dtype(DType::F32).unwrap(),
-            h64.v.to_dtype(DType::F32).unwrap(),
-        )
-        .unwrap();
-        let vmean = error_norms(
-            &h64.exact.output,
-            &h64.v
-                .mean_keepdim(0)
-                .unwrap()
-                .broadcast_as((128, 16))
-                .unwrap(),
-        )
-        .unwrap()
-        .spectral;
+        let h32 = in_f32(&h64);
+        let vmean = vmean_error(&h64);
         for variant in ALL {
             let m = Skeinformer::new(variant);
-            let go = |h: &HeadInputs, d, seed| {
-                m.approximate(h, d, &mut TrialRng::seed_from_u64(seed))
-                    .unwrap()
-            };
-            let a = go(&h64, 32, 9);
-            assert_eq!(
-                rows(&a.output),
-                rows(&go(&h64, 32, 9).output),
-                "{variant:?} not reproducible"
-            );
-            assert_ne!(
-                rows(&a.output),
-                rows(&go(&h64, 32, 10).output),
-                "{variant:?} ignores the seed"
-            );
-            let b = go(&h32, 32, 9);
+            let a = assert_seed_determines_output(&m, &h64, 32, 9);
+            let b = run_seeded(&m, &h32, 32, 9);
             let diff = error_norms(&a.output, &b.output).unwrap().spectral;
             assert!(diff < 1e-4, "{variant:?}: f32 vs f64 {diff}");
-            assert!(rows(&b.output).iter().flatten().all(|x| x.is_finite()));
+            assert_all_finite(&b.output);
             match &a.normalizer {
                 Some(dl) => assert!(
                     variant != SkeinVariant::NoNorm
