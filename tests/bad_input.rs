@@ -4,17 +4,6 @@ mod common;
 
 use common::*;
 
-fn expect_usage_error(args: &[&str], needle: &str) {
-    let o = run(args, &[]);
-    let e = stderr(&o);
-    assert_eq!(o.status.code(), Some(2), "{args:?}: {e}");
-    assert!(e.contains(needle), "{args:?}: expected «{needle}» in «{e}»");
-    assert!(
-        !e.contains("panicked") && !e.contains("RUST_BACKTRACE"),
-        "{e}"
-    );
-}
-
 /// The tiny-fixture sweep arguments, with `extra` flags replacing the defaults of the same name.
 fn with_tiny<'a>(model: &'a str, corpus: &'a str, out: &'a str, extra: &[&'a str]) -> Vec<&'a str> {
     let defaults = [
@@ -40,11 +29,7 @@ fn with_tiny<'a>(model: &'a str, corpus: &'a str, out: &'a str, extra: &[&'a str
 #[test]
 fn bad_flag_values() {
     let tmp = tempfile::tempdir().unwrap();
-    let model = tiny_model(&tmp.path().join("m"), false);
-    let (m, c) = (
-        model.to_str().unwrap().to_string(),
-        corpus_path().to_str().unwrap().to_string(),
-    );
+    let (m, c) = tiny_inputs(&tmp.path().join("m"), false);
     let o = tmp.path().join("o");
     let o = o.to_str().unwrap();
     expect_usage_error(
@@ -98,11 +83,7 @@ fn bad_flag_values() {
 #[test]
 fn bad_files() {
     let tmp = tempfile::tempdir().unwrap();
-    let model = tiny_model(&tmp.path().join("m"), false);
-    let (m, c) = (
-        model.to_str().unwrap().to_string(),
-        corpus_path().to_str().unwrap().to_string(),
-    );
+    let (m, c) = tiny_inputs(&tmp.path().join("m"), false);
     let o = tmp.path().join("o");
     let o = o.to_str().unwrap();
     let missing = tmp.path().join("missing").to_str().unwrap().to_string();

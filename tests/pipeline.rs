@@ -58,11 +58,7 @@ fn initialized_and_pretrained_runs_write_every_trial_with_finite_errors() {
 #[test]
 fn same_seed_gives_identical_rows_and_other_seed_differs_only_for_random_methods() {
     let tmp = tempfile::tempdir().unwrap();
-    let model = tiny_model(&tmp.path().join("m"), false);
-    let (m, c) = (
-        model.to_str().unwrap().to_string(),
-        corpus_path().to_str().unwrap().to_string(),
-    );
+    let (m, c) = tiny_inputs(&tmp.path().join("m"), false);
     let a = tmp.path().join("a");
     let b = tmp.path().join("b");
     for out in [&a, &b] {
@@ -80,11 +76,7 @@ fn same_seed_gives_identical_rows_and_other_seed_differs_only_for_random_methods
 #[test]
 fn resume_after_a_torn_write_gives_the_rows_of_an_uninterrupted_run() {
     let tmp = tempfile::tempdir().unwrap();
-    let model = tiny_model(&tmp.path().join("m"), false);
-    let (m, c) = (
-        model.to_str().unwrap().to_string(),
-        corpus_path().to_str().unwrap().to_string(),
-    );
+    let (m, c) = tiny_inputs(&tmp.path().join("m"), false);
     let full = tmp.path().join("full");
     let cut = tmp.path().join("cut");
     for out in [&full, &cut] {
@@ -116,22 +108,15 @@ fn resume_after_a_torn_write_gives_the_rows_of_an_uninterrupted_run() {
 #[test]
 fn a_different_configuration_in_an_existing_out_is_refused_with_the_difference() {
     let tmp = tempfile::tempdir().unwrap();
-    let model = tiny_model(&tmp.path().join("m"), false);
-    let (m, c) = (
-        model.to_str().unwrap().to_string(),
-        corpus_path().to_str().unwrap().to_string(),
-    );
+    let (m, c) = tiny_inputs(&tmp.path().join("m"), false);
     let out = tmp.path().join("o");
     let mut args = base_args(&m, &c, out.to_str().unwrap());
     args.extend(["--model", "initialized"]);
     assert!(run(&args, &[]).status.success());
     args.extend(["--seed", "3"]);
-    let o = run(&args, &[]);
-    assert_eq!(o.status.code(), Some(2));
-    assert!(
-        stderr(&o).contains("holds a run with another configuration (seed: 0 → 3)"),
-        "{}",
-        stderr(&o)
+    expect_usage_error(
+        &args,
+        "holds a run with another configuration (seed: 0 → 3)",
     );
     args.push("--force");
     assert!(run(&args, &[]).status.success());
@@ -277,11 +262,7 @@ fn dump_qkv_writes_the_windows_heads_and_token_ids() {
 #[test]
 fn deeper_layers_run_and_a_layer_beyond_the_model_is_refused() {
     let tmp = tempfile::tempdir().unwrap();
-    let model = tiny_model(&tmp.path().join("m"), true);
-    let (m, c) = (
-        model.to_str().unwrap().to_string(),
-        corpus_path().to_str().unwrap().to_string(),
-    );
+    let (m, c) = tiny_inputs(&tmp.path().join("m"), true);
     let out = tmp.path().join("l1");
     let mut args = base_args(&m, &c, out.to_str().unwrap());
     args.extend(["--model", "pretrained", "--layer", "1", "--lengths", "48"]);
@@ -290,23 +271,16 @@ fn deeper_layers_run_and_a_layer_beyond_the_model_is_refused() {
     let out2 = tmp.path().join("l2");
     let mut args = base_args(&m, &c, out2.to_str().unwrap());
     args.extend(["--model", "pretrained", "--layer", "2"]);
-    let o = run(&args, &[]);
-    assert_eq!(o.status.code(), Some(2));
-    assert!(
-        stderr(&o).contains("error: --layer 2 is beyond the model: it has 2 layers (0..=1)"),
-        "{}",
-        stderr(&o)
+    expect_usage_error(
+        &args,
+        "error: --layer 2 is beyond the model: it has 2 layers (0..=1)",
     );
 }
 
 #[test]
 fn shards_merge_into_the_rows_of_an_unsharded_run() {
     let tmp = tempfile::tempdir().unwrap();
-    let model = tiny_model(&tmp.path().join("m"), false);
-    let (m, c) = (
-        model.to_str().unwrap().to_string(),
-        corpus_path().to_str().unwrap().to_string(),
-    );
+    let (m, c) = tiny_inputs(&tmp.path().join("m"), false);
     let base = |out: &str| -> Vec<String> {
         [
             "--model",
@@ -370,23 +344,13 @@ fn shards_merge_into_the_rows_of_an_unsharded_run() {
     let bad = tmp.path().join("bad");
     let mut args = base_args(&m, &c, bad.to_str().unwrap());
     args.extend(["--model", "initialized", "--shard", "3/2"]);
-    let o = run(&args, &[]);
-    assert_eq!(o.status.code(), Some(2));
-    assert!(
-        stderr(&o).contains("--shard 3/2: expected K/N with 1 ≤ K ≤ N"),
-        "{}",
-        stderr(&o)
-    );
+    expect_usage_error(&args, "--shard 3/2: expected K/N with 1 ≤ K ≤ N");
 }
 
 #[test]
 fn a_sweep_killed_with_sigkill_resumes_to_exactly_the_rows_of_an_uninterrupted_run() {
     let tmp = tempfile::tempdir().unwrap();
-    let model = tiny_model(&tmp.path().join("m"), false);
-    let (m, c) = (
-        model.to_str().unwrap().to_string(),
-        corpus_path().to_str().unwrap().to_string(),
-    );
+    let (m, c) = tiny_inputs(&tmp.path().join("m"), false);
     let features: String = (1..=48)
         .map(|d| d.to_string())
         .collect::<Vec<_>>()
@@ -466,11 +430,7 @@ fn a_sweep_killed_with_sigkill_resumes_to_exactly_the_rows_of_an_uninterrupted_r
 #[test]
 fn rows_do_not_depend_on_the_number_of_threads() {
     let tmp = tempfile::tempdir().unwrap();
-    let model = tiny_model(&tmp.path().join("m"), false);
-    let (m, c) = (
-        model.to_str().unwrap().to_string(),
-        corpus_path().to_str().unwrap().to_string(),
-    );
+    let (m, c) = tiny_inputs(&tmp.path().join("m"), false);
     let mut outs = Vec::new();
     // RAYON_NUM_THREADS and --threads (which wins over it) both set the pool.
     for (env_threads, flag_threads) in [("1", None), ("2", None), ("1", Some("3"))] {
@@ -493,9 +453,7 @@ fn rows_do_not_depend_on_the_number_of_threads() {
 
 #[test]
 fn zero_threads_is_a_usage_error() {
-    let o = run(&["--threads", "0", "--quiet"], &[]);
-    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
-    assert!(stderr(&o).contains("--threads 0"), "{}", stderr(&o));
+    expect_usage_error(&["--threads", "0", "--quiet"], "--threads 0");
 }
 
 /// f32 is the default working dtype; every trial's error must agree with a float64 run of the
@@ -503,11 +461,7 @@ fn zero_threads_is_a_usage_error() {
 #[test]
 fn f32_errors_agree_with_a_float64_run() {
     let tmp = tempfile::tempdir().unwrap();
-    let model = tiny_model(&tmp.path().join("m"), false);
-    let (m, c) = (
-        model.to_str().unwrap().to_string(),
-        corpus_path().to_str().unwrap().to_string(),
-    );
+    let (m, c) = tiny_inputs(&tmp.path().join("m"), false);
     let mut errors = Vec::new();
     for dtype in ["f32", "f64"] {
         let out = tmp.path().join(dtype);

@@ -169,6 +169,28 @@ pub fn stderr(o: &Output) -> String {
     String::from_utf8_lossy(&o.stderr).into_owned()
 }
 
+/// Runs the CLI and expects a usage error (exit 2) whose message contains `needle`, with no panic.
+pub fn expect_usage_error(args: &[&str], needle: &str) {
+    let o = run(args, &[]);
+    let e = stderr(&o);
+    assert_eq!(o.status.code(), Some(2), "{args:?}: {e}");
+    assert!(e.contains(needle), "{args:?}: expected «{needle}» in «{e}»");
+    assert!(
+        !e.contains("panicked") && !e.contains("RUST_BACKTRACE"),
+        "{e}"
+    );
+}
+
+/// The tiny model written under `dir` (with or without pretrained weights) and the fixture
+/// corpus, as path strings for the command line.
+pub fn tiny_inputs(dir: &Path, with_weights: bool) -> (String, String) {
+    let model = tiny_model(dir, with_weights);
+    (
+        model.to_str().unwrap().to_string(),
+        corpus_path().to_str().unwrap().to_string(),
+    )
+}
+
 /// trials.csv rows without the timing column.
 pub fn rows_without_timing(path: &Path) -> Vec<String> {
     let text = std::fs::read_to_string(path).unwrap();
