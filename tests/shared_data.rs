@@ -62,16 +62,16 @@ fn heads_values(t: &Tensor, heads: &[usize]) -> Vec<f32> {
         .collect()
 }
 
+/// Q/K/V of all-MiniLM-L6-v2 from Hugging Face transformers (tests/reference/generate_minilm_qkv.py).
+fn hf_fixture() -> serde_json::Value {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures/hf_minilm_qkv.json");
+    serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap()
+}
+
 #[test]
 #[ignore = "needs ../shared/data"]
 fn minilm_qkv_matches_hugging_face_transformers() {
-    let fixture: serde_json::Value = serde_json::from_str(
-        &std::fs::read_to_string(
-            Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures/hf_minilm_qkv.json"),
-        )
-        .unwrap(),
-    )
-    .unwrap();
+    let fixture = hf_fixture();
     let dir = shared("all-MiniLM-L6-v2");
     let cfg = model::load_config(&dir.join("config.json")).unwrap();
     let ids: Vec<u32> = fixture["token_ids"]
@@ -116,13 +116,7 @@ fn minilm_qkv_matches_hugging_face_transformers() {
 #[test]
 #[ignore = "needs ../shared/data"]
 fn dump_qkv_of_minilm_matches_hugging_face_transformers() {
-    let fixture: serde_json::Value = serde_json::from_str(
-        &std::fs::read_to_string(
-            Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures/hf_minilm_qkv.json"),
-        )
-        .unwrap(),
-    )
-    .unwrap();
+    let fixture = hf_fixture();
     let tmp = tempfile::tempdir().unwrap();
     let text = tmp.path().join("text.raw");
     std::fs::write(
