@@ -6,9 +6,8 @@ use super::axis::{Axis, Scale, TickFormat};
 use super::draw::{Figure, LegendItem, Panel, Point, Series};
 use super::style::{self, Marker, SeriesStyle};
 use super::Statistic;
-use super::{
-    grid, lengths_of, skeinformer_panels, skyformer_panels, SKEINFORMER_METHODS, SKYFORMER_METHODS,
-};
+use super::{grid, lengths_of, skeinformer_panels, skyformer_panels};
+use crate::config::{SKEINFORMER_FIGURE, SKYFORMER_FIGURE};
 use crate::report::summary::SummaryRow;
 
 const X_FEATURES: &str = "number of features";
@@ -280,7 +279,7 @@ pub fn skyformer(rows: &[SummaryRow], stat: Statistic) -> Option<Figure> {
     let panels = skyformer_panels(rows);
     let spec = PaperSpec {
         name: "Skyformer",
-        methods: &SKYFORMER_METHODS,
+        methods: SKYFORMER_FIGURE,
         style_of: style::skyformer_style,
         y_scale: Scale::Linear,
         grid_layout: true,
@@ -292,7 +291,7 @@ pub fn skeinformer(rows: &[SummaryRow], stat: Statistic) -> Option<Figure> {
     let panels = skeinformer_panels(rows);
     let spec = PaperSpec {
         name: "Skeinformer",
-        methods: &SKEINFORMER_METHODS,
+        methods: SKEINFORMER_FIGURE,
         style_of: style::skeinformer_style,
         y_scale: Scale::Log10,
         grid_layout: false,

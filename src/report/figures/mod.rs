@@ -19,6 +19,7 @@ use anyhow::{Context, Result};
 
 use super::manifest::Manifest;
 use super::summary::{self, SummaryRow};
+use crate::config::{SKEINFORMER_FIGURE, SKYFORMER_FIGURE};
 
 mod axis;
 mod draw;
@@ -252,8 +253,6 @@ pub fn models(rows: &[SummaryRow]) -> Vec<String> {
 }
 
 pub const PAPER_LENGTHS: [usize; 4] = [512, 1024, 2048, 4096];
-pub const SKYFORMER_METHODS: [&str; 4] = ["skyformer", "nystromformer", "performer", "informer"];
-pub const SKEINFORMER_METHODS: [&str; 4] = ["skeinformer", "vmean", "informer", "linformer"];
 
 /// Whether any of `methods` has a finite mean at (model, n).
 fn has_data(rows: &[SummaryRow], model: &str, n: usize, methods: &[&str]) -> bool {
@@ -267,7 +266,7 @@ pub fn skyformer_panels(rows: &[SummaryRow]) -> Vec<(String, usize)> {
     models(rows)
         .into_iter()
         .flat_map(|m| PAPER_LENGTHS.iter().map(move |&n| (m.clone(), n)))
-        .filter(|(m, n)| has_data(rows, m, *n, &SKYFORMER_METHODS))
+        .filter(|(m, n)| has_data(rows, m, *n, SKYFORMER_FIGURE))
         .collect()
 }
 
@@ -277,7 +276,7 @@ pub fn skeinformer_panels(rows: &[SummaryRow]) -> Vec<(String, usize)> {
     models(rows)
         .into_iter()
         .flat_map(|m| [1024, 4096].into_iter().map(move |n| (m.clone(), n)))
-        .filter(|(m, n)| has_data(rows, m, *n, &SKEINFORMER_METHODS))
+        .filter(|(m, n)| has_data(rows, m, *n, SKEINFORMER_FIGURE))
         .collect()
 }
 

@@ -146,30 +146,13 @@ pub fn all_methods_style(method: &str, unknown_index: usize) -> SeriesStyle {
 
 /// The order in which legends list methods: the registry order, unknown ids last by name.
 pub fn method_rank(method: &str) -> (usize, String) {
-    const ORDER: &[&str] = &[
-        "skyformer",
-        "nystromformer",
-        "performer",
-        "informer",
-        "skeinformer",
-        "vmean",
-        "linformer",
-        "skyformer_iter",
-        "performer_favor",
-        "informer_mask",
-        "linformer_jlt",
-        "skein_uniform",
-        "skein_nonorm",
-        "skein_simplenorm",
-        "skein_nopilot",
-        "column_uniform",
-        "svd_optimal",
-    ];
+    static ORDER: std::sync::OnceLock<Vec<&'static str>> = std::sync::OnceLock::new();
+    let order = ORDER.get_or_init(crate::attention::method_ids);
     (
-        ORDER
+        order
             .iter()
             .position(|m| *m == method)
-            .unwrap_or(ORDER.len()),
+            .unwrap_or(order.len()),
         method.to_string(),
     )
 }
