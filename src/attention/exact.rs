@@ -54,45 +54,52 @@ pub fn scaled_operands(q: &Tensor, k: &Tensor) -> Result<(Tensor, Tensor)> {
 impl ExactAttention {
     pub fn compute(q: &Tensor, k: &Tensor, v: &Tensor) -> Result<Self> {
         let (qs, kt) = scaled_operands(q, k)?;
-        let output = map_score_blocks(&qs, &kt, |_, _, s| {
+        let p = v.dim(1)?;
+        let blocks = map_score_blocks(&qs, &kt, |_, _, s| {
             Ok(match shifted_exp_rows_in_place(&s)? {
-                // O_b = (E_b·V) / rowsum: the normalisation on n×p entries instead of n×n.
+                // O_b = (E_b·V) / rowsum: the normalisation on n×p entries instead of n×n; the row
+                // statistics give log D_i = m_i + log Σ_j exp(s_ij − m_i) (in f64) for free, as a
+                // last column, so no method pays a second pass over QKᵀ for it.
                 Some(stats) => {
-                    let sums = Tensor::from_iter(stats.iter().map(|&(_, z)| z as f32), s.device())?
+                    let dev = s.device();
+                    let sums = Tensor::from_iter(stats.iter().map(|&(_, z)| z as f32), dev)?
                         .unsqueeze(1)?;
-                    s.matmul(v)?.broadcast_div(&sums)?
+                    let log_d = Tensor::from_iter(
+                        stats.iter().map(|&(m, z)| (m as f64 + z.ln()) as f32),
+                        dev,
+                    )?
+                    .unsqueeze(1)?;
+                    Tensor::cat(&[s.matmul(v)?.broadcast_div(&sums)?, log_d], 1)?
                 }
                 // Max-shifted softmax, one allocation per block.
                 None => candle_nn::ops::softmax_last_dim(&s)?.matmul(v)?,
             })
         })?;
+        let log_rowsum = std::sync::OnceLock::new();
+        let output = if blocks.dim(1)? == p + 1 {
+            let _ = log_rowsum.set(blocks.narrow(1, p, 1)?.squeeze(1)?.contiguous()?);
+            blocks.narrow(1, 0, p)?.contiguous()?
+        } else {
+            blocks
+        };
         Ok(Self {
             output,
             q: qs,
             k: kt,
-            log_rowsum: std::sync::OnceLock::new(),
+            log_rowsum,
         })
     }
 
-    /// log D ([n]); computed on first use (only methods that divide by the exact D need it).
+    /// log D ([n]): from exact attention's own pass on the CPU in f32, otherwise computed on
+    /// first use (only methods that divide by the exact D need it).
     pub fn log_rowsum(&self) -> Result<&Tensor> {
         if let Some(t) = self.log_rowsum.get() {
             return Ok(t);
         }
         let t = map_score_blocks(&self.q, &self.k, |_, _, s| {
-            Ok(match shifted_exp_rows_in_place(&s)? {
-                // log D_i = m_i + log Σ_j exp(s_ij − m_i), formed in f64.
-                Some(stats) => Tensor::from_iter(
-                    stats.iter().map(|&(m, z)| (m as f64 + z.ln()) as f32),
-                    s.device(),
-                )?
-                .unsqueeze(1)?,
-                None => {
-                    let m = s.max_keepdim(D::Minus1)?;
-                    let z = s.broadcast_sub(&m)?.exp()?.sum_keepdim(D::Minus1)?;
-                    (m + z.log()?)?
-                }
-            })
+            let m = s.max_keepdim(D::Minus1)?;
+            let z = s.broadcast_sub(&m)?.exp()?.sum_keepdim(D::Minus1)?;
+            Ok((m + z.log()?)?)
         })?
         .squeeze(1)?;
         Ok(self.log_rowsum.get_or_init(|| t))
