@@ -11,6 +11,7 @@ pub mod attention;
 pub mod bench;
 pub mod cli;
 pub mod config;
+pub mod file_hash;
 pub mod inputs;
 pub mod numerics;
 pub mod report;

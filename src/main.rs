@@ -9,6 +9,7 @@ use approx_bench::{sweep, UsageError, EXIT_RUNTIME, EXIT_USAGE};
 fn run(cli: Cli) -> anyhow::Result<i32> {
     match cli.command {
         None => {
+            approx_bench::inputs::hub::allow_progress(!cli.sweep.quiet);
             let cfg = RunConfig::from_args(&cli.sweep)?;
             let opts = sweep::SweepOptions {
                 out: cli.sweep.out.clone(),

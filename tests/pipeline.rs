@@ -188,8 +188,12 @@ fn the_hub_cache_path_works_offline_and_matches_local_files() {
 }
 
 #[test]
-fn offline_without_cache_says_what_it_could_not_fetch_and_how_to_proceed() {
+fn an_unreachable_hub_without_cache_says_what_it_could_not_fetch_and_how_to_proceed() {
     let tmp = tempfile::tempdir().unwrap();
+    // Nothing listens there: a network failure (exit 1), not a usage error.
+    let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let endpoint = format!("http://{}", closed.local_addr().unwrap());
+    drop(closed);
     let t0 = std::time::Instant::now();
     let o = run(
         &[
@@ -206,13 +210,16 @@ fn offline_without_cache_says_what_it_could_not_fetch_and_how_to_proceed() {
             "--out",
             tmp.path().join("o").to_str().unwrap(),
         ],
-        &[("HF_HOME", tmp.path().to_str().unwrap())],
+        &[
+            ("HF_HOME", tmp.path().to_str().unwrap()),
+            ("HF_ENDPOINT", &endpoint),
+        ],
     );
     assert!(t0.elapsed().as_secs() < 10);
-    assert_eq!(o.status.code(), Some(2));
+    assert_eq!(o.status.code(), Some(1));
     let e = stderr(&o);
     assert!(
-        e.contains("cannot fetch config.json of bert-base-cased"),
+        e.contains("cannot fetch config.json of bert-base-cased") && e.contains(&endpoint),
         "{e}"
     );
     assert!(

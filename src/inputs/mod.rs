@@ -42,12 +42,15 @@ impl Prepared {
 pub fn prepare(inputs: &InputConfig) -> Result<Prepared> {
     let device = qkv::device(&inputs.device)?;
     let source = inputs.source();
-    let files = hub::model_files(&source, inputs.needs_pretrained_weights())?;
+    let files = hub::model_files(&source, inputs.needs_pretrained_weights(), hub::Hub::from_env)?;
     let config = model::load_config(&files.config)?;
     let tokenizer = corpus::load_tokenizer(&files.tokenizer)?;
     let corpus_path = match inputs.corpus.strip_prefix("file:") {
         Some(p) => PathBuf::from(p),
-        None => hub::wikitext_parquet(inputs.corpus.rsplit('/').next().unwrap_or("test"))?,
+        None => hub::wikitext_parquet(
+            &hub::Hub::from_env()?,
+            inputs.corpus.rsplit('/').next().unwrap_or("test"),
+        )?,
     };
     let corpus = corpus::tokenize(&corpus_path, &tokenizer, config.vocab_size)?;
     let from = |kind: ModelKind| match kind {

@@ -1,12 +1,10 @@
 //! manifest.json: the full configuration, crate versions, sha256 of every input file, and
 //! start/end times — what makes a run comparable and reproducible.
 
-use std::io::Read;
 use std::path::Path;
 
 use anyhow::{Context, Result};
 use serde::{Deserialize, Serialize};
-use sha2::{Digest, Sha256};
 
 use crate::config::RunConfig;
 
@@ -43,22 +41,8 @@ pub struct Manifest {
     pub shard: Option<crate::config::Shard>,
 }
 
-/// sha256 of a file, streamed.
-pub fn sha256_file(path: &Path) -> Result<(String, u64)> {
-    let mut f = std::fs::File::open(path).with_context(|| format!("hashing {}", path.display()))?;
-    let mut h = Sha256::new();
-    let mut buf = vec![0u8; 1 << 20];
-    let mut total = 0u64;
-    loop {
-        let k = f.read(&mut buf)?;
-        if k == 0 {
-            break;
-        }
-        total += k as u64;
-        h.update(&buf[..k]);
-    }
-    Ok((format!("{:x}", h.finalize()), total))
-}
+/// sha256 of a file, streamed (memoized: the hub cache's verification hashed it already).
+pub use crate::file_hash::sha256_file;
 
 pub fn now() -> String {
     humantime::format_rfc3339_seconds(std::time::SystemTime::now()).to_string()

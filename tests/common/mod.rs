@@ -3,6 +3,8 @@
 
 #![allow(dead_code)]
 
+pub mod mock_hub;
+
 use std::collections::{BTreeSet, HashMap};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
@@ -157,11 +159,14 @@ pub fn write_weights(path: &Path, vocab: usize, prefix: &str) {
 pub fn run(args: &[&str], env: &[(&str, &str)]) -> Output {
     let mut c = Command::new(bin());
     c.args(args);
+    // Never touch the network from tests: a refused local port makes any download fail fast
+    // (a test may name its own loopback endpoint).
+    c.env("HF_ENDPOINT", "http://127.0.0.1:9");
+    c.env_remove("HF_TOKEN");
+    c.env_remove("HF_HUB_OFFLINE");
     for (k, v) in env {
         c.env(k, v);
     }
-    // Never touch the network from tests: a refused local port makes any download fail fast.
-    c.env("HF_ENDPOINT", "http://127.0.0.1:9");
     c.output().expect("run approx-bench")
 }
 
