@@ -39,8 +39,13 @@ impl TrialKey<'_> {
     }
 
     pub fn rng(&self) -> TrialRng {
-        TrialRng::seed_from_u64(self.derive_seed())
+        rng_from_seed(self.derive_seed())
     }
+}
+
+/// The generator of a trial whose derived seed (trials.csv's `seed` column) is `seed`.
+pub fn rng_from_seed(seed: u64) -> TrialRng {
+    TrialRng::seed_from_u64(seed)
 }
 
 /// A seed derived from a base seed and a label (for model initialization per tensor name, etc.).
