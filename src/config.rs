@@ -1,14 +1,21 @@
 //! The validated run configuration: the one place that knows defaults, method groups and what
 //! makes two runs comparable (everything here changes results; output paths and verbosity don't).
+//!
+//! A caller (the CLI, the Python package) states what it wants in plain option structs
+//! ([`InputOptions`], [`RunOptions`]); [`InputConfig::new`] and [`RunConfig::new`] validate them.
+
+use std::path::PathBuf;
 
 use anyhow::Result;
 use serde::{Deserialize, Serialize};
 
 use crate::attention;
-use crate::cli::{DtypeArg, FigurePreset, InputArgs, ModelKind, SweepArgs};
 use crate::inputs::hub::ModelSource;
-use crate::inputs::qkv::EmbeddingPolicy;
 use crate::usage;
+
+mod choices;
+pub(crate) use choices::choice;
+pub use choices::{Choice, Dtype, EmbeddingPolicy, FigurePreset, InitScheme, ModelKind};
 
 /// The methods of both papers' Figure 1 (Skyformer's four, Skeinformer's four; Informer is shared).
 pub const FIGURE_METHODS: &[&str] = &[
@@ -53,6 +60,47 @@ impl Shard {
     }
 }
 
+/// Model, corpus and Q/K/V options as a caller states them (the CLI's flags of the same names).
+#[derive(Debug, Clone, PartialEq)]
+pub struct InputOptions {
+    pub model: ModelKind,
+    /// Hugging Face model id (used when no `model_dir` is given).
+    pub model_id: String,
+    /// Hub revision of `model_id`.
+    pub revision: String,
+    /// Local model directory instead of the hub.
+    pub model_dir: Option<PathBuf>,
+    pub model_seed: u64,
+    pub init: InitScheme,
+    /// In [0, 1).
+    pub embedding_dropout: f64,
+    /// None: the same as `model`.
+    pub embeddings_from: Option<ModelKind>,
+    pub embedding: EmbeddingPolicy,
+    pub layer: usize,
+    /// Local corpus file instead of the hub dataset.
+    pub corpus: Option<PathBuf>,
+    /// Split of the hub dataset (used when no `corpus` is given).
+    pub split: String,
+    pub device: String,
+    pub dtype: Dtype,
+}
+
+/// Sweep options as a caller states them (the CLI's flags of the same names); lists are the
+/// flags' raw comma-separated items, None for the default (of `figure`, if given).
+#[derive(Debug, Clone, PartialEq)]
+pub struct RunOptions {
+    pub inputs: InputOptions,
+    pub figure: Option<FigurePreset>,
+    pub lengths: Option<Vec<String>>,
+    pub features: Option<Vec<String>>,
+    pub methods: Option<Vec<String>>,
+    pub windows: usize,
+    /// None = all heads.
+    pub heads: Option<Vec<usize>>,
+    pub seed: u64,
+}
+
 /// Validated input options.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct InputConfig {
@@ -66,9 +114,9 @@ pub struct InputConfig {
     /// `file:<path>` or `hub:Salesforce/wikitext/wikitext-2-raw-v1/<split>`.
     pub corpus: String,
     pub device: String,
-    pub dtype: DtypeArg,
+    pub dtype: Dtype,
     #[serde(default)]
-    pub init: crate::inputs::model::InitScheme,
+    pub init: InitScheme,
     #[serde(default)]
     pub embedding_dropout: f64,
 }
@@ -87,7 +135,7 @@ pub struct RunConfig {
 }
 
 impl InputConfig {
-    pub fn from_args(a: &InputArgs) -> Result<Self> {
+    pub fn new(a: &InputOptions) -> Result<Self> {
         if !(0.0..1.0).contains(&a.embedding_dropout) {
             return Err(usage!(
                 "--embedding-dropout {}: must be in [0, 1)",
@@ -157,10 +205,7 @@ impl InputConfig {
     }
 
     pub fn candle_dtype(&self) -> candle_core::DType {
-        match self.dtype {
-            DtypeArg::F32 => candle_core::DType::F32,
-            DtypeArg::F64 => candle_core::DType::F64,
-        }
+        self.dtype.candle()
     }
 }
 
@@ -222,7 +267,7 @@ pub fn parse_methods(values: &[String]) -> Result<Vec<String>> {
 }
 
 impl RunConfig {
-    pub fn from_args(a: &SweepArgs) -> Result<Self> {
+    pub fn new(a: &RunOptions) -> Result<Self> {
         let strings = |v: &[&str]| v.iter().map(|s| s.to_string()).collect::<Vec<_>>();
         let (def_lengths, def_methods) = match a.figure {
             Some(FigurePreset::Skyformer) => (
@@ -265,7 +310,7 @@ impl RunConfig {
             }
         }
         Ok(Self {
-            inputs: InputConfig::from_args(&a.inputs)?,
+            inputs: InputConfig::new(&a.inputs)?,
             lengths,
             features,
             methods,

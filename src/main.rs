@@ -3,13 +3,13 @@
 use clap::Parser;
 
 use approx_bench::cli::{Cli, Command};
-use approx_bench::config::{InputConfig, RunConfig};
+use approx_bench::config::{Choice, InputConfig, RunConfig};
 use approx_bench::{sweep, UsageError, EXIT_RUNTIME, EXIT_USAGE};
 
 fn run(cli: Cli) -> anyhow::Result<i32> {
     match cli.command {
         None => {
-            let cfg = RunConfig::from_args(&cli.sweep)?;
+            let cfg = RunConfig::new(&cli.sweep.options())?;
             let opts = sweep::SweepOptions {
                 out: cli.sweep.out.clone(),
                 force: cli.sweep.force,
@@ -43,7 +43,7 @@ fn run(cli: Cli) -> anyhow::Result<i32> {
             Ok(0)
         }
         Some(Command::Bench(a)) => {
-            let cfg = RunConfig::from_args(&a.sweep)?;
+            let cfg = RunConfig::new(&a.sweep.options())?;
             approx_bench::bench::run(&cfg, a.repeats.max(1))?;
             Ok(0)
         }
@@ -71,7 +71,7 @@ fn run(cli: Cli) -> anyhow::Result<i32> {
             Ok(0)
         }
         Some(Command::DumpQkv(a)) => {
-            let inputs = InputConfig::from_args(&a.inputs)?;
+            let inputs = InputConfig::new(&a.inputs.options())?;
             approx_bench::inputs::dump::dump_qkv(&inputs, a.length, a.window, &a.out)?;
             Ok(0)
         }

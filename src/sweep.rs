@@ -9,7 +9,7 @@ use anyhow::{Context, Result};
 use candle_core::DType;
 
 use crate::attention::{self, Approximation, HeadInputs};
-use crate::config::RunConfig;
+use crate::config::{Choice, RunConfig};
 use crate::inputs::{self, qkv};
 use crate::numerics::{sampling::TrialKey, spectral};
 use crate::report::manifest::{self, InputFile, Manifest};

@@ -13,8 +13,7 @@ use std::path::PathBuf;
 use anyhow::Result;
 use candle_core::Device;
 
-use crate::cli::ModelKind;
-use crate::config::InputConfig;
+use crate::config::{InputConfig, ModelKind};
 
 /// Everything a sweep or a dump needs, resolved and loaded once.
 pub struct Prepared {
