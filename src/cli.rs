@@ -10,6 +10,7 @@ use clap::{Args, Parser, Subcommand};
 use crate::config::{
     Choice, Dtype, EmbeddingPolicy, FigurePreset, InitScheme, InputOptions, ModelKind, RunOptions,
 };
+use crate::report::check::{Against, CheckOptions, CheckRequest};
 use crate::report::figures::Statistic;
 
 #[derive(Debug, Parser)]
@@ -273,6 +274,36 @@ impl SweepArgs {
             heads: self.heads.clone(),
             seed: self.seed,
         }
+    }
+}
+
+impl CheckArgs {
+    /// The library's check request; `command` is the command line, for a re-run's manifest.
+    pub fn request(&self, command: Vec<String>) -> anyhow::Result<CheckRequest> {
+        let against = match (&self.current, self.rerun) {
+            (Some(path), false) => Against::Current(path.clone()),
+            (None, true) => Against::Rerun {
+                out: self.out.clone(),
+            },
+            _ => {
+                return Err(crate::usage!(
+                    "give either --current DIR_OR_SUMMARY or --rerun"
+                ))
+            }
+        };
+        Ok(CheckRequest {
+            baseline: self.baseline.clone(),
+            against,
+            report: self.report.clone(),
+            options: CheckOptions {
+                alpha: self.alpha,
+                slack: self.slack,
+                two_sided: self.two_sided,
+                allow_config_change: self.allow_config_change,
+                exact: self.exact,
+            },
+            command,
+        })
     }
 }
 

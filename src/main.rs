@@ -106,7 +106,9 @@ fn run(cli: Cli) -> anyhow::Result<i32> {
             }
             Ok(0)
         }
-        Some(Command::Check(a)) => approx_bench::report::check::execute(&a),
+        Some(Command::Check(a)) => {
+            approx_bench::report::check::execute(&a.request(std::env::args().collect())?)
+        }
     }
 }
 
