@@ -1,5 +1,9 @@
 //! Command-line definitions. The sweep is the main job (no subcommand); subcommands redraw
 //! figures, check against a baseline, merge shards, dump one window's Q/K/V, and benchmark.
+//!
+//! This module belongs to the binary: the library never sees clap. Arguments become the library's
+//! plain configuration here (`InputArgs::options`, `SweepArgs::options`, `CheckArgs::request`),
+//! and the library's enums are read through [`ChoiceParser`].
 
 use std::ffi::OsStr;
 use std::path::PathBuf;
@@ -7,11 +11,11 @@ use std::path::PathBuf;
 use clap::builder::{PossibleValue, PossibleValuesParser, TypedValueParser};
 use clap::{Args, Parser, Subcommand};
 
-use crate::config::{
+use approx_bench::config::{
     Choice, Dtype, EmbeddingPolicy, FigurePreset, InitScheme, InputOptions, ModelKind, RunOptions,
 };
-use crate::report::check::{Against, CheckOptions, CheckRequest};
-use crate::report::figures::Statistic;
+use approx_bench::report::check::{Against, CheckOptions, CheckRequest};
+use approx_bench::report::figures::Statistic;
 
 #[derive(Debug, Parser)]
 #[command(
@@ -286,7 +290,7 @@ impl CheckArgs {
                 out: self.out.clone(),
             },
             _ => {
-                return Err(crate::usage!(
+                return Err(approx_bench::usage!(
                     "give either --current DIR_OR_SUMMARY or --rerun"
                 ))
             }

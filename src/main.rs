@@ -1,8 +1,10 @@
 //! approx-bench: parse the command line, run the job, print errors. The work lives in the library.
 
+mod cli;
+
 use clap::Parser;
 
-use approx_bench::cli::{Cli, Command};
+use cli::{Cli, Command};
 use approx_bench::config::{Choice, InputConfig, RunConfig};
 use approx_bench::{sweep, UsageError, EXIT_RUNTIME, EXIT_USAGE};
 
