@@ -238,7 +238,8 @@ pub struct CheckArgs {
     /// Demand trial-level equality of the error within 1e-12 relative (reproducibility check).
     #[arg(long)]
     pub exact: bool,
-    /// Markdown report (default: check.md in the current run directory; none when --current is a file).
+    /// Markdown report (default: check.md in --rerun's output directory, else in the working directory;
+    /// never in --baseline or --current).
     #[arg(long)]
     pub report: Option<PathBuf>,
 }

@@ -4,9 +4,9 @@ mod cli;
 
 use clap::Parser;
 
-use cli::{Cli, Command};
 use approx_bench::config::{Choice, InputConfig, RunConfig};
 use approx_bench::{sweep, UsageError, EXIT_RUNTIME, EXIT_USAGE};
+use cli::{Cli, Command};
 
 fn run(cli: Cli) -> anyhow::Result<i32> {
     match cli.command {

@@ -7,6 +7,9 @@ use anyhow::Result;
 use super::{check, load, render, CheckOptions};
 use crate::usage;
 
+/// The report's file name when no `--report` is given.
+const REPORT_FILE: &str = "check.md";
+
 /// What `approx-bench check` is asked to do (the CLI builds it from its flags).
 #[derive(Debug, Clone, PartialEq)]
 pub struct CheckRequest {
@@ -14,7 +17,8 @@ pub struct CheckRequest {
     pub baseline: PathBuf,
     /// The run to check.
     pub against: Against,
-    /// The markdown report's path; None for the default place.
+    /// The markdown report's path; None: `check.md` in the re-run's output directory, else in the
+    /// working directory (never in the baseline or the run checked).
     pub report: Option<PathBuf>,
     pub options: CheckOptions,
     /// The command line, recorded in a re-run's manifest.
@@ -36,8 +40,11 @@ pub enum Against {
 pub fn execute(req: &CheckRequest) -> Result<i32> {
     let opts = &req.options;
     let baseline = load(&req.baseline, "--baseline")?;
-    let current = match &req.against {
-        Against::Current(path) => load(path, "--current")?,
+    // The report goes where --report says, else into the re-run's own output directory, else into
+    // the working directory: never into the baseline or the run checked, which are inputs (a
+    // committed baseline must not gain a file).
+    let (current, report_dir) = match &req.against {
+        Against::Current(path) => (load(path, "--current")?, PathBuf::new()),
         Against::Rerun { out } => {
             let manifest = baseline.manifest.as_ref().ok_or_else(|| {
                 usage!(
@@ -68,20 +75,17 @@ pub fn execute(req: &CheckRequest) -> Result<i32> {
                 shard: None,
             };
             crate::sweep::run(&manifest.config, &sweep_opts)?;
-            load(&out, "--out")?
+            (load(&out, "--out")?, out)
         }
     };
     let report = check(&baseline, &current, opts)?;
     print!("{}", render::table(&report));
-    let report_path = match &req.report {
-        Some(p) => Some(p.clone()),
-        None if current.is_dir() => Some(current.path.join("check.md")),
-        None => None,
-    };
-    if let Some(p) = report_path {
-        std::fs::write(&p, render::markdown(&report))
-            .map_err(|e| usage!("--report {}: cannot write ({e})", p.display()))?;
-        eprintln!("report written to {}", p.display());
-    }
+    let p = req
+        .report
+        .clone()
+        .unwrap_or_else(|| report_dir.join(REPORT_FILE));
+    std::fs::write(&p, render::markdown(&report))
+        .map_err(|e| usage!("--report {}: cannot write ({e})", p.display()))?;
+    eprintln!("report written to {}", p.display());
     Ok(report.exit_code())
 }
