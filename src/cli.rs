@@ -1,11 +1,21 @@
 //! Command-line definitions. The sweep is the main job (no subcommand); subcommands redraw
 //! figures, check against a baseline, merge shards, dump one window's Q/K/V, and benchmark.
+//!
+//! This module belongs to the binary: the library never sees clap. Arguments become the library's
+//! plain configuration here (`InputArgs::options`, `SweepArgs::options`, `CheckArgs::request`),
+//! and the library's enums are read through [`ChoiceParser`].
 
+use std::ffi::OsStr;
 use std::path::PathBuf;
 
-use clap::{Args, Parser, Subcommand, ValueEnum};
+use clap::builder::{PossibleValue, PossibleValuesParser, TypedValueParser};
+use clap::{Args, Parser, Subcommand};
 
-use crate::inputs::qkv::EmbeddingPolicy;
+use approx_bench::config::{
+    Choice, Dtype, EmbeddingPolicy, FigurePreset, InitScheme, InputOptions, ModelKind, RunOptions,
+};
+use approx_bench::report::check::{Against, CheckOptions, CheckRequest};
+use approx_bench::report::figures::Statistic;
 
 #[derive(Debug, Parser)]
 #[command(
@@ -52,7 +62,7 @@ pub struct AnchorsArgs {
     #[arg(long, required = true)]
     pub from: Vec<PathBuf>,
     /// Only this model kind.
-    #[arg(long, value_enum)]
+    #[arg(long, value_parser = ChoiceParser::<ModelKind>::new())]
     pub model: Option<ModelKind>,
 }
 
@@ -65,36 +75,11 @@ pub struct BenchArgs {
     pub repeats: usize,
 }
 
-/// Which weights: the pretrained checkpoint, or a fresh Hugging Face-style initialization.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, serde::Serialize, serde::Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum ModelKind {
-    Pretrained,
-    Initialized,
-}
-
-impl ModelKind {
-    pub fn name(&self) -> &'static str {
-        match self {
-            Self::Pretrained => "pretrained",
-            Self::Initialized => "initialized",
-        }
-    }
-}
-
-/// Working dtype of the methods (Skyformer's kernel and core, and the metric, are always f64).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, serde::Serialize, serde::Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum DtypeArg {
-    F32,
-    F64,
-}
-
 /// Model, corpus and Q/K/V options shared by the sweep and `dump-qkv`.
 #[derive(Debug, Clone, Args)]
 pub struct InputArgs {
     /// Q/K/V weights: `pretrained` (needs model.safetensors) or `initialized` (HF init from --model-seed).
-    #[arg(long, value_enum, default_value = "pretrained")]
+    #[arg(long, value_parser = ChoiceParser::<ModelKind>::new(), default_value = "pretrained")]
     pub model: ModelKind,
     /// Hugging Face model id, fetched through the hub cache (HF_HOME).
     #[arg(long, default_value = "bert-base-cased")]
@@ -110,19 +95,19 @@ pub struct InputArgs {
     pub model_seed: u64,
     /// Initialization of Linear layers when initialized: `hf` (N(0, 0.02²), biases 0) or `pytorch`
     /// (nn.Linear's default kaiming-uniform, uniform biases).
-    #[arg(long, value_enum, default_value = "hf")]
-    pub init: crate::inputs::model::InitScheme,
+    #[arg(long, value_parser = ChoiceParser::<InitScheme>::new(), default_value = "hf")]
+    pub init: InitScheme,
     /// Dropout probability applied to the embedding output, as in a model left in training mode
     /// (seeded per window; 0 = eval mode).
     #[arg(long, default_value_t = 0.0)]
     pub embedding_dropout: f64,
     /// Source of the embedding tables; defaults to --model (METHODS.md §1.4 item 8).
-    #[arg(long, value_enum)]
+    #[arg(long, value_parser = ChoiceParser::<ModelKind>::new())]
     pub embeddings_from: Option<ModelKind>,
     /// How token ids become X. The default `word-pos-first` (positions for the first 512 tokens only) is
     /// the calibrated pipeline that reproduces both papers' initialized anchors (results/README.md);
     /// `word-pos` is METHODS.md §1.4's recommendation (positions modulo the table).
-    #[arg(long, value_enum, default_value = "word-pos-first")]
+    #[arg(long, value_parser = ChoiceParser::<EmbeddingPolicy>::new(), default_value = "word-pos-first")]
     pub embedding: EmbeddingPolicy,
     /// Encoder layer whose Q/K/V are measured (earlier layers run exactly over the window).
     #[arg(long, default_value_t = 0)]
@@ -137,8 +122,8 @@ pub struct InputArgs {
     #[arg(long, default_value = "cpu")]
     pub device: String,
     /// Working dtype of Q/K/V, exact attention and the methods (Skyformer's kernel and core, and the metric, use f64 regardless).
-    #[arg(long, value_enum, default_value = "f32")]
-    pub dtype: DtypeArg,
+    #[arg(long, value_parser = ChoiceParser::<Dtype>::new(), default_value = "f32")]
+    pub dtype: Dtype,
 }
 
 #[derive(Debug, Clone, Args)]
@@ -148,7 +133,7 @@ pub struct SweepArgs {
     /// Preset of a paper's Figure 1: sets --lengths, --methods and --features unless given.
     /// `skyformer`: n = 512..4096, skyformer/nystromformer/performer/informer; `skeinformer`: n = 1024, 4096,
     /// skeinformer/vmean/informer/linformer; both d = 8..256.
-    #[arg(long, value_enum)]
+    #[arg(long, value_parser = ChoiceParser::<FigurePreset>::new())]
     pub figure: Option<FigurePreset>,
     /// Sequence lengths n, comma-separated [default: 512,1024,2048,4096].
     #[arg(long, value_delimiter = ',')]
@@ -182,14 +167,6 @@ pub struct SweepArgs {
     /// identical to the same rows of an unsharded run. Combine shards with `approx-bench merge`.
     #[arg(long)]
     pub shard: Option<String>,
-}
-
-/// A paper's Figure 1 preset.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, serde::Serialize, serde::Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum FigurePreset {
-    Skyformer,
-    Skeinformer,
 }
 
 #[derive(Debug, Clone, Args)]
@@ -227,8 +204,8 @@ pub struct PlotArgs {
     pub out: Option<PathBuf>,
     /// What the points show: `mean` ± 1 standard error (the papers' figures), or the `median` of
     /// the trials without bars (files get a `-median` suffix), for methods with a few wild trials.
-    #[arg(long, value_enum, default_value_t = crate::report::figures::Statistic::Mean)]
-    pub statistic: crate::report::figures::Statistic,
+    #[arg(long, value_parser = ChoiceParser::<Statistic>::new(), default_value_t = Statistic::Mean)]
+    pub statistic: Statistic,
 }
 
 #[derive(Debug, Clone, Args)]
@@ -261,7 +238,131 @@ pub struct CheckArgs {
     /// Demand trial-level equality of the error within 1e-12 relative (reproducibility check).
     #[arg(long)]
     pub exact: bool,
-    /// Markdown report (default: check.md in the current run directory; none when --current is a file).
+    /// Markdown report (default: check.md in --rerun's output directory, else in the working directory;
+    /// never in --baseline or --current).
     #[arg(long)]
     pub report: Option<PathBuf>,
+}
+
+impl InputArgs {
+    /// The library's input options (validated by `InputConfig::new`).
+    pub fn options(&self) -> InputOptions {
+        InputOptions {
+            model: self.model,
+            model_id: self.model_id.clone(),
+            revision: self.revision.clone(),
+            model_dir: self.model_dir.clone(),
+            model_seed: self.model_seed,
+            init: self.init,
+            embedding_dropout: self.embedding_dropout,
+            embeddings_from: self.embeddings_from,
+            embedding: self.embedding,
+            layer: self.layer,
+            corpus: self.corpus.clone(),
+            split: self.split.clone(),
+            device: self.device.clone(),
+            dtype: self.dtype,
+        }
+    }
+}
+
+impl SweepArgs {
+    /// The library's sweep options (validated by `RunConfig::new`).
+    pub fn options(&self) -> RunOptions {
+        RunOptions {
+            inputs: self.inputs.options(),
+            figure: self.figure,
+            lengths: self.lengths.clone(),
+            features: self.features.clone(),
+            methods: self.methods.clone(),
+            windows: self.windows,
+            heads: self.heads.clone(),
+            seed: self.seed,
+            user_methods: Default::default(),
+        }
+    }
+}
+
+impl CheckArgs {
+    /// The library's check request; `command` is the command line, for a re-run's manifest.
+    pub fn request(&self, command: Vec<String>) -> anyhow::Result<CheckRequest> {
+        let against = match (&self.current, self.rerun) {
+            (Some(path), false) => Against::Current(path.clone()),
+            (None, true) => Against::Rerun {
+                out: self.out.clone(),
+            },
+            _ => {
+                return Err(approx_bench::usage!(
+                    "give either --current DIR_OR_SUMMARY or --rerun"
+                ))
+            }
+        };
+        Ok(CheckRequest {
+            baseline: self.baseline.clone(),
+            against,
+            report: self.report.clone(),
+            options: CheckOptions {
+                alpha: self.alpha,
+                slack: self.slack,
+                two_sided: self.two_sided,
+                allow_config_change: self.allow_config_change,
+                exact: self.exact,
+            },
+            command,
+        })
+    }
+}
+
+/// Clap's value parser for a library [`Choice`]: the values and their help as possible values,
+/// and clap's own error for any other, as `#[derive(ValueEnum)]` would give. The library's enums
+/// carry their names and help themselves, so no enum is declared twice.
+#[derive(Clone)]
+pub struct ChoiceParser<T>(std::marker::PhantomData<T>);
+
+impl<T: Choice> ChoiceParser<T> {
+    pub fn new() -> Self {
+        Self(std::marker::PhantomData)
+    }
+}
+
+impl<T: Choice> TypedValueParser for ChoiceParser<T> {
+    type Value = T;
+
+    fn parse_ref(
+        &self,
+        cmd: &clap::Command,
+        arg: Option<&clap::Arg>,
+        value: &std::ffi::OsStr,
+    ) -> Result<T, clap::Error> {
+        // A value that is not UTF-8 is refused as an invalid value (not as invalid UTF-8), like clap's
+        // enum parser does.
+        let value = value.to_string_lossy();
+        let all = self.possible_values().into_iter().flatten();
+        let name = PossibleValuesParser::new(all).parse_ref(cmd, arg, OsStr::new(&*value))?;
+        Ok(T::from_name(&name).expect("a possible value names a choice"))
+    }
+
+    fn possible_values(&self) -> Option<Box<dyn Iterator<Item = PossibleValue> + '_>> {
+        Some(Box::new(T::ALL.iter().map(|v| {
+            let value = PossibleValue::new(v.name());
+            match v.help() {
+                "" => value,
+                help => value.help(help),
+            }
+        })))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    /// The library's defaults (what the Python package uses) are the CLI's.
+    #[test]
+    fn the_flags_defaults_are_the_librarys() {
+        let cli = Cli::try_parse_from(["approx-bench"]).unwrap();
+        assert_eq!(cli.sweep.inputs.options(), InputOptions::default());
+        assert_eq!(cli.sweep.options(), RunOptions::default());
+    }
 }

@@ -1,14 +1,22 @@
 //! The validated run configuration: the one place that knows defaults, method groups and what
 //! makes two runs comparable (everything here changes results; output paths and verbosity don't).
+//!
+//! A caller (the CLI, the Python package) states what it wants in plain option structs
+//! ([`InputOptions`], [`RunOptions`]); [`InputConfig::new`] and [`RunConfig::new`] validate them.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
 
 use anyhow::Result;
 use serde::{Deserialize, Serialize};
 
 use crate::attention;
-use crate::cli::{DtypeArg, FigurePreset, InputArgs, ModelKind, SweepArgs};
 use crate::inputs::hub::ModelSource;
-use crate::inputs::qkv::EmbeddingPolicy;
 use crate::usage;
+
+mod choices;
+pub(crate) use choices::choice;
+pub use choices::{Choice, Dtype, EmbeddingPolicy, FigurePreset, InitScheme, ModelKind};
 
 /// The methods of both papers' Figure 1 (Skyformer's four, Skeinformer's four; Informer is shared).
 pub const FIGURE_METHODS: &[&str] = &[
@@ -53,6 +61,100 @@ impl Shard {
     }
 }
 
+/// Model, corpus and Q/K/V options as a caller states them (the CLI's flags of the same names).
+#[derive(Debug, Clone, PartialEq)]
+pub struct InputOptions {
+    pub model: ModelKind,
+    /// Hugging Face model id (used when no `model_dir` is given).
+    pub model_id: String,
+    /// Hub revision of `model_id`.
+    pub revision: String,
+    /// Local model directory instead of the hub.
+    pub model_dir: Option<PathBuf>,
+    pub model_seed: u64,
+    pub init: InitScheme,
+    /// In [0, 1).
+    pub embedding_dropout: f64,
+    /// None: the same as `model`.
+    pub embeddings_from: Option<ModelKind>,
+    pub embedding: EmbeddingPolicy,
+    pub layer: usize,
+    /// Local corpus file instead of the hub dataset.
+    pub corpus: Option<PathBuf>,
+    /// Split of the hub dataset (used when no `corpus` is given).
+    pub split: String,
+    pub device: String,
+    pub dtype: Dtype,
+}
+
+impl Default for InputOptions {
+    /// The CLI's defaults (a test in cli.rs holds the two together).
+    fn default() -> Self {
+        Self {
+            model: ModelKind::Pretrained,
+            model_id: "bert-base-cased".into(),
+            revision: "main".into(),
+            model_dir: None,
+            model_seed: 12345,
+            init: InitScheme::Hf,
+            embedding_dropout: 0.0,
+            embeddings_from: None,
+            embedding: EmbeddingPolicy::WordPosFirst,
+            layer: 0,
+            corpus: None,
+            split: "test".into(),
+            device: "cpu".into(),
+            dtype: Dtype::F32,
+        }
+    }
+}
+
+/// Sweep options as a caller states them (the CLI's flags of the same names); lists are the
+/// flags' raw comma-separated items, None for the default (of `figure`, if given).
+#[derive(Debug, Clone, PartialEq)]
+pub struct RunOptions {
+    pub inputs: InputOptions,
+    pub figure: Option<FigurePreset>,
+    pub lengths: Option<Vec<String>>,
+    pub features: Option<Vec<String>>,
+    pub methods: Option<Vec<String>>,
+    pub windows: usize,
+    /// None = all heads.
+    pub heads: Option<Vec<usize>>,
+    pub seed: u64,
+    /// The caller's own methods (e.g. Python functions), by the names `methods` uses for them.
+    pub user_methods: BTreeMap<String, UserMethod>,
+}
+
+impl Default for RunOptions {
+    /// The CLI's defaults: the default grid (or a figure's), 64 windows, seed 0.
+    fn default() -> Self {
+        Self {
+            inputs: InputOptions::default(),
+            figure: None,
+            lengths: None,
+            features: None,
+            methods: None,
+            windows: 64,
+            heads: None,
+            seed: 0,
+            user_methods: BTreeMap::new(),
+        }
+    }
+}
+
+/// Where a user's method comes from: it changes results, so it is part of the configuration
+/// (a resumed run with an edited function is refused like any other change).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct UserMethod {
+    /// The language and kind, e.g. "python function" or "score files".
+    pub kind: String,
+    /// Module and qualified name, or the directory the files came from.
+    pub origin: String,
+    /// sha256 of the function's source (or of the files).
+    pub sha256: String,
+}
+
 /// Validated input options.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct InputConfig {
@@ -66,9 +168,9 @@ pub struct InputConfig {
     /// `file:<path>` or `hub:Salesforce/wikitext/wikitext-2-raw-v1/<split>`.
     pub corpus: String,
     pub device: String,
-    pub dtype: DtypeArg,
+    pub dtype: Dtype,
     #[serde(default)]
-    pub init: crate::inputs::model::InitScheme,
+    pub init: InitScheme,
     #[serde(default)]
     pub embedding_dropout: f64,
 }
@@ -84,10 +186,13 @@ pub struct RunConfig {
     /// None = all heads.
     pub heads: Option<Vec<usize>>,
     pub seed: u64,
+    /// The user's methods among `methods` (absent from manifests of runs without any).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub user_methods: BTreeMap<String, UserMethod>,
 }
 
 impl InputConfig {
-    pub fn from_args(a: &InputArgs) -> Result<Self> {
+    pub fn new(a: &InputOptions) -> Result<Self> {
         if !(0.0..1.0).contains(&a.embedding_dropout) {
             return Err(usage!(
                 "--embedding-dropout {}: must be in [0, 1)",
@@ -157,10 +262,7 @@ impl InputConfig {
     }
 
     pub fn candle_dtype(&self) -> candle_core::DType {
-        match self.dtype {
-            DtypeArg::F32 => candle_core::DType::F32,
-            DtypeArg::F64 => candle_core::DType::F64,
-        }
+        self.dtype.candle()
     }
 }
 
@@ -195,12 +297,42 @@ pub fn parse_positive_list(flag: &str, values: &[String]) -> Result<Vec<usize>> 
 
 /// Expands `all` / `figure` and checks every id.
 pub fn parse_methods(values: &[String]) -> Result<Vec<String>> {
+    parse_methods_with(values, &BTreeMap::new())
+}
+
+/// A user method's name: CSV- and file-name-safe, and not a built-in id.
+fn check_user_name(name: &str) -> Result<()> {
+    let ok_chars = !name.is_empty()
+        && name.len() <= 64
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"_-.".contains(&b))
+        && name.as_bytes()[0].is_ascii_alphabetic();
+    if !ok_chars {
+        return Err(usage!(
+            "method name '{name}': use 1–64 letters, digits, '_', '-' or '.', starting with a letter"
+        ));
+    }
+    if attention::by_id(name).is_ok() || ["all", "figure"].contains(&name) {
+        return Err(usage!(
+            "method name '{name}' is taken by a built-in method or preset; name yours differently"
+        ));
+    }
+    Ok(())
+}
+
+/// `parse_methods`, where the names in `user` stand for the caller's own methods.
+pub fn parse_methods_with(
+    values: &[String],
+    user: &BTreeMap<String, UserMethod>,
+) -> Result<Vec<String>> {
     let mut out: Vec<String> = Vec::new();
     let known = attention::method_ids();
     for v in values.iter().map(|s| s.trim()).filter(|s| !s.is_empty()) {
         let ids: Vec<String> = match v {
             "all" => known.iter().map(|s| s.to_string()).collect(),
             "figure" => FIGURE_METHODS.iter().map(|s| s.to_string()).collect(),
+            id if user.contains_key(id) => vec![id.to_string()],
             id => {
                 attention::by_id(id).map_err(|e| usage!("--methods: {e}"))?;
                 vec![id.to_string()]
@@ -222,7 +354,7 @@ pub fn parse_methods(values: &[String]) -> Result<Vec<String>> {
 }
 
 impl RunConfig {
-    pub fn from_args(a: &SweepArgs) -> Result<Self> {
+    pub fn new(a: &RunOptions) -> Result<Self> {
         let strings = |v: &[&str]| v.iter().map(|s| s.to_string()).collect::<Vec<_>>();
         let (def_lengths, def_methods) = match a.figure {
             Some(FigurePreset::Skyformer) => (
@@ -241,7 +373,11 @@ impl RunConfig {
         let lengths = parse_positive_list("--lengths", a.lengths.as_ref().unwrap_or(&def_lengths))?;
         let features =
             parse_positive_list("--features", a.features.as_ref().unwrap_or(&def_features))?;
-        let methods = parse_methods(a.methods.as_ref().unwrap_or(&def_methods))?;
+        for name in a.user_methods.keys() {
+            check_user_name(name)?;
+        }
+        let methods =
+            parse_methods_with(a.methods.as_ref().unwrap_or(&def_methods), &a.user_methods)?;
         if a.windows == 0 {
             return Err(usage!(
                 "--windows 0: at least one window per length is needed"
@@ -254,7 +390,7 @@ impl RunConfig {
                 return Err(usage!("--features {d} exceeds the sequence length n = {n}: every d must be at most the smallest of --lengths"));
             }
         }
-        for m in &methods {
+        for m in methods.iter().filter(|m| !a.user_methods.contains_key(*m)) {
             let method = attention::by_id(m).map_err(|e| usage!("{e}"))?;
             for &n in &lengths {
                 for &d in &features {
@@ -265,13 +401,14 @@ impl RunConfig {
             }
         }
         Ok(Self {
-            inputs: InputConfig::from_args(&a.inputs)?,
+            inputs: InputConfig::new(&a.inputs)?,
             lengths,
             features,
             methods,
             windows: a.windows,
             heads: a.heads.clone(),
             seed: a.seed,
+            user_methods: a.user_methods.clone(),
         })
     }
 }

@@ -6,10 +6,13 @@
 //! `sweep` (the trial grid) → `report` (CSV, manifest, shard merge, figures, regression check).
 //! `runtime` sets the process-wide thread budget and allocator behaviour once at start-up;
 //! `bench` times the stages.
+//!
+//! The library takes plain configuration (`config`: [`config::RunOptions`] →
+//! [`config::RunConfig`], [`report::check::CheckRequest`], …) and knows nothing of the command line:
+//! the CLI (`src/main.rs`, `src/cli.rs`, in the binary) turns its arguments into it at the edge.
 
 pub mod attention;
 pub mod bench;
-pub mod cli;
 pub mod config;
 pub mod file_hash;
 pub mod inputs;

@@ -1,16 +1,18 @@
 //! approx-bench: parse the command line, run the job, print errors. The work lives in the library.
 
+mod cli;
+
 use clap::Parser;
 
-use approx_bench::cli::{Cli, Command};
-use approx_bench::config::{InputConfig, RunConfig};
+use approx_bench::config::{Choice, InputConfig, RunConfig};
 use approx_bench::{sweep, UsageError, EXIT_RUNTIME, EXIT_USAGE};
+use cli::{Cli, Command};
 
 fn run(cli: Cli) -> anyhow::Result<i32> {
     match cli.command {
         None => {
             approx_bench::inputs::hub::allow_progress(!cli.sweep.quiet);
-            let cfg = RunConfig::from_args(&cli.sweep)?;
+            let cfg = RunConfig::new(&cli.sweep.options())?;
             let opts = sweep::SweepOptions {
                 out: cli.sweep.out.clone(),
                 force: cli.sweep.force,
@@ -44,7 +46,7 @@ fn run(cli: Cli) -> anyhow::Result<i32> {
             Ok(0)
         }
         Some(Command::Bench(a)) => {
-            let cfg = RunConfig::from_args(&a.sweep)?;
+            let cfg = RunConfig::new(&a.sweep.options())?;
             approx_bench::bench::run(&cfg, a.repeats.max(1))?;
             Ok(0)
         }
@@ -72,7 +74,7 @@ fn run(cli: Cli) -> anyhow::Result<i32> {
             Ok(0)
         }
         Some(Command::DumpQkv(a)) => {
-            let inputs = InputConfig::from_args(&a.inputs)?;
+            let inputs = InputConfig::new(&a.inputs.options())?;
             approx_bench::inputs::dump::dump_qkv(&inputs, a.length, a.window, &a.out)?;
             Ok(0)
         }
@@ -107,7 +109,9 @@ fn run(cli: Cli) -> anyhow::Result<i32> {
             }
             Ok(0)
         }
-        Some(Command::Check(a)) => approx_bench::report::check::execute(&a),
+        Some(Command::Check(a)) => {
+            approx_bench::report::check::execute(&a.request(std::env::args().collect())?)
+        }
     }
 }
 

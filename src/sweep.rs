@@ -9,8 +9,8 @@ use anyhow::{Context, Result};
 use candle_core::DType;
 
 use crate::attention::{self, Approximation, HeadInputs};
-use crate::config::RunConfig;
-use crate::inputs::{self, qkv};
+use crate::config::{Choice, RunConfig};
+use crate::inputs;
 use crate::numerics::{sampling::TrialKey, spectral};
 use crate::report::manifest::{self, InputFile, Manifest};
 use crate::report::summary::{self, SummaryRow};
@@ -116,6 +116,16 @@ fn prepare_out(cfg: &RunConfig, opts: &SweepOptions) -> Result<()> {
 
 /// Runs (or resumes) a sweep into `opts.out`.
 pub fn run(cfg: &RunConfig, opts: &SweepOptions) -> Result<SweepOutcome> {
+    run_with(cfg, opts, Vec::new())
+}
+
+/// A sweep whose methods may include the caller's own (`extra`, e.g. Python functions): an id
+/// of `cfg.methods` is looked up among `extra` first, then among the built-in methods.
+pub fn run_with(
+    cfg: &RunConfig,
+    opts: &SweepOptions,
+    mut extra: Vec<Box<dyn attention::Method>>,
+) -> Result<SweepOutcome> {
     prepare_out(cfg, opts)?;
     let prepared = inputs::prepare(&cfg.inputs)?;
     let all_heads = prepared.heads();
@@ -135,7 +145,10 @@ pub fn run(cfg: &RunConfig, opts: &SweepOptions) -> Result<SweepOutcome> {
     let methods: Vec<Box<dyn attention::Method>> = cfg
         .methods
         .iter()
-        .map(|m| attention::by_id(m).map_err(|e| usage!("{e}")))
+        .map(|m| match extra.iter().position(|e| e.id() == m) {
+            Some(i) => Ok(extra.swap_remove(i)),
+            None => attention::by_id(m).map_err(|e| usage!("{e}")),
+        })
         .collect::<Result<_>>()?;
 
     let mut inputs_list = Vec::new();
@@ -179,7 +192,6 @@ pub fn run(cfg: &RunConfig, opts: &SweepOptions) -> Result<SweepOutcome> {
     let total = units_taken * heads.len() * methods.len() * cfg.features.len();
     let todo = total.saturating_sub(done.len());
     let bar = progress_bar(todo as u64, opts.quiet);
-    let dtype = cfg.inputs.candle_dtype();
     let mut new_trials = 0;
 
     for (li, &n) in cfg.lengths.iter().enumerate() {
@@ -198,15 +210,7 @@ pub fn run(cfg: &RunConfig, opts: &SweepOptions) -> Result<SweepOutcome> {
             if !window_needed {
                 continue;
             }
-            let ids = prepared.corpus.window(n, w)?;
-            let (q, k, v) = qkv::window_qkv_dropout(
-                &prepared.weights,
-                &prepared.config,
-                ids,
-                cfg.inputs.embedding,
-                dtype,
-                cfg.inputs.dropout_for(n, w),
-            )?;
+            let (q, k, v) = prepared.window_qkv(&cfg.inputs, n, w)?;
             // Heads run in parallel (each trial's result depends only on its own inputs and seed);
             // their rows are appended in head order through a reorder buffer, so trials.csv has
             // the same order whatever the thread count, and every finished head is on disk.
@@ -318,11 +322,11 @@ impl TrialContext<'_> {
                     method: m.id(),
                     d,
                 };
-                let mut rng = key.rng();
                 self.bar
                     .set_message(format!("n={n} w={w} {} d={d}", m.id()));
                 let t0 = Instant::now();
-                let approx = m.approximate(&head, d, &mut rng).with_context(|| {
+                let trial_seed = key.derive_seed();
+                let approx = m.approximate_trial(&head, d, trial_seed).with_context(|| {
                     format!(
                         "method {} at n = {n}, window {w}, head {h}, d = {d}",
                         m.id()
@@ -340,7 +344,7 @@ impl TrialContext<'_> {
                     head: h,
                     method: m.id().to_string(),
                     d,
-                    seed: key.derive_seed(),
+                    seed: trial_seed,
                     error: norms.spectral,
                     rel_error: norms.spectral / exact_norm,
                     frob_error: norms.frobenius,

@@ -2,7 +2,8 @@
 
 mod common;
 
-use std::path::Path;
+use std::collections::BTreeSet;
+use std::path::{Path, PathBuf};
 
 use common::*;
 
@@ -33,10 +34,12 @@ fn sweep(model: &Path, out: &Path, extra: &[&str]) {
     assert!(o.status.success(), "sweep failed: {}", stderr(&o));
 }
 
-fn check(args: &[&str]) -> (Option<i32>, String, String) {
+/// `approx-bench check` with `args`, run in the working directory `cwd` (where the report goes by
+/// default when --current is given).
+fn check_in(cwd: &Path, args: &[&str]) -> (Option<i32>, String, String) {
     let mut all = vec!["check"];
     all.extend_from_slice(args);
-    let o = run(&all, &[]);
+    let o = run_in(cwd, &all);
     (
         o.status.code(),
         String::from_utf8_lossy(&o.stdout).into_owned(),
@@ -52,17 +55,20 @@ fn identical_runs_pass_an_edited_baseline_fails_and_bad_files_are_usage_errors()
     sweep(&model, &a, &[]);
     sweep(&model, &b, &[]);
     let (sa, sb) = (a.to_str().unwrap(), b.to_str().unwrap());
+    let cwd = tmp.path().join("cwd");
+    std::fs::create_dir(&cwd).unwrap();
+    let check = |args: &[&str]| check_in(&cwd, args);
 
-    // Identical runs: exit 0, paired test, markdown report in the current run directory.
+    // Identical runs: exit 0, paired test, markdown report in the working directory.
     let (code, out, err) = check(&["--baseline", sa, "--current", sb]);
     assert_eq!(code, Some(0), "{out}{err}");
     assert!(
         out.contains("paired k=8") && out.contains("PASS (exit 0): 4 ok"),
         "{out}"
     );
-    let md = std::fs::read_to_string(b.join("check.md")).unwrap();
+    let md = std::fs::read_to_string(cwd.join("check.md")).unwrap();
     assert!(md.starts_with("# approx-bench check: PASS"), "{md}");
-    // The same, trial by trial, and against the bare summary.csv (unpaired, no report by default).
+    // The same, trial by trial, and against the bare summary.csv (unpaired).
     let (code, out, _) = check(&[
         "--baseline",
         sa,
@@ -170,26 +176,122 @@ fn rerun_reproduces_the_baseline_exactly() {
     let a = tmp.path().join("a");
     sweep(&model, &a, &[]);
     let out = tmp.path().join("rerun");
-    let (code, stdout, err) = check(&[
-        "--baseline",
-        a.to_str().unwrap(),
-        "--rerun",
-        "--out",
-        out.to_str().unwrap(),
-        "--exact",
-    ]);
+    let (code, stdout, err) = check_in(
+        tmp.path(),
+        &[
+            "--baseline",
+            a.to_str().unwrap(),
+            "--rerun",
+            "--out",
+            out.to_str().unwrap(),
+            "--exact",
+        ],
+    );
     assert_eq!(code, Some(0), "{stdout}{err}");
     assert!(out.join("trials.csv").is_file() && out.join("check.md").is_file());
     assert!(stdout.contains("PASS (exit 0): 4 ok"), "{stdout}");
     // --rerun needs the manifest.
-    let (code, _, err) = check(&[
-        "--baseline",
-        a.join("summary.csv").to_str().unwrap(),
-        "--rerun",
-    ]);
+    let (code, _, err) = check_in(
+        tmp.path(),
+        &[
+            "--baseline",
+            a.join("summary.csv").to_str().unwrap(),
+            "--rerun",
+        ],
+    );
     assert_eq!(code, Some(2), "{err}");
     assert!(
         err.contains("--rerun needs the baseline's manifest.json"),
         "{err}"
     );
+}
+
+/// Every file under `dir`, relative to it.
+fn files_under(dir: &Path) -> BTreeSet<PathBuf> {
+    let mut out = BTreeSet::new();
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        for e in std::fs::read_dir(&d).unwrap() {
+            let p = e.unwrap().path();
+            if p.is_dir() {
+                stack.push(p);
+            } else {
+                out.insert(p.strip_prefix(dir).unwrap().to_path_buf());
+            }
+        }
+    }
+    out
+}
+
+#[test]
+fn the_report_never_lands_in_the_baseline_or_the_checked_run() {
+    let tmp = tempfile::tempdir().unwrap();
+    let model = tiny_model(&tmp.path().join("m"), false);
+    let (base, cur) = (tmp.path().join("base"), tmp.path().join("cur"));
+    sweep(&model, &base, &[]);
+    sweep(&model, &cur, &[]);
+    let before = (files_under(&base), files_under(&cur));
+    let unchanged = || {
+        assert_eq!(
+            files_under(&base),
+            before.0,
+            "the baseline gained or lost a file"
+        );
+        assert_eq!(
+            files_under(&cur),
+            before.1,
+            "--current gained or lost a file"
+        );
+    };
+    let (sb, sc) = (base.to_str().unwrap(), cur.to_str().unwrap());
+
+    // No --report: check.md in the working directory, and nowhere else.
+    let cwd = tmp.path().join("cwd");
+    std::fs::create_dir(&cwd).unwrap();
+    let (code, out, err) = check_in(&cwd, &["--baseline", sb, "--current", sc]);
+    assert_eq!(code, Some(0), "{out}{err}");
+    unchanged();
+    assert_eq!(
+        files_under(&cwd),
+        BTreeSet::from([PathBuf::from("check.md")])
+    );
+    let md = std::fs::read_to_string(cwd.join("check.md")).unwrap();
+    assert!(md.starts_with("# approx-bench check: PASS"), "{md}");
+    assert!(err.contains("report written to check.md"), "{err}");
+
+    // The same with --current a summary.csv file (before: no report at all).
+    let cwd2 = tmp.path().join("cwd2");
+    std::fs::create_dir(&cwd2).unwrap();
+    let summary = cur.join("summary.csv");
+    let (code, out, err) = check_in(
+        &cwd2,
+        &["--baseline", sb, "--current", summary.to_str().unwrap()],
+    );
+    assert_eq!(code, Some(0), "{out}{err}");
+    unchanged();
+    assert_eq!(
+        files_under(&cwd2),
+        BTreeSet::from([PathBuf::from("check.md")])
+    );
+
+    // --report FILE: there, and neither in the working directory nor in the inputs.
+    let cwd3 = tmp.path().join("cwd3");
+    std::fs::create_dir(&cwd3).unwrap();
+    let report = tmp.path().join("elsewhere.md");
+    let (code, out, err) = check_in(
+        &cwd3,
+        &[
+            "--baseline",
+            sb,
+            "--current",
+            sc,
+            "--report",
+            report.to_str().unwrap(),
+        ],
+    );
+    assert_eq!(code, Some(0), "{out}{err}");
+    unchanged();
+    assert!(files_under(&cwd3).is_empty());
+    let md = std::fs::read_to_string(&report).unwrap();
+    assert!(md.starts_with("# approx-bench check: PASS"), "{md}");
 }

@@ -6,6 +6,7 @@ mod common;
 
 use std::path::{Path, PathBuf};
 
+use approx_bench::config::{Choice, EmbeddingPolicy, InitScheme};
 use approx_bench::inputs::{corpus, model, qkv};
 use candle_core::{DType, Device, Tensor};
 
@@ -96,8 +97,8 @@ fn minilm_qkv_matches_hugging_face_transformers() {
     for case in fixture["cases"].as_array().unwrap() {
         let layer = case["layer"].as_u64().unwrap() as usize;
         let policy = match case["embedding"].as_str().unwrap() {
-            "word_pos_type" => qkv::EmbeddingPolicy::WordPosType,
-            "word_pos" => qkv::EmbeddingPolicy::WordPos,
+            "word_pos_type" => EmbeddingPolicy::WordPosType,
+            "word_pos" => EmbeddingPolicy::WordPos,
             other => panic!("unknown case {other}"),
         };
         let src = model::WeightSource::Pretrained(&weights_path);
@@ -186,7 +187,7 @@ fn initialized_bert_base_cased_qkv_have_the_hf_init_distribution() {
     let cfg = model::load_config(&dir.join("config.json")).unwrap();
     let src = model::WeightSource::Initialized {
         seed: 12345,
-        scheme: model::InitScheme::Hf,
+        scheme: InitScheme::Hf,
     };
     let w = model::load(&cfg, 0, &src, &src, &Device::Cpu).unwrap();
     let tok = corpus::load_tokenizer(&dir.join("tokenizer.json")).unwrap();
@@ -195,7 +196,7 @@ fn initialized_bert_base_cased_qkv_have_the_hf_init_distribution() {
         &w,
         &cfg,
         c.window(512, 0).unwrap(),
-        qkv::EmbeddingPolicy::WordPos,
+        EmbeddingPolicy::WordPos,
         DType::F64,
     )
     .unwrap();

@@ -11,6 +11,13 @@ door. One head's Q, K, V are ``[n, p]`` arrays of float32 (the CLI's default dty
 
 from __future__ import annotations
 
+import hashlib
+import inspect
+import marshal
+import os
+import sys
+from typing import Callable, Sequence, Union
+
 import numpy as np
 
 from . import _core
@@ -18,6 +25,8 @@ from . import _core
 __version__ = _core.__version__
 
 __all__ = [
+    "inputs",
+    "sweep",
     "exact",
     "spectral_error",
     "approximate",
@@ -74,3 +83,77 @@ def trial_seed(seed: int, n: int, window: int, head: int, method: str, d: int) -
 def methods() -> list[tuple[str, str, bool]]:
     """The built-in methods: (id, what d means, randomized)."""
     return _core.methods()
+
+
+def inputs(n: int, window: int = 0, **options):
+    """Q, K, V of window ``window`` (tokens [window·n, (window+1)·n)) as arrays [heads, n, p].
+
+    Options are the CLI's long flags with underscores and mean the same: ``model``
+    ("pretrained" | "initialized"), ``model_id``, ``revision``, ``model_dir``, ``corpus``,
+    ``split``, ``embedding``, ``embeddings_from``, ``embedding_dropout``, ``layer``,
+    ``model_seed``, ``init``, ``dtype`` ("f32" | "f64").
+    """
+    for key in ("model_dir", "corpus"):
+        if options.get(key) is not None:
+            options[key] = os.fspath(options[key])
+    return _core.inputs(int(n), int(window), **options)
+
+
+UserMethod = Callable[..., "np.ndarray"]
+
+
+def _describe(f) -> tuple[str, str]:
+    """(origin, sha256 of the source): recorded in the manifest and compared on resume."""
+    origin = f"{getattr(f, '__module__', '?')}.{getattr(f, '__qualname__', repr(f))}"
+    try:
+        blob = inspect.getsource(f).encode()
+    except (OSError, TypeError):
+        code = getattr(f, "__code__", None)
+        blob = marshal.dumps(code) if code is not None else repr(f).encode()
+    return origin, hashlib.sha256(blob).hexdigest()
+
+
+def sweep(
+    methods: Sequence[Union[str, UserMethod, tuple]],
+    *,
+    out,
+    force: bool = False,
+    quiet: bool = False,
+    **options,
+) -> str:
+    """Runs (or resumes) the CLI's sweep into ``out`` and returns its path.
+
+    ``methods`` mixes built-in ids and presets ("skeinformer", "figure", "all") with your own
+    methods: a function ``f(q, k, v, d, rng) -> o_hat`` (one head's [n, p] arrays, the budget d,
+    and a ``numpy.random.Generator`` seeded with the trial's derived seed — the ``seed`` column
+    of trials.csv), or a pair ``(name, f)``. Its output is anything ``numpy.asarray`` takes,
+    of shape [n, p]. Options: the CLI's flags with underscores (``lengths``, ``features``,
+    ``windows``, ``heads``, ``seed``, ``figure`` and every option of :func:`inputs`).
+    Writes trials.csv, summary.csv and manifest.json exactly as the CLI does; the function's
+    module, name and source hash are in the manifest, and a resumed run with an edited
+    function is refused (use another ``out`` or ``force=True``).
+    """
+    names: list[str] = []
+    user = []
+    for m in methods:
+        if isinstance(m, str):
+            names.append(m)
+            continue
+        if isinstance(m, tuple) and len(m) == 2 and isinstance(m[0], str) and callable(m[1]):
+            name, f = m
+        elif callable(m):
+            name, f = getattr(m, "__name__", ""), m
+            if not name or name == "<lambda>":
+                raise ValueError("a lambda has no name: pass (name, function) instead")
+        else:
+            raise ValueError(f"methods: {m!r} is neither a method id nor a function")
+        if any(name == u[0] for u in user):
+            raise ValueError(f"methods: two of your methods are named {name!r}")
+        origin, digest = _describe(f)
+        names.append(name)
+        user.append((name, f, origin, digest))
+    for key in ("model_dir", "corpus"):
+        if options.get(key) is not None:
+            options[key] = os.fspath(options[key])
+    command = [os.path.basename(sys.executable)] + list(sys.argv)
+    return _core.sweep(names, user, os.fspath(out), bool(force), bool(quiet), command, **options)

@@ -5,12 +5,19 @@
 
 use candle_core::{DType, Device, Tensor};
 use numpy::ndarray::{Array2, Array3};
-use numpy::{IntoPyArray, PyArrayDyn, PyReadonlyArray2};
+use std::path::PathBuf;
+
+use numpy::{IntoPyArray, PyReadonlyArray2};
 use pyo3::exceptions::{PyRuntimeError, PyValueError};
 use pyo3::prelude::*;
+use pyo3::types::PyDict;
 
 use approx_bench::attention::{self, HeadInputs};
+use approx_bench::config::{InputConfig, RunConfig, UserMethod};
 use approx_bench::numerics::{sampling, spectral};
+
+mod run;
+mod user_method;
 
 /// A library error as a Python exception: usage errors (the caller's to fix) are ValueError.
 fn err(e: anyhow::Error) -> PyErr {
@@ -152,13 +159,98 @@ fn methods() -> Vec<(String, String, bool)> {
         .collect()
 }
 
-/// Keeps the unused-import lint quiet until the 3-D helpers below are used by `inputs`.
-#[allow(dead_code)]
-fn array3<'py>(py: Python<'py>, v: Vec<f32>, shape: (usize, usize, usize)) -> Bound<'py, PyArrayDyn<f32>> {
-    Array3::from_shape_vec(shape, v)
+/// A [heads, n, p] tensor as a numpy array of its dtype.
+fn array3<'py>(py: Python<'py>, t: &Tensor) -> PyResult<Bound<'py, PyAny>> {
+    let (h, n, p) = t.dims3().map_err(cerr)?;
+    let flat = t.flatten_all().map_err(cerr)?;
+    Ok(match t.dtype() {
+        DType::F64 => Array3::from_shape_vec((h, n, p), flat.to_vec1::<f64>().map_err(cerr)?)
+            .expect("shape matches")
+            .into_pyarray(py)
+            .into_any(),
+        _ => Array3::from_shape_vec(
+            (h, n, p),
+            flat.to_dtype(DType::F32)
+                .and_then(|f| f.to_vec1::<f32>())
+                .map_err(cerr)?,
+        )
         .expect("shape matches")
-        .into_dyn()
         .into_pyarray(py)
+        .into_any(),
+    })
+}
+
+/// Q, K, V ([heads, n, p]) of window `window` of length `n`, through the CLI's pipeline and
+/// options (keywords: the CLI's long flags with underscores).
+#[pyfunction]
+#[pyo3(signature = (n, window = 0, **kwargs))]
+fn inputs<'py>(
+    py: Python<'py>,
+    n: usize,
+    window: usize,
+    kwargs: Option<&Bound<'py, PyDict>>,
+) -> PyResult<(Bound<'py, PyAny>, Bound<'py, PyAny>, Bound<'py, PyAny>)> {
+    let kw = kwargs.cloned().unwrap_or_else(|| PyDict::new(py));
+    let opts = run::input_options(&kw)?;
+    run::reject_leftovers(&kw)?;
+    let cfg = InputConfig::new(&opts).map_err(err)?;
+    let (q, k, v) = py
+        .detach(|| -> anyhow::Result<_> {
+            let prepared = approx_bench::inputs::prepare(&cfg)?;
+            prepared.corpus.check_fits(&[n], window + 1)?;
+            prepared.window_qkv(&cfg, n, window)
+        })
+        .map_err(err)?;
+    Ok((array3(py, &q)?, array3(py, &k)?, array3(py, &v)?))
+}
+
+/// Runs (or resumes) a sweep into `out`: the CLI's grid, seeds, metric and files. `methods`
+/// lists built-in ids, presets and the names of `user` methods, in order; `user` holds
+/// (name, callable, origin, sha256 of its source).
+#[pyfunction]
+#[pyo3(signature = (methods, user, out, force, quiet, command, **kwargs))]
+#[allow(clippy::too_many_arguments)]
+fn sweep(
+    py: Python<'_>,
+    methods: Vec<String>,
+    user: Vec<(String, Py<PyAny>, String, String)>,
+    out: PathBuf,
+    force: bool,
+    quiet: bool,
+    command: Vec<String>,
+    kwargs: Option<&Bound<'_, PyDict>>,
+) -> PyResult<String> {
+    let kw = kwargs.cloned().unwrap_or_else(|| PyDict::new(py));
+    let mut opts = run::run_options(&kw, methods)?;
+    let mut extra: Vec<Box<dyn attention::Method>> = Vec::new();
+    for (name, func, origin, sha256) in user {
+        opts.user_methods.insert(
+            name.clone(),
+            UserMethod {
+                kind: "python function".into(),
+                origin,
+                sha256,
+            },
+        );
+        extra.push(Box::new(user_method::PyMethod::new(&name, func)));
+    }
+    let cfg = RunConfig::new(&opts).map_err(err)?;
+    let sweep_opts = approx_bench::sweep::SweepOptions {
+        out: out.clone(),
+        force,
+        quiet,
+        command,
+        shard: None,
+    };
+    approx_bench::inputs::hub::allow_progress(!quiet);
+    // The GIL is released while the sweep runs; each user trial takes it back for its call.
+    let outcome = py
+        .detach(|| approx_bench::sweep::run_with(&cfg, &sweep_opts, extra))
+        .map_err(err)?;
+    if !quiet {
+        approx_bench::report::console::print_summary(&outcome);
+    }
+    Ok(outcome.out.display().to_string())
 }
 
 #[pymodule]
@@ -168,6 +260,8 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(approximate, m)?)?;
     m.add_function(wrap_pyfunction!(trial_seed, m)?)?;
     m.add_function(wrap_pyfunction!(methods, m)?)?;
+    m.add_function(wrap_pyfunction!(inputs, m)?)?;
+    m.add_function(wrap_pyfunction!(sweep, m)?)?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     Ok(())
 }

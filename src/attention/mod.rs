@@ -119,6 +119,12 @@ pub trait Method: Send + Sync {
     /// Computes Ô for one head with d features.
     fn approximate(&self, head: &HeadInputs, d: usize, rng: &mut TrialRng)
         -> Result<Approximation>;
+    /// One trial: Ô with the generator of the trial's derived seed (what the sweep calls). A
+    /// method that draws its randomness elsewhere (a user's Python function seeding a numpy
+    /// Generator) overrides this to receive the seed itself.
+    fn approximate_trial(&self, head: &HeadInputs, d: usize, seed: u64) -> Result<Approximation> {
+        self.approximate(head, d, &mut crate::numerics::sampling::rng_from_seed(seed))
+    }
 }
 
 /// Every method, in the order figures and tables list them.

@@ -7,21 +7,14 @@ use anyhow::Result;
 use candle_core::DType;
 
 use crate::config::InputConfig;
-use crate::inputs::{self, qkv};
+use crate::inputs;
 use crate::usage;
 
 /// Writes one window's Q, K, V ([heads, n, p], f32) and token ids to a safetensors file.
 pub fn dump_qkv(inputs_cfg: &InputConfig, n: usize, window: usize, out: &Path) -> Result<()> {
     let prepared = inputs::prepare(inputs_cfg)?;
     let ids = prepared.corpus.window(n, window)?;
-    let (q, k, v) = qkv::window_qkv_dropout(
-        &prepared.weights,
-        &prepared.config,
-        ids,
-        inputs_cfg.embedding,
-        inputs_cfg.candle_dtype(),
-        inputs_cfg.dropout_for(n, window),
-    )?;
+    let (q, k, v) = prepared.window_qkv(inputs_cfg, n, window)?;
     let cpu = candle_core::Device::Cpu;
     let mut map = std::collections::HashMap::new();
     map.insert("q".to_string(), q.to_dtype(DType::F32)?.to_device(&cpu)?);

@@ -13,8 +13,7 @@ use std::path::PathBuf;
 use anyhow::Result;
 use candle_core::Device;
 
-use crate::cli::ModelKind;
-use crate::config::InputConfig;
+use crate::config::{InputConfig, ModelKind};
 
 /// Everything a sweep or a dump needs, resolved and loaded once.
 pub struct Prepared {
@@ -34,6 +33,25 @@ impl Prepared {
     }
     pub fn head_dim(&self) -> usize {
         self.config.hidden_size / self.config.num_attention_heads
+    }
+
+    /// Q, K, V ([heads, n, p], in the run's dtype) of window `window` of length `n`: what the
+    /// sweep measures, `dump-qkv` writes and the Python package's `inputs` returns.
+    pub fn window_qkv(
+        &self,
+        inputs: &InputConfig,
+        n: usize,
+        window: usize,
+    ) -> Result<(candle_core::Tensor, candle_core::Tensor, candle_core::Tensor)> {
+        let ids = self.corpus.window(n, window)?;
+        qkv::window_qkv_dropout(
+            &self.weights,
+            &self.config,
+            ids,
+            inputs.embedding,
+            inputs.candle_dtype(),
+            inputs.dropout_for(n, window),
+        )
     }
 }
 

@@ -9,6 +9,7 @@ use candle_core::safetensors::MmapedSafetensors;
 use candle_core::{DType, Device, Tensor};
 use candle_transformers::models::bert::Config;
 
+use crate::config::InitScheme;
 use crate::numerics::sampling::{derive_labeled_seed, normal_values, TrialRng};
 use crate::usage;
 use rand::{Rng, SeedableRng};
@@ -157,29 +158,6 @@ struct Initialized {
     std: f64,
     scheme: InitScheme,
     device: Device,
-}
-
-/// Which initialization the Linear layers get (METHODS.md §4.5 calibration candidates).
-#[derive(
-    Debug,
-    Clone,
-    Copy,
-    PartialEq,
-    Eq,
-    Default,
-    clap::ValueEnum,
-    serde::Serialize,
-    serde::Deserialize,
-)]
-#[serde(rename_all = "lowercase")]
-pub enum InitScheme {
-    /// Hugging Face `_init_weights`: Linear weights N(0, initializer_range²), biases 0.
-    #[default]
-    Hf,
-    /// PyTorch's default `nn.Linear` init (kaiming-uniform with a = √5, i.e. weights and biases
-    /// U(−1/√fan_in, 1/√fan_in)), as a model built without `_init_weights` would have; embeddings
-    /// and LayerNorms as Hugging Face.
-    Pytorch,
 }
 
 impl TensorSource for Initialized {

@@ -7,41 +7,7 @@ use candle_core::{DType, Device, Tensor, D};
 use candle_transformers::models::bert::Config;
 
 use super::model::{BertWeights, LayerNormWeights, Linear};
-
-/// How token ids become the layer-0 input X.
-#[derive(
-    Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, serde::Serialize, serde::Deserialize,
-)]
-#[serde(rename_all = "kebab-case")]
-pub enum EmbeddingPolicy {
-    /// LayerNorm(word + position[i mod P]), no token-type embedding (METHODS.md §1.4 [REC]).
-    #[value(name = "word-pos")]
-    WordPos,
-    /// Hugging Face's full BertEmbeddings: word + position[i mod P] + token_type[0] (diagnostic).
-    #[value(name = "word-pos-type")]
-    WordPosType,
-    /// LayerNorm(word + position[i]) for the first P tokens, LayerNorm(word) after them. The
-    /// default: METHODS.md §1.4 recommends `word-pos` (and is silent on evidence beyond n = 1024), but
-    /// on all 120 initialized anchor points of both figures this policy fits the published level
-    /// and growth with n within ×1.07 (weighted median) against ×1.49 for `word-pos`
-    /// (results/calibration, issue 4).
-    #[value(name = "word-pos-first")]
-    WordPosFirst,
-    /// LayerNorm(word), no positions at all.
-    #[value(name = "word")]
-    Word,
-}
-
-impl EmbeddingPolicy {
-    pub fn name(&self) -> &'static str {
-        match self {
-            Self::WordPos => "word-pos",
-            Self::WordPosType => "word-pos-type",
-            Self::WordPosFirst => "word-pos-first",
-            Self::Word => "word",
-        }
-    }
-}
+use crate::config::EmbeddingPolicy;
 
 fn layer_norm(x: &Tensor, w: &LayerNormWeights, eps: f64) -> Result<Tensor> {
     let dtype = x.dtype();
@@ -241,11 +207,11 @@ mod tests {
             1,
             &WeightSource::Initialized {
                 seed: 1,
-                scheme: crate::inputs::model::InitScheme::Hf,
+                scheme: crate::config::InitScheme::Hf,
             },
             &WeightSource::Initialized {
                 seed: 1,
-                scheme: crate::inputs::model::InitScheme::Hf,
+                scheme: crate::config::InitScheme::Hf,
             },
             &Device::Cpu,
         )

@@ -155,8 +155,8 @@ pub fn write_weights(path: &Path, vocab: usize, prefix: &str) {
     candle_core::safetensors::save(&m, path).unwrap();
 }
 
-/// Runs the binary with `args` and extra environment.
-pub fn run(args: &[&str], env: &[(&str, &str)]) -> Output {
+/// The binary with `args` and extra environment, not yet run.
+fn command(args: &[&str], env: &[(&str, &str)]) -> Command {
     let mut c = Command::new(bin());
     c.args(args);
     // Never touch the network from tests: a refused local port makes any download fail fast
@@ -167,7 +167,20 @@ pub fn run(args: &[&str], env: &[(&str, &str)]) -> Output {
     for (k, v) in env {
         c.env(k, v);
     }
-    c.output().expect("run approx-bench")
+    c
+}
+
+/// Runs the binary with `args` and extra environment.
+pub fn run(args: &[&str], env: &[(&str, &str)]) -> Output {
+    command(args, env).output().expect("run approx-bench")
+}
+
+/// Runs the binary with `args` in the working directory `cwd`.
+pub fn run_in(cwd: &Path, args: &[&str]) -> Output {
+    command(args, &[])
+        .current_dir(cwd)
+        .output()
+        .expect("run approx-bench")
 }
 
 pub fn stderr(o: &Output) -> String {

@@ -1,32 +1,58 @@
-//! The CLI side of the check: load or re-run, print, write the report, return the exit status.
+//! The command side of the check: load or re-run, print, write the report, return the exit status.
+
+use std::path::PathBuf;
 
 use anyhow::Result;
 
 use super::{check, load, render, CheckOptions};
-use crate::cli::CheckArgs;
 use crate::usage;
+
+/// The report's file name when no `--report` is given.
+const REPORT_FILE: &str = "check.md";
+
+/// What `approx-bench check` is asked to do (the CLI builds it from its flags).
+#[derive(Debug, Clone, PartialEq)]
+pub struct CheckRequest {
+    /// A run directory (summary.csv, trials.csv, manifest.json) or a summary.csv file.
+    pub baseline: PathBuf,
+    /// The run to check.
+    pub against: Against,
+    /// The markdown report's path; None: `check.md` in the re-run's output directory, else in the
+    /// working directory (never in the baseline or the run checked).
+    pub report: Option<PathBuf>,
+    pub options: CheckOptions,
+    /// The command line, recorded in a re-run's manifest.
+    pub command: Vec<String>,
+}
+
+/// The run a baseline is checked against.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Against {
+    /// A finished run: a run directory or a summary.csv file.
+    Current(PathBuf),
+    /// A re-run of the baseline's own configuration (from its manifest.json) into `out`, or into a
+    /// new directory under the system temp dir.
+    Rerun { out: Option<PathBuf> },
+}
 
 /// `approx-bench check`: loads (or re-runs) both sides, prints the table, writes the markdown
 /// report and returns the exit status (0 pass, 1 fail; usage errors become 2 in `main`).
-pub fn execute(args: &CheckArgs) -> Result<i32> {
-    let opts = CheckOptions {
-        alpha: args.alpha,
-        slack: args.slack,
-        two_sided: args.two_sided,
-        allow_config_change: args.allow_config_change,
-        exact: args.exact,
-    };
-    let baseline = load(&args.baseline, "--baseline")?;
-    let current = match (&args.current, args.rerun) {
-        (Some(path), false) => load(path, "--current")?,
-        (None, true) => {
+pub fn execute(req: &CheckRequest) -> Result<i32> {
+    let opts = &req.options;
+    let baseline = load(&req.baseline, "--baseline")?;
+    // The report goes where --report says, else into the re-run's own output directory, else into
+    // the working directory: never into the baseline or the run checked, which are inputs (a
+    // committed baseline must not gain a file).
+    let (current, report_dir) = match &req.against {
+        Against::Current(path) => (load(path, "--current")?, PathBuf::new()),
+        Against::Rerun { out } => {
             let manifest = baseline.manifest.as_ref().ok_or_else(|| {
                 usage!(
                     "--rerun needs the baseline's manifest.json, and {} has none; give the baseline's run directory",
-                    args.baseline.display()
+                    req.baseline.display()
                 )
             })?;
-            let out = match &args.out {
+            let out = match out {
                 Some(o) => o.clone(),
                 None => {
                     let nanos = std::time::SystemTime::now()
@@ -45,25 +71,21 @@ pub fn execute(args: &CheckArgs) -> Result<i32> {
                 out: out.clone(),
                 force: false,
                 quiet: false,
-                command: std::env::args().collect(),
+                command: req.command.clone(),
                 shard: None,
             };
             crate::sweep::run(&manifest.config, &sweep_opts)?;
-            load(&out, "--out")?
+            (load(&out, "--out")?, out)
         }
-        _ => return Err(usage!("give either --current DIR_OR_SUMMARY or --rerun")),
     };
-    let report = check(&baseline, &current, &opts)?;
+    let report = check(&baseline, &current, opts)?;
     print!("{}", render::table(&report));
-    let report_path = match &args.report {
-        Some(p) => Some(p.clone()),
-        None if current.is_dir() => Some(current.path.join("check.md")),
-        None => None,
-    };
-    if let Some(p) = report_path {
-        std::fs::write(&p, render::markdown(&report))
-            .map_err(|e| usage!("--report {}: cannot write ({e})", p.display()))?;
-        eprintln!("report written to {}", p.display());
-    }
+    let p = req
+        .report
+        .clone()
+        .unwrap_or_else(|| report_dir.join(REPORT_FILE));
+    std::fs::write(&p, render::markdown(&report))
+        .map_err(|e| usage!("--report {}: cannot write ({e})", p.display()))?;
+    eprintln!("report written to {}", p.display());
     Ok(report.exit_code())
 }

@@ -2,7 +2,7 @@
 //! the changes that make results incomparable, and the harmless ones (a moved directory with
 //! identical files, another device, another tool version) that are only noted.
 
-use crate::cli::ModelKind;
+use crate::config::{Choice, ModelKind};
 use crate::report::manifest::Manifest;
 
 /// One difference between the baseline's and the current run's configuration.

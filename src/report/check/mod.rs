@@ -17,7 +17,8 @@
 //! Points missing on either side, new non-finite trials and configuration changes are findings
 //! of their own. `--exact` instead demands trial-level equality within 1e-12 relative.
 //!
-//! [`check`] is the pure core (loaded data in, [`CheckReport`] out); [`execute`] is the CLI.
+//! [`check`] is the pure core (loaded data in, [`CheckReport`] out); [`execute`] runs a
+//! [`CheckRequest`] as the `check` command does.
 
 pub mod command;
 pub mod drift;
@@ -37,7 +38,7 @@ use crate::report::summary::SummaryRow;
 use crate::report::trials::TrialRow;
 use crate::usage;
 
-pub use command::execute;
+pub use command::{execute, Against, CheckRequest};
 pub use load::{load, RunData};
 
 /// Relative tolerance of `--exact`.

@@ -7,9 +7,7 @@ use rand_distr::{Distribution, StandardNormal};
 
 use super::*;
 use crate::attention::{vmean::VMean, HeadInputs, Method};
-use crate::cli::{DtypeArg, ModelKind};
-use crate::config::{InputConfig, RunConfig};
-use crate::inputs::qkv::EmbeddingPolicy;
+use crate::config::{Dtype, EmbeddingPolicy, InputConfig, ModelKind, RunConfig};
 use crate::numerics::sampling::{self, TrialKey, TrialRng};
 use crate::numerics::spectral;
 use crate::report::manifest::{InputFile, Manifest};
@@ -147,7 +145,7 @@ fn manifest(grid: &Grid, methods: &[&str], corpus_sha: &str, source: &str) -> Ma
                 layer: 0,
                 corpus: "file:/data/corpus.txt".into(),
                 device: "cpu".into(),
-                dtype: DtypeArg::F64,
+                dtype: Dtype::F64,
                 init: Default::default(),
                 embedding_dropout: 0.0,
             },
@@ -157,6 +155,7 @@ fn manifest(grid: &Grid, methods: &[&str], corpus_sha: &str, source: &str) -> Ma
             windows: grid.windows,
             heads: None,
             seed: 0,
+            user_methods: Default::default(),
         },
         model_id: "test".into(),
         heads: grid.heads,

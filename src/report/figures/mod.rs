@@ -19,7 +19,7 @@ use anyhow::{Context, Result};
 
 use super::manifest::Manifest;
 use super::summary::{self, SummaryRow};
-use crate::config::{SKEINFORMER_FIGURE, SKYFORMER_FIGURE};
+use crate::config::{choice, Choice, SKEINFORMER_FIGURE, SKYFORMER_FIGURE};
 
 mod axis;
 mod draw;
@@ -94,16 +94,20 @@ pub fn draw_after_sweep(out_dir: &Path) -> Result<Vec<PathBuf>> {
     draw_all(&[run], out_dir, Statistic::Mean)
 }
 
-/// What a figure's points show.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, clap::ValueEnum)]
+/// What a figure's points show; each value's meaning is its [`Choice::help`].
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub enum Statistic {
-    /// Mean ± 1 standard error (the papers' figures).
     #[default]
     Mean,
-    /// The median of the finite trials, without error bars: the typical trial where a few trials
-    /// are wild (summary.csv's `median` column).
     Median,
 }
+
+choice!(Statistic {
+    Mean = "mean" "Mean ± 1 standard error (the papers' figures)",
+    Median = "median"
+        "The median of the finite trials, without error bars: the typical trial where a few \
+         trials are wild (summary.csv's `median` column)",
+});
 
 impl Statistic {
     /// The caption's opening words.

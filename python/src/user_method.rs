@@ -1,0 +1,113 @@
+//! A Python callable as a method of the sweep: `f(q, k, v, d, rng) -> o_hat`, called with one
+//! head's arrays and a numpy Generator seeded with the trial's derived seed (the `seed` column
+//! of trials.csv), so each trial is reproducible on its own and independent of order and threads.
+
+use anyhow::{anyhow, bail, Result};
+use candle_core::{DType, Tensor};
+use numpy::ndarray::Array2;
+use numpy::{IntoPyArray, PyReadonlyArray2, PyUntypedArrayMethods};
+use pyo3::prelude::*;
+
+use approx_bench::attention::{Approximation, HeadInputs, Method};
+use approx_bench::numerics::sampling::TrialRng;
+
+pub struct PyMethod {
+    /// Leaked once per method and process: the registry's ids are `&'static str`.
+    id: &'static str,
+    func: Py<PyAny>,
+}
+
+impl PyMethod {
+    pub fn new(name: &str, func: Py<PyAny>) -> Self {
+        Self {
+            id: Box::leak(name.to_string().into_boxed_str()),
+            func,
+        }
+    }
+}
+
+fn head_array<'py>(py: Python<'py>, t: &Tensor) -> Result<Bound<'py, PyAny>> {
+    let (n, p) = t.dims2()?;
+    let flat = t.flatten_all()?;
+    Ok(match t.dtype() {
+        DType::F64 => Array2::from_shape_vec((n, p), flat.to_vec1::<f64>()?)?
+            .into_pyarray(py)
+            .into_any(),
+        _ => Array2::from_shape_vec((n, p), flat.to_dtype(DType::F32)?.to_vec1::<f32>()?)?
+            .into_pyarray(py)
+            .into_any(),
+    })
+}
+
+/// "ValueError: message" with the Python traceback's last line, for the sweep's error context.
+fn py_error(py: Python<'_>, e: PyErr) -> anyhow::Error {
+    let tb = e
+        .traceback(py)
+        .and_then(|t| t.format().ok())
+        .map(|t| format!("\n{t}"))
+        .unwrap_or_default();
+    anyhow!("{}{tb}", e)
+}
+
+impl Method for PyMethod {
+    fn id(&self) -> &'static str {
+        self.id
+    }
+    fn feature_meaning(&self) -> &'static str {
+        "defined by the user's function"
+    }
+    fn is_random(&self) -> bool {
+        true
+    }
+    fn macs(&self, _n: usize, _p: usize, _d: usize) -> f64 {
+        f64::NAN
+    }
+    fn approximate(&self, head: &HeadInputs, d: usize, rng: &mut TrialRng) -> Result<Approximation> {
+        use rand::RngCore;
+        self.approximate_trial(head, d, rng.next_u64())
+    }
+    fn approximate_trial(&self, head: &HeadInputs, d: usize, seed: u64) -> Result<Approximation> {
+        let (n, p) = (head.n(), head.p());
+        let out: Vec<f64> = Python::attach(|py| -> Result<Vec<f64>> {
+            let np = py.import("numpy").map_err(|e| py_error(py, e))?;
+            let rng = np
+                .getattr("random")
+                .and_then(|r| r.call_method1("default_rng", (seed,)))
+                .map_err(|e| py_error(py, e))?;
+            let args = (
+                head_array(py, &head.q)?,
+                head_array(py, &head.k)?,
+                head_array(py, &head.v)?,
+                d,
+                rng,
+            );
+            let result = self.func.call1(py, args).map_err(|e| py_error(py, e))?;
+            // numpy.asarray accepts torch (CPU) and JAX arrays as well as numpy's own.
+            let arr = np
+                .call_method1("asarray", (result.bind(py), "float64"))
+                .map_err(|e| py_error(py, e))?;
+            let arr: PyReadonlyArray2<'_, f64> = arr.extract().map_err(|_| {
+                anyhow!(
+                    "returned an array of shape {:?}; expected one head's output [n, p] = [{n}, {p}]",
+                    arr.getattr("shape").map(|s| s.to_string()).unwrap_or_default()
+                )
+            })?;
+            if arr.shape() != [n, p] {
+                bail!(
+                    "returned shape {:?}; expected [n, p] = [{n}, {p}]",
+                    arr.shape()
+                );
+            }
+            Ok(arr.as_array().iter().copied().collect())
+        })?;
+        if let Some(i) = out.iter().position(|x| !x.is_finite()) {
+            bail!(
+                "returned a non-finite value ({}) at row {}, column {}",
+                out[i],
+                i / p,
+                i % p
+            );
+        }
+        Ok(Approximation::plain(Tensor::from_vec(out, (n, p), head.device())?))
+    }
+}

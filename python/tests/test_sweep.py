@@ -1,0 +1,131 @@
+"""sweep() with built-in ids and Python functions: the same files as the CLI, each trial
+reproducible from its row, and user errors named."""
+
+import csv
+import json
+
+import numpy as np
+import pytest
+
+import approx_bench as ab
+
+
+def window_attention(q, k, v, d, rng):
+    """Sliding-window softmax attention over keys |i - j| <= d, dense, in float64."""
+    n, p = q.shape
+    s = q.astype(np.float64) @ k.T.astype(np.float64) / np.sqrt(p)
+    i = np.arange(n)
+    s[np.abs(i[:, None] - i[None, :]) > d] = -np.inf
+    s -= s.max(axis=1, keepdims=True)
+    e = np.exp(s)
+    return (e / e.sum(axis=1, keepdims=True)) @ v.astype(np.float64)
+
+
+SEEN = {}
+
+
+def noisy_mean(q, k, v, d, rng):
+    """Mean of V plus noise from the trial's generator (records its first draw)."""
+    x = rng.standard_normal()
+    SEEN[(q.shape[0], d, float(q[0, 0]))] = x
+    return np.broadcast_to(v.mean(0) + 1e-3 * x, v.shape)
+
+
+def rows(out):
+    with open(out / "trials.csv") as f:
+        return list(csv.DictReader(f))
+
+
+GRID = dict(lengths=[16, 32], windows=2, features=[4, 8], quiet=True)
+
+
+def test_inputs_are_the_pipelines_q_k_v(tiny):
+    q, k, v = ab.inputs(16, window=1, **tiny)
+    assert q.shape == k.shape == v.shape == (4, 16, 8) and q.dtype == np.float32
+    q2, _, _ = ab.inputs(16, window=1, **tiny)
+    assert np.array_equal(q, q2)
+    q0, _, _ = ab.inputs(16, window=0, **tiny)
+    assert not np.array_equal(q, q0)
+    q64, _, _ = ab.inputs(16, window=1, dtype="f64", **tiny)
+    assert q64.dtype == np.float64
+    with pytest.raises(ValueError, match="unknown option no_such"):
+        ab.inputs(16, no_such=1, **tiny)
+    with pytest.raises(ValueError, match="dtype"):
+        ab.inputs(16, dtype="f16", **tiny)
+
+
+def test_every_row_is_reproduced_from_the_inputs_and_its_seed(tiny, tmp_path):
+    out = tmp_path / "run"
+    ab.sweep(["skeinformer", "vmean", window_attention, noisy_mean], out=out, **tiny, **GRID)
+    got = rows(out)
+    assert len(got) == 2 * 2 * 4 * 4 * 2  # n × windows × heads × methods × d
+    assert {r["method"] for r in got} == {"skeinformer", "vmean", "window_attention", "noisy_mean"}
+    cache = {}
+    for r in got:
+        n, w, h, d, seed = (int(r[c]) for c in ("n", "window", "head", "d", "seed"))
+        if (n, w) not in cache:
+            cache[(n, w)] = ab.inputs(n, window=w, **tiny)
+        q, k, v = (x[h] for x in cache[(n, w)])
+        assert seed == ab.trial_seed(0, n, w, h, r["method"], d)
+        o = ab.exact(q, k, v)
+        if r["method"] == "window_attention":
+            o_hat = window_attention(q, k, v, d, None)
+        elif r["method"] == "noisy_mean":
+            x = np.random.default_rng(seed).standard_normal()
+            assert SEEN[(n, d, float(q[0, 0]))] == x  # the generator was seeded with the row's seed
+            o_hat = np.broadcast_to(v.mean(0) + 1e-3 * x, v.shape)
+        else:
+            o_hat = ab.approximate(r["method"], q, k, v, d, seed)
+        err, rel, fro = ab.spectral_error(o, o_hat)
+        assert float(r["error"]) == pytest.approx(err, rel=1e-12, abs=1e-15), r
+        assert float(r["frob_error"]) == pytest.approx(fro, rel=1e-12, abs=1e-15), r
+    # A window covering every key is exact attention.
+    full = [r for r in got if r["method"] == "window_attention" and int(r["d"]) >= int(r["n"]) - 1]
+    assert all(float(r["rel_error"]) < 1e-6 for r in full)
+
+
+def test_the_manifest_records_the_function_and_resume_refuses_an_edited_one(tiny, tmp_path):
+    out = tmp_path / "run"
+    ab.sweep(["vmean", window_attention], out=out, **tiny, **GRID)
+    m = json.loads((out / "manifest.json").read_text())
+    um = m["config"]["user_methods"]["window_attention"]
+    assert um["kind"] == "python function"
+    assert um["origin"].endswith("test_sweep.window_attention")
+    assert len(um["sha256"]) == 64
+    assert m["status"] == "complete"
+    n_rows = len(rows(out))
+    ab.sweep(["vmean", window_attention], out=out, **tiny, **GRID)  # resumes: nothing new
+    assert len(rows(out)) == n_rows
+
+    def window_attention_v2(q, k, v, d, rng):
+        return window_attention(q, k, v, d + 1, rng)
+
+    with pytest.raises(ValueError, match="another configuration"):
+        ab.sweep(["vmean", ("window_attention", window_attention_v2)], out=out, **tiny, **GRID)
+
+
+def test_a_bad_user_method_is_named_with_its_trial(tiny, tmp_path):
+    def wrong_shape(q, k, v, d, rng):
+        return v[:, :2]
+
+    with pytest.raises(RuntimeError, match=r"wrong_shape.*n = 16.*d = 4[\s\S]*expected \[n, p\] = \[16, 8\]"):
+        ab.sweep([wrong_shape], out=tmp_path / "a", **tiny, **GRID)
+
+    def nan_out(q, k, v, d, rng):
+        o = np.array(v, dtype=np.float64)
+        o[3, 1] = np.nan
+        return o
+
+    with pytest.raises(RuntimeError, match="non-finite value .* row 3, column 1"):
+        ab.sweep([nan_out], out=tmp_path / "b", **tiny, **GRID)
+
+    def raises(q, k, v, d, rng):
+        raise ZeroDivisionError("boom")
+
+    with pytest.raises(RuntimeError, match="ZeroDivisionError: boom"):
+        ab.sweep([raises], out=tmp_path / "c", **tiny, **GRID)
+
+    with pytest.raises(ValueError, match="taken by a built-in"):
+        ab.sweep([("vmean", window_attention)], out=tmp_path / "d", **tiny, **GRID)
+    with pytest.raises(ValueError, match="lambda"):
+        ab.sweep([lambda q, k, v, d, rng: v], out=tmp_path / "e", **tiny, **GRID)
