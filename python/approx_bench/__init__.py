@@ -27,6 +27,7 @@ __version__ = _core.__version__
 __all__ = [
     "inputs",
     "sweep",
+    "plot",
     "exact",
     "spectral_error",
     "approximate",
@@ -157,3 +158,13 @@ def sweep(
             options[key] = os.fspath(options[key])
     command = [os.path.basename(sys.executable)] + list(sys.argv)
     return _core.sweep(names, user, os.fspath(out), bool(force), bool(quiet), command, **options)
+
+
+def plot(runs, out, statistic: str = "mean") -> list[str]:
+    """Draws the CLI's figures (``approx-bench plot``) from run directories into ``out``.
+
+    Your methods get their own colours and legend entries beside the built-in ones.
+    """
+    if isinstance(runs, (str, os.PathLike)):
+        runs = [runs]
+    return _core.plot([os.fspath(r) for r in runs], os.fspath(out), statistic)

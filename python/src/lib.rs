@@ -253,6 +253,27 @@ fn sweep(
     Ok(outcome.out.display().to_string())
 }
 
+/// Draws the CLI's figures from run directories (or summary.csv files) into `out`; returns the
+/// files written. `statistic`: "mean" or "median".
+#[pyfunction]
+#[pyo3(signature = (runs, out, statistic = "mean"))]
+fn plot(py: Python<'_>, runs: Vec<PathBuf>, out: PathBuf, statistic: &str) -> PyResult<Vec<String>> {
+    use approx_bench::report::figures;
+    let stat: figures::Statistic = statistic
+        .parse()
+        .map_err(|e| PyValueError::new_err(format!("statistic: {e}")))?;
+    let written = py
+        .detach(|| -> anyhow::Result<_> {
+            let data = runs
+                .iter()
+                .map(|d| figures::load_run(d))
+                .collect::<anyhow::Result<Vec<_>>>()?;
+            figures::draw_all(&data, &out, stat)
+        })
+        .map_err(err)?;
+    Ok(written.iter().map(|p| p.display().to_string()).collect())
+}
+
 #[pymodule]
 fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(exact, m)?)?;
@@ -262,6 +283,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(methods, m)?)?;
     m.add_function(wrap_pyfunction!(inputs, m)?)?;
     m.add_function(wrap_pyfunction!(sweep, m)?)?;
+    m.add_function(wrap_pyfunction!(plot, m)?)?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     Ok(())
 }
