@@ -1,5 +1,5 @@
 //! Attention: the exact softmax target and every approximation, one file per method, grouped by
-//! family (`lowrank/`, `features/`, `sampling/`); `exact`, `vmean` and this registry
+//! family (`lowrank/`, `features/`, `sampling/`, `sparse/`); `exact`, `vmean` and this registry
 //! stay at the top.
 //!
 //! A method sees one head's Q, K, V ([n, p] tensors on a candle `Device`, in the run's dtype)
@@ -18,12 +18,14 @@ pub mod exact;
 pub mod features;
 pub mod lowrank;
 pub mod sampling;
+pub mod sparse;
 pub mod vmean;
 
 // The flat paths from before the split into families (`attention::skyformer::…`) keep working.
 pub use features::performer;
 pub use lowrank::{linformer, nystromformer, skyformer, svd_optimal};
 pub use sampling::{column_uniform, informer, skeinformer};
+pub use sparse::{bigbird, reformer, topk, window};
 
 /// One head's inputs and the products every method and d may share (computed once per head).
 pub struct HeadInputs {
@@ -183,6 +185,10 @@ pub fn registry() -> Vec<Box<dyn Method>> {
         Box::new(Skeinformer::new(SkeinVariant::NoPilot)),
         Box::new(svd_optimal::SvdOptimal),
         Box::new(column_uniform::ColumnUniform),
+        Box::new(window::Window),
+        Box::new(topk::TopK),
+        Box::new(bigbird::BigBird),
+        Box::new(reformer::Reformer),
     ]
 }
 
@@ -336,7 +342,10 @@ pub(crate) mod test_util {
     /// Every row of W is a distribution: non-negative, summing to 1 within `tol`.
     pub fn assert_rows_are_distributions(w: &[Vec<f64>], tol: f64) {
         for (i, row) in w.iter().enumerate() {
-            assert!(row.iter().all(|&x| x >= 0.0), "row {i} has a negative weight");
+            assert!(
+                row.iter().all(|&x| x >= 0.0),
+                "row {i} has a negative weight"
+            );
             let sum: f64 = row.iter().sum();
             assert!((sum - 1.0).abs() < tol, "row {i} sums to {sum}");
         }
@@ -389,12 +398,16 @@ mod tests {
         assert_eq!(family("svd_optimal"), Family::LowRank);
         assert_eq!(family("performer_favor"), Family::Features);
         assert_eq!(family("skein_uniform"), Family::Sampling);
+        assert_eq!(
+            family_method_ids(Family::Sparse),
+            vec!["window", "topk", "bigbird", "reformer"]
+        );
         let oracles: Vec<&str> = registry()
             .iter()
             .filter(|m| m.is_oracle())
             .map(|m| m.id())
             .collect();
-        assert_eq!(oracles, vec!["svd_optimal"]);
+        assert_eq!(oracles, vec!["svd_optimal", "topk"]);
         assert_eq!(Family::LowRank.name(), "lowrank");
     }
 
@@ -404,7 +417,15 @@ mod tests {
         // The Figure-1 methods keep their registry positions (legend order, baselines).
         assert_eq!(
             &method_ids()[..7],
-            &["skyformer", "nystromformer", "performer", "informer", "skeinformer", "vmean", "linformer"]
+            &[
+                "skyformer",
+                "nystromformer",
+                "performer",
+                "informer",
+                "skeinformer",
+                "vmean",
+                "linformer"
+            ]
         );
     }
 
@@ -413,6 +434,10 @@ mod tests {
         // `attention::skyformer::…` etc. are re-exports of the family modules.
         assert_eq!(skyformer::GAMMA, lowrank::skyformer::GAMMA);
         assert_eq!(performer::EPS, features::performer::EPS);
-        assert_eq!(informer::factor_and_top(512, 16), sampling::informer::factor_and_top(512, 16));
+        assert_eq!(
+            informer::factor_and_top(512, 16),
+            sampling::informer::factor_and_top(512, 16)
+        );
+        assert_eq!(bigbird::block_size(64), 16);
     }
 }

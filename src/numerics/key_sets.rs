@@ -171,8 +171,16 @@ fn run_chunk(
     let dev = qs.device();
     let (p, pv) = (qs.dim(1)?, v.dim(1)?);
     let g_count = chunk.len();
-    let r_max = chunk.iter().map(|&g| groups[g].rows.len()).max().unwrap_or(0);
-    let l_max = chunk.iter().map(|&g| groups[g].keys.len()).max().unwrap_or(0);
+    let r_max = chunk
+        .iter()
+        .map(|&g| groups[g].rows.len())
+        .max()
+        .unwrap_or(0);
+    let l_max = chunk
+        .iter()
+        .map(|&g| groups[g].keys.len())
+        .max()
+        .unwrap_or(0);
 
     // Padding repeats a group's first row or key; padded keys are masked, padded rows dropped.
     let mut row_idx = Vec::with_capacity(g_count * r_max);
@@ -205,8 +213,7 @@ fn run_chunk(
         }
     }
     let gather = |t: &Tensor, idx: &[usize], len: usize, width: usize| -> Result<Tensor> {
-        Ok(t
-            .index_select(&index_u32(idx, dev)?, 0)?
+        Ok(t.index_select(&index_u32(idx, dev)?, 0)?
             .reshape((g_count, len, width))?)
     };
     let qg = gather(qs, &row_idx, r_max, p)?;
@@ -224,9 +231,7 @@ fn run_chunk(
         Some(stats) => {
             let sums = Tensor::from_iter(stats.iter().map(|&(_, z)| z as f32), dev)?;
             let log = want_log
-                .then(|| {
-                    Tensor::from_iter(stats.iter().map(|&(m, z)| m as f64 + z.ln()), dev)
-                })
+                .then(|| Tensor::from_iter(stats.iter().map(|&(m, z)| m as f64 + z.ln()), dev))
                 .transpose()?;
             (s, sums, log)
         }

@@ -33,7 +33,7 @@ impl AngularLsh {
         device: &candle_core::Device,
     ) -> Result<Self> {
         ensure!(
-            buckets >= 2 && buckets % 2 == 0,
+            buckets >= 2 && buckets.is_multiple_of(2),
             "angular LSH needs an even number of buckets ≥ 2, got {buckets}"
         );
         let half = buckets / 2;
@@ -161,12 +161,12 @@ mod tests {
         assert_eq!(lsh.buckets(), 4);
         let x = Tensor::new(
             &[
-                [2.0f64, 0.0, 0.0],  // xR = [2, 0]          → 0
-                [0.0, 3.0, 1.0],     // xR = [1, 2]          → 1
-                [-1.0, 0.0, 0.0],    // xR = [−1, 0], −xR = [1, 0] → 2
-                [-20.0, 0.0, 0.0],   // the same direction scaled: same bucket
-                [0.0, -1.0, 0.5],    // xR = [0.5, −1.5]     → 3
-                [0.0, 0.0, 0.0],     // zero → 0
+                [2.0f64, 0.0, 0.0], // xR = [2, 0]          → 0
+                [0.0, 3.0, 1.0],    // xR = [1, 2]          → 1
+                [-1.0, 0.0, 0.0],   // xR = [−1, 0], −xR = [1, 0] → 2
+                [-20.0, 0.0, 0.0],  // the same direction scaled: same bucket
+                [0.0, -1.0, 0.5],   // xR = [0.5, −1.5]     → 3
+                [0.0, 0.0, 0.0],    // zero → 0
             ],
             &dev,
         )
@@ -202,7 +202,8 @@ mod tests {
         // Each of the nb buckets is the argmax for a 1/nb share of isotropic directions.
         let dev = Device::Cpu;
         let (n, p, nb) = (20_000, 16, 8);
-        let lsh = AngularLsh::draw(&mut TrialRng::seed_from_u64(9), p, nb, DType::F64, &dev).unwrap();
+        let lsh =
+            AngularLsh::draw(&mut TrialRng::seed_from_u64(9), p, nb, DType::F64, &dev).unwrap();
         let x = gaussian(n, p, 10);
         let mut counts = vec![0usize; nb];
         for h in lsh.hash(&x).unwrap() {

@@ -103,12 +103,14 @@ fn matches_the_dense_masked_softmax_with_padding_and_filters() {
         g
     };
     // Keep key j for row i unless (i + j) % 3 == 0, but always the group's first key.
-    let filter = |i: usize, j: usize| (i + j) % 3 != 0 || j == groups[group_of[i]].keys[0];
+    let filter =
+        |i: usize, j: usize| !(i + j).is_multiple_of(3) || j == groups[group_of[i]].keys[0];
     let in_group = |i: usize, j: usize| groups[group_of[i]].keys.contains(&j);
     for with_filter in [false, true] {
         let f: Option<RowFilter> = if with_filter { Some(&filter) } else { None };
-        let (want, want_log) =
-            dense_masked_softmax(&q, &k, &v, |i, j| in_group(i, j) && (!with_filter || filter(i, j)));
+        let (want, want_log) = dense_masked_softmax(&q, &k, &v, |i, j| {
+            in_group(i, j) && (!with_filter || filter(i, j))
+        });
         let got = key_set_softmax(
             &tensor(&q, DType::F64),
             &tensor(&k, DType::F64),
@@ -145,7 +147,11 @@ fn matches_the_dense_masked_softmax_with_padding_and_filters() {
 #[test]
 fn every_key_for_every_row_is_exact_attention() {
     let n = 70;
-    let (q, k, v) = (rows(n, 16, 2.0, 5), rows(n, 16, 2.0, 6), rows(n, 16, 1.0, 7));
+    let (q, k, v) = (
+        rows(n, 16, 2.0, 5),
+        rows(n, 16, 2.0, 6),
+        rows(n, 16, 1.0, 7),
+    );
     let all: Vec<usize> = (0..n).collect();
     let (want, _) = dense_masked_softmax(&q, &k, &v, |_, _| true);
     let blocks: Vec<KeyGroup> = (0..n)
@@ -183,7 +189,14 @@ fn weights_are_a_distribution_on_exactly_the_visited_keys() {
         .map(|i| (0..n).map(|j| f64::from(u8::from(i == j))).collect())
         .collect();
     let groups = random_groups(n, 10);
-    let visited = |i: usize| groups.iter().find(|g| g.rows.contains(&i)).unwrap().keys.clone();
+    let visited = |i: usize| {
+        groups
+            .iter()
+            .find(|g| g.rows.contains(&i))
+            .unwrap()
+            .keys
+            .clone()
+    };
     for dtype in [DType::F64, DType::F32] {
         let w = to_rows(
             &key_set_softmax(
@@ -219,8 +232,15 @@ fn large_logits_do_not_overflow() {
     for dtype in [DType::F64, DType::F32] {
         let groups = per_row_groups(vec![vec![0, 1], vec![1, 0]]);
         let t = |m: &Vec<Vec<f64>>| tensor(m, dtype);
-        let out = to_rows(&key_set_softmax(&t(&q), &t(&q), &t(&v), &groups, None, false).unwrap().output);
-        assert!((out[0][0] - 1.0).abs() < 1e-6 && (out[1][1] - 4.0).abs() < 1e-6, "{out:?}");
+        let out = to_rows(
+            &key_set_softmax(&t(&q), &t(&q), &t(&v), &groups, None, false)
+                .unwrap()
+                .output,
+        );
+        assert!(
+            (out[0][0] - 1.0).abs() < 1e-6 && (out[1][1] - 4.0).abs() < 1e-6,
+            "{out:?}"
+        );
     }
 }
 
@@ -235,17 +255,31 @@ fn malformed_key_sets_are_errors_not_panics() {
     let g = |rows: Vec<usize>, keys: Vec<usize>| KeyGroup { rows, keys };
     let msg = |r: Result<()>| r.unwrap_err().to_string();
     assert!(msg(run(vec![g((0..5).collect(), vec![0])], None)).contains("row 5 is in no group"));
-    assert!(msg(run(vec![g((0..6).collect(), vec![0]), g(vec![2], vec![1])], None))
-        .contains("row 2 is in two groups"));
+    assert!(msg(run(
+        vec![g((0..6).collect(), vec![0]), g(vec![2], vec![1])],
+        None
+    ))
+    .contains("row 2 is in two groups"));
     assert!(msg(run(vec![g((0..6).collect(), vec![0, 6])], None)).contains("key 6 out of range"));
     assert!(msg(run(vec![g((0..6).collect(), vec![1, 3, 1])], None)).contains("listed twice"));
     assert!(msg(run(vec![g((0..6).collect(), vec![])], None)).contains("has no keys"));
     assert!(msg(run(vec![g((0..7).collect(), vec![0])], None)).contains("out of range"));
     let none_for_row_4 = |i: usize, _: usize| i != 4;
-    assert!(msg(run(vec![g((0..6).collect(), vec![0, 1])], Some(&none_for_row_4)))
-        .contains("row 4 visits no key"));
+    assert!(msg(run(
+        vec![g((0..6).collect(), vec![0, 1])],
+        Some(&none_for_row_4)
+    ))
+    .contains("row 4 visits no key"));
     let k_short = tensor(&rows(3, 4, 1.0, 13), DType::F64);
-    assert!(key_set_softmax(&q, &k_short, &v, &[g((0..6).collect(), vec![0])], None, false).is_err());
+    assert!(key_set_softmax(
+        &q,
+        &k_short,
+        &v,
+        &[g((0..6).collect(), vec![0])],
+        None,
+        false
+    )
+    .is_err());
     // A group may have no rows; the others still cover every row.
     assert!(run(vec![g((0..6).collect(), vec![0]), g(vec![], vec![1])], None).is_ok());
 }
