@@ -118,6 +118,9 @@ pub enum Family {
     Sparse,
     /// Sparse + low-rank combinations (METHODS.md §6.2.2).
     Hybrid,
+    /// A method defined outside the registry (a user's own, e.g. from Python); never a
+    /// built-in one (a test checks).
+    User,
 }
 
 impl Family {
@@ -130,6 +133,7 @@ impl Family {
             Family::Sampling => "sampling",
             Family::Sparse => "sparse",
             Family::Hybrid => "hybrid",
+            Family::User => "user",
         }
     }
 }
@@ -138,8 +142,12 @@ impl Family {
 pub trait Method: Send + Sync {
     /// The CLI and CSV id.
     fn id(&self) -> &'static str;
-    /// The family the method belongs to (no default: a new method must say).
-    fn family(&self) -> Family;
+    /// The family the method belongs to. The default, `User`, is for methods defined outside
+    /// the crate (so that they need not know the taxonomy); every registered method overrides
+    /// it, which a test checks.
+    fn family(&self) -> Family {
+        Family::User
+    }
     /// Whether the method is a quadratic oracle drawn as a reference curve (`svd_optimal`,
     /// `topk`) rather than an efficient approximation; its d is a size, not a cost.
     fn is_oracle(&self) -> bool {
@@ -392,6 +400,9 @@ mod tests {
         sorted.sort_unstable();
         sorted.dedup();
         assert_eq!(sorted.len(), ids.len(), "duplicate ids in {ids:?}");
+        for m in registry() {
+            assert_ne!(m.family(), Family::User, "{} names no family", m.id());
+        }
         let family = |id: &str| by_id(id).unwrap().family();
         assert_eq!(family("vmean"), Family::Reference);
         assert_eq!(family("skyformer"), Family::LowRank);

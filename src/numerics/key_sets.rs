@@ -14,13 +14,17 @@
 //! Precision follows exact attention (`attention/exact.rs`): on the CPU in f32 the exponentials
 //! are the in-place vectorised ones with row sums accumulated in f64 and the normalisation applied
 //! after E·V; elsewhere (f64, or another device) candle's ops in the working dtype. The index
-//! lists are built on the host and uploaded; the products stay on the device.
+//! lists are built on the host and uploaded; the products stay on the device. One exception:
+//! small groups (single rows, tiny blocks) on the CPU run as plain f64 loops
+//! (`key_sets/host.rs`), because a batch of thousands of tiny products is all call overhead.
 
 use anyhow::{bail, ensure, Result};
 use candle_core::{DType, Tensor, D};
 use rayon::prelude::*;
 
 use crate::numerics::shifted_exp::shifted_exp_rows_in_place;
+
+mod host;
 
 /// Query rows that all visit (a subset of) the same keys.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -48,6 +52,11 @@ pub struct KeySetOutput {
 /// run in parallel (as exact attention's row blocks do).
 const CHUNK_ENTRIES: usize = 1 << 19;
 
+/// Groups of at most this many (row, key) slots — and single rows — run as host loops on the
+/// CPU: below it a batched gemm call costs more in fixed overhead than the loops in arithmetic
+/// (BigBird and Reformer blocks at d ≤ 16, per-row sets).
+const HOST_MAX_PAIRS: usize = 256;
+
 /// Softmax of each query over its visited keys (see the module comment). Errors, never panics,
 /// on mismatched shapes, a row covered zero or several times, an index out of range, a key
 /// listed twice in a group, or a row that visits no key.
@@ -58,6 +67,19 @@ pub fn key_set_softmax(
     groups: &[KeyGroup],
     filter: Option<RowFilter>,
     want_log_normalizer: bool,
+) -> Result<KeySetOutput> {
+    key_set_softmax_paths(q, k, v, groups, filter, want_log_normalizer, true)
+}
+
+/// [`key_set_softmax`] with the CPU's host loops switched on or off (tests run both).
+pub(crate) fn key_set_softmax_paths(
+    q: &Tensor,
+    k: &Tensor,
+    v: &Tensor,
+    groups: &[KeyGroup],
+    filter: Option<RowFilter>,
+    want_log_normalizer: bool,
+    host_loops: bool,
 ) -> Result<KeySetOutput> {
     let (n, p) = q.dims2()?;
     let (nk, pk) = k.dims2()?;
@@ -95,9 +117,34 @@ pub fn key_set_softmax(
         start = end;
     }
 
+    // Chunks of small groups on the CPU (per-row sets, tiny blocks) take the host loops (see
+    // `host.rs`); everything else the batched products on the device.
+    let small = |chunk: &[usize]| {
+        let r = chunk
+            .iter()
+            .map(|&g| groups[g].rows.len())
+            .max()
+            .unwrap_or(0);
+        let l = chunk
+            .iter()
+            .map(|&g| groups[g].keys.len())
+            .max()
+            .unwrap_or(0);
+        r == 1 || r * l <= HOST_MAX_PAIRS
+    };
+    let host = if host_loops && q.device().is_cpu() && chunks.iter().any(|c| small(c)) {
+        Some(host::HostHead::new(&qs, k, v)?)
+    } else {
+        None
+    };
     let parts = chunks
         .par_iter()
-        .map(|chunk| run_chunk(&qs, k, v, groups, chunk, filter, want_log_normalizer))
+        .map(|chunk| match &host {
+            Some(h) if small(chunk) => {
+                h.run_groups(groups, chunk, filter, want_log_normalizer, v.dtype())
+            }
+            _ => run_chunk(&qs, k, v, groups, chunk, filter, want_log_normalizer),
+        })
         .collect::<Result<Vec<_>>>()?;
 
     // Row i's output sits at its first slot; one gather puts the rows back in order.

@@ -30,10 +30,10 @@
 //! Randomness (§1.5): R_1 then R_2, fresh per trial; the sorts are deterministic.
 
 use anyhow::Result;
-use candle_core::Tensor;
+use candle_core::{DType, Tensor};
 
 use crate::attention::{Approximation, Family, HeadInputs, Method};
-use crate::numerics::key_sets::{key_set_softmax, per_row_groups};
+use crate::numerics::key_sets::{key_set_softmax, KeyGroup};
 use crate::numerics::lsh::{ranks, sort_by_bucket, AngularLsh};
 use crate::numerics::sampling::TrialRng;
 
@@ -41,6 +41,8 @@ pub struct Reformer;
 
 /// H, hash rounds.
 pub const ROUNDS: usize = 2;
+// `overlaps` and `union_from_rounds` unite exactly two rounds.
+const _: () = assert!(ROUNDS == 2);
 
 /// c = max(1, ⌊d/2⌋).
 pub fn chunk_len(d: usize) -> usize {
@@ -65,49 +67,143 @@ pub fn draw_rounds(rng: &mut TrialRng, head: &HeadInputs, d: usize) -> Result<Ve
         .collect()
 }
 
-/// V_i for every query (ascending key order) under the given rounds' hashes.
+/// One round's sorts: queries and keys ordered by (bucket, position), and each query's rank.
+pub struct RoundOrder {
+    q_order: Vec<usize>,
+    q_rank: Vec<usize>,
+    k_order: Vec<usize>,
+}
+
+/// Hashes and sorts Q and K for every round. Rank alignment pairs query chunk t with key chunk
+/// t, so it needs as many keys as queries.
+pub fn round_orders(q: &Tensor, k: &Tensor, rounds: &[AngularLsh]) -> Result<Vec<RoundOrder>> {
+    let n = q.dims2()?.0;
+    anyhow::ensure!(
+        k.dims2()?.0 == n,
+        "reformer pairs query and key chunks by rank: it needs as many keys as queries"
+    );
+    rounds
+        .iter()
+        .map(|lsh| {
+            let nb = lsh.buckets();
+            let q_order = sort_by_bucket(&lsh.hash(q)?, nb)?;
+            Ok(RoundOrder {
+                q_rank: ranks(&q_order),
+                q_order,
+                k_order: sort_by_bucket(&lsh.hash(k)?, nb)?,
+            })
+        })
+        .collect()
+}
+
+impl RoundOrder {
+    /// Keys of key chunk u (positions u·c.. of π_K).
+    fn chunk(&self, u: usize, c: usize) -> &[usize] {
+        let n = self.k_order.len();
+        &self.k_order[(u * c).min(n)..((u + 1) * c).min(n)]
+    }
+
+    /// V_i^(h): key chunks t and (t − 1) mod m of query i's chunk t (one chunk when m = 1).
+    fn keys_of(&self, i: usize, c: usize) -> impl Iterator<Item = usize> + '_ {
+        let m = self.k_order.len().div_ceil(c);
+        let t = self.q_rank[i] / c;
+        let prev = (t + m - 1) % m;
+        let second = if prev == t {
+            &[][..]
+        } else {
+            self.chunk(prev, c)
+        };
+        self.chunk(t, c).iter().chain(second).copied()
+    }
+
+    /// The round as blocks: query chunk t with key chunks t and t − 1 (upstream's computation).
+    fn groups(&self, c: usize) -> Vec<KeyGroup> {
+        let n = self.q_order.len();
+        (0..n.div_ceil(c))
+            .map(|t| {
+                let rows = self.q_order[t * c..((t + 1) * c).min(n)].to_vec();
+                let keys = self.keys_of(rows[0], c).collect();
+                KeyGroup { rows, keys }
+            })
+            .collect()
+    }
+}
+
+/// V_i = V_i^(1) ∪ V_i^(2) for every query (ascending key order): the definition, used by the
+/// tests; the product never lists the unions (see [`Reformer::approximate`]).
 pub fn key_sets(
     q: &Tensor,
     k: &Tensor,
     d: usize,
     rounds: &[AngularLsh],
 ) -> Result<Vec<Vec<usize>>> {
-    let n = q.dims2()?.0;
-    anyhow::ensure!(
-        k.dims2()?.0 == n,
-        "reformer pairs query and key chunks by rank: it needs as many keys as queries"
-    );
     let c = chunk_len(d);
-    let m = n.div_ceil(c);
-    // Per round: each query's rank in π_Q and the keys in π_K order.
-    let sorted = rounds
-        .iter()
-        .map(|lsh| -> Result<(Vec<usize>, Vec<usize>)> {
-            let nb = lsh.buckets();
-            let q_rank = ranks(&sort_by_bucket(&lsh.hash(q)?, nb)?);
-            Ok((q_rank, sort_by_bucket(&lsh.hash(k)?, nb)?))
-        })
-        .collect::<Result<Vec<_>>>()?;
+    let orders = round_orders(q, k, rounds)?;
+    let n = q.dims2()?.0;
     let mut stamp = vec![usize::MAX; n]; // stamp[j] = i: key j is already in V_i
-    let mut sets: Vec<Vec<usize>> = Vec::with_capacity(n);
+    Ok((0..n)
+        .map(|i| {
+            let mut set: Vec<usize> = orders
+                .iter()
+                .flat_map(|o| o.keys_of(i, c))
+                .filter(|&j| std::mem::replace(&mut stamp[j], i) != i)
+                .collect();
+            set.sort_unstable();
+            set
+        })
+        .collect())
+}
+
+/// V_i^(1) ∩ V_i^(2) for every query: the keys the per-round sums count twice.
+fn overlaps(orders: &[RoundOrder], n: usize, c: usize) -> Vec<Vec<usize>> {
+    let mut stamp = vec![usize::MAX; n];
+    (0..n)
+        .map(|i| {
+            orders[0].keys_of(i, c).for_each(|j| stamp[j] = i);
+            orders[1].keys_of(i, c).filter(|&j| stamp[j] == i).collect()
+        })
+        .collect()
+}
+
+/// Ô over the union from the two rounds' outputs and log-normalisers, minus the keys both
+/// rounds visited (on the host, in f64): with L_i = max_h lse_h,
+/// num = Σ_h e^{lse_h − L}[O_h, 1] − Σ_{j∈V¹∩V²} e^{s_ij − L}[v_j, 1], Ô_i = num / den.
+/// When the rounds coincide the subtraction cancels two of three equal terms; the f32 outputs
+/// keep their relative error (about 1e-7) up to a factor 2.
+fn union_from_rounds(
+    head: &HeadInputs,
+    per_round: &[(Tensor, Tensor)],
+    overlap: &[Vec<usize>],
+) -> Result<Tensor> {
+    let (n, p) = (head.n(), head.p());
+    let pv = head.v.dim(1)?;
+    let host =
+        |t: &Tensor| -> Result<Vec<f64>> { Ok(t.to_dtype(DType::F64)?.flatten_all()?.to_vec1()?) };
+    let (q, k, v) = (host(&head.q)?, host(&head.k)?, host(&head.v)?);
+    let (o1, o2) = (host(&per_round[0].0)?, host(&per_round[1].0)?);
+    let (l1, l2) = (host(&per_round[0].1)?, host(&per_round[1].1)?);
+    let scale = 1.0 / (p as f64).sqrt();
+    let mut out = vec![0f64; n * pv];
     for i in 0..n {
-        let mut set = Vec::with_capacity(2 * c * rounds.len());
-        for (q_rank, k_order) in &sorted {
-            let chunk = |u: usize| &k_order[u * c..((u + 1) * c).min(n)];
-            let t = q_rank[i] / c;
-            for &j in chunk(t).iter().chain(chunk((t + m - 1) % m)) {
-                if stamp[j] != i {
-                    stamp[j] = i;
-                    set.push(j);
-                }
+        let top = l1[i].max(l2[i]);
+        let (w1, w2) = ((l1[i] - top).exp(), (l2[i] - top).exp());
+        let row = &mut out[i * pv..][..pv];
+        for (c, x) in row.iter_mut().enumerate() {
+            *x = w1 * o1[i * pv + c] + w2 * o2[i * pv + c];
+        }
+        let mut den = w1 + w2;
+        let qi = &q[i * p..][..p];
+        for &j in &overlap[i] {
+            let s: f64 = qi.iter().zip(&k[j * p..][..p]).map(|(a, b)| a * b).sum();
+            let e = (s * scale - top).exp();
+            den -= e;
+            for (x, vc) in row.iter_mut().zip(&v[j * pv..][..pv]) {
+                *x -= e * vc;
             }
         }
-        sets.push(set);
+        row.iter_mut().for_each(|x| *x /= den);
     }
-    for set in &mut sets {
-        set.sort_unstable();
-    }
-    Ok(sets)
+    Ok(Tensor::from_vec(out, (n, pv), head.device())?.to_dtype(head.dtype())?)
 }
 
 impl Method for Reformer {
@@ -137,9 +233,19 @@ impl Method for Reformer {
         rng: &mut TrialRng,
     ) -> Result<Approximation> {
         let rounds = draw_rounds(rng, head, d)?;
-        let groups = per_row_groups(key_sets(&head.q, &head.k, d, &rounds)?);
-        let out = key_set_softmax(&head.q, &head.k, &head.v, &groups, None, false)?;
-        Ok(Approximation::plain(out.output))
+        let orders = round_orders(&head.q, &head.k, &rounds)?;
+        let c = chunk_len(d);
+        // Each round as upstream computes it: query chunk × (key chunk, previous key chunk)
+        // blocks, batched; then the union from the two rounds, each key counted once.
+        let per_round = orders
+            .iter()
+            .map(|o| {
+                let r = key_set_softmax(&head.q, &head.k, &head.v, &o.groups(c), None, true)?;
+                Ok((r.output, r.log_normalizer.expect("requested")))
+            })
+            .collect::<Result<Vec<_>>>()?;
+        let out = union_from_rounds(head, &per_round, &overlaps(&orders, head.n(), c))?;
+        Ok(Approximation::plain(out))
     }
 }
 

@@ -106,18 +106,19 @@ fn matches_the_dense_masked_softmax_with_padding_and_filters() {
     let filter =
         |i: usize, j: usize| !(i + j).is_multiple_of(3) || j == groups[group_of[i]].keys[0];
     let in_group = |i: usize, j: usize| groups[group_of[i]].keys.contains(&j);
-    for with_filter in [false, true] {
+    for (with_filter, host) in [(false, true), (true, true), (false, false), (true, false)] {
         let f: Option<RowFilter> = if with_filter { Some(&filter) } else { None };
         let (want, want_log) = dense_masked_softmax(&q, &k, &v, |i, j| {
             in_group(i, j) && (!with_filter || filter(i, j))
         });
-        let got = key_set_softmax(
+        let got = key_set_softmax_paths(
             &tensor(&q, DType::F64),
             &tensor(&k, DType::F64),
             &tensor(&v, DType::F64),
             &groups,
             f,
             true,
+            host,
         )
         .unwrap();
         assert!(max_rel(&to_rows(&got.output), &want) < 1e-12);
@@ -126,13 +127,14 @@ fn matches_the_dense_masked_softmax_with_padding_and_filters() {
             assert!((log[i] - want_log[i]).abs() < 1e-12, "row {i}");
         }
         // The f32 path (in-place exponentials, f64 row sums) agrees to f32 rounding.
-        let got32 = key_set_softmax(
+        let got32 = key_set_softmax_paths(
             &tensor(&q, DType::F32),
             &tensor(&k, DType::F32),
             &tensor(&v, DType::F32),
             &groups,
             f,
             true,
+            host,
         )
         .unwrap();
         assert_eq!(got32.output.dtype(), DType::F32);
@@ -282,4 +284,60 @@ fn malformed_key_sets_are_errors_not_panics() {
     .is_err());
     // A group may have no rows; the others still cover every row.
     assert!(run(vec![g((0..6).collect(), vec![0]), g(vec![], vec![1])], None).is_ok());
+}
+
+/// Per-row sets: the CPU's host loops and the batched products give the dense oracle's values,
+/// with a filter and the log-normalisers, in f64 and f32.
+#[test]
+fn per_row_sets_on_both_paths_match_the_dense_oracle() {
+    let n = 120;
+    let (q, k, v) = (
+        rows(n, 12, 1.5, 14),
+        rows(n, 12, 1.5, 15),
+        rows(n, 7, 1.0, 16),
+    );
+    let mut rng = TrialRng::seed_from_u64(17);
+    let sets: Vec<Vec<usize>> = (0..n)
+        .map(|i| uniform_without_replacement(&mut rng, n, 1 + (i * 13) % 50))
+        .collect();
+    let filter = |i: usize, j: usize| !(i * j).is_multiple_of(4) || j == sets[i][0];
+    let (want, want_log) =
+        dense_masked_softmax(&q, &k, &v, |i, j| sets[i].contains(&j) && filter(i, j));
+    for host in [true, false] {
+        for (dtype, tol) in [(DType::F64, 1e-12), (DType::F32, 1e-5)] {
+            let got = key_set_softmax_paths(
+                &tensor(&q, dtype),
+                &tensor(&k, dtype),
+                &tensor(&v, dtype),
+                &per_row_groups(sets.clone()),
+                Some(&filter),
+                true,
+                host,
+            )
+            .unwrap();
+            assert_eq!(got.output.dtype(), dtype);
+            let e = max_rel(&to_rows(&got.output), &want);
+            assert!(e < tol, "host {host}, {dtype:?}: {e:e}");
+            let log: Vec<f64> = got.log_normalizer.unwrap().to_vec1().unwrap();
+            for i in 0..n {
+                assert!(
+                    (log[i] - want_log[i]).abs() < tol,
+                    "host {host}, {dtype:?}, row {i}"
+                );
+            }
+        }
+    }
+    // A row whose filter leaves nothing is an error on the host path too.
+    let none = |i: usize, _: usize| i != 3;
+    let t = |m: &Vec<Vec<f64>>| tensor(m, DType::F64);
+    let err = key_set_softmax(
+        &t(&q),
+        &t(&k),
+        &t(&v),
+        &per_row_groups(sets.clone()),
+        Some(&none),
+        false,
+    )
+    .map(|_| ());
+    assert!(err.unwrap_err().to_string().contains("row 3 visits no key"));
 }
