@@ -22,7 +22,7 @@ pub mod sparse;
 pub mod vmean;
 
 // The flat paths from before the split into families (`attention::skyformer::…`) keep working.
-pub use features::performer;
+pub use features::{performer, performer_trig};
 pub use lowrank::{linformer, nystromformer, skyformer, svd_optimal};
 pub use sampling::{column_uniform, informer, skeinformer};
 pub use sparse::{bigbird, reformer, topk, window};
@@ -197,6 +197,7 @@ pub fn registry() -> Vec<Box<dyn Method>> {
         Box::new(topk::TopK),
         Box::new(bigbird::BigBird),
         Box::new(reformer::Reformer),
+        Box::new(performer_trig::PerformerTrig),
     ]
 }
 
@@ -408,6 +409,7 @@ mod tests {
         assert_eq!(family("skyformer"), Family::LowRank);
         assert_eq!(family("svd_optimal"), Family::LowRank);
         assert_eq!(family("performer_favor"), Family::Features);
+        assert_eq!(family("performer_trig"), Family::Features);
         assert_eq!(family("skein_uniform"), Family::Sampling);
         assert_eq!(
             family_method_ids(Family::Sparse),

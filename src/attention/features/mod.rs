@@ -2,3 +2,4 @@
 //! Ô = φ(Q̃)(φ(K̃)ᵀV) / φ(Q̃)(φ(K̃)ᵀ1) never forms an n×n matrix.
 
 pub mod performer;
+pub mod performer_trig;
