@@ -141,7 +141,7 @@ pub struct SweepArgs {
     /// Numbers of features d, comma-separated [default: 8,16,32,64,128,256].
     #[arg(long, value_delimiter = ',')]
     pub features: Option<Vec<String>>,
-    /// Methods, comma-separated ids, or `all`, or `figure` (the methods of both Figure 1s) [default: figure].
+    /// Methods, comma-separated ids, or `all`, or `field` (every softmax-target method), or `figure` (the methods of both Figure 1s) [default: figure].
     #[arg(long, value_delimiter = ',')]
     pub methods: Option<Vec<String>>,
     /// Windows per length (consecutive, non-overlapping, from the start of the corpus).

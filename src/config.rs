@@ -295,7 +295,7 @@ pub fn parse_positive_list(flag: &str, values: &[String]) -> Result<Vec<usize>> 
     Ok(out)
 }
 
-/// Expands `all` / `figure` and checks every id.
+/// Expands `all` / `field` / `figure` and checks every id.
 pub fn parse_methods(values: &[String]) -> Result<Vec<String>> {
     parse_methods_with(values, &BTreeMap::new())
 }
@@ -313,7 +313,7 @@ fn check_user_name(name: &str) -> Result<()> {
             "method name '{name}': use 1–64 letters, digits, '_', '-' or '.', starting with a letter"
         ));
     }
-    if attention::by_id(name).is_ok() || ["all", "figure"].contains(&name) {
+    if attention::by_id(name).is_ok() || ["all", "field", "figure"].contains(&name) {
         return Err(usage!(
             "method name '{name}' is taken by a built-in method or preset; name yours differently"
         ));
@@ -331,6 +331,11 @@ pub fn parse_methods_with(
     for v in values.iter().map(|s| s.trim()).filter(|s| !s.is_empty()) {
         let ids: Vec<String> = match v {
             "all" => known.iter().map(|s| s.to_string()).collect(),
+            // Every softmax-target method (issue 13); `all` will add the kernelized target's.
+            "field" => attention::field_method_ids()
+                .iter()
+                .map(|s| s.to_string())
+                .collect(),
             "figure" => FIGURE_METHODS.iter().map(|s| s.to_string()).collect(),
             id if user.contains_key(id) => vec![id.to_string()],
             id => {
@@ -346,7 +351,7 @@ pub fn parse_methods_with(
     }
     if out.is_empty() {
         return Err(usage!(
-            "--methods is empty; known methods: {}, or all / figure",
+            "--methods is empty; known methods: {}, or all / field / figure",
             known.join(", ")
         ));
     }
@@ -410,5 +415,54 @@ impl RunConfig {
             seed: a.seed,
             user_methods: a.user_methods.clone(),
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn items(v: &[&str]) -> Vec<String> {
+        v.iter().map(|s| s.to_string()).collect()
+    }
+
+    #[test]
+    fn presets_expand_to_registered_ids_without_duplicates() {
+        let field = parse_methods(&items(&["field"])).unwrap();
+        assert_eq!(field, attention::field_method_ids());
+        for id in ["window", "topk", "bigbird", "reformer", "skeinformer", "vmean"] {
+            assert!(field.iter().any(|m| m == id), "{id}");
+        }
+        let mixed = parse_methods(&items(&["vmean", "figure", "vmean"])).unwrap();
+        assert_eq!(mixed[0], "vmean");
+        assert_eq!(mixed.len(), FIGURE_METHODS.len());
+        assert!(parse_methods(&items(&["nope"])).is_err());
+    }
+
+    #[test]
+    fn user_method_names_are_checked() {
+        let user = |name: &str| {
+            let mut o = RunOptions {
+                methods: Some(items(&["vmean", name])),
+                lengths: Some(items(&["16"])),
+                features: Some(items(&["4"])),
+                ..RunOptions::default()
+            };
+            o.user_methods.insert(
+                name.to_string(),
+                UserMethod {
+                    kind: "python function".into(),
+                    origin: "m.f".into(),
+                    sha256: "0".repeat(64),
+                },
+            );
+            RunConfig::new(&o)
+        };
+        let cfg = user("my_window").unwrap();
+        assert_eq!(cfg.methods, items(&["vmean", "my_window"]));
+        assert!(user("skeinformer").is_err(), "a built-in id");
+        assert!(user("field").is_err(), "a preset");
+        assert!(user("has space").is_err());
+        assert!(user("9lives").is_err());
     }
 }

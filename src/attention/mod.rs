@@ -1,4 +1,6 @@
-//! Attention: the exact softmax target and every approximation, one file per method.
+//! Attention: the exact softmax target and every approximation, one file per method, grouped by
+//! family (`lowrank/`, `features/`, `sampling/`, `sparse/`); `exact`, `vmean` and this registry
+//! stay at the top.
 //!
 //! A method sees one head's Q, K, V ([n, p] tensors on a candle `Device`, in the run's dtype)
 //! plus shared per-head products ([`HeadInputs`]), and a seeded generator for its randomness.
@@ -12,16 +14,18 @@ use candle_core::{DType, Device, Tensor};
 
 use crate::numerics::sampling::TrialRng;
 
-pub mod column_uniform;
 pub mod exact;
-pub mod informer;
-pub mod linformer;
-pub mod nystromformer;
-pub mod performer;
-pub mod skeinformer;
-pub mod skyformer;
-pub mod svd_optimal;
+pub mod features;
+pub mod lowrank;
+pub mod sampling;
+pub mod sparse;
 pub mod vmean;
+
+// The flat paths from before the split into families (`attention::skyformer::…`) keep working.
+pub use features::{performer, performer_trig};
+pub use lowrank::{linformer, nystromformer, skyformer, svd_optimal};
+pub use sampling::{column_uniform, informer, skeinformer};
+pub use sparse::{bigbird, reformer, topk, window};
 
 /// One head's inputs and the products every method and d may share (computed once per head).
 pub struct HeadInputs {
@@ -98,10 +102,57 @@ impl Approximation {
     }
 }
 
+/// The kind of approximation a method is (ARCHITECTURE.md's directories), for presets, tables and
+/// figure legends.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Family {
+    /// Not an approximation scheme but a yardstick: V-Mean (every row mean(V)).
+    Reference,
+    /// Rank-d factorisations of A or P (Nyström-type, projections, the SVD floor).
+    LowRank,
+    /// Random features of the softmax kernel.
+    Features,
+    /// Exact logits on sampled keys or queries, the rest estimated.
+    Sampling,
+    /// Restrict-and-renormalise on a structured or hashed key set per query (METHODS.md §6.1).
+    Sparse,
+    /// Sparse + low-rank combinations (METHODS.md §6.2.2).
+    Hybrid,
+    /// A method defined outside the registry (a user's own, e.g. from Python); never a
+    /// built-in one (a test checks).
+    User,
+}
+
+impl Family {
+    /// The lower-case name used in tables and listings.
+    pub fn name(self) -> &'static str {
+        match self {
+            Family::Reference => "reference",
+            Family::LowRank => "lowrank",
+            Family::Features => "features",
+            Family::Sampling => "sampling",
+            Family::Sparse => "sparse",
+            Family::Hybrid => "hybrid",
+            Family::User => "user",
+        }
+    }
+}
+
 /// An attention approximation scored by the benchmark.
 pub trait Method: Send + Sync {
     /// The CLI and CSV id.
     fn id(&self) -> &'static str;
+    /// The family the method belongs to. The default, `User`, is for methods defined outside
+    /// the crate (so that they need not know the taxonomy); every registered method overrides
+    /// it, which a test checks.
+    fn family(&self) -> Family {
+        Family::User
+    }
+    /// Whether the method is a quadratic oracle drawn as a reference curve (`svd_optimal`,
+    /// `topk`) rather than an efficient approximation; its d is a size, not a cost.
+    fn is_oracle(&self) -> bool {
+        false
+    }
     /// One line: what the feature count d means for this method.
     fn feature_meaning(&self) -> &'static str;
     /// Whether Ô depends on the random generator (deterministic methods give one value per head).
@@ -148,7 +199,27 @@ pub fn registry() -> Vec<Box<dyn Method>> {
         Box::new(Skeinformer::new(SkeinVariant::NoPilot)),
         Box::new(svd_optimal::SvdOptimal),
         Box::new(column_uniform::ColumnUniform),
+        Box::new(window::Window),
+        Box::new(topk::TopK),
+        Box::new(bigbird::BigBird),
+        Box::new(reformer::Reformer),
+        Box::new(performer_trig::PerformerTrig),
     ]
+}
+
+/// The `field` preset (issue 13: every method of the field on one d axis): every registered
+/// method whose target is softmax attention — today all of them — in registry order.
+pub fn field_method_ids() -> Vec<&'static str> {
+    registry().iter().map(|m| m.id()).collect()
+}
+
+/// The ids of the registered methods of one family, in registry order.
+pub fn family_method_ids(family: Family) -> Vec<&'static str> {
+    registry()
+        .iter()
+        .filter(|m| m.family() == family)
+        .map(|m| m.id())
+        .collect()
 }
 
 /// The ids of every registered method.
@@ -265,6 +336,49 @@ pub(crate) mod test_util {
             .spectral
     }
 
+    /// Q, K, V of a head as host f64 rows.
+    pub fn host_rows(h: &HeadInputs) -> [Vec<Vec<f64>>; 3] {
+        let r = |t: &candle_core::Tensor| -> Vec<Vec<f64>> {
+            t.to_dtype(DType::F64).unwrap().to_vec2().unwrap()
+        };
+        [r(&h.q), r(&h.k), r(&h.v)]
+    }
+
+    /// The weight matrix W (n×n) a restrict-and-renormalise method puts on the keys of `h`:
+    /// the method run on the same Q, K with V = I_n (so Ô = W·I = W), in `h`'s dtype.
+    pub fn weight_matrix(m: &dyn Method, h: &HeadInputs, d: usize, seed: u64) -> Vec<Vec<f64>> {
+        let n = h.n();
+        let eye = candle_core::Tensor::eye(n, h.dtype(), h.device()).unwrap();
+        let hw = HeadInputs::new(h.q.clone(), h.k.clone(), eye).unwrap();
+        let out = run_seeded(m, &hw, d, seed).output;
+        out.to_dtype(DType::F64).unwrap().to_vec2().unwrap()
+    }
+
+    /// Every row of W is a distribution: non-negative, summing to 1 within `tol`.
+    pub fn assert_rows_are_distributions(w: &[Vec<f64>], tol: f64) {
+        for (i, row) in w.iter().enumerate() {
+            assert!(
+                row.iter().all(|&x| x >= 0.0),
+                "row {i} has a negative weight"
+            );
+            let sum: f64 = row.iter().sum();
+            assert!((sum - 1.0).abs() < tol, "row {i} sums to {sum}");
+        }
+    }
+
+    /// Entry by entry, |got − want| ≤ rel·|want|.
+    pub fn assert_close_per_entry(got: &[Vec<f64>], want: &[Vec<f64>], rel: f64) {
+        assert_eq!(got.len(), want.len());
+        for (i, (g, w)) in got.iter().zip(want).enumerate() {
+            for (c, (a, b)) in g.iter().zip(w).enumerate() {
+                assert!(
+                    (a - b).abs() <= rel * b.abs(),
+                    "entry ({i}, {c}): {a} vs {b}"
+                );
+            }
+        }
+    }
+
     /// A head with iid N(0, 1) Q, K, V of shape [n, p] from `seed`.
     pub fn random_head(n: usize, p: usize, seed: u64, dtype: DType) -> HeadInputs {
         let mut rng = TrialRng::seed_from_u64(seed);
@@ -279,5 +393,70 @@ pub(crate) mod test_util {
         };
         let (q, k, v) = (mk(), mk(), mk());
         HeadInputs::new(q, k, v).unwrap()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ids_are_unique_and_every_method_has_a_family() {
+        let ids = method_ids();
+        let mut sorted = ids.clone();
+        sorted.sort_unstable();
+        sorted.dedup();
+        assert_eq!(sorted.len(), ids.len(), "duplicate ids in {ids:?}");
+        for m in registry() {
+            assert_ne!(m.family(), Family::User, "{} names no family", m.id());
+        }
+        let family = |id: &str| by_id(id).unwrap().family();
+        assert_eq!(family("vmean"), Family::Reference);
+        assert_eq!(family("skyformer"), Family::LowRank);
+        assert_eq!(family("svd_optimal"), Family::LowRank);
+        assert_eq!(family("performer_favor"), Family::Features);
+        assert_eq!(family("performer_trig"), Family::Features);
+        assert_eq!(family("skein_uniform"), Family::Sampling);
+        assert_eq!(
+            family_method_ids(Family::Sparse),
+            vec!["window", "topk", "bigbird", "reformer"]
+        );
+        let oracles: Vec<&str> = registry()
+            .iter()
+            .filter(|m| m.is_oracle())
+            .map(|m| m.id())
+            .collect();
+        assert_eq!(oracles, vec!["svd_optimal", "topk"]);
+        assert_eq!(Family::LowRank.name(), "lowrank");
+    }
+
+    #[test]
+    fn field_preset_is_every_registered_softmax_method_in_registry_order() {
+        assert_eq!(field_method_ids(), method_ids());
+        // The Figure-1 methods keep their registry positions (legend order, baselines).
+        assert_eq!(
+            &method_ids()[..7],
+            &[
+                "skyformer",
+                "nystromformer",
+                "performer",
+                "informer",
+                "skeinformer",
+                "vmean",
+                "linformer"
+            ]
+        );
+    }
+
+    #[test]
+    fn flat_paths_from_before_the_family_split_resolve() {
+        // `attention::skyformer::…` etc. are re-exports of the family modules.
+        assert_eq!(skyformer::GAMMA, lowrank::skyformer::GAMMA);
+        assert_eq!(performer::EPS, features::performer::EPS);
+        assert_eq!(
+            informer::factor_and_top(512, 16),
+            sampling::informer::factor_and_top(512, 16)
+        );
+        assert_eq!(bigbird::block_size(64), 16);
     }
 }

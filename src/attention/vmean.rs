@@ -9,6 +9,9 @@ use crate::numerics::sampling::TrialRng;
 pub struct VMean;
 
 impl Method for VMean {
+    fn family(&self) -> crate::attention::Family {
+        crate::attention::Family::Reference
+    }
     fn id(&self) -> &'static str {
         "vmean"
     }

@@ -1,7 +1,10 @@
 //! Shared numerics, written once: the spectral norm (the metric), matrix inverses used by the
-//! Nyström-type methods, seeded sampling, and the vectorised row exponentials of exact attention.
+//! Nyström-type methods, seeded sampling, the vectorised row exponentials of exact attention,
+//! softmax over gathered key sets (the sparse methods) and LSH hashing with bucket sorts.
 
 pub mod inverse;
+pub mod key_sets;
+pub mod lsh;
 pub mod sampling;
 pub mod shifted_exp;
 pub mod spectral;

@@ -14,7 +14,7 @@
 use anyhow::Result;
 use candle_core::Tensor;
 
-use super::{quarter_scale, row_softmax, Approximation, HeadInputs, Method};
+use crate::attention::{quarter_scale, row_softmax, Approximation, HeadInputs, Method};
 use crate::numerics::inverse::iterative_inverse;
 use crate::numerics::sampling::TrialRng;
 
@@ -49,6 +49,9 @@ pub(crate) fn segment_means(x: &Tensor, d: usize) -> Result<Tensor> {
 }
 
 impl Method for Nystromformer {
+    fn family(&self) -> crate::attention::Family {
+        crate::attention::Family::LowRank
+    }
     fn id(&self) -> &'static str {
         "nystromformer"
     }

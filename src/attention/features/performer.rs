@@ -26,7 +26,7 @@ use anyhow::Result;
 use candle_core::{DType, Tensor, D};
 use nalgebra::DMatrix;
 
-use super::{Approximation, HeadInputs, Method};
+use crate::attention::{Approximation, HeadInputs, Method};
 use crate::numerics::sampling::{normal_values, TrialRng};
 
 /// Additive stabiliser of the feature map (METHODS.md §2.5).
@@ -153,6 +153,9 @@ impl Operands {
 }
 
 impl Method for Performer {
+    fn family(&self) -> crate::attention::Family {
+        crate::attention::Family::Features
+    }
     fn id(&self) -> &'static str {
         if self.double_scaled {
             "performer"

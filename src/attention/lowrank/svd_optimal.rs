@@ -32,8 +32,8 @@ use candle_core::{DType, Tensor};
 use nalgebra::DMatrix;
 use rand::SeedableRng;
 
-use super::exact::ExactAttention;
-use super::{Approximation, HeadInputs, Method};
+use crate::attention::exact::ExactAttention;
+use crate::attention::{Approximation, HeadInputs, Method};
 use crate::numerics::sampling::{normal_values, TrialRng};
 use crate::tensor_util::{from_dmatrix, from_f64, to_dmatrix};
 
@@ -169,6 +169,13 @@ fn attention_matrix(head: &HeadInputs) -> Result<Tensor> {
 }
 
 impl Method for SvdOptimal {
+    fn family(&self) -> crate::attention::Family {
+        crate::attention::Family::LowRank
+    }
+    /// The Eckart–Young floor needs the SVD of the full P: a reference curve.
+    fn is_oracle(&self) -> bool {
+        true
+    }
     fn id(&self) -> &'static str {
         "svd_optimal"
     }

@@ -9,8 +9,8 @@
 use anyhow::Result;
 use candle_core::{DType, Device, Tensor};
 
-use super::exact::{map_score_blocks, scaled_operands};
-use super::{Approximation, HeadInputs, Method};
+use crate::attention::exact::{map_score_blocks, scaled_operands};
+use crate::attention::{Approximation, HeadInputs, Method};
 use crate::numerics::sampling::{normal_values, TrialRng};
 use crate::tensor_util::from_f64;
 
@@ -66,7 +66,7 @@ pub fn with_projection(q: &Tensor, k: &Tensor, v: &Tensor, e: &Tensor) -> Result
     let ek = e.matmul(k)?; // [d, p]
     let ev = e.matmul(v)?; // [d, p]
     let s = (q.matmul(&ek.t()?)? / (p as f64).sqrt())?; // [n, d]
-    Ok(super::row_softmax(&s)?.matmul(&ev)?)
+    Ok(crate::attention::row_softmax(&s)?.matmul(&ev)?)
 }
 
 /// Ô = P·S·(SᵀV) for a given sketch S ([n, d]), with P = exp(QKᵀ/√p − log D) formed in row blocks
@@ -90,6 +90,9 @@ pub fn with_sketch(
 }
 
 impl Method for Linformer {
+    fn family(&self) -> crate::attention::Family {
+        crate::attention::Family::LowRank
+    }
     fn id(&self) -> &'static str {
         if self.jlt {
             "linformer_jlt"

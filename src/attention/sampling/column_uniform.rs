@@ -6,7 +6,7 @@
 use anyhow::Result;
 use candle_core::Tensor;
 
-use super::{Approximation, HeadInputs, Method};
+use crate::attention::{Approximation, HeadInputs, Method};
 use crate::numerics::sampling::{uniform_without_replacement, TrialRng};
 use crate::tensor_util::index_tensor;
 
@@ -18,10 +18,13 @@ pub fn with_columns(q: &Tensor, k: &Tensor, v: &Tensor, cols: &[usize]) -> Resul
     let idx = index_tensor(cols, q.device())?;
     let (kj, vj) = (k.index_select(&idx, 0)?, v.index_select(&idx, 0)?);
     let s = (q.matmul(&kj.t()?)? / (p as f64).sqrt())?; // [n, d]
-    Ok(super::row_softmax(&s)?.matmul(&vj)?)
+    Ok(crate::attention::row_softmax(&s)?.matmul(&vj)?)
 }
 
 impl Method for ColumnUniform {
+    fn family(&self) -> crate::attention::Family {
+        crate::attention::Family::Sampling
+    }
     fn id(&self) -> &'static str {
         "column_uniform"
     }

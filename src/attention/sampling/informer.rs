@@ -12,7 +12,7 @@
 use anyhow::Result;
 use candle_core::{Tensor, D};
 
-use super::{Approximation, HeadInputs, Method};
+use crate::attention::{Approximation, HeadInputs, Method};
 use crate::numerics::sampling::{uniform_with_replacement, TrialRng};
 use crate::tensor_util::{index_tensor, to_vec_f64};
 
@@ -113,7 +113,7 @@ pub(crate) fn exact_rows(q: &Tensor, k: &Tensor, v: &Tensor, rows: &[usize]) -> 
     let p = q.dims2()?.1;
     let qs = q.index_select(&index_tensor(rows, q.device())?, 0)?;
     let s = (qs.matmul(&k.t()?)? / (p as f64).sqrt())?;
-    Ok(super::row_softmax(&s)?.matmul(v)?)
+    Ok(crate::attention::row_softmax(&s)?.matmul(v)?)
 }
 
 /// Informer's output for given per-query key samples ([n, U], row-major) and top count u.
@@ -137,6 +137,9 @@ pub fn with_samples(
 }
 
 impl Method for Informer {
+    fn family(&self) -> crate::attention::Family {
+        crate::attention::Family::Sampling
+    }
     fn id(&self) -> &'static str {
         if self.direct {
             "informer_mask"

@@ -19,7 +19,7 @@ use anyhow::Result;
 use candle_core::{Tensor, D};
 
 use super::informer::replace_rows;
-use super::{Approximation, HeadInputs, Method};
+use crate::attention::{Approximation, HeadInputs, Method};
 use crate::numerics::sampling::{
     uniform_with_replacement, uniform_without_replacement, weighted_without_replacement, TrialRng,
 };
@@ -154,7 +154,7 @@ impl Skeinformer {
         let pilot = uniform_with_replacement(rng, n, d); // step 1
         let qj = q.index_select(&index_tensor(&pilot, q.device())?, 0)?;
         let p = q.dims2()?.1;
-        let b = super::row_softmax(&(qj.matmul(&k.t()?)? / (p as f64).sqrt())?)?; // step 2, [d, n]
+        let b = crate::attention::row_softmax(&(qj.matmul(&k.t()?)? / (p as f64).sqrt())?)?; // step 2, [d, n]
         let w = column_weights(&b, v)?; // step 3
         let cols = weighted_without_replacement(rng, &w, d); // step 4
         let norm = match self.variant {
@@ -176,6 +176,9 @@ impl Skeinformer {
 }
 
 impl Method for Skeinformer {
+    fn family(&self) -> crate::attention::Family {
+        crate::attention::Family::Sampling
+    }
     fn id(&self) -> &'static str {
         match self.variant {
             SkeinVariant::Full => "skeinformer",
@@ -439,7 +442,7 @@ mod tests {
     #[test]
     fn importance_weights_follow_pilot_columns_and_value_norms() {
         let h = head(20, 4, 7, 1.0, DType::F64);
-        let b = super::super::row_softmax(
+        let b = crate::attention::row_softmax(
             &(h.q
                 .narrow(0, 0, 3)
                 .unwrap()

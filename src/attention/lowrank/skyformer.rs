@@ -28,7 +28,7 @@
 use anyhow::Result;
 use candle_core::{DType, Tensor, D};
 
-use super::{Approximation, HeadInputs, Method};
+use crate::attention::{Approximation, HeadInputs, Method};
 use crate::numerics::inverse::{iterative_inverse, symmetric_pinv_tensor, PINV_REL_CUTOFF};
 use crate::numerics::sampling::{uniform_with_replacement, TrialRng};
 use crate::numerics::shifted_exp::exp_minus;
@@ -156,6 +156,9 @@ pub(crate) fn skyformer_core(
 }
 
 impl Method for Skyformer {
+    fn family(&self) -> crate::attention::Family {
+        crate::attention::Family::LowRank
+    }
     fn id(&self) -> &'static str {
         if self.iterative {
             "skyformer_iter"

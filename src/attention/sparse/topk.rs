@@ -1,0 +1,260 @@
+//! `topk`: the top-2d oracle (METHODS.md §6.1.3) — a **reference curve, not an efficient
+//! method**. Each query keeps its kk = min(2d, n) largest logits and renormalises over them
+//! (the selection of top-k attention, Gupta, Dar, Goodman, Ciprut & Berant 2021, "Memory-efficient
+//! Transformers via Top-k Attention", §3, computed here in query blocks as theirs is):
+//!
+//!   V_i = the first kk keys of a stable sort of j by (−s_ij, j),   s_ij = q_i·k_j/√p,
+//!   Ô_i = Σ_{j∈V_i} softmax_{V_i}(s_ij) v_j.
+//!
+//! Ties at the threshold go to the lower key index. Row by row it is the best
+//! restrict-and-renormalise choice of kk keys (ℓ₁ error 2(1 − Σ_{V_i} P_ij) is minimised), but
+//! not a proven lower bound on ‖O − Ô‖₂, which mixes rows through V.
+//!
+//! What d means: kk = 2d kept keys per query (the key count of the 4ndp methods); it is a size,
+//! not a cost. Deterministic; exact iff 2d ≥ n.
+//!
+//! Cost: n²p (every logit, to select) + n·kk·p = 2ndp (the weighted V over the kept keys) —
+//! quadratic, as much as exact attention; the O(n²) selection is not counted in MACs. This
+//! follows §6.1.3, which reuses the selection pass's logits; the product instead recomputes the
+//! kept logits in the shared key-set softmax (another 2ndp, < 1/8 of n²p on the grid) so that
+//! all four §6.1 methods run one code path.
+
+use anyhow::Result;
+use candle_core::{DType, Tensor};
+
+use crate::attention::exact::{map_score_blocks, scaled_operands};
+use crate::attention::{Approximation, Family, HeadInputs, Method};
+use crate::numerics::key_sets::{key_set_softmax, per_row_groups};
+use crate::numerics::sampling::TrialRng;
+
+pub struct TopK;
+
+/// kk = min(2d, n) keys kept per query.
+pub fn kept(n: usize, d: usize) -> usize {
+    d.saturating_mul(2).min(n)
+}
+
+/// The first `kk` of (0..len) stably sorted by (−row[j], j), in index order. NaN ranks lowest;
+/// −0 and +0 tie. A partition (O(len)), not a sort: the order (−s, j) is total, so the kk
+/// smallest under it are exactly the stable sort's first kk.
+pub fn top_keys(row: &[f64], kk: usize) -> Vec<usize> {
+    let key = |x: f64| if x.is_nan() { f64::NEG_INFINITY } else { x };
+    let mut idx: Vec<usize> = (0..row.len()).collect();
+    if kk == 0 {
+        return Vec::new();
+    }
+    if kk < idx.len() {
+        idx.select_nth_unstable_by(kk - 1, |&a, &b| {
+            key(row[b])
+                .partial_cmp(&key(row[a]))
+                .unwrap_or(std::cmp::Ordering::Equal)
+                .then(a.cmp(&b))
+        });
+        idx.truncate(kk);
+    }
+    idx.sort_unstable();
+    idx
+}
+
+/// V_i for every query: kk keys each, selected on the logits in the working dtype (ties as
+/// that dtype rounds them), one row block of QKᵀ at a time.
+pub fn key_sets(q: &Tensor, k: &Tensor, d: usize) -> Result<Vec<Vec<usize>>> {
+    let n = k.dims2()?.0;
+    let kk = kept(n, d);
+    let (qs, kt) = scaled_operands(q, k)?;
+    let picked = map_score_blocks(&qs, &kt, |_, len, s| {
+        let rows: Vec<Vec<f64>> = s.to_dtype(DType::F64)?.to_vec2()?;
+        let flat: Vec<u32> = rows
+            .iter()
+            .flat_map(|r| top_keys(r, kk))
+            .map(|j| j as u32) // j < n, and n ≤ u32::MAX for any tensor this crate builds
+            .collect();
+        Ok(Tensor::from_vec(flat, (len, kk), s.device())?)
+    })?;
+    let rows: Vec<Vec<u32>> = picked.to_vec2()?;
+    Ok(rows
+        .into_iter()
+        .map(|r| r.into_iter().map(|j| j as usize).collect())
+        .collect())
+}
+
+impl Method for TopK {
+    fn id(&self) -> &'static str {
+        "topk"
+    }
+    fn family(&self) -> Family {
+        Family::Sparse
+    }
+    fn is_oracle(&self) -> bool {
+        true
+    }
+    fn feature_meaning(&self) -> &'static str {
+        "oracle (quadratic): keeps the 2d largest logits per query (min(2d, n)), ties to the lower key index"
+    }
+    fn is_random(&self) -> bool {
+        false
+    }
+    fn macs(&self, n: usize, p: usize, d: usize) -> f64 {
+        let (nf, pf) = (n as f64, p as f64);
+        nf * nf * pf + nf * kept(n, d) as f64 * pf
+    }
+    fn approximate(
+        &self,
+        head: &HeadInputs,
+        d: usize,
+        _rng: &mut TrialRng,
+    ) -> Result<Approximation> {
+        self.check(head.n(), d).map_err(anyhow::Error::msg)?;
+        let groups = per_row_groups(key_sets(&head.q, &head.k, d)?);
+        let out = key_set_softmax(&head.q, &head.k, &head.v, &groups, None, false)?;
+        Ok(Approximation::plain(out.output))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use candle_core::Device;
+
+    use crate::attention::test_util::{
+        assert_close_per_entry, assert_rows_are_distributions, host_rows, in_f32, random_head,
+        run_seeded, weight_matrix,
+    };
+    use crate::numerics::key_sets::tests::{dense_masked_softmax, max_rel};
+
+    fn out_rows(h: &HeadInputs, d: usize) -> Vec<Vec<f64>> {
+        let o = run_seeded(&TopK, h, d, 0).output;
+        o.to_dtype(DType::F64).unwrap().to_vec2().unwrap()
+    }
+
+    /// The oracle's sets straight from the definition: stable sort of j by (−s_ij, j) on f64
+    /// logits computed entry by entry.
+    fn stable_sort_sets(q: &[Vec<f64>], k: &[Vec<f64>], kk: usize) -> Vec<Vec<usize>> {
+        let p = q[0].len() as f64;
+        q.iter()
+            .map(|qi| {
+                let s: Vec<f64> = k
+                    .iter()
+                    .map(|kj| qi.iter().zip(kj).map(|(a, b)| a * b).sum::<f64>() / p.sqrt())
+                    .collect();
+                let mut j: Vec<usize> = (0..k.len()).collect();
+                j.sort_by(|&a, &b| s[b].partial_cmp(&s[a]).unwrap()); // stable: ties keep index order
+                j.truncate(kk);
+                j.sort_unstable();
+                j
+            })
+            .collect()
+    }
+
+    #[test]
+    fn equals_the_dense_masked_softmax_in_float64() {
+        let h = random_head(240, 16, 1, DType::F64);
+        let [q, k, v] = host_rows(&h);
+        for d in [1, 4, 16, 50, 119] {
+            let sets = stable_sort_sets(&q, &k, 2 * d);
+            let (want, _) = dense_masked_softmax(&q, &k, &v, |i, j| sets[i].contains(&j));
+            assert_close_per_entry(&out_rows(&h, d), &want, 1e-6);
+            assert!(max_rel(&out_rows(&h, d), &want) < 1e-12, "d = {d}");
+            assert!(
+                max_rel(&out_rows(&in_f32(&h), d), &want) < 1e-5,
+                "f32, d = {d}"
+            );
+        }
+    }
+
+    /// Integer logits tie often: ties must go to the lower key index, as a stable sort does.
+    #[test]
+    fn ties_go_to_the_lower_key_index() {
+        assert_eq!(top_keys(&[1.0, 3.0, 3.0, 2.0, 3.0], 2), vec![1, 2]);
+        assert_eq!(top_keys(&[1.0, 3.0, 3.0, 2.0, 3.0], 4), vec![1, 2, 3, 4]);
+        assert_eq!(top_keys(&[0.0, -0.0, 0.0], 1), vec![0]);
+        assert_eq!(top_keys(&[-0.0, 0.0, 0.0], 2), vec![0, 1]);
+        assert_eq!(top_keys(&[f64::NAN, -5.0, f64::NAN], 2), vec![0, 1]); // NaN ranks lowest
+        assert_eq!(top_keys(&[f64::NAN, -5.0, f64::NAN], 1), vec![1]);
+        assert_eq!(top_keys(&[2.0, 1.0], 5), vec![0, 1]);
+        assert!(top_keys(&[2.0, 1.0], 0).is_empty());
+        // Integer Q, K (p = 4, √p = 2): logits are exact multiples of 1/2, with many ties.
+        let (n, p) = (60, 4);
+        let int = |seed: u64| -> Vec<Vec<f64>> {
+            (0..n)
+                .map(|i| {
+                    (0..p)
+                        .map(|c| (((i * 7 + c * 3) as u64 * seed) % 5) as f64 - 2.0)
+                        .collect()
+                })
+                .collect()
+        };
+        let (q, k) = (int(3), int(11));
+        let t = |m: &Vec<Vec<f64>>, dt| {
+            Tensor::new(m.clone(), &Device::Cpu)
+                .unwrap()
+                .to_dtype(dt)
+                .unwrap()
+        };
+        for dt in [DType::F64, DType::F32] {
+            for d in [1, 3, 10, 29] {
+                assert_eq!(
+                    key_sets(&t(&q, dt), &t(&k, dt), d).unwrap(),
+                    stable_sort_sets(&q, &k, 2 * d),
+                    "{dt:?}, d = {d}"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn covering_budget_is_exact_attention() {
+        let h = random_head(150, 32, 2, DType::F64);
+        let exact = h.exact.output.to_vec2::<f64>().unwrap();
+        for d in [75, 76, 400] {
+            assert_close_per_entry(&out_rows(&h, d), &exact, 1e-6);
+            assert!(max_rel(&out_rows(&h, d), &exact) < 1e-12);
+        }
+        let h32 = in_f32(&h);
+        let exact32 = h32
+            .exact
+            .output
+            .to_dtype(DType::F64)
+            .unwrap()
+            .to_vec2()
+            .unwrap();
+        assert!(max_rel(&out_rows(&h32, 75), &exact32) < 1e-6);
+    }
+
+    /// Weights are a distribution on exactly the kk largest logits, and no other kk-set keeps
+    /// more of each row's exact attention mass.
+    #[test]
+    fn weights_sum_to_one_on_the_kk_largest_logits() {
+        let (n, d) = (80, 6);
+        let h = random_head(n, 8, 3, DType::F64);
+        let [q, k, _] = host_rows(&h);
+        let sets = stable_sort_sets(&q, &k, 2 * d);
+        let w = weight_matrix(&TopK, &h, d, 0);
+        assert_rows_are_distributions(&w, 1e-12);
+        let p_exact = weight_matrix(&TopK, &h, n, 0); // 2d ≥ n: the exact P
+        for i in 0..n {
+            let support: Vec<usize> = (0..n).filter(|&j| w[i][j] > 0.0).collect();
+            assert_eq!(support, sets[i], "row {i}");
+            assert_eq!(support.len(), 2 * d);
+            let kept_mass: f64 = support.iter().map(|&j| p_exact[i][j]).sum();
+            let mut sorted = p_exact[i].clone();
+            sorted.sort_by(|a, b| b.partial_cmp(a).unwrap());
+            assert!((kept_mass - sorted[..2 * d].iter().sum::<f64>()).abs() < 1e-12);
+        }
+    }
+
+    #[test]
+    fn cost_is_quadratic_and_flagged_as_an_oracle() {
+        assert!(TopK.is_oracle());
+        // n²p + 2ndp (§6.1.3), kk = min(2d, n).
+        assert_eq!(
+            TopK.macs(4096, 64, 64),
+            4096.0 * 4096.0 * 64.0 + 2.0 * 4096.0 * 64.0 * 64.0
+        );
+        assert_eq!(
+            TopK.macs(100, 8, 80),
+            100.0 * 100.0 * 8.0 + 100.0 * 100.0 * 8.0
+        );
+        assert!(TopK.check(100, 0).is_err());
+    }
+}

@@ -1,0 +1,206 @@
+//! `window`: sliding-window attention (METHODS.md §6.1.2), the token-centred local pattern of
+//! Longformer (Beltagy, Peters & Cohan 2020, §3.1 "Sliding Window", without its global tokens
+//! and dilation):
+//!
+//!   V_i = { j : |i − j| ≤ d },   Ô_i = Σ_{j∈V_i} softmax_{V_i}(q_i·k_j/√p) v_j   (§6.1 common form)
+//!
+//! What d means: the one-sided half-width w = d (Longformer's `attention_window` = 2d). Query i
+//! visits min(i, d) + min(n−1−i, d) + 1 keys: 2d + 1 inside, d + 1 at i = 0 and n − 1 — the
+//! window is truncated at the ends, neither wrapped nor shifted. Deterministic; exact iff
+//! d ≥ n − 1; d = 0 gives Ô_i = v_i.
+//!
+//! Cost: (n(2d+1) − d(d+1))·2p MACs ≈ 4ndp (2p per visited pair). The product computes the
+//! window per block of b query rows against the b + 2d keys the block's windows span, masking
+//! the corners (−∞), so it does up to (b + 2d)/(2d + 1) times the counted work in exchange for
+//! dense batched products; the reported cost is the visited pairs, as for every §6.1 method.
+
+use anyhow::Result;
+
+use crate::attention::{Approximation, Family, HeadInputs, Method};
+use crate::numerics::key_sets::{key_set_softmax, KeyGroup};
+use crate::numerics::sampling::TrialRng;
+
+pub struct Window;
+
+/// Query rows per block: d, but at least 16 (tiny blocks run the batched products far below
+/// their speed) and at most 256 (the corners of a b×(b+2d) block are masked work).
+fn block_rows(d: usize) -> usize {
+    d.clamp(16, 256)
+}
+
+/// Whether query i visits key j.
+pub fn visits(i: usize, j: usize, d: usize) -> bool {
+    i.abs_diff(j) <= d
+}
+
+/// The key sets as blocks of consecutive query rows, each with the keys its windows span.
+pub fn key_groups(n: usize, d: usize) -> Vec<KeyGroup> {
+    let b = block_rows(d);
+    (0..n)
+        .step_by(b)
+        .map(|a| {
+            let end = (a + b).min(n);
+            KeyGroup {
+                rows: (a..end).collect(),
+                keys: (a.saturating_sub(d)..end.saturating_add(d).min(n)).collect(),
+            }
+        })
+        .collect()
+}
+
+/// Σ_i |V_i| = n(2w+1) − w(w+1) with w = min(d, n−1).
+pub fn visited_pairs(n: usize, d: usize) -> f64 {
+    if n == 0 {
+        return 0.0;
+    }
+    let (n, w) = (n as f64, d.min(n - 1) as f64);
+    n * (2.0 * w + 1.0) - w * (w + 1.0)
+}
+
+impl Method for Window {
+    fn id(&self) -> &'static str {
+        "window"
+    }
+    fn family(&self) -> Family {
+        Family::Sparse
+    }
+    fn feature_meaning(&self) -> &'static str {
+        "one-sided half-width of a token-centred window, |i − j| ≤ d (2d+1 keys inside, d+1 at the ends)"
+    }
+    fn is_random(&self) -> bool {
+        false
+    }
+    fn macs(&self, n: usize, p: usize, d: usize) -> f64 {
+        super::pair_macs(visited_pairs(n, d), p)
+    }
+    fn approximate(
+        &self,
+        head: &HeadInputs,
+        d: usize,
+        _rng: &mut TrialRng,
+    ) -> Result<Approximation> {
+        let groups = key_groups(head.n(), d);
+        let filter = move |i: usize, j: usize| visits(i, j, d);
+        let out = key_set_softmax(&head.q, &head.k, &head.v, &groups, Some(&filter), false)?;
+        Ok(Approximation::plain(out.output))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use candle_core::DType;
+
+    use crate::attention::test_util::{
+        assert_close_per_entry, assert_rows_are_distributions, host_rows, in_f32, random_head,
+        run_seeded, weight_matrix,
+    };
+    use crate::numerics::key_sets::tests::{dense_masked_softmax, max_rel};
+
+    fn out_rows(h: &HeadInputs, d: usize) -> Vec<Vec<f64>> {
+        let o = run_seeded(&Window, h, d, 0).output;
+        o.to_dtype(DType::F64).unwrap().to_vec2().unwrap()
+    }
+
+    /// The dense float64 masked softmax over |i − j| ≤ d, entry by entry; the f32 run agrees
+    /// with it to f32 rounding.
+    #[test]
+    fn equals_the_dense_masked_softmax_in_float64() {
+        let h = random_head(300, 16, 1, DType::F64);
+        let [q, k, v] = host_rows(&h);
+        for d in [0, 1, 7, 16, 40, 150, 298] {
+            let (want, _) = dense_masked_softmax(&q, &k, &v, |i, j| i.abs_diff(j) <= d);
+            assert_close_per_entry(&out_rows(&h, d), &want, 1e-6);
+            assert!(max_rel(&out_rows(&h, d), &want) < 1e-12, "d = {d}");
+            assert!(
+                max_rel(&out_rows(&in_f32(&h), d), &want) < 1e-5,
+                "f32, d = {d}"
+            );
+        }
+    }
+
+    #[test]
+    fn covering_window_is_exact_attention() {
+        let h = random_head(200, 32, 2, DType::F64);
+        let exact = h.exact.output.to_vec2::<f64>().unwrap();
+        for d in [199, 200, 1000] {
+            assert_close_per_entry(&out_rows(&h, d), &exact, 1e-6);
+            assert!(max_rel(&out_rows(&h, d), &exact) < 1e-12);
+        }
+        // In f32 against exact attention's own f32 path.
+        let h32 = in_f32(&h);
+        let exact32 = h32
+            .exact
+            .output
+            .to_dtype(DType::F64)
+            .unwrap()
+            .to_vec2()
+            .unwrap();
+        assert!(max_rel(&out_rows(&h32, 199), &exact32) < 1e-6);
+        // d = 0: each query sees only its own key.
+        assert!(max_rel(&out_rows(&h, 0), &h.v.to_vec2::<f64>().unwrap()) < 1e-15);
+    }
+
+    /// Weights are a distribution on exactly |i − j| ≤ d: 2d+1 keys inside, d+1 at the ends.
+    #[test]
+    fn weights_sum_to_one_on_the_window_with_the_stated_key_counts() {
+        let (n, d) = (100, 8);
+        for dtype in [DType::F64, DType::F32] {
+            let h = random_head(n, 8, 3, dtype);
+            let w = weight_matrix(&Window, &h, d, 0);
+            assert_rows_are_distributions(&w, 1e-6);
+            let mut pairs = 0;
+            for (i, row) in w.iter().enumerate() {
+                let support: Vec<usize> = (0..n).filter(|&j| row[j] > 0.0).collect();
+                let want: Vec<usize> = (i.saturating_sub(d)..=(i + d).min(n - 1)).collect();
+                assert_eq!(support, want, "row {i}");
+                let count = i.min(d) + (n - 1 - i).min(d) + 1;
+                assert_eq!(support.len(), count);
+                if (d..n - d).contains(&i) {
+                    assert_eq!(count, 2 * d + 1);
+                }
+                pairs += count;
+            }
+            assert_eq!(w[0].iter().filter(|&&x| x > 0.0).count(), d + 1);
+            assert_eq!(w[n - 1].iter().filter(|&&x| x > 0.0).count(), d + 1);
+            assert_eq!(visited_pairs(n, d), pairs as f64);
+        }
+    }
+
+    #[test]
+    fn cost_is_the_visited_pairs_and_about_4ndp() {
+        let (n, p) = (4096, 64);
+        for d in [8, 64, 256] {
+            let macs = Window.macs(n, p, d);
+            assert_eq!(
+                macs,
+                2.0 * 64.0 * ((n * (2 * d + 1)) as f64 - (d * (d + 1)) as f64)
+            );
+            let ratio = macs / (4 * n * d * p) as f64;
+            assert!((0.9..1.1).contains(&ratio), "d = {d}: {ratio}");
+        }
+        // Capped at n²·2p once the window covers everything.
+        assert_eq!(Window.macs(10, 4, 50), 2.0 * 4.0 * 100.0);
+        assert_eq!(visited_pairs(1, 5), 1.0);
+        assert_eq!(visited_pairs(0, 5), 0.0);
+    }
+
+    #[test]
+    fn blocks_cover_each_row_once_and_span_its_window() {
+        for (n, d) in [(1, 3), (17, 0), (100, 8), (513, 64), (64, 300)] {
+            let groups = key_groups(n, d);
+            let mut rows: Vec<usize> = groups.iter().flat_map(|g| g.rows.clone()).collect();
+            rows.sort_unstable();
+            assert_eq!(rows, (0..n).collect::<Vec<_>>());
+            for g in &groups {
+                for &i in &g.rows {
+                    let want = i.saturating_sub(d)..=(i + d).min(n - 1);
+                    assert!(
+                        want.clone().all(|j| g.keys.contains(&j)),
+                        "n {n} d {d} row {i}"
+                    );
+                }
+            }
+        }
+    }
+}

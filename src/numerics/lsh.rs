@@ -1,0 +1,317 @@
+//! Locality-sensitive hashing and bucket sorting, shared by the hashing methods (Reformer §6.1.4,
+//! and the sortLSH of Scatterbrain / HyperAttention / KDEformer §6.2.2, §6.3.0).
+//!
+//! - Angular LSH (Andoni et al. 2015, as Reformer uses it, Kitaev et al. ICLR 2020 §2 "Hashing
+//!   attention"): with R ∈ ℝ^{p×nb/2} iid N(0, 1), h(x) = argmax over the nb entries of
+//!   [xR, −xR] (first index on ties). Normalising x first does not move the argmax, so it is
+//!   skipped; a zero vector lands in bucket 0 (every entry ties at 0).
+//! - Sign bits (SimHash, the hash of HyperAttention Alg. 1): h(x) = Σ_t 2^t·[x·ω_t > 0].
+//! - A stable bucket sort: positions ordered by (bucket, index), the order every method then
+//!   cuts into chunks or blocks.
+//!
+//! The projections xR run on the tensor's device; the per-row argmax comes back to the host
+//! (n small integers), where the tie rule is explicit.
+
+use anyhow::{ensure, Result};
+use std::ops::Neg;
+
+use candle_core::{DType, Tensor};
+
+use crate::numerics::sampling::{normal_values, TrialRng};
+
+/// Random rotations R ∈ ℝ^{p × nb/2} of an angular hash with `buckets` = nb buckets.
+pub struct AngularLsh {
+    rotations: Tensor,
+    buckets: usize,
+}
+
+impl AngularLsh {
+    /// Draws R (p·nb/2 standard normals, row-major) from `rng`; nb must be even and ≥ 2.
+    pub fn draw(
+        rng: &mut TrialRng,
+        p: usize,
+        buckets: usize,
+        dtype: DType,
+        device: &candle_core::Device,
+    ) -> Result<Self> {
+        ensure!(
+            buckets >= 2 && buckets.is_multiple_of(2),
+            "angular LSH needs an even number of buckets ≥ 2, got {buckets}"
+        );
+        let half = buckets / 2;
+        let r = Tensor::from_vec(normal_values(rng, p, half, 1.0), (p, half), device)?;
+        Ok(Self {
+            rotations: r.to_dtype(dtype)?,
+            buckets,
+        })
+    }
+
+    /// Uses the given rotations ([p, nb/2]).
+    pub fn from_rotations(rotations: Tensor) -> Result<Self> {
+        let (_, half) = rotations.dims2()?;
+        ensure!(half >= 1, "angular LSH needs at least one rotation column");
+        Ok(Self {
+            rotations,
+            buckets: 2 * half,
+        })
+    }
+
+    pub fn buckets(&self) -> usize {
+        self.buckets
+    }
+
+    /// h(x_i) for every row of x ([n, p]). The projection runs on x's device; the argmax comes
+    /// back to the host as one pass over the rows in the working precision (f32 or f64): at
+    /// d = 8, n = 4096 Reformer's n·nb/2 projections are a quarter of exact attention's n² scores.
+    pub fn hash(&self, x: &Tensor) -> Result<Vec<usize>> {
+        use rayon::prelude::*;
+        let n = x.dims2()?.0;
+        let half = self.buckets / 2;
+        let r = self.rotations.to_dtype(x.dtype())?;
+        // Row blocks of about 256 K projections (1 MB in f32), in parallel: each block's
+        // product is scanned while it is still in cache, and the products use every thread
+        // (candle's own matmul runs on the calling thread only, see runtime.rs).
+        let step = ((1 << 18) / half).clamp(1, n.max(1));
+        let starts: Vec<usize> = (0..n).step_by(step).collect();
+        let blocks = starts
+            .par_iter()
+            .map(|&start| -> Result<Vec<usize>> {
+                let proj = x.narrow(0, start, step.min(n - start))?.matmul(&r)?;
+                Ok(match proj.dtype() {
+                    DType::F64 => rows_argmax(&proj.flatten_all()?.to_vec1::<f64>()?, half),
+                    _ => rows_argmax(
+                        &proj.to_dtype(DType::F32)?.flatten_all()?.to_vec1::<f32>()?,
+                        half,
+                    ),
+                })
+            })
+            .collect::<Result<Vec<_>>>()?;
+        Ok(blocks.concat())
+    }
+}
+
+fn rows_argmax<T: Copy + PartialOrd + Neg<Output = T> + Send + Sync>(
+    flat: &[T],
+    half: usize,
+) -> Vec<usize> {
+    use rayon::prelude::*;
+    flat.par_chunks(half)
+        .with_min_len(64)
+        .map(angular_argmax)
+        .collect()
+}
+
+/// argmax over [r, −r] (length 2·len), the first index on ties; NaN entries never win (a row
+/// of NaN lands in bucket 0). One pass: the largest entry (first on ties) against the most
+/// negative one (first on ties), the positive half winning a tie as it comes first.
+pub fn angular_argmax<T: Copy + PartialOrd + Neg<Output = T>>(r: &[T]) -> usize {
+    let mut hi: Option<(T, usize)> = None;
+    let mut lo: Option<(T, usize)> = None;
+    for (t, &x) in r.iter().enumerate() {
+        // NaN compares false with everything, itself included: it never wins.
+        if x.partial_cmp(&x).is_none() {
+            continue;
+        }
+        if hi.is_none_or(|(b, _)| x > b) {
+            hi = Some((x, t));
+        }
+        if lo.is_none_or(|(b, _)| x < b) {
+            lo = Some((x, t));
+        }
+    }
+    match (hi, lo) {
+        (Some((h, _)), Some((l, tl))) if -l > h => r.len() + tl,
+        (Some((_, th)), _) => th,
+        _ => 0,
+    }
+}
+
+/// Sign-bit hash h(x_i) = Σ_t 2^t·[x_i·ω_t > 0] for ω_t the columns of `omega` ([p, r], r ≤ 32);
+/// x·ω_t = 0 gives bit 0.
+pub fn sign_bit_hash(x: &Tensor, omega: &Tensor) -> Result<Vec<usize>> {
+    let bits = omega.dims2()?.1;
+    ensure!(bits <= 32, "sign-bit hash: {bits} bits is more than 32");
+    let proj: Vec<Vec<f64>> = x
+        .matmul(&omega.to_dtype(x.dtype())?)?
+        .to_dtype(DType::F64)?
+        .to_vec2()?;
+    Ok(proj
+        .iter()
+        .map(|r| {
+            r.iter()
+                .enumerate()
+                .map(|(t, &y)| usize::from(y > 0.0) << t)
+                .sum()
+        })
+        .collect())
+}
+
+/// The positions 0..n ordered by (bucket, position): a stable counting sort, O(n + buckets).
+/// Errors if a bucket id is ≥ `buckets`.
+pub fn sort_by_bucket(bucket: &[usize], buckets: usize) -> Result<Vec<usize>> {
+    let mut start = vec![0usize; buckets + 1];
+    for &b in bucket {
+        ensure!(b < buckets, "bucket {b} out of range (nb = {buckets})");
+        start[b + 1] += 1;
+    }
+    for t in 0..buckets {
+        start[t + 1] += start[t];
+    }
+    let mut order = vec![0; bucket.len()];
+    for (i, &b) in bucket.iter().enumerate() {
+        order[start[b]] = i;
+        start[b] += 1;
+    }
+    Ok(order)
+}
+
+/// The inverse of a permutation: rank[order[r]] = r.
+pub fn ranks(order: &[usize]) -> Vec<usize> {
+    let mut rank = vec![0; order.len()];
+    for (r, &i) in order.iter().enumerate() {
+        rank[i] = r;
+    }
+    rank
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use candle_core::Device;
+    use rand::SeedableRng;
+
+    /// An [n, p] f64 CPU tensor of seeded standard normals.
+    fn gaussian(n: usize, p: usize, seed: u64) -> Tensor {
+        let vals = normal_values(&mut TrialRng::seed_from_u64(seed), n, p, 1.0);
+        Tensor::from_vec(vals, (n, p), &Device::Cpu).unwrap()
+    }
+
+    #[test]
+    fn angular_argmax_picks_the_signed_maximum_and_breaks_ties_to_the_first_index() {
+        assert_eq!(angular_argmax(&[0.1, 0.5, -0.2]), 1);
+        assert_eq!(angular_argmax(&[0.1, 0.5, -0.7]), 3 + 2); // −(−0.7) wins, in the negated half
+        assert_eq!(angular_argmax(&[0.5, 0.5]), 0);
+        assert_eq!(angular_argmax(&[-0.5, 0.5]), 1); // +0.5 at 1 ties −(−0.5) at 2: first wins
+        assert_eq!(angular_argmax(&[0.0, 0.0, 0.0]), 0); // the zero vector: bucket 0
+        assert_eq!(angular_argmax(&[f64::NAN, -1.0]), 3);
+    }
+
+    #[test]
+    fn hash_is_the_argmax_of_the_projection_and_ignores_the_norm() {
+        let dev = Device::Cpu;
+        let r = Tensor::new(&[[1.0f64, 0.0], [0.0, 1.0], [1.0, -1.0]], &dev).unwrap(); // p = 3, nb = 4
+        let lsh = AngularLsh::from_rotations(r).unwrap();
+        assert_eq!(lsh.buckets(), 4);
+        let x = Tensor::new(
+            &[
+                [2.0f64, 0.0, 0.0], // xR = [2, 0]          → 0
+                [0.0, 3.0, 1.0],    // xR = [1, 2]          → 1
+                [-1.0, 0.0, 0.0],   // xR = [−1, 0], −xR = [1, 0] → 2
+                [-20.0, 0.0, 0.0],  // the same direction scaled: same bucket
+                [0.0, -1.0, 0.5],   // xR = [0.5, −1.5]     → 3
+                [0.0, 0.0, 0.0],    // zero → 0
+            ],
+            &dev,
+        )
+        .unwrap();
+        assert_eq!(lsh.hash(&x).unwrap(), vec![0, 1, 2, 2, 3, 0]);
+        // f32 inputs hash through the same rotations.
+        let x32 = x.to_dtype(DType::F32).unwrap();
+        assert_eq!(lsh.hash(&x32).unwrap(), vec![0, 1, 2, 2, 3, 0]);
+    }
+
+    #[test]
+    fn drawn_rotations_are_seeded_and_need_an_even_bucket_count() {
+        let dev = Device::Cpu;
+        let draw = |seed| {
+            let lsh = AngularLsh::draw(&mut TrialRng::seed_from_u64(seed), 8, 16, DType::F64, &dev)
+                .unwrap();
+            let x = gaussian(50, 8, 100);
+            (lsh, x)
+        };
+        let (a, x) = draw(3);
+        let (b, _) = draw(3);
+        let (c, _) = draw(4);
+        assert_eq!(a.hash(&x).unwrap(), b.hash(&x).unwrap());
+        assert_ne!(a.hash(&x).unwrap(), c.hash(&x).unwrap());
+        assert!(a.hash(&x).unwrap().iter().all(|&h| h < 16));
+        let mut rng = TrialRng::seed_from_u64(1);
+        assert!(AngularLsh::draw(&mut rng, 8, 7, DType::F64, &dev).is_err());
+        assert!(AngularLsh::draw(&mut rng, 8, 0, DType::F64, &dev).is_err());
+    }
+
+    #[test]
+    fn angular_buckets_are_used_evenly_by_isotropic_data() {
+        // Each of the nb buckets is the argmax for a 1/nb share of isotropic directions.
+        let dev = Device::Cpu;
+        let (n, p, nb) = (20_000, 16, 8);
+        let lsh =
+            AngularLsh::draw(&mut TrialRng::seed_from_u64(9), p, nb, DType::F64, &dev).unwrap();
+        let x = gaussian(n, p, 10);
+        let mut counts = vec![0usize; nb];
+        for h in lsh.hash(&x).unwrap() {
+            counts[h] += 1;
+        }
+        // Not exactly uniform for a fixed R (its columns have unequal lengths and angles), but
+        // every bucket is used and the two halves mirror each other (h and h + nb/2 are ±).
+        assert!(counts.iter().all(|&c| c > n / (4 * nb)), "{counts:?}");
+        for t in 0..nb / 2 {
+            let (a, b) = (counts[t] as f64, counts[t + nb / 2] as f64);
+            assert!((a - b).abs() < 5.0 * (a + b).sqrt(), "{counts:?}");
+        }
+    }
+
+    /// The one-pass argmax against the two-pass definition (max over r, then −r strictly).
+    #[test]
+    fn one_pass_argmax_equals_the_two_pass_definition() {
+        let two_pass = |r: &[f64]| {
+            let (mut best, mut at) = (f64::NEG_INFINITY, 0);
+            for (t, &x) in r.iter().enumerate() {
+                if x > best {
+                    (best, at) = (x, t);
+                }
+            }
+            for (t, &x) in r.iter().enumerate() {
+                if -x > best {
+                    (best, at) = (-x, r.len() + t);
+                }
+            }
+            at
+        };
+        let vals = normal_values(&mut TrialRng::seed_from_u64(5), 2000, 6, 1.0);
+        // Rounded to a coarse grid so that ties within and across the halves are common.
+        let vals: Vec<f64> = vals.iter().map(|x| (x * 2.0).round() / 2.0).collect();
+        for r in vals.chunks(6) {
+            assert_eq!(angular_argmax(r), two_pass(r), "{r:?}");
+            let r32: Vec<f32> = r.iter().map(|&x| x as f32).collect();
+            assert_eq!(angular_argmax(&r32), two_pass(r), "{r:?}");
+        }
+    }
+
+    #[test]
+    fn sign_bits() {
+        let dev = Device::Cpu;
+        let om = Tensor::new(&[[1.0f64, 0.0, 1.0], [0.0, 1.0, 1.0]], &dev).unwrap(); // p = 2, r = 3
+        let x = Tensor::new(&[[1.0f64, 1.0], [-1.0, 2.0], [0.0, 0.0], [1.0, -1.0]], &dev).unwrap();
+        // x·ω = [1, 1, 2] → 7; [−1, 2, 1] → 2 + 4; zero → 0; [1, −1, 0] → 1 (0 is bit 0).
+        assert_eq!(sign_bit_hash(&x, &om).unwrap(), vec![7, 6, 0, 1]);
+    }
+
+    #[test]
+    fn bucket_sort_is_stable_and_ranks_invert_it() {
+        let b = [2, 0, 2, 1, 0, 2];
+        let order = sort_by_bucket(&b, 3).unwrap();
+        assert_eq!(order, vec![1, 4, 3, 0, 2, 5]);
+        let rank = ranks(&order);
+        for (r, &i) in order.iter().enumerate() {
+            assert_eq!(rank[i], r);
+        }
+        // Against a stable comparison sort on random buckets.
+        let mut rng = TrialRng::seed_from_u64(2);
+        let b = crate::numerics::sampling::uniform_with_replacement(&mut rng, 7, 500);
+        let mut want: Vec<usize> = (0..500).collect();
+        want.sort_by_key(|&i| (b[i], i));
+        assert_eq!(sort_by_bucket(&b, 7).unwrap(), want);
+        assert!(sort_by_bucket(&[0, 3], 3).is_err());
+    }
+}
