@@ -43,6 +43,9 @@ pub enum Command {
     DumpQkv(DumpArgs),
     /// Draw the figures (PNG) from one or more finished runs' summary.csv.
     Plot(PlotArgs),
+    /// Score your own method's outputs, computed anywhere on `dump-qkv` inputs: writes a run
+    /// (trials.csv, summary.csv, manifest.json) that plot, check and merge take like any other.
+    Score(ScoreArgs),
     /// Combine shard outputs (--shard K/N runs) into one run with summary and manifest.
     Merge(MergeArgs),
     /// Time each stage (Q/K/V, exact attention with GFLOP/s, every method and d, the metric) on window 0
@@ -177,6 +180,26 @@ pub struct MergeArgs {
     /// Directory for the merged trials.csv, summary.csv and manifest.json.
     #[arg(long)]
     pub out: PathBuf,
+}
+
+#[derive(Debug, Clone, Args)]
+pub struct ScoreArgs {
+    /// Directory of `dump-qkv` outputs (<file>.safetensors with its <file>.safetensors.json).
+    #[arg(long)]
+    pub qkv: PathBuf,
+    /// Directory of your outputs: <NAME>-n<N>-w<W>-d<D>.safetensors, each with one tensor
+    /// `o_hat` [heads, n, p], for every dumped (n, window) and every d.
+    #[arg(long)]
+    pub approx: PathBuf,
+    /// Your method's name (letters, digits, '_', '-', '.'; not a built-in id).
+    #[arg(long)]
+    pub name: String,
+    /// Output directory of the run.
+    #[arg(long)]
+    pub out: PathBuf,
+    /// Replace a run already in --out.
+    #[arg(long)]
+    pub force: bool,
 }
 
 #[derive(Debug, Clone, Args)]

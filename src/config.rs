@@ -301,7 +301,7 @@ pub fn parse_methods(values: &[String]) -> Result<Vec<String>> {
 }
 
 /// A user method's name: CSV- and file-name-safe, and not a built-in id.
-fn check_user_name(name: &str) -> Result<()> {
+pub fn check_user_name(name: &str) -> Result<()> {
     let ok_chars = !name.is_empty()
         && name.len() <= 64
         && name

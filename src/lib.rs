@@ -19,6 +19,7 @@ pub mod inputs;
 pub mod numerics;
 pub mod report;
 pub mod runtime;
+pub mod score;
 pub mod sweep;
 pub mod tensor_util;
 

@@ -109,6 +109,18 @@ fn run(cli: Cli) -> anyhow::Result<i32> {
             }
             Ok(0)
         }
+        Some(Command::Score(a)) => {
+            let outcome = approx_bench::score::score(&approx_bench::score::ScoreRequest {
+                qkv: a.qkv,
+                approx: a.approx,
+                name: a.name,
+                out: a.out,
+                force: a.force,
+                command: std::env::args().collect(),
+            })?;
+            approx_bench::report::console::print_summary(&outcome);
+            Ok(0)
+        }
         Some(Command::Check(a)) => {
             approx_bench::report::check::execute(&a.request(std::env::args().collect())?)
         }

@@ -2,6 +2,8 @@
 reproducible from its row, and user errors named."""
 
 import csv
+import subprocess
+from pathlib import Path
 import json
 
 import numpy as np
@@ -129,3 +131,27 @@ def test_a_bad_user_method_is_named_with_its_trial(tiny, tmp_path):
         ab.sweep([("vmean", window_attention)], out=tmp_path / "d", **tiny, **GRID)
     with pytest.raises(ValueError, match="lambda"):
         ab.sweep([lambda q, k, v, d, rng: v], out=tmp_path / "e", **tiny, **GRID)
+
+
+BIN = Path(__file__).resolve().parents[2] / "target" / "release" / "approx-bench"
+
+
+@pytest.mark.skipif(not BIN.exists(), reason="needs the CLI: cargo build --release")
+def test_a_user_run_is_plotted_and_checked_by_the_cli_like_any_run(tiny, tmp_path):
+    mine = tmp_path / "mine"
+    builtin = tmp_path / "builtin"
+    ab.sweep(["vmean", window_attention], out=mine, **tiny, **GRID)
+    ab.sweep(["skeinformer"], out=builtin, **tiny, **GRID)
+    figs = tmp_path / "figs"
+    r = subprocess.run([BIN, "plot", "--from", builtin, "--from", mine, "--out", figs],
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    assert (figs / "all-methods-initialized.png").stat().st_size > 0
+    r = subprocess.run([BIN, "check", "--baseline", mine, "--current", mine,
+                        "--report", tmp_path / "check.md"], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    assert "window_attention" in (tmp_path / "check.md").read_text()
+    r = subprocess.run([BIN, "check", "--baseline", mine, "--rerun"],
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 2, r.stderr
+    assert "cannot run the baseline's own methods (window_attention)" in r.stderr

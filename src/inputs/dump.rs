@@ -30,5 +30,20 @@ pub fn dump_qkv(inputs_cfg: &InputConfig, n: usize, window: usize, out: &Path) -
     }
     candle_core::safetensors::save(&map, out)
         .map_err(|e| usage!("--out {}: cannot write ({e})", out.display()))?;
+    // What the file holds, for `score` (a user's Ô computed on these inputs is scored as a run
+    // of this configuration).
+    let info = crate::score::DumpInfo {
+        tool: "approx-bench".into(),
+        version: env!("CARGO_PKG_VERSION").into(),
+        inputs: inputs_cfg.clone(),
+        model_id: prepared.model_id.clone(),
+        n,
+        window,
+        heads: prepared.heads(),
+        head_dim: prepared.head_dim(),
+    };
+    let side = crate::score::sidecar(out);
+    std::fs::write(&side, serde_json::to_string_pretty(&info)? + "\n")
+        .map_err(|e| usage!("--out {}: cannot write ({e})", side.display()))?;
     Ok(())
 }

@@ -1,0 +1,358 @@
+//! `approx-bench score`: a method computed anywhere (any language) scored like a built-in one.
+//!
+//! Inputs are `dump-qkv` files (`<file>.safetensors` with q, k, v [heads, n, p] and the sidecar
+//! `<file>.safetensors.json` naming the configuration they came from); the user writes one Ô file
+//! per (n, window, d): `<NAME>-n<N>-w<W>-d<D>.safetensors` holding one tensor `o_hat`
+//! [heads, n, p] (any float dtype). Every head is scored against exact attention computed from
+//! the dumped Q, K, V with the sweep's own code, and the run is written in the standard format
+//! (trials.csv, summary.csv, manifest.json), so `plot`, `check` and `merge` take it like any run.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::{Path, PathBuf};
+
+use anyhow::{Context, Result};
+use candle_core::{DType, Device, Tensor};
+use serde::{Deserialize, Serialize};
+
+use crate::attention::HeadInputs;
+use crate::config::{Choice, InputConfig, RunConfig, UserMethod};
+use crate::numerics::{sampling::TrialKey, spectral};
+use crate::report::manifest::{self, InputFile, Manifest};
+use crate::report::summary;
+use crate::report::trials::{TrialRow, TrialWriter};
+use crate::sweep::SweepOutcome;
+use crate::usage;
+
+/// The sidecar `dump-qkv` writes next to its safetensors file.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct DumpInfo {
+    pub tool: String,
+    pub version: String,
+    pub inputs: InputConfig,
+    pub model_id: String,
+    pub n: usize,
+    pub window: usize,
+    pub heads: usize,
+    pub head_dim: usize,
+}
+
+/// The sidecar's path for a dump file.
+pub fn sidecar(dump: &Path) -> PathBuf {
+    let mut s = dump.as_os_str().to_owned();
+    s.push(".json");
+    PathBuf::from(s)
+}
+
+/// What `score` needs to know.
+#[derive(Debug, Clone)]
+pub struct ScoreRequest {
+    pub qkv: PathBuf,
+    pub approx: PathBuf,
+    pub name: String,
+    pub out: PathBuf,
+    pub force: bool,
+    pub command: Vec<String>,
+}
+
+struct Dump {
+    path: PathBuf,
+    info: DumpInfo,
+}
+
+fn safetensors_in(dir: &Path, flag: &str) -> Result<Vec<PathBuf>> {
+    let mut files: Vec<PathBuf> = std::fs::read_dir(dir)
+        .map_err(|e| usage!("{flag} {}: cannot read the directory ({e})", dir.display()))?
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| p.extension().is_some_and(|x| x == "safetensors"))
+        .collect();
+    files.sort();
+    Ok(files)
+}
+
+fn read_dumps(dir: &Path) -> Result<Vec<Dump>> {
+    let mut dumps = Vec::new();
+    for path in safetensors_in(dir, "--qkv")? {
+        let side = sidecar(&path);
+        let text = std::fs::read_to_string(&side).map_err(|_| {
+            usage!(
+                "--qkv: {} has no {}; write the inputs with `approx-bench dump-qkv`, which adds it",
+                path.display(),
+                side.display()
+            )
+        })?;
+        let info: DumpInfo = serde_json::from_str(&text)
+            .map_err(|e| usage!("--qkv: {} is not a dump-qkv sidecar ({e})", side.display()))?;
+        dumps.push(Dump { path, info });
+    }
+    if dumps.is_empty() {
+        return Err(usage!(
+            "--qkv {}: no dump-qkv files (*.safetensors with their .json sidecar)",
+            dir.display()
+        ));
+    }
+    let first = &dumps[0];
+    for d in &dumps[1..] {
+        if d.info.inputs != first.info.inputs || d.info.model_id != first.info.model_id {
+            return Err(usage!(
+                "--qkv: {} and {} come from different configurations; score one configuration at a time",
+                first.path.display(),
+                d.path.display()
+            ));
+        }
+    }
+    Ok(dumps)
+}
+
+/// `<name>-n<N>-w<W>-d<D>.safetensors` → (n, window, d) when the name matches.
+fn parse_approx_name(file: &str, name: &str) -> Option<(usize, usize, usize)> {
+    let rest = file.strip_prefix(name)?.strip_prefix("-n")?;
+    let rest = rest.strip_suffix(".safetensors")?;
+    let (n, rest) = rest.split_once("-w")?;
+    let (w, d) = rest.split_once("-d")?;
+    Some((n.parse().ok()?, w.parse().ok()?, d.parse().ok()?))
+}
+
+fn load_tensor(path: &Path, key: &str, shape: &[usize]) -> Result<Tensor> {
+    let map = candle_core::safetensors::load(path, &Device::Cpu)
+        .map_err(|e| usage!("{}: not a readable safetensors file ({e})", path.display()))?;
+    let t = match map.get(key) {
+        Some(t) => t.clone(),
+        None if map.len() == 1 => map.into_values().next().expect("one tensor"),
+        None => {
+            return Err(usage!(
+                "{}: no tensor named {key} (it holds {})",
+                path.display(),
+                map.keys().cloned().collect::<Vec<_>>().join(", ")
+            ))
+        }
+    };
+    if t.dims() != shape {
+        return Err(usage!(
+            "{}: {key} has shape {:?}; expected [heads, n, p] = {shape:?}",
+            path.display(),
+            t.dims()
+        ));
+    }
+    Ok(t)
+}
+
+/// Scores the Ô files against the dumps and writes the run into `req.out`.
+pub fn score(req: &ScoreRequest) -> Result<SweepOutcome> {
+    crate::config::check_user_name(&req.name)?;
+    let dumps = read_dumps(&req.qkv)?;
+    let info0 = dumps[0].info.clone();
+    let by_unit: BTreeMap<(usize, usize), &Dump> =
+        dumps.iter().map(|d| ((d.info.n, d.info.window), d)).collect();
+    // The Ô files of this method, by (n, window, d).
+    let mut approx: BTreeMap<(usize, usize, usize), PathBuf> = BTreeMap::new();
+    for path in safetensors_in(&req.approx, "--approx")? {
+        let file = path.file_name().unwrap_or_default().to_string_lossy();
+        if let Some(key) = parse_approx_name(&file, &req.name) {
+            if !by_unit.contains_key(&(key.0, key.1)) {
+                return Err(usage!(
+                    "--approx: {} is for n = {}, window {}, which has no dump in --qkv {}",
+                    path.display(),
+                    key.0,
+                    key.1,
+                    req.qkv.display()
+                ));
+            }
+            approx.insert(key, path);
+        }
+    }
+    if approx.is_empty() {
+        return Err(usage!(
+            "--approx {}: no files named {}-n<N>-w<W>-d<D>.safetensors",
+            req.approx.display(),
+            req.name
+        ));
+    }
+    let lengths: Vec<usize> = by_unit.keys().map(|k| k.0).collect::<BTreeSet<_>>().into_iter().collect();
+    let features: Vec<usize> = approx.keys().map(|k| k.2).collect::<BTreeSet<_>>().into_iter().collect();
+    let windows = lengths
+        .iter()
+        .map(|&n| by_unit.keys().filter(|k| k.0 == n).count())
+        .min()
+        .unwrap_or(0);
+    // The grid must be whole: windows 0..W of every n, every d.
+    let mut missing = Vec::new();
+    for &n in &lengths {
+        for w in 0..windows {
+            for &d in &features {
+                if !approx.contains_key(&(n, w, d)) {
+                    missing.push(format!("{}-n{n}-w{w}-d{d}.safetensors", req.name));
+                }
+            }
+        }
+    }
+    if !missing.is_empty() {
+        return Err(usage!(
+            "--approx {}: the grid n ∈ {lengths:?} × windows 0..{windows} × d ∈ {features:?} lacks {} file(s): {}",
+            req.approx.display(),
+            missing.len(),
+            missing.iter().take(5).cloned().collect::<Vec<_>>().join(", ")
+        ));
+    }
+
+    let mut files = Vec::new();
+    for (role, path) in dumps
+        .iter()
+        .map(|d| ("qkv", d.path.clone()))
+        .chain(approx.values().map(|p| ("approx", p.clone())))
+    {
+        let (sha256, bytes) = manifest::sha256_file(&path)?;
+        files.push(InputFile {
+            role: role.into(),
+            path: path.display().to_string(),
+            sha256,
+            bytes,
+        });
+    }
+    use sha2::Digest;
+    let approx_sha = format!(
+        "{:x}",
+        sha2::Sha256::digest(
+            files
+                .iter()
+                .filter(|f| f.role == "approx")
+                .map(|f| f.sha256.as_str())
+                .collect::<String>()
+        )
+    );
+    let cfg = RunConfig {
+        inputs: info0.inputs.clone(),
+        lengths: lengths.clone(),
+        features: features.clone(),
+        methods: vec![req.name.clone()],
+        windows,
+        heads: None,
+        seed: 0,
+        user_methods: BTreeMap::from([(
+            req.name.clone(),
+            UserMethod {
+                kind: "score files".into(),
+                origin: req.approx.display().to_string(),
+                sha256: approx_sha,
+            },
+        )]),
+    };
+
+    std::fs::create_dir_all(&req.out)
+        .map_err(|e| usage!("--out {}: cannot create the directory ({e})", req.out.display()))?;
+    let trials_path = req.out.join("trials.csv");
+    if req.force {
+        for f in ["trials.csv", "summary.csv", "manifest.json"] {
+            let _ = std::fs::remove_file(req.out.join(f));
+        }
+    } else if trials_path.exists() {
+        return Err(usage!(
+            "--out {} already holds a run; use another --out, or --force to replace it",
+            req.out.display()
+        ));
+    }
+    let mut manifest = Manifest {
+        tool: "approx-bench".into(),
+        version: env!("CARGO_PKG_VERSION").into(),
+        dependencies: env!("APPROX_BENCH_DEPS").into(),
+        command: req.command.clone(),
+        config: cfg.clone(),
+        model_id: info0.model_id.clone(),
+        heads: info0.heads,
+        head_dim: info0.head_dim,
+        corpus_tokens: 0,
+        inputs: files,
+        started: manifest::now(),
+        finished: None,
+        status: "running".into(),
+        trials: 0,
+        threads: rayon::current_num_threads(),
+        features_cuda: cfg!(feature = "cuda"),
+        shard: None,
+    };
+    manifest.write(&req.out)?;
+    let (mut writer, _) = TrialWriter::open(&trials_path)?;
+    let mut rows = Vec::new();
+    for &n in &lengths {
+        for w in 0..windows {
+            let dump = by_unit[&(n, w)];
+            let shape = [dump.info.heads, n, dump.info.head_dim];
+            let [q, k, v] = ["q", "k", "v"].map(|key| load_tensor(&dump.path, key, &shape));
+            let (q, k, v) = (q?, k?, v?);
+            let q = q.to_dtype(cfg.inputs.candle_dtype())?;
+            let k = k.to_dtype(cfg.inputs.candle_dtype())?;
+            let v = v.to_dtype(cfg.inputs.candle_dtype())?;
+            let outs: Vec<Tensor> = features
+                .iter()
+                .map(|d| load_tensor(&approx[&(n, w, *d)], "o_hat", &shape))
+                .collect::<Result<_>>()?;
+            for h in 0..dump.info.heads {
+                let head = HeadInputs::new(q.get(h)?, k.get(h)?, v.get(h)?)?;
+                let exact_norm = head.exact.norm()?;
+                let exact64 = head.exact.output.to_dtype(DType::F64)?;
+                for (&d, o) in features.iter().zip(&outs) {
+                    let o_hat = o.get(h)?.to_dtype(DType::F64)?;
+                    let norms = spectral::error_norms(&exact64, &o_hat).with_context(|| {
+                        format!("scoring {} at n = {n}, window {w}, head {h}, d = {d}", req.name)
+                    })?;
+                    let flagged = crate::sweep::flagged_rows(&crate::attention::Approximation::plain(
+                        o_hat.clone(),
+                    ))?;
+                    let row = TrialRow {
+                        model: cfg.inputs.model.name().to_string(),
+                        model_id: info0.model_id.clone(),
+                        layer: cfg.inputs.layer,
+                        n,
+                        window: w,
+                        head: h,
+                        method: req.name.clone(),
+                        d,
+                        seed: TrialKey {
+                            seed: cfg.seed,
+                            n,
+                            window: w,
+                            head: h,
+                            method: &req.name,
+                            d,
+                        }
+                        .derive_seed(),
+                        error: norms.spectral,
+                        rel_error: norms.spectral / exact_norm,
+                        frob_error: norms.frobenius,
+                        exact_norm,
+                        nonfinite_rows: flagged,
+                        macs: f64::NAN,
+                        seconds: f64::NAN,
+                    };
+                    writer.append(&row)?;
+                    rows.push(row);
+                }
+            }
+        }
+    }
+    let summary_rows = summary::summarize(&rows, &cfg.methods);
+    summary::write(&req.out.join("summary.csv"), &summary_rows)?;
+    manifest.finished = Some(manifest::now());
+    manifest.status = "complete".into();
+    manifest.trials = rows.len();
+    manifest.write(&req.out)?;
+    Ok(SweepOutcome {
+        out: req.out.clone(),
+        summary: summary_rows,
+        new_trials: rows.len(),
+        total_trials: rows.len(),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn approx_file_names_are_parsed_for_their_method_only() {
+        assert_eq!(parse_approx_name("mine-n1024-w3-d64.safetensors", "mine"), Some((1024, 3, 64)));
+        assert_eq!(parse_approx_name("my-method-n16-w0-d4.safetensors", "my-method"), Some((16, 0, 4)));
+        assert_eq!(parse_approx_name("other-n16-w0-d4.safetensors", "mine"), None);
+        assert_eq!(parse_approx_name("mine-n16-w0-d4.bin", "mine"), None);
+        assert_eq!(parse_approx_name("mine-n16-wx-d4.safetensors", "mine"), None);
+    }
+}
