@@ -117,10 +117,24 @@ pub fn all_methods_style(method: &str, unknown_index: usize) -> SeriesStyle {
         "skein_nonorm" => st(c(230, 90, 0), true, Marker::TriUp),
         "skein_simplenorm" => st(c(190, 110, 60), true, Marker::Plus),
         "skein_nopilot" => st(c(255, 170, 80), true, Marker::Cross),
-        "vmean" => st(c(148, 103, 189), true, Marker::Square),
+        // References (issue 13): grey, whatever their family.
+        "vmean" => st(c(128, 128, 128), true, Marker::Square),
+        "topk" => st(c(150, 150, 150), true, Marker::Diamond),
         "linformer" => st(c(44, 160, 44), false, Marker::TriDown),
         "linformer_jlt" => st(c(44, 160, 44), true, Marker::TriUp),
         "column_uniform" => st(c(227, 119, 194), false, Marker::Plus),
+        // Features: Performer's greys and blacks.
+        "performer_trig" => st(c(60, 60, 60), true, Marker::TriUp),
+        // Sparse and hashing: teals.
+        "window" => st(c(0, 128, 128), false, Marker::Square),
+        "bigbird" => st(c(60, 170, 140), true, Marker::TriUp),
+        "reformer" => st(c(0, 90, 90), true, Marker::Cross),
+        // Sampling with guarantees: Skeinformer's oranges and Informer's cyans.
+        "hyperattention" => st(c(210, 160, 0), false, Marker::TriDown),
+        "kdeformer" => st(c(0, 120, 200), true, Marker::Diamond),
+        // Hybrid: magenta.
+        "scatterbrain" => st(c(190, 0, 120), false, Marker::Dot),
+        "scatterbrain_local" => st(c(190, 0, 120), true, Marker::Cross),
         _ => {
             const EXTRA: [RGBColor; 5] = [
                 RGBColor(140, 86, 75),
@@ -177,6 +191,15 @@ pub fn method_label(method: &str) -> String {
         "linformer_jlt" => "Linformer (unreduced JLT)",
         "column_uniform" => "Column sampling (uniform)",
         "svd_optimal" => "SVD optimum (floor)",
+        "topk" => "Top-2d keys (oracle)",
+        "window" => "Sliding window",
+        "bigbird" => "BigBird",
+        "reformer" => "Reformer (LSH)",
+        "performer_trig" => "Performer (trigonometric features)",
+        "hyperattention" => "HyperAttention",
+        "kdeformer" => "KDEformer",
+        "scatterbrain" => "Scatterbrain",
+        "scatterbrain_local" => "Scatterbrain (local + low rank)",
         other => other,
     }
     .to_string()
