@@ -24,7 +24,7 @@ pub mod vmean;
 // The flat paths from before the split into families (`attention::skyformer::…`) keep working.
 pub use features::{performer, performer_trig};
 pub use lowrank::{linformer, nystromformer, skyformer, svd_optimal};
-pub use sampling::{column_uniform, informer, skeinformer};
+pub use sampling::{column_uniform, hyperattention, informer, kdeformer, skeinformer};
 pub use sparse::{bigbird, reformer, topk, window};
 
 /// One head's inputs and the products every method and d may share (computed once per head).
@@ -204,6 +204,8 @@ pub fn registry() -> Vec<Box<dyn Method>> {
         Box::new(bigbird::BigBird),
         Box::new(reformer::Reformer),
         Box::new(performer_trig::PerformerTrig),
+        Box::new(hyperattention::HyperAttention::reference()),
+        Box::new(kdeformer::KdeFormer::reference()),
     ]
 }
 
@@ -417,6 +419,8 @@ mod tests {
         assert_eq!(family("performer_favor"), Family::Features);
         assert_eq!(family("performer_trig"), Family::Features);
         assert_eq!(family("skein_uniform"), Family::Sampling);
+        assert_eq!(family("hyperattention"), Family::Sampling);
+        assert_eq!(family("kdeformer"), Family::Sampling);
         assert_eq!(
             family_method_ids(Family::Sparse),
             vec!["window", "topk", "bigbird", "reformer"]
