@@ -135,7 +135,6 @@ pub(crate) fn shifted_feature_map(
 }
 
 /// ‖x̃_i‖²/2 (n×1), for callers of [`shifted_feature_map`].
-#[allow(dead_code)]
 pub(crate) fn half_squared_norms(xt: &Tensor) -> Result<Tensor> {
     half_sq_norms(xt)
 }
