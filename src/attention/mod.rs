@@ -24,9 +24,9 @@ pub mod vmean;
 
 // The flat paths from before the split into families (`attention::skyformer::…`) keep working.
 pub use features::{performer, performer_trig};
+pub use hybrid::scatterbrain;
 pub use lowrank::{linformer, nystromformer, skyformer, svd_optimal};
 pub use sampling::{column_uniform, hyperattention, informer, kdeformer, skeinformer};
-pub use hybrid::scatterbrain;
 pub use sparse::{bigbird, reformer, topk, window};
 
 /// One head's inputs and the products every method and d may share (computed once per head).

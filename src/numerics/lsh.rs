@@ -436,7 +436,11 @@ mod tests {
         let blocks = sort_lsh_blocks(&q, &k, &omega, b, BucketOrder::Code).unwrap();
         // Against a direct stable sort on κ = g(h).
         let kappa = |x: &Tensor| -> Vec<usize> {
-            sign_bit_hash(x, &omega).unwrap().into_iter().map(gray_code).collect()
+            sign_bit_hash(x, &omega)
+                .unwrap()
+                .into_iter()
+                .map(gray_code)
+                .collect()
         };
         for (x, blk) in [(&q, &blocks.q_block), (&k, &blocks.k_block)] {
             let kap = kappa(x);

@@ -103,7 +103,10 @@ pub fn weighted_with_replacement(rng: &mut TrialRng, weights: &[f64], k: usize) 
     let mut cum = Vec::with_capacity(weights.len());
     let mut total = 0.0;
     for &w in weights {
-        assert!(w >= 0.0 && w.is_finite(), "weight {w} is not a finite non-negative number");
+        assert!(
+            w >= 0.0 && w.is_finite(),
+            "weight {w} is not a finite non-negative number"
+        );
         total += w;
         cum.push(total);
     }
@@ -151,9 +154,15 @@ mod tests {
         assert_eq!(counts[1], 0);
         for (c, wj) in counts.iter().zip(w) {
             let expect = 40_000.0 * wj / 8.0;
-            assert!((*c as f64 - expect).abs() < 5.0 * expect.sqrt().max(1.0), "{counts:?}");
+            assert!(
+                (*c as f64 - expect).abs() < 5.0 * expect.sqrt().max(1.0),
+                "{counts:?}"
+            );
         }
-        assert_eq!(draws[..20], weighted_with_replacement(&mut rng_from_seed(5), &w, 20)[..]);
+        assert_eq!(
+            draws[..20],
+            weighted_with_replacement(&mut rng_from_seed(5), &w, 20)[..]
+        );
     }
 
     #[test]

@@ -106,7 +106,8 @@ fn stable_argsort(key: &[f64]) -> Vec<usize> {
 /// π_Q and π_K of the SMYRF support: stable argsorts of α·q' and α·k' (XBOX+ lifts of q̃, k̃,
 /// both [n, p] on the host, row-major); α has p + 2 entries.
 pub fn smyrf_orders(qt: &[f64], kt: &[f64], p: usize, alpha: &[f64]) -> (Vec<usize>, Vec<usize>) {
-    let sq = |x: &[f64]| -> Vec<f64> { x.chunks(p).map(|r| r.iter().map(|y| y * y).sum()).collect() };
+    let sq =
+        |x: &[f64]| -> Vec<f64> { x.chunks(p).map(|r| r.iter().map(|y| y * y).sum()).collect() };
     let (nq, nk) = (sq(qt), sq(kt));
     let big = nq.iter().cloned().fold(0.0, f64::max) + nk.iter().cloned().fold(0.0, f64::max);
     let proj = |x: &[f64], norms: &[f64], lift: f64| -> Vec<f64> {
@@ -217,7 +218,11 @@ impl Method for Scatterbrain {
     ) -> Result<Approximation> {
         let (n, p) = (head.n(), head.p());
         ensure!(d >= 2, "{} needs d ≥ 2", self.id());
-        ensure!(head.k.dim(0)? == n, "{} needs as many keys as queries", self.id());
+        ensure!(
+            head.k.dim(0)? == n,
+            "{} needs as many keys as queries",
+            self.id()
+        );
         let (dev, dt) = (head.device(), head.dtype());
         let pv = head.v.dim(1)?;
         let (m, c) = (features(d), cluster_size(n, d));
@@ -241,19 +246,26 @@ impl Method for Scatterbrain {
             .transpose(1, 2)?
             .contiguous()?
             .matmul(&padded_gather(&vp, &keys, cmax)?)?; // [B, m, p_v + 1]
-        // T̄_b = prefix_b + suffix_b on the host in f64.
+                                                         // T̄_b = prefix_b + suffix_b on the host in f64.
         let w = m * (pv + 1);
         let t = to_vec_f64(&t)?;
         let mut bar = vec![0f64; nb * w];
         let mut acc = vec![0f64; w];
         for b in 0..nb {
             bar[b * w..][..w].copy_from_slice(&acc);
-            acc.iter_mut().zip(&t[b * w..][..w]).for_each(|(a, x)| *a += x);
+            acc.iter_mut()
+                .zip(&t[b * w..][..w])
+                .for_each(|(a, x)| *a += x);
         }
         acc.iter_mut().for_each(|a| *a = 0.0);
         for b in (0..nb).rev() {
-            bar[b * w..][..w].iter_mut().zip(&acc).for_each(|(x, a)| *x += a);
-            acc.iter_mut().zip(&t[b * w..][..w]).for_each(|(a, x)| *a += x);
+            bar[b * w..][..w]
+                .iter_mut()
+                .zip(&acc)
+                .for_each(|(x, a)| *x += a);
+            acc.iter_mut()
+                .zip(&t[b * w..][..w])
+                .for_each(|(a, x)| *a += x);
         }
         let bar = Tensor::from_vec(bar, (nb, m, pv + 1), dev)?.to_dtype(dt)?;
         // Low-rank part f_i·T̄_b per query, back in row order.
@@ -317,8 +329,14 @@ mod tests {
         let [q, k, v] = host_rows(h);
         let (n, p) = (q.len(), q[0].len());
         let s = (p as f64).powf(-0.25);
-        let qt: Vec<Vec<f64>> = q.iter().map(|r| r.iter().map(|x| x * s).collect()).collect();
-        let kt: Vec<Vec<f64>> = k.iter().map(|r| r.iter().map(|x| x * s).collect()).collect();
+        let qt: Vec<Vec<f64>> = q
+            .iter()
+            .map(|r| r.iter().map(|x| x * s).collect())
+            .collect();
+        let kt: Vec<Vec<f64>> = k
+            .iter()
+            .map(|r| r.iter().map(|x| x * s).collect())
+            .collect();
         let mut rng = TrialRng::seed_from_u64(seed);
         let (qo, ko): (Vec<usize>, Vec<usize>) = match support {
             Support::Local => ((0..n).collect(), (0..n).collect()),
@@ -326,12 +344,19 @@ mod tests {
                 let alpha = normal_values(&mut rng, p + 2, 1, 1.0);
                 let nq: Vec<f64> = qt.iter().map(|r| r.iter().map(|x| x * x).sum()).collect();
                 let nk: Vec<f64> = kt.iter().map(|r| r.iter().map(|x| x * x).sum()).collect();
-                let big = nq.iter().cloned().fold(0.0, f64::max) + nk.iter().cloned().fold(0.0, f64::max);
+                let big =
+                    nq.iter().cloned().fold(0.0, f64::max) + nk.iter().cloned().fold(0.0, f64::max);
                 let pq: Vec<f64> = (0..n)
-                    .map(|i| (0..p).map(|c| qt[i][c] * alpha[c]).sum::<f64>() + alpha[p + 1] * (big - nq[i]).sqrt())
+                    .map(|i| {
+                        (0..p).map(|c| qt[i][c] * alpha[c]).sum::<f64>()
+                            + alpha[p + 1] * (big - nq[i]).sqrt()
+                    })
                     .collect();
                 let pk: Vec<f64> = (0..n)
-                    .map(|j| (0..p).map(|c| kt[j][c] * alpha[c]).sum::<f64>() + alpha[p] * (big - nk[j]).sqrt())
+                    .map(|j| {
+                        (0..p).map(|c| kt[j][c] * alpha[c]).sum::<f64>()
+                            + alpha[p] * (big - nk[j]).sqrt()
+                    })
                     .collect();
                 let mut a: Vec<usize> = (0..n).collect();
                 a.sort_by(|&x, &y| pq[x].partial_cmp(&pq[y]).unwrap());
@@ -345,11 +370,15 @@ mod tests {
         let phi = |x: &[f64]| -> Vec<f64> {
             let hs: f64 = x.iter().map(|y| y * y).sum::<f64>() / 2.0;
             (0..m)
-                .map(|r| ((0..p).map(|c| om[(r, c)] * x[c]).sum::<f64>() - hs).exp() / (m as f64).sqrt())
+                .map(|r| {
+                    ((0..p).map(|c| om[(r, c)] * x[c]).sum::<f64>() - hs).exp() / (m as f64).sqrt()
+                })
                 .collect()
         };
-        let (pq, pk): (Vec<Vec<f64>>, Vec<Vec<f64>>) =
-            (qt.iter().map(|r| phi(r)).collect(), kt.iter().map(|r| phi(r)).collect());
+        let (pq, pk): (Vec<Vec<f64>>, Vec<Vec<f64>>) = (
+            qt.iter().map(|r| phi(r)).collect(),
+            kt.iter().map(|r| phi(r)).collect(),
+        );
         // Group of each query and key (array_split of the orders), then the n×n mask.
         let mut gq = vec![0; n];
         let mut gk = vec![0; n];
@@ -363,7 +392,12 @@ mod tests {
                 let mut den = 0.0;
                 for j in 0..n {
                     let a = if gq[i] == gk[j] {
-                        qt[i].iter().zip(&kt[j]).map(|(x, y)| x * y).sum::<f64>().exp()
+                        qt[i]
+                            .iter()
+                            .zip(&kt[j])
+                            .map(|(x, y)| x * y)
+                            .sum::<f64>()
+                            .exp()
                     } else {
                         pq[i].iter().zip(&pk[j]).map(|(x, y)| x * y).sum::<f64>()
                     };
@@ -404,7 +438,12 @@ mod tests {
 
     #[test]
     fn array_split_matches_numpy() {
-        let lens = |n, c| array_split(n, c).iter().map(|r| r.len()).collect::<Vec<_>>();
+        let lens = |n, c| {
+            array_split(n, c)
+                .iter()
+                .map(|r| r.len())
+                .collect::<Vec<_>>()
+        };
         assert_eq!(lens(100, 16), vec![15, 15, 14, 14, 14, 14, 14]);
         assert_eq!(lens(64, 16), vec![16; 4]);
         assert_eq!(lens(5, 8), vec![5]);

@@ -111,7 +111,10 @@ pub(crate) fn blocks_plus_samples(
     let (n, p) = (head.n(), head.p());
     let pv = head.v.dim(1)?;
     let m = samples.keys.len();
-    ensure!(m == samples.log_weights.len() && m >= 1, "need ≥ 1 weighted sample");
+    ensure!(
+        m == samples.log_weights.len() && m >= 1,
+        "need ≥ 1 weighted sample"
+    );
     let dev = head.device();
 
     let blk = key_set_softmax(&head.q, &head.k, &head.v, &blocks.groups, None, true)?;
@@ -129,9 +132,8 @@ pub(crate) fn blocks_plus_samples(
         .zip(s.par_chunks(m))
         .enumerate()
         .map(|(i, (e_row, s_row))| {
-            let on = |l: usize| {
-                !mask_own_block || blocks.k_block[samples.keys[l]] != blocks.q_block[i]
-            };
+            let on =
+                |l: usize| !mask_own_block || blocks.k_block[samples.keys[l]] != blocks.q_block[i];
             let c = (0..m)
                 .filter(|&l| on(l))
                 .map(|l| s_row[l] + samples.log_weights[l])
@@ -156,7 +158,11 @@ pub(crate) fn blocks_plus_samples(
         .enumerate()
         .map(|(i, row)| {
             let (c, z) = stats[i];
-            let lse_res = if z > 0.0 { c + z.ln() } else { f64::NEG_INFINITY };
+            let lse_res = if z > 0.0 {
+                c + z.ln()
+            } else {
+                f64::NEG_INFINITY
+            };
             let top = lse_blk[i].max(lse_res);
             let a = (lse_blk[i] - top).exp();
             let w = if z > 0.0 { (c - top).exp() } else { 0.0 };
@@ -236,7 +242,13 @@ pub(crate) mod tests {
     pub(crate) fn synthetic(n: usize, p: usize, std: f64, seed: u64) -> HeadInputs {
         let mut rng = TrialRng::seed_from_u64(seed);
         let mut mk = || {
-            from_f64(normal_values(&mut rng, n, p, std), (n, p), &Device::Cpu, DType::F64).unwrap()
+            from_f64(
+                normal_values(&mut rng, n, p, std),
+                (n, p),
+                &Device::Cpu,
+                DType::F64,
+            )
+            .unwrap()
         };
         let (q, k, v) = (mk(), mk(), mk());
         HeadInputs::new(q, k, v).unwrap()
@@ -375,7 +387,10 @@ pub(crate) mod tests {
         for i in 0..n {
             let mean = sum[i] / trials as f64;
             let se = ((sq[i] / trials as f64 - mean * mean) / trials as f64).sqrt();
-            assert!((mean - 1.0).abs() < 5.0 * se + 1e-12, "row {i}: {mean} ± {se}");
+            assert!(
+                (mean - 1.0).abs() < 5.0 * se + 1e-12,
+                "row {i}: {mean} ± {se}"
+            );
         }
     }
 

@@ -25,8 +25,8 @@
 //!
 //! What d means: b = m = d (§6.3.2 [REC]; the GloVe demo uses b = F/2, m = F): ≈ 2d keys per query.
 //!
-//! Cost (MACs): as `hyperattention` (≈ 4ndp + 2nd + 14np hashing) + n(p+1)² for the Gram
-//! + n(p+1) for the row norms (+ O(p³) eigen-solve). The Gram term is d-independent, ≈ 66np at
+//! Cost (MACs): as `hyperattention` (≈ 4ndp + 2nd + 14np hashing), plus n(p+1)² for the Gram
+//! and n(p+1) for the row norms (+ O(p³) eigen-solve). The Gram term is d-independent, ≈ 66np at
 //! p = 64, as large as the main term at d ≈ 16.
 //!
 //! Randomness (§1.5): Ω, then J ~ π; fresh per trial.
@@ -35,8 +35,7 @@ use anyhow::{ensure, Result};
 use candle_core::{Tensor, D};
 
 use super::hyperattention::{
-    block_and_sample_macs, block_size, blocks_plus_samples, draw_omega, BlockSampleOutput,
-    Samples,
+    block_and_sample_macs, block_size, blocks_plus_samples, draw_omega, BlockSampleOutput, Samples,
 };
 use crate::attention::{ones_col, Approximation, Family, HeadInputs, Method};
 use crate::numerics::lsh::{sort_lsh_blocks, BucketOrder};
@@ -64,9 +63,15 @@ pub fn value_norm_weights(v: &Tensor) -> Result<Vec<f64>> {
     let n = v.dim(0)?;
     let vp = Tensor::cat(&[v, &ones_col(n, v.dtype(), v.device())?], 1)?;
     let lambda = exact_lambda_max(&to_dmatrix(&vp.t()?.matmul(&vp)?)?);
-    ensure!(lambda > 0.0 && lambda.is_finite(), "kdeformer: ‖V'‖₂² = {lambda}");
+    ensure!(
+        lambda > 0.0 && lambda.is_finite(),
+        "kdeformer: ‖V'‖₂² = {lambda}"
+    );
     let sq = to_vec_f64(&vp.sqr()?.sum(D::Minus1)?)?;
-    Ok(sq.iter().map(|s| s.sqrt() / lambda + 1.0 / n as f64).collect())
+    Ok(sq
+        .iter()
+        .map(|s| s.sqrt() / lambda + 1.0 / n as f64)
+        .collect())
 }
 
 impl KdeFormer {
@@ -137,8 +142,12 @@ mod tests {
     fn direct_law(h: &HeadInputs) -> Vec<f64> {
         let [_, _, v] = host_rows(h);
         let (n, p1) = (v.len(), v[0].len() + 1);
-        let vp: Vec<Vec<f64>> = v.iter().map(|r| r.iter().copied().chain([1.0]).collect()).collect();
-        let g = nalgebra::DMatrix::from_fn(p1, p1, |a, b| vp.iter().map(|r| r[a] * r[b]).sum::<f64>());
+        let vp: Vec<Vec<f64>> = v
+            .iter()
+            .map(|r| r.iter().copied().chain([1.0]).collect())
+            .collect();
+        let g =
+            nalgebra::DMatrix::from_fn(p1, p1, |a, b| vp.iter().map(|r| r[a] * r[b]).sum::<f64>());
         let lambda = nalgebra::SymmetricEigen::new(g).eigenvalues.max();
         let w: Vec<f64> = vp
             .iter()
@@ -215,7 +224,10 @@ mod tests {
         for i in 0..n {
             let mean = sum[i] / trials as f64;
             let se = ((sq[i] / trials as f64 - mean * mean) / trials as f64).sqrt();
-            assert!((mean - 1.0).abs() < 5.0 * se + 1e-12, "row {i}: {mean} ± {se}");
+            assert!(
+                (mean - 1.0).abs() < 5.0 * se + 1e-12,
+                "row {i}: {mean} ± {se}"
+            );
         }
     }
 
@@ -245,6 +257,9 @@ mod tests {
         let (n, p, d) = (4096, 64, 64);
         let ha = crate::attention::hyperattention::HyperAttention::reference();
         let extra = (n * 65 * 65 + n * 65) as f64;
-        assert_eq!(KdeFormer::reference().macs(n, p, d), ha.macs(n, p, d) + extra);
+        assert_eq!(
+            KdeFormer::reference().macs(n, p, d),
+            ha.macs(n, p, d) + extra
+        );
     }
 }
