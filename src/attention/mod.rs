@@ -1,5 +1,5 @@
 //! Attention: the exact softmax target and every approximation, one file per method, grouped by
-//! family (`lowrank/`, `features/`, `sampling/`, `sparse/`); `exact`, `vmean` and this registry
+//! family (`lowrank/`, `features/`, `sampling/`, `sparse/`, `hybrid/`); `exact`, `vmean` and this registry
 //! stay at the top.
 //!
 //! A method sees one head's Q, K, V ([n, p] tensors on a candle `Device`, in the run's dtype)
@@ -16,6 +16,7 @@ use crate::numerics::sampling::TrialRng;
 
 pub mod exact;
 pub mod features;
+pub mod hybrid;
 pub mod lowrank;
 pub mod sampling;
 pub mod sparse;
@@ -23,8 +24,9 @@ pub mod vmean;
 
 // The flat paths from before the split into families (`attention::skyformer::…`) keep working.
 pub use features::{performer, performer_trig};
+pub use hybrid::scatterbrain;
 pub use lowrank::{linformer, nystromformer, skyformer, svd_optimal};
-pub use sampling::{column_uniform, informer, skeinformer};
+pub use sampling::{column_uniform, hyperattention, informer, kdeformer, skeinformer};
 pub use sparse::{bigbird, reformer, topk, window};
 
 /// One head's inputs and the products every method and d may share (computed once per head).
@@ -204,6 +206,10 @@ pub fn registry() -> Vec<Box<dyn Method>> {
         Box::new(bigbird::BigBird),
         Box::new(reformer::Reformer),
         Box::new(performer_trig::PerformerTrig),
+        Box::new(hyperattention::HyperAttention::reference()),
+        Box::new(kdeformer::KdeFormer::reference()),
+        Box::new(scatterbrain::Scatterbrain::smyrf()),
+        Box::new(scatterbrain::Scatterbrain::local()),
     ]
 }
 
@@ -417,6 +423,12 @@ mod tests {
         assert_eq!(family("performer_favor"), Family::Features);
         assert_eq!(family("performer_trig"), Family::Features);
         assert_eq!(family("skein_uniform"), Family::Sampling);
+        assert_eq!(family("hyperattention"), Family::Sampling);
+        assert_eq!(family("kdeformer"), Family::Sampling);
+        assert_eq!(
+            family_method_ids(Family::Hybrid),
+            vec!["scatterbrain", "scatterbrain_local"]
+        );
         assert_eq!(
             family_method_ids(Family::Sparse),
             vec!["window", "topk", "bigbird", "reformer"]

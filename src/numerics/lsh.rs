@@ -17,6 +17,7 @@ use std::ops::Neg;
 
 use candle_core::{DType, Tensor};
 
+use crate::numerics::key_sets::KeyGroup;
 use crate::numerics::sampling::{normal_values, TrialRng};
 
 /// Random rotations R ∈ ℝ^{p × nb/2} of an angular hash with `buckets` = nb buckets.
@@ -174,6 +175,97 @@ pub fn ranks(order: &[usize]) -> Vec<usize> {
     rank
 }
 
+/// Hash bits r of sortLSH (METHODS.md §6.3.0 [REC]: r = 7, both repos' default, independent of n
+/// and the block size).
+pub const SORT_LSH_BITS: usize = 7;
+
+/// The order in which sortLSH lays out the 2^r sign-bit buckets (§6.3.0 [P≠C] Gray order).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BucketOrder {
+    /// The authors' code: sort key g(h) = h ⊕ (h ≫ 1) (`perm[h]`, the Gray *sequence*). Default.
+    Code,
+    /// The paper: sort key g⁻¹(h) = h ⊕ h≫1 ⊕ h≫2 ⊕ … (the Gray *rank*), so that neighbouring
+    /// buckets differ in one bit.
+    Paper,
+}
+
+/// g(h) = h ⊕ (h ≫ 1).
+pub fn gray_code(h: usize) -> usize {
+    h ^ (h >> 1)
+}
+
+/// g⁻¹(h) = h ⊕ h≫1 ⊕ h≫2 ⊕ … (the position of h in the Gray sequence).
+pub fn gray_rank(mut h: usize) -> usize {
+    let mut r = h;
+    while h > 0 {
+        h >>= 1;
+        r ^= h;
+    }
+    r
+}
+
+/// sortLSH blocks (HyperAttention Alg. 1; METHODS.md §6.3.0), computed once per draw of Ω:
+/// query i and key j are in blocks β_Q(i) = ⌊pos of i in π_Q / b⌋ and β_K(j) likewise, with
+/// π_Q, π_K the stable sorts of the bucket keys κ = g(h) (or g⁻¹(h)) of the sign-bit hashes.
+/// The last block is ragged when b ∤ n (no padding, §6.3.0 [REC]); as many keys as queries.
+pub struct SortLshBlocks {
+    /// β_Q(i) for every query.
+    pub q_block: Vec<usize>,
+    /// β_K(j) for every key.
+    pub k_block: Vec<usize>,
+    /// Block t as a key group: query rows π_Q[tb..(t+1)b] with keys π_K[tb..(t+1)b].
+    pub groups: Vec<KeyGroup>,
+}
+
+/// The sortLSH blocks of size b for Q and K ([n, p] each) under Ω ([p, r], r ≤ 20 bits here:
+/// the counting sort has 2^r buckets). Raw q and k are hashed (the hash is scale-free).
+pub fn sort_lsh_blocks(
+    q: &Tensor,
+    k: &Tensor,
+    omega: &Tensor,
+    b: usize,
+    order: BucketOrder,
+) -> Result<SortLshBlocks> {
+    let n = q.dims2()?.0;
+    let bits = omega.dims2()?.1;
+    ensure!(
+        k.dims2()?.0 == n,
+        "sortLSH pairs query and key blocks by rank: it needs as many keys as queries"
+    );
+    ensure!(b >= 1 && n >= 1, "sortLSH needs b ≥ 1 and n ≥ 1");
+    ensure!(bits <= 20, "sortLSH: {bits} hash bits is more than 20");
+    let key = |h: usize| match order {
+        BucketOrder::Code => gray_code(h),
+        BucketOrder::Paper => gray_rank(h),
+    };
+    let sorted = |x: &Tensor| -> Result<Vec<usize>> {
+        let kappa: Vec<usize> = sign_bit_hash(x, omega)?.into_iter().map(key).collect();
+        sort_by_bucket(&kappa, 1 << bits)
+    };
+    let (q_order, k_order) = (sorted(q)?, sorted(k)?);
+    let block_of = |order: &[usize]| -> Vec<usize> {
+        let mut blk = vec![0; n];
+        for (pos, &i) in order.iter().enumerate() {
+            blk[i] = pos / b;
+        }
+        blk
+    };
+    let groups = (0..n.div_ceil(b))
+        .map(|t| {
+            let range = t * b..((t + 1) * b).min(n);
+            KeyGroup {
+                rows: q_order[range.clone()].to_vec(),
+                keys: k_order[range].to_vec(),
+            }
+        })
+        .collect();
+    Ok(SortLshBlocks {
+        q_block: block_of(&q_order),
+        k_block: block_of(&k_order),
+        groups,
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -313,5 +405,61 @@ mod tests {
         want.sort_by_key(|&i| (b[i], i));
         assert_eq!(sort_by_bucket(&b, 7).unwrap(), want);
         assert!(sort_by_bucket(&[0, 3], 3).is_err());
+    }
+
+    #[test]
+    fn gray_code_and_rank_invert_each_other_and_the_code_order_jumps() {
+        for h in 0..128 {
+            assert_eq!(gray_rank(gray_code(h)), h);
+            assert_eq!(gray_code(gray_rank(h)), h);
+        }
+        // Paper order: buckets sorted by g⁻¹(h) are the Gray sequence, one bit apart.
+        let mut paper: Vec<usize> = (0..128).collect();
+        paper.sort_by_key(|&h| gray_rank(h));
+        assert!(paper.windows(2).all(|w| (w[0] ^ w[1]).count_ones() == 1));
+        // Code order (§6.3.0 [P≠C]): sorted by g(h), neighbours differ by up to 4 bits at r = 7.
+        let mut code: Vec<usize> = (0..128).collect();
+        code.sort_by_key(|&h| gray_code(h));
+        let worst = code.windows(2).map(|w| (w[0] ^ w[1]).count_ones()).max();
+        assert_eq!(worst, Some(4));
+        // The two orders agree on the top two bits.
+        for (a, b) in code.iter().zip(&paper) {
+            assert_eq!(a >> 5, b >> 5);
+        }
+    }
+
+    #[test]
+    fn sort_lsh_blocks_pair_sorted_queries_and_keys_by_rank() {
+        let (n, p, b) = (50, 6, 8);
+        let (q, k) = (gaussian(n, p, 1), gaussian(n, p, 2));
+        let omega = gaussian(p, SORT_LSH_BITS, 3);
+        let blocks = sort_lsh_blocks(&q, &k, &omega, b, BucketOrder::Code).unwrap();
+        // Against a direct stable sort on κ = g(h).
+        let kappa = |x: &Tensor| -> Vec<usize> {
+            sign_bit_hash(x, &omega)
+                .unwrap()
+                .into_iter()
+                .map(gray_code)
+                .collect()
+        };
+        for (x, blk) in [(&q, &blocks.q_block), (&k, &blocks.k_block)] {
+            let kap = kappa(x);
+            let mut want: Vec<usize> = (0..n).collect();
+            want.sort_by_key(|&i| (kap[i], i));
+            for (pos, &i) in want.iter().enumerate() {
+                assert_eq!(blk[i], pos / b);
+            }
+        }
+        assert_eq!(blocks.groups.len(), 7); // ⌈50/8⌉, the last ragged with 2 rows and 2 keys
+        assert_eq!(blocks.groups[6].rows.len(), 2);
+        assert_eq!(blocks.groups[6].keys.len(), 2);
+        for (t, g) in blocks.groups.iter().enumerate() {
+            assert!(g.rows.iter().all(|&i| blocks.q_block[i] == t));
+            assert!(g.keys.iter().all(|&j| blocks.k_block[j] == t));
+        }
+        // b ≥ n: one block of everything.
+        let one = sort_lsh_blocks(&q, &k, &omega, n, BucketOrder::Paper).unwrap();
+        assert_eq!(one.groups.len(), 1);
+        assert!(sort_lsh_blocks(&q, &gaussian(n + 1, p, 4), &omega, b, BucketOrder::Code).is_err());
     }
 }

@@ -96,6 +96,29 @@ pub fn weighted_without_replacement(rng: &mut TrialRng, weights: &[f64], k: usiz
     out
 }
 
+/// `k` indices iid from the law π ∝ `weights` (with replacement), by inverse CDF: one uniform
+/// u ∈ [0, Σw) per draw, the first index whose cumulative weight exceeds u. Weights must be
+/// non-negative and finite with a positive sum; a zero-weight index is never drawn.
+pub fn weighted_with_replacement(rng: &mut TrialRng, weights: &[f64], k: usize) -> Vec<usize> {
+    let mut cum = Vec::with_capacity(weights.len());
+    let mut total = 0.0;
+    for &w in weights {
+        assert!(
+            w >= 0.0 && w.is_finite(),
+            "weight {w} is not a finite non-negative number"
+        );
+        total += w;
+        cum.push(total);
+    }
+    assert!(total > 0.0, "weights sum to zero");
+    (0..k)
+        .map(|_| {
+            let u = rng.random::<f64>() * total;
+            cum.partition_point(|&c| c <= u).min(weights.len() - 1)
+        })
+        .collect()
+}
+
 /// `rows × cols` iid N(0, std²) values, row-major.
 pub fn normal_values(rng: &mut TrialRng, rows: usize, cols: usize, std: f64) -> Vec<f64> {
     (0..rows * cols)
@@ -119,6 +142,27 @@ mod tests {
             method,
             d,
         }
+    }
+
+    #[test]
+    fn weighted_with_replacement_follows_the_law() {
+        let w = [1.0, 0.0, 3.0, 4.0];
+        let mut rng = rng_from_seed(5);
+        let draws = weighted_with_replacement(&mut rng, &w, 40_000);
+        let mut counts = [0usize; 4];
+        draws.iter().for_each(|&j| counts[j] += 1);
+        assert_eq!(counts[1], 0);
+        for (c, wj) in counts.iter().zip(w) {
+            let expect = 40_000.0 * wj / 8.0;
+            assert!(
+                (*c as f64 - expect).abs() < 5.0 * expect.sqrt().max(1.0),
+                "{counts:?}"
+            );
+        }
+        assert_eq!(
+            draws[..20],
+            weighted_with_replacement(&mut rng_from_seed(5), &w, 20)[..]
+        );
     }
 
     #[test]

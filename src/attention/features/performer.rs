@@ -108,15 +108,35 @@ fn feature_map_with_norms(
     shift: Shift,
     eps: f64,
 ) -> Result<Tensor> {
+    Ok(shifted_feature_map(xt, half_sq, omega, shift, eps)?.0)
+}
+
+/// The shifted feature map and its shift: (m^{-1/2}·[exp(ω_r·x̃ − ‖x̃‖²/2 − c) + ε]_r, c), with c
+/// per row ([n, 1]), one constant ([1, 1]) or 0 ([1, 1]) as `shift` says. With ε = 0 the
+/// unshifted features are φ(x̃_i) = e^{c_i}·(the first output's row i), which Scatterbrain
+/// (§6.2.2) uses to merge the low-rank part with its exact sparse part.
+pub(crate) fn shifted_feature_map(
+    xt: &Tensor,
+    half_sq: &Tensor,
+    omega: &Tensor,
+    shift: Shift,
+    eps: f64,
+) -> Result<(Tensor, Tensor)> {
     let m = omega.dim(0)?;
     let proj = xt.matmul(&omega.t()?)?; // n×m, ω_r·x̃_i
     let e = proj.broadcast_sub(half_sq)?;
-    let e = match shift {
-        Shift::PerRow => e.broadcast_sub(&proj.max_keepdim(D::Minus1)?)?,
-        Shift::Global => e.broadcast_sub(&proj.max_keepdim(D::Minus1)?.max_keepdim(0)?)?,
-        Shift::None => e,
+    let c = match shift {
+        Shift::PerRow => proj.max_keepdim(D::Minus1)?,
+        Shift::Global => proj.max_keepdim(D::Minus1)?.max_keepdim(0)?,
+        Shift::None => Tensor::zeros((1, 1), proj.dtype(), proj.device())?,
     };
-    Ok(((e.exp()? + eps)? * (m as f64).powf(-0.5))?)
+    let e = e.broadcast_sub(&c)?;
+    Ok((((e.exp()? + eps)? * (m as f64).powf(-0.5))?, c))
+}
+
+/// ‖x̃_i‖²/2 (n×1), for callers of [`shifted_feature_map`].
+pub(crate) fn half_squared_norms(xt: &Tensor) -> Result<Tensor> {
+    half_sq_norms(xt)
 }
 
 /// What the feature maps and the products need that does not depend on Ω, built once per head
