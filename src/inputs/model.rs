@@ -380,6 +380,7 @@ pub fn load(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::tensor_util::test_device;
 
     pub(crate) fn tiny_config() -> Config {
         serde_json::from_str(
@@ -405,7 +406,7 @@ mod tests {
                 seed: 3,
                 scheme: InitScheme::Hf,
             },
-            &Device::Cpu,
+            &test_device(),
         )
         .unwrap();
         let word: Vec<Vec<f32>> = w.embeddings.word.to_vec2().unwrap();
@@ -431,7 +432,7 @@ mod tests {
                 seed: 3,
                 scheme: InitScheme::Hf,
             },
-            &Device::Cpu,
+            &test_device(),
         )
         .unwrap();
         let a: Vec<Vec<f32>> = w0.layers[0].query.weight.to_vec2().unwrap();
@@ -455,7 +456,7 @@ mod tests {
                 seed: 9,
                 scheme: InitScheme::Hf,
             },
-            &Device::Cpu,
+            &test_device(),
         )
         .unwrap();
         let v: Vec<f32> = w.layers[0]
@@ -481,7 +482,7 @@ mod tests {
             seed: 4,
             scheme: InitScheme::Pytorch,
         };
-        let w = load(&cfg, 0, &src, &src, &Device::Cpu).unwrap();
+        let w = load(&cfg, 0, &src, &src, &test_device()).unwrap();
         let v: Vec<f32> = w.layers[0]
             .query
             .weight
@@ -522,7 +523,7 @@ mod tests {
                 seed: 1,
                 scheme: InitScheme::Hf,
             },
-            &Device::Cpu,
+            &test_device(),
         )
         .unwrap_err();
         assert_eq!(

@@ -227,6 +227,7 @@ pub fn device(spec: &str) -> Result<Device> {
 mod tests {
     use super::*;
     use crate::inputs::model::{load, WeightSource};
+    use crate::tensor_util::test_device;
 
     fn tiny() -> (Config, BertWeights) {
         let cfg: Config = serde_json::from_str(
@@ -247,7 +248,7 @@ mod tests {
                 seed: 1,
                 scheme: crate::inputs::model::InitScheme::Hf,
             },
-            &Device::Cpu,
+            &test_device(),
         )
         .unwrap();
         (cfg, w)
