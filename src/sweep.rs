@@ -377,7 +377,8 @@ fn progress_bar(len: u64, quiet: bool) -> indicatif::ProgressBar {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use candle_core::{Device, Tensor};
+    use crate::tensor_util::test_device;
+    use candle_core::Tensor;
 
     #[test]
     fn flagged_rows_counts_non_finite_rows_and_non_positive_normalizers() {
@@ -389,7 +390,7 @@ mod tests {
                 [1.0, 1.0],
                 [3.0, 4.0],
             ],
-            &Device::Cpu,
+            &test_device(),
         )
         .unwrap();
         let plain = Approximation {
@@ -397,7 +398,7 @@ mod tests {
             normalizer: None,
         };
         assert_eq!(flagged_rows(&plain).unwrap(), 2);
-        let norm = Tensor::new(&[1f32, 1.0, 1.0, 0.0, -2.0], &Device::Cpu).unwrap();
+        let norm = Tensor::new(&[1f32, 1.0, 1.0, 0.0, -2.0], &test_device()).unwrap();
         let with_norm = Approximation {
             output: out,
             normalizer: Some(norm),

@@ -44,3 +44,32 @@ pub fn scalar(t: &Tensor) -> Result<f64> {
 pub fn to_vec_f64(t: &Tensor) -> Result<Vec<f64>> {
     Ok(t.to_dtype(DType::F64)?.flatten_all()?.to_vec1::<f64>()?)
 }
+
+/// Environment variable naming the device the tests build their tensors on and pass to the CLI's
+/// `--device`: `cpu` (the default), `cuda` or `cuda:N` (a build with `--features cuda`).
+pub const TEST_DEVICE_VAR: &str = "APPROX_BENCH_TEST_DEVICE";
+
+/// The tests' device spec: [`TEST_DEVICE_VAR`], or `cpu` when it is unset or empty.
+#[doc(hidden)]
+pub fn test_device_spec() -> String {
+    std::env::var(TEST_DEVICE_VAR)
+        .ok()
+        .map(|s| s.trim().to_string())
+        .filter(|s| !s.is_empty())
+        .unwrap_or_else(|| "cpu".to_string())
+}
+
+/// The tests' device ([`test_device_spec`]), opened once per process: tensors on two CUDA devices
+/// opened separately cannot be combined, even with the same ordinal. Panics with the reason when the
+/// device cannot be opened (a test has nothing to fall back to).
+#[doc(hidden)]
+pub fn test_device() -> Device {
+    static DEVICE: std::sync::OnceLock<Device> = std::sync::OnceLock::new();
+    DEVICE
+        .get_or_init(|| {
+            let spec = test_device_spec();
+            crate::inputs::qkv::device(&spec)
+                .unwrap_or_else(|e| panic!("{TEST_DEVICE_VAR}={spec}: {e:#}"))
+        })
+        .clone()
+}

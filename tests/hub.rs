@@ -335,6 +335,7 @@ fn sweep_args(out: &Path) -> Vec<String> {
     .iter()
     .map(|s| s.to_string())
     .chain(["--out".to_string(), out.display().to_string()])
+    .chain(common::device_args())
     .collect()
 }
 

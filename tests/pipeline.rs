@@ -384,6 +384,7 @@ fn a_sweep_killed_with_sigkill_resumes_to_exactly_the_rows_of_an_uninterrupted_r
         ]
         .iter()
         .map(|s| s.to_string())
+        .chain(device_args())
         .collect()
     };
     let full = tmp.path().join("full");

@@ -102,7 +102,7 @@ fn minilm_qkv_matches_hugging_face_transformers() {
             other => panic!("unknown case {other}"),
         };
         let src = model::WeightSource::Pretrained(&weights_path);
-        let w = model::load(&cfg, layer, &src, &src, &Device::Cpu).unwrap();
+        let w = model::load(&cfg, layer, &src, &src, &common::test_device()).unwrap();
         let (q, k, v) = qkv::window_qkv(&w, &cfg, &ids, policy, DType::F32).unwrap();
         for (name, t) in [("q", &q), ("k", &k), ("v", &v)] {
             assert_close(
@@ -189,7 +189,7 @@ fn initialized_bert_base_cased_qkv_have_the_hf_init_distribution() {
         seed: 12345,
         scheme: InitScheme::Hf,
     };
-    let w = model::load(&cfg, 0, &src, &src, &Device::Cpu).unwrap();
+    let w = model::load(&cfg, 0, &src, &src, &common::test_device()).unwrap();
     let tok = corpus::load_tokenizer(&dir.join("tokenizer.json")).unwrap();
     let c = corpus::tokenize(&shared("wikitext-2/wiki.test.raw"), &tok, cfg.vocab_size).unwrap();
     let (q, _k, v) = qkv::window_qkv(

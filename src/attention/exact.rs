@@ -121,7 +121,7 @@ impl ExactAttention {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use candle_core::Device;
+    use crate::tensor_util::test_device;
 
     fn naive(q: &[Vec<f64>], k: &[Vec<f64>], v: &[Vec<f64>]) -> Vec<Vec<f64>> {
         let p = q[0].len() as f64;
@@ -156,7 +156,7 @@ mod tests {
                 .collect::<Vec<_>>()
         };
         let (q, k, v) = (mk(), mk(), mk());
-        let t = |m: &Vec<Vec<f64>>| Tensor::new(m.clone(), &Device::Cpu).unwrap();
+        let t = |m: &Vec<Vec<f64>>| Tensor::new(m.clone(), &test_device()).unwrap();
         let ex = ExactAttention::compute(&t(&q), &t(&k), &t(&v)).unwrap();
         let want = naive(&q, &k, &v);
         let got: Vec<Vec<f64>> = ex.output.to_vec2().unwrap();
@@ -188,7 +188,7 @@ mod tests {
         use crate::numerics::sampling::{normal_values, TrialRng};
         use rand::SeedableRng;
         let (n, p) = (1500, 64); // block_rows(1500) = 699: three blocks, the last one short
-        let dev = Device::Cpu;
+        let dev = test_device();
         let mut rng = TrialRng::seed_from_u64(7);
         let mut mk = |std: f64| {
             crate::tensor_util::from_f64(
@@ -243,7 +243,7 @@ mod tests {
             crate::tensor_util::from_f64(
                 normal_values(&mut rng, n, p, 1.0),
                 (n, p),
-                &Device::Cpu,
+                &test_device(),
                 DType::F32,
             )
             .unwrap()
@@ -280,8 +280,8 @@ mod tests {
 
     #[test]
     fn large_logits_do_not_overflow() {
-        let q = (Tensor::ones((4, 2), DType::F32, &Device::Cpu).unwrap() * 300.0).unwrap();
-        let v = Tensor::arange(0f32, 8.0, &Device::Cpu)
+        let q = (Tensor::ones((4, 2), DType::F32, &test_device()).unwrap() * 300.0).unwrap();
+        let v = Tensor::arange(0f32, 8.0, &test_device())
             .unwrap()
             .reshape((4, 2))
             .unwrap();

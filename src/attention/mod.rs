@@ -264,7 +264,8 @@ pub fn ones_col(n: usize, dtype: DType, device: &Device) -> Result<Tensor> {
 /// Helpers shared by the methods' tests.
 #[cfg(test)]
 pub(crate) mod test_util {
-    use candle_core::{DType, Device};
+    use crate::tensor_util::test_device;
+    use candle_core::DType;
     use nalgebra::DMatrix;
     use rand::SeedableRng;
     use rand_distr::{Distribution, StandardNormal};
@@ -392,7 +393,7 @@ pub(crate) mod test_util {
             from_f64(
                 normal_values(&mut rng, n, p, 1.0),
                 (n, p),
-                &Device::Cpu,
+                &test_device(),
                 dtype,
             )
             .unwrap()

@@ -41,12 +41,13 @@ impl Method for VMean {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use candle_core::{Device, Tensor};
+    use crate::tensor_util::test_device;
+    use candle_core::Tensor;
     use rand::SeedableRng;
 
     #[test]
     fn every_row_is_the_mean_and_equals_uniform_attention() {
-        let dev = Device::Cpu;
+        let dev = test_device();
         let v = Tensor::new(&[[1f64, 2.0], [3.0, 6.0], [5.0, 10.0]], &dev).unwrap();
         // Q = 0 makes softmax uniform, so exact attention equals V-Mean exactly.
         let q = Tensor::zeros((3, 2), candle_core::DType::F64, &dev).unwrap();

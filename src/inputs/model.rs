@@ -358,6 +358,7 @@ pub fn load(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::tensor_util::test_device;
 
     pub(crate) fn tiny_config() -> Config {
         serde_json::from_str(
@@ -383,7 +384,7 @@ mod tests {
                 seed: 3,
                 scheme: InitScheme::Hf,
             },
-            &Device::Cpu,
+            &test_device(),
         )
         .unwrap();
         let word: Vec<Vec<f32>> = w.embeddings.word.to_vec2().unwrap();
@@ -409,7 +410,7 @@ mod tests {
                 seed: 3,
                 scheme: InitScheme::Hf,
             },
-            &Device::Cpu,
+            &test_device(),
         )
         .unwrap();
         let a: Vec<Vec<f32>> = w0.layers[0].query.weight.to_vec2().unwrap();
@@ -433,7 +434,7 @@ mod tests {
                 seed: 9,
                 scheme: InitScheme::Hf,
             },
-            &Device::Cpu,
+            &test_device(),
         )
         .unwrap();
         let v: Vec<f32> = w.layers[0]
@@ -459,7 +460,7 @@ mod tests {
             seed: 4,
             scheme: InitScheme::Pytorch,
         };
-        let w = load(&cfg, 0, &src, &src, &Device::Cpu).unwrap();
+        let w = load(&cfg, 0, &src, &src, &test_device()).unwrap();
         let v: Vec<f32> = w.layers[0]
             .query
             .weight
@@ -500,7 +501,7 @@ mod tests {
                 seed: 1,
                 scheme: InitScheme::Hf,
             },
-            &Device::Cpu,
+            &test_device(),
         )
         .unwrap_err();
         assert_eq!(

@@ -180,6 +180,16 @@ pub fn device(spec: &str) -> Result<Device> {
                     "--device {s}: this build has no CUDA support; rebuild with `cargo build --release --features cuda` on a machine with the CUDA toolkit, or use --device cpu"
                 ));
             }
+            #[cfg(feature = "cuda")]
+            {
+                let missing = missing_cuda_libraries();
+                if !missing.is_empty() {
+                    return Err(crate::usage!(
+                        "--device {s}: cannot load {}: install the NVIDIA driver and the CUDA 13 libraries, or put the directory that holds them on LD_LIBRARY_PATH (README.md, \"GPU\")",
+                        missing.join(", ")
+                    ));
+                }
+            }
             Ok(Device::new_cuda(ordinal)
                 .map_err(|e| crate::usage!("--device {s}: cannot open the GPU ({e})"))?)
         }
@@ -189,10 +199,46 @@ pub fn device(spec: &str) -> Result<Device> {
     }
 }
 
+/// The CUDA libraries that candle's CUDA device opens, as "libX.so.N (what)" for each one the dynamic
+/// loader cannot find. A binary from scripts/build-cuda.sh links none of them: cudarc loads them on
+/// first use and panics when one is missing, so they are looked up here first to say what is missing
+/// (the names cudarc tries, CUDA 13's sonames included). In a binary linked against them (a plain
+/// `cargo build --features cuda`), they are already loaded and this finds them all.
+#[cfg(feature = "cuda")]
+fn missing_cuda_libraries() -> Vec<String> {
+    const LIBS: [(&str, &str, &str); 5] = [
+        ("cuda", "1", "the NVIDIA driver"),
+        ("cublas", "13", "cuBLAS"),
+        ("cublasLt", "13", "cuBLASLt"),
+        ("curand", "10", "cuRAND"),
+        ("nvrtc", "13", "NVRTC"),
+    ];
+    let loads = |name: &str| {
+        let c = std::ffi::CString::new(name).expect("no NUL in a library name");
+        // SAFETY: dlopen with a valid C string; the handle is closed again at once.
+        unsafe {
+            let h = libc::dlopen(c.as_ptr(), libc::RTLD_LAZY | libc::RTLD_LOCAL);
+            if !h.is_null() {
+                libc::dlclose(h);
+            }
+            !h.is_null()
+        }
+    };
+    LIBS.iter()
+        .filter(|(lib, _, _)| {
+            !["", ".13", ".12", ".11", ".10", ".9", ".1"]
+                .iter()
+                .any(|v| loads(&format!("lib{lib}.so{v}")))
+        })
+        .map(|(lib, v, what)| format!("lib{lib}.so.{v} ({what})"))
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::inputs::model::{load, WeightSource};
+    use crate::tensor_util::test_device;
 
     fn tiny() -> (Config, BertWeights) {
         let cfg: Config = serde_json::from_str(
@@ -213,7 +259,7 @@ mod tests {
                 seed: 1,
                 scheme: crate::config::InitScheme::Hf,
             },
-            &Device::Cpu,
+            &test_device(),
         )
         .unwrap();
         (cfg, w)

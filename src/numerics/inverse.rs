@@ -64,8 +64,8 @@ pub fn symmetric_pinv_tensor(m: &Tensor, rel_cutoff: f64) -> Result<Tensor> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::tensor_util::test_device;
     use crate::tensor_util::{from_dmatrix, to_dmatrix};
-    use candle_core::Device;
     use rand::{Rng, SeedableRng};
 
     #[test]
@@ -81,7 +81,7 @@ mod tests {
             let s: f64 = a.row(i).sum();
             a.row_mut(i).scale_mut(1.0 / s);
         }
-        let t = from_dmatrix(&a, &Device::Cpu, DType::F64).unwrap();
+        let t = from_dmatrix(&a, &test_device(), DType::F64).unwrap();
         let z = to_dmatrix(&iterative_inverse(&t, 6).unwrap()).unwrap();
         let resid = (&a * &z - DMatrix::identity(d, d)).norm();
         assert!(resid < 1e-10, "residual {resid}");

@@ -201,6 +201,7 @@ pub fn exp_minus(t: Tensor, c: f64) -> candle_core::Result<Tensor> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::tensor_util::test_device;
 
     /// Distance in units in the last place of the f32 result from the f64 value.
     fn ulps(got: f32, want: f64) -> f64 {
@@ -273,7 +274,7 @@ mod tests {
 
     #[test]
     fn exp_minus_in_place_equals_candles_affine_then_exp_bit_for_bit() {
-        let dev = candle_core::Device::Cpu;
+        let dev = test_device();
         let t = Tensor::arange(0u32, 10_000, &dev)
             .unwrap()
             .to_dtype(DType::F64)

@@ -162,7 +162,7 @@ pub fn matrix_norms(m: &Tensor) -> Result<ErrorNorms> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use candle_core::Device;
+    use crate::tensor_util::test_device;
 
     fn random_matrix(rng: &mut ChaCha8Rng, r: usize, c: usize) -> DMatrix<f64> {
         DMatrix::from_fn(r, c, |_, _| rng.random::<f64>() * 2.0 - 1.0)
@@ -223,7 +223,7 @@ mod tests {
         let mut rng = ChaCha8Rng::seed_from_u64(11);
         let a = random_matrix(&mut rng, 120, 16);
         let b = random_matrix(&mut rng, 120, 16);
-        let dev = Device::Cpu;
+        let dev = test_device();
         let ta = crate::tensor_util::from_dmatrix(&a, &dev, DType::F64).unwrap();
         let tb = crate::tensor_util::from_dmatrix(&b, &dev, DType::F64).unwrap();
         let norms = error_norms(&ta, &tb).unwrap();
@@ -235,7 +235,7 @@ mod tests {
 
     #[test]
     fn zero_error_is_zero_and_nan_is_nan() {
-        let dev = Device::Cpu;
+        let dev = test_device();
         let a = Tensor::ones((10, 4), DType::F32, &dev).unwrap();
         assert_eq!(error_norms(&a, &a).unwrap().spectral, 0.0);
         let mut v = vec![1f32; 40];

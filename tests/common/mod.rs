@@ -155,10 +155,29 @@ pub fn write_weights(path: &Path, vocab: usize, prefix: &str) {
     candle_core::safetensors::save(&m, path).unwrap();
 }
 
-/// The binary with `args` and extra environment, not yet run.
+#[allow(unused_imports)] // each test crate uses what it needs
+pub use approx_bench::tensor_util::{test_device, test_device_spec};
+
+/// `--device <spec>` from APPROX_BENCH_TEST_DEVICE (`cuda`, `cuda:N`) for a command line that computes
+/// (the sweep, dump-qkv, bench); nothing for the default `cpu`, so CPU runs keep their command lines.
+pub fn device_args() -> Vec<String> {
+    match test_device_spec().as_str() {
+        "cpu" => vec![],
+        spec => vec!["--device".to_string(), spec.to_string()],
+    }
+}
+
+/// The subcommands that take no --device.
+const NO_DEVICE: [&str; 5] = ["plot", "merge", "check", "anchors", "score"];
+
+/// The binary with `args` and extra environment, not yet run: on the tests' device
+/// ([`device_args`]) unless the subcommand takes none or `args` name a device themselves.
 fn command(args: &[&str], env: &[(&str, &str)]) -> Command {
     let mut c = Command::new(bin());
     c.args(args);
+    if !args.contains(&"--device") && !args.first().is_some_and(|a| NO_DEVICE.contains(a)) {
+        c.args(device_args());
+    }
     // Never touch the network from tests: a refused local port makes any download fail fast
     // (a test may name its own loopback endpoint).
     c.env("HF_ENDPOINT", "http://127.0.0.1:9");

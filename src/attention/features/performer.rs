@@ -225,13 +225,13 @@ impl Method for Performer {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::tensor_util::test_device;
     use crate::tensor_util::{from_dmatrix, to_dmatrix};
-    use candle_core::Device;
     use rand::SeedableRng;
 
     use crate::attention::test_util::gauss;
     fn t64(m: &DMatrix<f64>) -> Tensor {
-        from_dmatrix(m, &Device::Cpu, DType::F64).unwrap()
+        from_dmatrix(m, &test_device(), DType::F64).unwrap()
     }
     fn softmax_attention(
         q: &DMatrix<f64>,
@@ -283,11 +283,11 @@ mod tests {
     ) -> (f64, f64) {
         let p = q.len();
         let s = method.input_scale(p);
-        let qt = Tensor::new(q, &Device::Cpu)
+        let qt = Tensor::new(q, &test_device())
             .unwrap()
             .reshape((1, p))
             .unwrap();
-        let kt = Tensor::new(k, &Device::Cpu)
+        let kt = Tensor::new(k, &test_device())
             .unwrap()
             .reshape((1, p))
             .unwrap();
@@ -392,7 +392,7 @@ mod tests {
             gauss(&mut rng, n, p, 1.0),
         );
         let h64 = HeadInputs::new(t64(&q), t64(&k), t64(&v)).unwrap();
-        let t32 = |m: &DMatrix<f64>| from_dmatrix(m, &Device::Cpu, DType::F32).unwrap();
+        let t32 = |m: &DMatrix<f64>| from_dmatrix(m, &test_device(), DType::F32).unwrap();
         let h32 = HeadInputs::new(t32(&q), t32(&k), t32(&v)).unwrap();
         for method in [Performer::reference(), Performer::favor()] {
             for d in [1, 16, 70, 256] {

@@ -143,6 +143,7 @@ impl Method for Linformer {
 mod tests {
     use super::*;
     use crate::numerics::spectral::error_norms;
+    use crate::tensor_util::test_device;
     use rand::SeedableRng;
 
     use crate::attention::test_util::random_head as head;
@@ -153,7 +154,7 @@ mod tests {
     #[test]
     fn identity_projection_is_exact() {
         let h = head(48, 8, 1, DType::F64);
-        let eye = Tensor::eye(48, DType::F64, &Device::Cpu).unwrap();
+        let eye = Tensor::eye(48, DType::F64, &test_device()).unwrap();
         let out = with_projection(&h.q, &h.k, &h.v, &eye).unwrap();
         assert!(error_norms(&h.exact.output, &out).unwrap().spectral < 1e-12);
         // The unreduced JLT with S = I (d = n) is P·V = O as well.
@@ -170,7 +171,7 @@ mod tests {
         let e = from_f64(
             normal_values(&mut rng, 5, 32, SIGMA),
             (5, 32),
-            &Device::Cpu,
+            &test_device(),
             DType::F64,
         )
         .unwrap();
@@ -237,7 +238,7 @@ mod tests {
             &mut TrialRng::seed_from_u64(1),
             300,
             64,
-            &Device::Cpu,
+            &test_device(),
             DType::F64,
         )
         .unwrap();
@@ -253,7 +254,7 @@ mod tests {
             &mut TrialRng::seed_from_u64(2),
             300,
             64,
-            &Device::Cpu,
+            &test_device(),
             DType::F64,
         )
         .unwrap();

@@ -95,14 +95,15 @@ impl Method for Nystromformer {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::tensor_util::test_device;
     use crate::tensor_util::{from_dmatrix, to_dmatrix};
-    use candle_core::{DType, Device};
+    use candle_core::DType;
     use nalgebra::DMatrix;
     use rand::SeedableRng;
 
     use crate::attention::test_util::gauss;
     fn head(q: &DMatrix<f64>, k: &DMatrix<f64>, v: &DMatrix<f64>, dt: DType) -> HeadInputs {
-        let t = |m: &DMatrix<f64>| from_dmatrix(m, &Device::Cpu, dt).unwrap();
+        let t = |m: &DMatrix<f64>| from_dmatrix(m, &test_device(), dt).unwrap();
         HeadInputs::new(t(q), t(k), t(v)).unwrap()
     }
     fn max_rel(a: &DMatrix<f64>, b: &DMatrix<f64>) -> f64 {
@@ -164,7 +165,7 @@ mod tests {
             assert!(seg.windows(2).all(|w| w[0].1 == w[1].0));
         }
         let x = DMatrix::from_fn(10, 2, |i, j| (i * 10 + j) as f64);
-        let t = from_dmatrix(&x, &Device::Cpu, DType::F64).unwrap();
+        let t = from_dmatrix(&x, &test_device(), DType::F64).unwrap();
         // n = 10, d = 3: segments [0,3), [3,6), [6,10).
         let m = to_dmatrix(&segment_means(&t, 3).unwrap()).unwrap();
         let want = DMatrix::from_row_slice(3, 2, &[10.0, 11.0, 40.0, 41.0, 75.0, 76.0]);

@@ -204,15 +204,15 @@ impl Method for Skyformer {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::tensor_util::test_device;
     use crate::tensor_util::{from_dmatrix, to_dmatrix};
-    use candle_core::Device;
     use nalgebra::DMatrix;
     use rand::SeedableRng;
 
     use crate::attention::test_util::gauss;
 
     fn tensor(m: &DMatrix<f64>, dtype: DType) -> Tensor {
-        from_dmatrix(m, &Device::Cpu, dtype).unwrap()
+        from_dmatrix(m, &test_device(), dtype).unwrap()
     }
 
     /// Independent dense construction: Ā = exp(XXᵀ) (no shift), Ā̃ = ĀS·core·SᵀĀ with

@@ -238,7 +238,7 @@ impl Method for SvdOptimal {
 mod tests {
     use super::*;
     use crate::numerics::spectral::error_norms;
-    use candle_core::Device;
+    use crate::tensor_util::test_device;
 
     use crate::attention::test_util::gauss;
 
@@ -250,7 +250,7 @@ mod tests {
             for mut r in m.row_iter_mut() {
                 r += &shared * (0.5 * s);
             }
-            from_dmatrix(&m, &Device::Cpu, dt).unwrap()
+            from_dmatrix(&m, &test_device(), dt).unwrap()
         };
         let (q, k, v) = (mk(scale), mk(scale), mk(1.0));
         HeadInputs::new(q, k, v).unwrap()
@@ -288,7 +288,7 @@ mod tests {
         // ‖P − P_d‖₂ = σ_{d+1}: check the factor reproduces P and its truncation error.
         let head = bert_like(&mut TrialRng::seed_from_u64(2), 40, 8, 1.5, DType::F64);
         let p = attention_matrix(&head).unwrap();
-        let eye = Tensor::eye(40, DType::F64, &Device::Cpu).unwrap();
+        let eye = Tensor::eye(40, DType::F64, &test_device()).unwrap();
         let f = exact_factor(&p, &eye).unwrap(); // right = Wᵀ, so output(d) = P_d
         let pm = to_dmatrix(&p).unwrap();
         let sv = pm.clone().svd(false, false).singular_values;

@@ -252,7 +252,8 @@ mod tests {
     use crate::numerics::sampling::normal_values;
     use crate::numerics::spectral::error_norms;
     use crate::tensor_util::from_f64;
-    use candle_core::{DType, Device};
+    use crate::tensor_util::test_device;
+    use candle_core::DType;
     use rand::SeedableRng;
 
     const ALL: [SkeinVariant; 5] = [
@@ -269,7 +270,7 @@ mod tests {
             from_f64(
                 normal_values(&mut rng, n, p, s),
                 (n, p),
-                &Device::Cpu,
+                &test_device(),
                 dtype,
             )
             .unwrap()
@@ -355,7 +356,7 @@ mod tests {
             kv[c] = 0.7 * (c as f64 + 1.0);
             kv[p + c] = -0.7 * (c as f64 + 1.0);
         }
-        let k = from_f64(kv, (n, p), &Device::Cpu, DType::F64).unwrap();
+        let k = from_f64(kv, (n, p), &test_device(), DType::F64).unwrap();
         let h = HeadInputs::new(h0.q.clone(), k, h0.v.clone()).unwrap();
         let (r, _) = rows_from_columns(&h.q, &h.k, &h.v, &[0, 1], RowNorm::Adaptive).unwrap();
         assert!(error_norms(&h.exact.output, &r).unwrap().spectral < 1e-12);
@@ -380,7 +381,7 @@ mod tests {
                     &mut TrialRng::seed_from_u64(4),
                 )
                 .unwrap();
-            let idx = index_tensor(&run.cols, &Device::Cpu).unwrap();
+            let idx = index_tensor(&run.cols, &test_device()).unwrap();
             let sel = h.v.index_select(&idx, 0).unwrap().sum_keepdim(0).unwrap();
             let want = match variant {
                 SkeinVariant::NoNorm => (sel / 64.0).unwrap(),

@@ -1,7 +1,7 @@
 //! Tests of the check on real computations: seeded Q/K/V → a method's output → ‖O − Ô‖₂ per
 //! trial → TrialRows → summary → check.
 
-use candle_core::{Device, Tensor};
+use candle_core::Tensor;
 use rand::SeedableRng;
 use rand_distr::{Distribution, StandardNormal};
 
@@ -12,6 +12,7 @@ use crate::numerics::sampling::{self, TrialKey, TrialRng};
 use crate::numerics::spectral;
 use crate::report::manifest::{InputFile, Manifest};
 use crate::report::summary;
+use crate::tensor_util::test_device;
 
 const P: usize = 8;
 
@@ -46,7 +47,7 @@ fn head(n: usize, window: usize, head: usize) -> HeadInputs {
                 shift + x
             })
             .collect();
-        Tensor::from_vec(v, (n, P), &Device::Cpu).unwrap()
+        Tensor::from_vec(v, (n, P), &test_device()).unwrap()
     };
     let (q, k, v) = (
         (draw(0.0) * 0.5).unwrap(),
@@ -118,7 +119,7 @@ fn subset_vmean(h: &HeadInputs, d: usize, rng: &mut TrialRng) -> Tensor {
         .into_iter()
         .map(|i| i as u32)
         .collect();
-    let idx = Tensor::from_vec(idx, d, &Device::Cpu).unwrap();
+    let idx = Tensor::from_vec(idx, d, &test_device()).unwrap();
     h.v.index_select(&idx, 0)
         .unwrap()
         .mean_keepdim(0)
