@@ -430,7 +430,14 @@ mod tests {
     fn presets_expand_to_registered_ids_without_duplicates() {
         let field = parse_methods(&items(&["field"])).unwrap();
         assert_eq!(field, attention::field_method_ids());
-        for id in ["window", "topk", "bigbird", "reformer", "skeinformer", "vmean"] {
+        for id in [
+            "window",
+            "topk",
+            "bigbird",
+            "reformer",
+            "skeinformer",
+            "vmean",
+        ] {
             assert!(field.iter().any(|m| m == id), "{id}");
         }
         let mixed = parse_methods(&items(&["vmean", "figure", "vmean"])).unwrap();

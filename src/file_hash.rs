@@ -26,7 +26,12 @@ fn key(path: &Path) -> Result<Key> {
 /// sha256 (lower-case hex) and size of a file, streamed; memoized per process.
 pub fn sha256_file(path: &Path) -> Result<(String, u64)> {
     let k = key(path)?;
-    if let Some(hex) = MEMO.lock().expect("hash memo").as_ref().and_then(|m| m.get(&k)) {
+    if let Some(hex) = MEMO
+        .lock()
+        .expect("hash memo")
+        .as_ref()
+        .and_then(|m| m.get(&k))
+    {
         return Ok((hex.clone(), k.1));
     }
     let mut h = Sha256::new();

@@ -141,8 +141,10 @@ pub fn score(req: &ScoreRequest) -> Result<SweepOutcome> {
     crate::config::check_user_name(&req.name)?;
     let dumps = read_dumps(&req.qkv)?;
     let info0 = dumps[0].info.clone();
-    let by_unit: BTreeMap<(usize, usize), &Dump> =
-        dumps.iter().map(|d| ((d.info.n, d.info.window), d)).collect();
+    let by_unit: BTreeMap<(usize, usize), &Dump> = dumps
+        .iter()
+        .map(|d| ((d.info.n, d.info.window), d))
+        .collect();
     // The Ô files of this method, by (n, window, d).
     let mut approx: BTreeMap<(usize, usize, usize), PathBuf> = BTreeMap::new();
     for path in safetensors_in(&req.approx, "--approx")? {
@@ -167,8 +169,18 @@ pub fn score(req: &ScoreRequest) -> Result<SweepOutcome> {
             req.name
         ));
     }
-    let lengths: Vec<usize> = by_unit.keys().map(|k| k.0).collect::<BTreeSet<_>>().into_iter().collect();
-    let features: Vec<usize> = approx.keys().map(|k| k.2).collect::<BTreeSet<_>>().into_iter().collect();
+    let lengths: Vec<usize> = by_unit
+        .keys()
+        .map(|k| k.0)
+        .collect::<BTreeSet<_>>()
+        .into_iter()
+        .collect();
+    let features: Vec<usize> = approx
+        .keys()
+        .map(|k| k.2)
+        .collect::<BTreeSet<_>>()
+        .into_iter()
+        .collect();
     let windows = lengths
         .iter()
         .map(|&n| by_unit.keys().filter(|k| k.0 == n).count())
@@ -237,8 +249,12 @@ pub fn score(req: &ScoreRequest) -> Result<SweepOutcome> {
         )]),
     };
 
-    std::fs::create_dir_all(&req.out)
-        .map_err(|e| usage!("--out {}: cannot create the directory ({e})", req.out.display()))?;
+    std::fs::create_dir_all(&req.out).map_err(|e| {
+        usage!(
+            "--out {}: cannot create the directory ({e})",
+            req.out.display()
+        )
+    })?;
     let trials_path = req.out.join("trials.csv");
     if req.force {
         for f in ["trials.csv", "summary.csv", "manifest.json"] {
@@ -292,11 +308,14 @@ pub fn score(req: &ScoreRequest) -> Result<SweepOutcome> {
                 for (&d, o) in features.iter().zip(&outs) {
                     let o_hat = o.get(h)?.to_dtype(DType::F64)?;
                     let norms = spectral::error_norms(&exact64, &o_hat).with_context(|| {
-                        format!("scoring {} at n = {n}, window {w}, head {h}, d = {d}", req.name)
+                        format!(
+                            "scoring {} at n = {n}, window {w}, head {h}, d = {d}",
+                            req.name
+                        )
                     })?;
-                    let flagged = crate::sweep::flagged_rows(&crate::attention::Approximation::plain(
-                        o_hat.clone(),
-                    ))?;
+                    let flagged = crate::sweep::flagged_rows(
+                        &crate::attention::Approximation::plain(o_hat.clone()),
+                    )?;
                     let row = TrialRow {
                         model: cfg.inputs.model.name().to_string(),
                         model_id: info0.model_id.clone(),
@@ -349,10 +368,22 @@ mod tests {
 
     #[test]
     fn approx_file_names_are_parsed_for_their_method_only() {
-        assert_eq!(parse_approx_name("mine-n1024-w3-d64.safetensors", "mine"), Some((1024, 3, 64)));
-        assert_eq!(parse_approx_name("my-method-n16-w0-d4.safetensors", "my-method"), Some((16, 0, 4)));
-        assert_eq!(parse_approx_name("other-n16-w0-d4.safetensors", "mine"), None);
+        assert_eq!(
+            parse_approx_name("mine-n1024-w3-d64.safetensors", "mine"),
+            Some((1024, 3, 64))
+        );
+        assert_eq!(
+            parse_approx_name("my-method-n16-w0-d4.safetensors", "my-method"),
+            Some((16, 0, 4))
+        );
+        assert_eq!(
+            parse_approx_name("other-n16-w0-d4.safetensors", "mine"),
+            None
+        );
         assert_eq!(parse_approx_name("mine-n16-w0-d4.bin", "mine"), None);
-        assert_eq!(parse_approx_name("mine-n16-wx-d4.safetensors", "mine"), None);
+        assert_eq!(
+            parse_approx_name("mine-n16-wx-d4.safetensors", "mine"),
+            None
+        );
     }
 }

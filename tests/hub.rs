@@ -56,7 +56,12 @@ fn weights(n: usize) -> Vec<u8> {
 fn hub_with_files() -> (MockHub, Vec<u8>) {
     let hub = MockHub::start();
     let w = weights(50_000); // 200 kB
-    hub.add(MODEL, "config.json", br#"{"hidden_size": 32}"#.to_vec(), false);
+    hub.add(
+        MODEL,
+        "config.json",
+        br#"{"hidden_size": 32}"#.to_vec(),
+        false,
+    );
     hub.add(MODEL, "model.safetensors", w.clone(), true);
     (hub, w)
 }
@@ -75,19 +80,31 @@ fn a_cold_cache_is_filled_as_huggingface_hub_fills_it_and_then_used_without_the_
     let client = Hub::new(settings(&hub, tmp.path()));
     let p = client.file(&model_repo(), "model.safetensors").unwrap();
     let root = tmp.path().join("models--tiny-org--tiny-bert");
-    assert_eq!(p, root.join("snapshots").join(COMMIT).join("model.safetensors"));
+    assert_eq!(
+        p,
+        root.join("snapshots")
+            .join(COMMIT)
+            .join("model.safetensors")
+    );
     assert_eq!(std::fs::read(&p).unwrap(), w);
     assert_eq!(
         std::fs::read_link(&p).unwrap(),
         PathBuf::from("../../blobs").join(sha256(&w))
     );
-    assert_eq!(std::fs::read_to_string(root.join("refs/main")).unwrap(), COMMIT);
+    assert_eq!(
+        std::fs::read_to_string(root.join("refs/main")).unwrap(),
+        COMMIT
+    );
     let c = client.file(&model_repo(), "config.json").unwrap();
     assert_eq!(std::fs::read(&c).unwrap(), br#"{"hidden_size": 32}"#);
     let before = hub.log().len();
     client.file(&model_repo(), "model.safetensors").unwrap();
     client.file(&model_repo(), "config.json").unwrap();
-    assert_eq!(hub.log().len(), before, "a verified cache hit needs no request");
+    assert_eq!(
+        hub.log().len(),
+        before,
+        "a verified cache hit needs no request"
+    );
 }
 
 #[test]
@@ -102,8 +119,14 @@ fn a_hub_that_never_answers_fails_within_the_response_timeout() {
     // 3 attempts × 0.7 s + backoff 0.5 + 1 s.
     assert!(t0.elapsed() < Duration::from_secs(8), "{:?}", t0.elapsed());
     let msg = format!("{e:#}");
-    assert!(msg.contains("no response within") && msg.contains("HF_HUB_ETAG_TIMEOUT"), "{msg}");
-    assert!(msg.contains(&hub.endpoint()) && msg.contains("network failure"), "{msg}");
+    assert!(
+        msg.contains("no response within") && msg.contains("HF_HUB_ETAG_TIMEOUT"),
+        "{msg}"
+    );
+    assert!(
+        msg.contains(&hub.endpoint()) && msg.contains("network failure"),
+        "{msg}"
+    );
     assert!(e.downcast_ref::<approx_bench::UsageError>().is_none());
     assert_eq!(hub.count("HEAD", "config.json"), 3);
 }
@@ -124,7 +147,10 @@ fn a_stalled_download_resumes_where_it_stopped() {
         .collect();
     assert_eq!(gets.len(), 2);
     assert_eq!(gets[0].headers.get("range"), None);
-    assert_eq!(gets[1].headers.get("range").map(String::as_str), Some("bytes=70000-"));
+    assert_eq!(
+        gets[1].headers.get("range").map(String::as_str),
+        Some("bytes=70000-")
+    );
 }
 
 #[test]
@@ -134,10 +160,19 @@ fn a_download_that_stalls_every_time_fails_naming_the_file_the_timeout_and_poiso
     let tmp = tempfile::tempdir().unwrap();
     let client = Hub::new(settings(&hub, tmp.path()));
     let t0 = Instant::now();
-    let msg = format!("{:#}", client.file(&model_repo(), "model.safetensors").unwrap_err());
+    let msg = format!(
+        "{:#}",
+        client.file(&model_repo(), "model.safetensors").unwrap_err()
+    );
     assert!(t0.elapsed() < Duration::from_secs(10), "{:?}", t0.elapsed());
-    assert!(msg.contains("model.safetensors of tiny-org/tiny-bert"), "{msg}");
-    assert!(msg.contains("stalled") && msg.contains("HF_HUB_DOWNLOAD_TIMEOUT"), "{msg}");
+    assert!(
+        msg.contains("model.safetensors of tiny-org/tiny-bert"),
+        "{msg}"
+    );
+    assert!(
+        msg.contains("stalled") && msg.contains("HF_HUB_DOWNLOAD_TIMEOUT"),
+        "{msg}"
+    );
     assert!(no_blob_named(tmp.path(), &sha256(&w)));
     // The hub recovers: the next call heals without any cleanup.
     hub.clear_faults();
@@ -152,11 +187,21 @@ fn a_body_cut_short_without_content_length_is_never_cached_and_heals_on_the_next
     hub.fault("model.safetensors", Fault::CutNoLength(1000), usize::MAX);
     let tmp = tempfile::tempdir().unwrap();
     let client = Hub::new(settings(&hub, tmp.path()));
-    let msg = format!("{:#}", client.file(&model_repo(), "model.safetensors").unwrap_err());
-    assert!(msg.contains("verification") && msg.contains("announced"), "{msg}");
+    let msg = format!(
+        "{:#}",
+        client.file(&model_repo(), "model.safetensors").unwrap_err()
+    );
+    assert!(
+        msg.contains("verification") && msg.contains("announced"),
+        "{msg}"
+    );
     assert!(no_blob_named(tmp.path(), &sha256(&w)));
     let root = tmp.path().join("models--tiny-org--tiny-bert");
-    assert!(!root.join("snapshots").join(COMMIT).join("model.safetensors").exists());
+    assert!(!root
+        .join("snapshots")
+        .join(COMMIT)
+        .join("model.safetensors")
+        .exists());
     hub.clear_faults();
     let p = client.file(&model_repo(), "model.safetensors").unwrap();
     assert_eq!(std::fs::read(p).unwrap(), w);
@@ -191,7 +236,11 @@ fn a_corrupt_body_is_caught_by_its_sha256_and_fetched_again_whole() {
         .filter(|l| l.path.starts_with("/cdn/"))
         .collect();
     assert_eq!(gets.len(), 2);
-    assert_eq!(gets[1].headers.get("range"), None, "nothing to resume from a bad hash");
+    assert_eq!(
+        gets[1].headers.get("range"),
+        None,
+        "nothing to resume from a bad hash"
+    );
 }
 
 /// Writes a truncated copy of `w` into the cache under its real name, as an interrupted tool
@@ -235,14 +284,29 @@ fn a_truncated_file_in_the_cache_is_reported_with_its_path_when_the_hub_is_not()
         .file(&model_repo(), "model.safetensors")
         .unwrap_err();
     let msg = format!("{e:#}");
-    assert!(msg.contains(&format!("{} is corrupt", blob.display())), "{msg}");
+    assert!(
+        msg.contains(&format!("{} is corrupt", blob.display())),
+        "{msg}"
+    );
     assert!(hub.log().is_empty(), "offline means no request");
     // Unreachable (not offline): the same path in the network failure's message.
     hub.fault("*", Fault::Silent, usize::MAX);
     s.offline = false;
-    let msg = format!("{:#}", Hub::new(s).file(&model_repo(), "model.safetensors").unwrap_err());
-    assert!(msg.contains("network failure") && msg.contains(&blob.display().to_string()), "{msg}");
-    assert_eq!(std::fs::metadata(&blob).unwrap().len(), (w.len() / 3) as u64, "not deleted");
+    let msg = format!(
+        "{:#}",
+        Hub::new(s)
+            .file(&model_repo(), "model.safetensors")
+            .unwrap_err()
+    );
+    assert!(
+        msg.contains("network failure") && msg.contains(&blob.display().to_string()),
+        "{msg}"
+    );
+    assert_eq!(
+        std::fs::metadata(&blob).unwrap().len(),
+        (w.len() / 3) as u64,
+        "not deleted"
+    );
 }
 
 #[test]
@@ -255,17 +319,29 @@ fn hub_errors_say_what_the_user_should_change() {
     let e = client.file(&no_weights, "model.safetensors").unwrap_err();
     let msg = format!("{e:#}");
     assert!(e.downcast_ref::<approx_bench::UsageError>().is_some());
-    assert!(msg.contains("no model.safetensors at revision main") && msg.contains("--model initialized"), "{msg}");
+    assert!(
+        msg.contains("no model.safetensors at revision main")
+            && msg.contains("--model initialized"),
+        "{msg}"
+    );
 
     let unknown = Repo::with_revision("org/missing".into(), RepoType::Model, "main".into());
     let e = client.file(&unknown, "config.json").unwrap_err();
     let msg = format!("{e:#}");
     assert!(e.downcast_ref::<approx_bench::UsageError>().is_some());
-    assert!(msg.contains("answered 401") && msg.contains("private or gated") && msg.contains("set HF_TOKEN"), "{msg}");
+    assert!(
+        msg.contains("answered 401")
+            && msg.contains("private or gated")
+            && msg.contains("set HF_TOKEN"),
+        "{msg}"
+    );
 
     let rev = Repo::with_revision(MODEL.into(), RepoType::Model, "v9".into());
     let msg = format!("{:#}", client.file(&rev, "config.json").unwrap_err());
-    assert!(msg.contains("revision v9 not found") && msg.contains("--revision"), "{msg}");
+    assert!(
+        msg.contains("revision v9 not found") && msg.contains("--revision"),
+        "{msg}"
+    );
     // None of these is retried: one request each.
     assert_eq!(hub.log().len(), 3);
 }
@@ -276,8 +352,13 @@ fn the_token_goes_to_the_hub_as_a_bearer_header_and_never_to_the_cdn() {
     let tmp = tempfile::tempdir().unwrap();
     let mut s = settings(&hub, tmp.path());
     s.token = Some("hf_secret_123".into());
-    assert!(!format!("{s:?}").contains("hf_secret_123"), "Debug hides the token");
-    Hub::new(s).file(&model_repo(), "model.safetensors").unwrap();
+    assert!(
+        !format!("{s:?}").contains("hf_secret_123"),
+        "Debug hides the token"
+    );
+    Hub::new(s)
+        .file(&model_repo(), "model.safetensors")
+        .unwrap();
     for l in hub.log() {
         let auth = l.headers.get("authorization").map(String::as_str);
         if l.path.starts_with("/cdn/") {
@@ -294,12 +375,16 @@ fn offline_mode_serves_the_cache_and_never_touches_the_network() {
     let tmp = tempfile::tempdir().unwrap();
     let mut s = settings(&hub, tmp.path());
     s.offline = true;
-    let e = Hub::new(s.clone()).file(&model_repo(), "config.json").unwrap_err();
+    let e = Hub::new(s.clone())
+        .file(&model_repo(), "config.json")
+        .unwrap_err();
     assert!(e.downcast_ref::<approx_bench::UsageError>().is_some());
     assert!(format!("{e:#}").contains("HF_HUB_OFFLINE is set"), "{e:#}");
     assert!(hub.log().is_empty());
     s.offline = false;
-    Hub::new(s.clone()).file(&model_repo(), "config.json").unwrap();
+    Hub::new(s.clone())
+        .file(&model_repo(), "config.json")
+        .unwrap();
     let n = hub.log().len();
     s.offline = true;
     Hub::new(s).file(&model_repo(), "config.json").unwrap();
@@ -312,7 +397,11 @@ fn offline_mode_serves_the_cache_and_never_touches_the_network() {
 fn hub_with_tiny_model(dir: &Path) -> MockHub {
     let model = common::tiny_model(&dir.join("model-src"), true);
     let hub = MockHub::start();
-    for (f, lfs) in [("config.json", false), ("vocab.txt", false), ("model.safetensors", true)] {
+    for (f, lfs) in [
+        ("config.json", false),
+        ("vocab.txt", false),
+        ("model.safetensors", true),
+    ] {
         hub.add(MODEL, f, std::fs::read(model.join(f)).unwrap(), lfs);
     }
     let rows = approx_bench::inputs::corpus::text_rows(&common::corpus_path()).unwrap();
@@ -329,8 +418,18 @@ fn hub_with_tiny_model(dir: &Path) -> MockHub {
 
 fn sweep_args(out: &Path) -> Vec<String> {
     [
-        "--model", "pretrained", "--model-id", MODEL, "--lengths", "16", "--windows", "2",
-        "--methods", "vmean", "--features", "4",
+        "--model",
+        "pretrained",
+        "--model-id",
+        MODEL,
+        "--lengths",
+        "16",
+        "--windows",
+        "2",
+        "--methods",
+        "vmean",
+        "--features",
+        "4",
     ]
     .iter()
     .map(|s| s.to_string())
@@ -345,7 +444,13 @@ fn spawn(args: &[String], env: &[(&str, String)]) -> Child {
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped());
-    for v in ["HF_TOKEN", "HF_HUB_OFFLINE", "HF_HUB_CACHE", "HF_ENDPOINT", "HF_HOME"] {
+    for v in [
+        "HF_TOKEN",
+        "HF_HUB_OFFLINE",
+        "HF_HUB_CACHE",
+        "HF_ENDPOINT",
+        "HF_HOME",
+    ] {
         c.env_remove(v);
     }
     for (k, v) in env {
@@ -380,13 +485,22 @@ fn cli_against_a_silent_hub_fails_by_itself_within_90_s_with_exit_1() {
     let hub = hub_with_tiny_model(tmp.path());
     hub.fault("*", Fault::Silent, usize::MAX);
     // Default timeouts: what a user gets.
-    let child = spawn(&sweep_args(&tmp.path().join("o")), &env(&hub, &tmp.path().join("hf")));
+    let child = spawn(
+        &sweep_args(&tmp.path().join("o")),
+        &env(&hub, &tmp.path().join("hf")),
+    );
     let (o, took) = wait(child, Duration::from_secs(150));
     let err = String::from_utf8_lossy(&o.stderr);
     assert!(took < Duration::from_secs(90), "took {took:?}: {err}");
     assert_eq!(o.status.code(), Some(1), "{err}");
-    assert!(err.contains("cannot fetch config.json of tiny-org/tiny-bert"), "{err}");
-    assert!(err.contains("no response within 10 s") && err.contains("--model-dir"), "{err}");
+    assert!(
+        err.contains("cannot fetch config.json of tiny-org/tiny-bert"),
+        "{err}"
+    );
+    assert!(
+        err.contains("no response within 10 s") && err.contains("--model-dir"),
+        "{err}"
+    );
 }
 
 #[test]
@@ -399,38 +513,69 @@ fn cli_sends_hf_token_as_a_bearer_header_and_writes_it_nowhere() {
     let (o, _) = wait(spawn(&sweep_args(&out), &e), Duration::from_secs(120));
     let err = String::from_utf8_lossy(&o.stderr);
     assert!(o.status.success(), "{err}");
-    let hub_requests: Vec<_> = hub.log().into_iter().filter(|l| l.path.contains("/resolve/")).collect();
+    let hub_requests: Vec<_> = hub
+        .log()
+        .into_iter()
+        .filter(|l| l.path.contains("/resolve/"))
+        .collect();
     assert!(!hub_requests.is_empty());
     for l in hub_requests {
-        assert_eq!(l.headers.get("authorization").map(String::as_str), Some("Bearer hf_cli_token_42"));
+        assert_eq!(
+            l.headers.get("authorization").map(String::as_str),
+            Some("Bearer hf_cli_token_42")
+        );
     }
     for f in ["manifest.json", "trials.csv", "summary.csv"] {
-        assert!(!std::fs::read_to_string(out.join(f)).unwrap().contains("hf_cli_token_42"));
+        assert!(!std::fs::read_to_string(out.join(f))
+            .unwrap()
+            .contains("hf_cli_token_42"));
     }
-    assert!(!err.contains("hf_cli_token_42") && !String::from_utf8_lossy(&o.stdout).contains("hf_cli_token_42"));
+    assert!(
+        !err.contains("hf_cli_token_42")
+            && !String::from_utf8_lossy(&o.stdout).contains("hf_cli_token_42")
+    );
     // Off a terminal, one line per download.
-    assert!(err.contains(&format!("downloading model.safetensors (")) && err.contains(&hub.endpoint()), "{err}");
+    assert!(
+        err.contains(&format!("downloading model.safetensors (")) && err.contains(&hub.endpoint()),
+        "{err}"
+    );
 }
 
 #[test]
 fn cli_exit_status_separates_usage_errors_from_network_failures() {
     let tmp = tempfile::tempdir().unwrap();
     let hub = hub_with_tiny_model(tmp.path());
-    hub.fault("model.safetensors", Fault::Status(404, "EntryNotFound"), usize::MAX);
+    hub.fault(
+        "model.safetensors",
+        Fault::Status(404, "EntryNotFound"),
+        usize::MAX,
+    );
     let (o, _) = wait(
-        spawn(&sweep_args(&tmp.path().join("a")), &env(&hub, &tmp.path().join("hf"))),
+        spawn(
+            &sweep_args(&tmp.path().join("a")),
+            &env(&hub, &tmp.path().join("hf")),
+        ),
         Duration::from_secs(60),
     );
     let err = String::from_utf8_lossy(&o.stderr);
     assert_eq!(o.status.code(), Some(2), "{err}");
-    assert!(err.contains("no model.safetensors") && err.contains("--model initialized"), "{err}");
+    assert!(
+        err.contains("no model.safetensors") && err.contains("--model initialized"),
+        "{err}"
+    );
 
     let mut args = sweep_args(&tmp.path().join("b"));
     args[3] = "org/unknown".into();
-    let (o, _) = wait(spawn(&args, &env(&hub, &tmp.path().join("hf"))), Duration::from_secs(60));
+    let (o, _) = wait(
+        spawn(&args, &env(&hub, &tmp.path().join("hf"))),
+        Duration::from_secs(60),
+    );
     let err = String::from_utf8_lossy(&o.stderr);
     assert_eq!(o.status.code(), Some(2), "{err}");
-    assert!(err.contains("private or gated") && err.contains("HF_TOKEN"), "{err}");
+    assert!(
+        err.contains("private or gated") && err.contains("HF_TOKEN"),
+        "{err}"
+    );
 
     // Nothing listens on the endpoint: a network failure, exit 1, and the offline ways.
     let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
@@ -439,27 +584,44 @@ fn cli_exit_status_separates_usage_errors_from_network_failures() {
     let (o, took) = wait(
         spawn(
             &sweep_args(&tmp.path().join("c")),
-            &[("HF_ENDPOINT", dead), ("HF_HOME", tmp.path().join("hf2").display().to_string())],
+            &[
+                ("HF_ENDPOINT", dead),
+                ("HF_HOME", tmp.path().join("hf2").display().to_string()),
+            ],
         ),
         Duration::from_secs(60),
     );
     let err = String::from_utf8_lossy(&o.stderr);
     assert_eq!(o.status.code(), Some(1), "{err}");
     assert!(took < Duration::from_secs(20), "{took:?}");
-    assert!(err.contains("connection refused") && err.contains("HF_HOME") && err.contains("--corpus"), "{err}");
+    assert!(
+        err.contains("connection refused") && err.contains("HF_HOME") && err.contains("--corpus"),
+        "{err}"
+    );
 
     // HF_HUB_OFFLINE with a cold cache: the user's setting to change (2), no request made.
     let before = hub.log().len();
     let mut e = env(&hub, &tmp.path().join("hf3"));
     e.push(("HF_HUB_OFFLINE", "1".into()));
-    let (o, _) = wait(spawn(&sweep_args(&tmp.path().join("d")), &e), Duration::from_secs(60));
-    assert_eq!(o.status.code(), Some(2), "{}", String::from_utf8_lossy(&o.stderr));
+    let (o, _) = wait(
+        spawn(&sweep_args(&tmp.path().join("d")), &e),
+        Duration::from_secs(60),
+    );
+    assert_eq!(
+        o.status.code(),
+        Some(2),
+        "{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
     assert_eq!(hub.log().len(), before);
 
     // A bad timeout value names the variable.
     let mut e = env(&hub, &tmp.path().join("hf4"));
     e.push(("HF_HUB_DOWNLOAD_TIMEOUT", "soon".into()));
-    let (o, _) = wait(spawn(&sweep_args(&tmp.path().join("e")), &e), Duration::from_secs(60));
+    let (o, _) = wait(
+        spawn(&sweep_args(&tmp.path().join("e")), &e),
+        Duration::from_secs(60),
+    );
     let err = String::from_utf8_lossy(&o.stderr);
     assert_eq!(o.status.code(), Some(2), "{err}");
     assert!(err.contains("HF_HUB_DOWNLOAD_TIMEOUT=soon"), "{err}");
@@ -469,7 +631,9 @@ fn cli_exit_status_separates_usage_errors_from_network_failures() {
 fn two_shards_on_one_cold_cache_over_a_slow_link_both_finish_and_download_once() {
     let tmp = tempfile::tempdir().unwrap();
     let hub = hub_with_tiny_model(tmp.path());
-    let size = std::fs::read(tmp.path().join("model-src/model.safetensors")).unwrap().len();
+    let size = std::fs::read(tmp.path().join("model-src/model.safetensors"))
+        .unwrap()
+        .len();
     // About 3 s for the weights.
     hub.fault("model.safetensors", Fault::Slow(size / 3 + 1), usize::MAX);
     let home = tmp.path().join("hf");
@@ -486,16 +650,31 @@ fn two_shards_on_one_cold_cache_over_a_slow_link_both_finish_and_download_once()
     let second = shard("2/2");
     let (a, _) = wait(first, Duration::from_secs(120));
     let (b, _) = wait(second, Duration::from_secs(120));
-    let (ea, eb) = (String::from_utf8_lossy(&a.stderr), String::from_utf8_lossy(&b.stderr));
+    let (ea, eb) = (
+        String::from_utf8_lossy(&a.stderr),
+        String::from_utf8_lossy(&b.stderr),
+    );
     assert!(a.status.success(), "{ea}");
     assert!(b.status.success(), "{eb}");
-    assert!(eb.contains("waiting for another process downloading model.safetensors"), "{eb}");
-    let weights_sha = sha256(&std::fs::read(tmp.path().join("model-src/model.safetensors")).unwrap());
-    assert_eq!(hub.count("GET", &format!("/cdn/{weights_sha}")), 1, "downloaded once");
+    assert!(
+        eb.contains("waiting for another process downloading model.safetensors"),
+        "{eb}"
+    );
+    let weights_sha =
+        sha256(&std::fs::read(tmp.path().join("model-src/model.safetensors")).unwrap());
+    assert_eq!(
+        hub.count("GET", &format!("/cdn/{weights_sha}")),
+        1,
+        "downloaded once"
+    );
 }
 
 /// Runs the binary with stderr on a pseudo-terminal and returns what the terminal showed.
-fn run_on_a_terminal(args: &[String], env: &[(&str, String)], limit: Duration) -> (Option<i32>, String) {
+fn run_on_a_terminal(
+    args: &[String],
+    env: &[(&str, String)],
+    limit: Duration,
+) -> (Option<i32>, String) {
     use std::io::Read;
     use std::os::fd::FromRawFd;
     // SAFETY: plain POSIX pty calls on descriptors we own.
@@ -508,13 +687,26 @@ fn run_on_a_terminal(args: &[String], env: &[(&str, String)], limit: Duration) -
         assert_eq!(libc::ptsname_r(m, name.as_mut_ptr(), name.len()), 0);
         let s = libc::open(name.as_ptr(), libc::O_RDWR | libc::O_NOCTTY);
         assert!(s >= 0);
-        let ws = libc::winsize { ws_row: 40, ws_col: 160, ws_xpixel: 0, ws_ypixel: 0 };
+        let ws = libc::winsize {
+            ws_row: 40,
+            ws_col: 160,
+            ws_xpixel: 0,
+            ws_ypixel: 0,
+        };
         libc::ioctl(s, libc::TIOCSWINSZ, &ws);
         (std::fs::File::from_raw_fd(m), std::fs::File::from_raw_fd(s))
     };
     let mut c = Command::new(common::bin());
-    c.args(args).stdin(Stdio::null()).stdout(Stdio::null()).stderr(Stdio::from(slave));
-    for v in ["HF_TOKEN", "HF_HUB_OFFLINE", "HF_HUB_CACHE", "HF_HUB_DISABLE_PROGRESS_BARS"] {
+    c.args(args)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::from(slave));
+    for v in [
+        "HF_TOKEN",
+        "HF_HUB_OFFLINE",
+        "HF_HUB_CACHE",
+        "HF_HUB_DISABLE_PROGRESS_BARS",
+    ] {
         c.env_remove(v);
     }
     for (k, v) in env {
@@ -543,7 +735,9 @@ fn run_on_a_terminal(args: &[String], env: &[(&str, String)], limit: Duration) -
 fn a_download_on_a_terminal_shows_a_progress_bar_with_size_rate_and_eta() {
     let tmp = tempfile::tempdir().unwrap();
     let hub = hub_with_tiny_model(tmp.path());
-    let size = std::fs::read(tmp.path().join("model-src/model.safetensors")).unwrap().len();
+    let size = std::fs::read(tmp.path().join("model-src/model.safetensors"))
+        .unwrap()
+        .len();
     hub.fault("model.safetensors", Fault::Slow(size / 2 + 1), usize::MAX);
     let (code, screen) = run_on_a_terminal(
         &sweep_args(&tmp.path().join("o")),
@@ -551,7 +745,10 @@ fn a_download_on_a_terminal_shows_a_progress_bar_with_size_rate_and_eta() {
         Duration::from_secs(120),
     );
     assert_eq!(code, Some(0), "{screen}");
-    assert!(screen.contains("downloading model.safetensors ["), "{screen}");
+    assert!(
+        screen.contains("downloading model.safetensors ["),
+        "{screen}"
+    );
     assert!(screen.contains("/s") && screen.contains("ETA"), "{screen}");
     let total = indicatif::HumanBytes(size as u64).to_string();
     assert!(screen.contains(&format!("/{total}")), "{total}: {screen}");
@@ -560,7 +757,11 @@ fn a_download_on_a_terminal_shows_a_progress_bar_with_size_rate_and_eta() {
     let tmp2 = tempfile::tempdir().unwrap();
     let mut args = sweep_args(&tmp2.path().join("o"));
     args.push("--quiet".into());
-    let (code, screen) = run_on_a_terminal(&args, &env(&hub, &tmp2.path().join("hf")), Duration::from_secs(120));
+    let (code, screen) = run_on_a_terminal(
+        &args,
+        &env(&hub, &tmp2.path().join("hf")),
+        Duration::from_secs(120),
+    );
     assert_eq!(code, Some(0), "{screen}");
     assert!(!screen.contains("downloading"), "{screen}");
 }

@@ -40,22 +40,48 @@ fn dump(model: &Path, dir: &Path, n: usize, w: usize) -> std::path::PathBuf {
 
 /// Writes `<name>-n-w-d.safetensors` files of built-in `method` ([heads, n, p] `o_hat`), each
 /// head seeded as the sweep seeds the built-in method's trial.
-fn write_outputs(qkv: &Path, approx: &Path, name: &str, method: &str, n: usize, w: usize, ds: &[usize]) {
+fn write_outputs(
+    qkv: &Path,
+    approx: &Path,
+    name: &str,
+    method: &str,
+    n: usize,
+    w: usize,
+    ds: &[usize],
+) {
     let t = candle_core::safetensors::load(qkv, &Device::Cpu).unwrap();
     let m = attention::by_id(method).unwrap();
     let heads = t["q"].dims()[0];
     for &d in ds {
         let mut outs = Vec::new();
         for h in 0..heads {
-            let head =
-                HeadInputs::new(t["q"].get(h).unwrap(), t["k"].get(h).unwrap(), t["v"].get(h).unwrap())
-                    .unwrap();
-            let seed = TrialKey { seed: 0, n, window: w, head: h, method, d }.derive_seed();
-            outs.push(m.approximate(&head, d, &mut rng_from_seed(seed)).unwrap().output);
+            let head = HeadInputs::new(
+                t["q"].get(h).unwrap(),
+                t["k"].get(h).unwrap(),
+                t["v"].get(h).unwrap(),
+            )
+            .unwrap();
+            let seed = TrialKey {
+                seed: 0,
+                n,
+                window: w,
+                head: h,
+                method,
+                d,
+            }
+            .derive_seed();
+            outs.push(
+                m.approximate(&head, d, &mut rng_from_seed(seed))
+                    .unwrap()
+                    .output,
+            );
         }
         let map = HashMap::from([("o_hat".to_string(), Tensor::stack(&outs, 0).unwrap())]);
-        candle_core::safetensors::save(&map, approx.join(format!("{name}-n{n}-w{w}-d{d}.safetensors")))
-            .unwrap();
+        candle_core::safetensors::save(
+            &map,
+            approx.join(format!("{name}-n{n}-w{w}-d{d}.safetensors")),
+        )
+        .unwrap();
     }
 }
 
@@ -77,9 +103,23 @@ fn scored_files_give_the_sweeps_rows_and_bad_files_are_named() {
     let sweep = tmp.path().join("sweep");
     let o = run(
         &[
-            "--model", "initialized", "--model-dir", model.to_str().unwrap(), "--corpus",
-            corpus_path().to_str().unwrap(), "--lengths", "16,24", "--windows", "2", "--methods",
-            "vmean,skeinformer", "--features", "4,8", "--out", sweep.to_str().unwrap(), "--quiet",
+            "--model",
+            "initialized",
+            "--model-dir",
+            model.to_str().unwrap(),
+            "--corpus",
+            corpus_path().to_str().unwrap(),
+            "--lengths",
+            "16,24",
+            "--windows",
+            "2",
+            "--methods",
+            "vmean,skeinformer",
+            "--features",
+            "4,8",
+            "--out",
+            sweep.to_str().unwrap(),
+            "--quiet",
         ],
         &[],
     );
@@ -88,8 +128,15 @@ fn scored_files_give_the_sweeps_rows_and_bad_files_are_named() {
     for (name, method) in [("my-vmean", "vmean"), ("my-skein", "skeinformer")] {
         let out = tmp.path().join(name);
         let args = [
-            "score", "--qkv", qkv.to_str().unwrap(), "--approx", approx.to_str().unwrap(),
-            "--name", name, "--out", out.to_str().unwrap(),
+            "score",
+            "--qkv",
+            qkv.to_str().unwrap(),
+            "--approx",
+            approx.to_str().unwrap(),
+            "--name",
+            name,
+            "--out",
+            out.to_str().unwrap(),
         ];
         let o = run(&args, &[]);
         assert!(o.status.success(), "{}", stderr(&o));
@@ -98,7 +145,10 @@ fn scored_files_give_the_sweeps_rows_and_bad_files_are_named() {
         for r in &rows {
             let s = reference
                 .iter()
-                .find(|s| (s.method.as_str(), s.n, s.window, s.head, s.d) == (method, r.n, r.window, r.head, r.d))
+                .find(|s| {
+                    (s.method.as_str(), s.n, s.window, s.head, s.d)
+                        == (method, r.n, r.window, r.head, r.d)
+                })
                 .unwrap();
             assert_eq!(r.method, name);
             assert_eq!((r.model.as_str(), r.layer), (s.model.as_str(), s.layer));
@@ -117,8 +167,15 @@ fn scored_files_give_the_sweeps_rows_and_bad_files_are_named() {
     // The user's run draws beside the sweep's.
     let figs = tmp.path().join("figs");
     let o = run(
-        &["plot", "--from", sweep.to_str().unwrap(), "--from", tmp.path().join("my-skein").to_str().unwrap(),
-          "--out", figs.to_str().unwrap()],
+        &[
+            "plot",
+            "--from",
+            sweep.to_str().unwrap(),
+            "--from",
+            tmp.path().join("my-skein").to_str().unwrap(),
+            "--out",
+            figs.to_str().unwrap(),
+        ],
         &[],
     );
     assert!(o.status.success(), "{}", stderr(&o));
@@ -126,26 +183,68 @@ fn scored_files_give_the_sweeps_rows_and_bad_files_are_named() {
     // A missing file, a wrong shape and a name without files are named.
     std::fs::remove_file(approx.join("my-vmean-n24-w1-d8.safetensors")).unwrap();
     let o = run(
-        &["score", "--qkv", qkv.to_str().unwrap(), "--approx", approx.to_str().unwrap(),
-          "--name", "my-vmean", "--out", tmp.path().join("x").to_str().unwrap()],
+        &[
+            "score",
+            "--qkv",
+            qkv.to_str().unwrap(),
+            "--approx",
+            approx.to_str().unwrap(),
+            "--name",
+            "my-vmean",
+            "--out",
+            tmp.path().join("x").to_str().unwrap(),
+        ],
         &[],
     );
     assert_eq!(o.status.code(), Some(2));
-    assert!(stderr(&o).contains("lacks 1 file(s): my-vmean-n24-w1-d8.safetensors"), "{}", stderr(&o));
-    let bad = HashMap::from([("o_hat".to_string(), Tensor::zeros((4, 24, 3), candle_core::DType::F32, &Device::Cpu).unwrap())]);
+    assert!(
+        stderr(&o).contains("lacks 1 file(s): my-vmean-n24-w1-d8.safetensors"),
+        "{}",
+        stderr(&o)
+    );
+    let bad = HashMap::from([(
+        "o_hat".to_string(),
+        Tensor::zeros((4, 24, 3), candle_core::DType::F32, &Device::Cpu).unwrap(),
+    )]);
     candle_core::safetensors::save(&bad, approx.join("my-vmean-n24-w1-d8.safetensors")).unwrap();
     let o = run(
-        &["score", "--qkv", qkv.to_str().unwrap(), "--approx", approx.to_str().unwrap(),
-          "--name", "my-vmean", "--out", tmp.path().join("y").to_str().unwrap()],
+        &[
+            "score",
+            "--qkv",
+            qkv.to_str().unwrap(),
+            "--approx",
+            approx.to_str().unwrap(),
+            "--name",
+            "my-vmean",
+            "--out",
+            tmp.path().join("y").to_str().unwrap(),
+        ],
         &[],
     );
     assert_eq!(o.status.code(), Some(2));
-    assert!(stderr(&o).contains("my-vmean-n24-w1-d8.safetensors: o_hat has shape [4, 24, 3]"), "{}", stderr(&o));
+    assert!(
+        stderr(&o).contains("my-vmean-n24-w1-d8.safetensors: o_hat has shape [4, 24, 3]"),
+        "{}",
+        stderr(&o)
+    );
     let o = run(
-        &["score", "--qkv", qkv.to_str().unwrap(), "--approx", approx.to_str().unwrap(),
-          "--name", "nobody", "--out", tmp.path().join("z").to_str().unwrap()],
+        &[
+            "score",
+            "--qkv",
+            qkv.to_str().unwrap(),
+            "--approx",
+            approx.to_str().unwrap(),
+            "--name",
+            "nobody",
+            "--out",
+            tmp.path().join("z").to_str().unwrap(),
+        ],
         &[],
     );
     assert_eq!(o.status.code(), Some(2));
-    assert!(stderr(&o).contains("no files named nobody-n<N>-w<W>-d<D>.safetensors"), "{}", stderr(&o));
+    assert!(
+        stderr(&o).contains("no files named nobody-n<N>-w<W>-d<D>.safetensors"),
+        "{}",
+        stderr(&o)
+    );
 }

@@ -66,7 +66,10 @@ fn array<'py>(py: Python<'py>, t: &Tensor) -> PyResult<Bound<'py, PyAny>> {
                 .into_any()
         }
         _ => {
-            let v = flat.to_dtype(DType::F32).and_then(|f| f.to_vec1::<f32>()).map_err(cerr)?;
+            let v = flat
+                .to_dtype(DType::F32)
+                .and_then(|f| f.to_vec1::<f32>())
+                .map_err(cerr)?;
             Array2::from_shape_vec((n, p), v)
                 .expect("shape matches")
                 .into_pyarray(py)
@@ -77,10 +80,19 @@ fn array<'py>(py: Python<'py>, t: &Tensor) -> PyResult<Bound<'py, PyAny>> {
 
 fn head(q: &Bound<'_, PyAny>, k: &Bound<'_, PyAny>, v: &Bound<'_, PyAny>) -> PyResult<HeadInputs> {
     let (q, k, v) = (tensor("q", q)?, tensor("k", k)?, tensor("v", v)?);
-    if q.dims() != k.dims() || k.dims() != v.dims() || q.dtype() != k.dtype() || k.dtype() != v.dtype() {
+    if q.dims() != k.dims()
+        || k.dims() != v.dims()
+        || q.dtype() != k.dtype()
+        || k.dtype() != v.dtype()
+    {
         return Err(PyValueError::new_err(format!(
             "q, k, v must have one shape and dtype; got {:?} {:?}, {:?} {:?}, {:?} {:?}",
-            q.dims(), q.dtype(), k.dims(), k.dtype(), v.dims(), v.dtype()
+            q.dims(),
+            q.dtype(),
+            k.dims(),
+            k.dtype(),
+            v.dims(),
+            v.dtype()
         )));
     }
     HeadInputs::new(q, k, v).map_err(err)
@@ -155,7 +167,13 @@ fn trial_seed(seed: u64, n: usize, window: usize, head: usize, method: &str, d: 
 fn methods() -> Vec<(String, String, bool)> {
     attention::registry()
         .iter()
-        .map(|m| (m.id().to_string(), m.feature_meaning().to_string(), m.is_random()))
+        .map(|m| {
+            (
+                m.id().to_string(),
+                m.feature_meaning().to_string(),
+                m.is_random(),
+            )
+        })
         .collect()
 }
 
@@ -257,7 +275,12 @@ fn sweep(
 /// files written. `statistic`: "mean" or "median".
 #[pyfunction]
 #[pyo3(signature = (runs, out, statistic = "mean"))]
-fn plot(py: Python<'_>, runs: Vec<PathBuf>, out: PathBuf, statistic: &str) -> PyResult<Vec<String>> {
+fn plot(
+    py: Python<'_>,
+    runs: Vec<PathBuf>,
+    out: PathBuf,
+    statistic: &str,
+) -> PyResult<Vec<String>> {
     use approx_bench::report::figures;
     let stat: figures::Statistic = statistic
         .parse()

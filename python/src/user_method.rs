@@ -62,7 +62,12 @@ impl Method for PyMethod {
     fn macs(&self, _n: usize, _p: usize, _d: usize) -> f64 {
         f64::NAN
     }
-    fn approximate(&self, head: &HeadInputs, d: usize, rng: &mut TrialRng) -> Result<Approximation> {
+    fn approximate(
+        &self,
+        head: &HeadInputs,
+        d: usize,
+        rng: &mut TrialRng,
+    ) -> Result<Approximation> {
         use rand::RngCore;
         self.approximate_trial(head, d, rng.next_u64())
     }
@@ -108,6 +113,10 @@ impl Method for PyMethod {
                 i % p
             );
         }
-        Ok(Approximation::plain(Tensor::from_vec(out, (n, p), head.device())?))
+        Ok(Approximation::plain(Tensor::from_vec(
+            out,
+            (n, p),
+            head.device(),
+        )?))
     }
 }

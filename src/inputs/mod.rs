@@ -42,7 +42,11 @@ impl Prepared {
         inputs: &InputConfig,
         n: usize,
         window: usize,
-    ) -> Result<(candle_core::Tensor, candle_core::Tensor, candle_core::Tensor)> {
+    ) -> Result<(
+        candle_core::Tensor,
+        candle_core::Tensor,
+        candle_core::Tensor,
+    )> {
         let ids = self.corpus.window(n, window)?;
         qkv::window_qkv_dropout(
             &self.weights,
@@ -60,7 +64,11 @@ impl Prepared {
 pub fn prepare(inputs: &InputConfig) -> Result<Prepared> {
     let device = qkv::device(&inputs.device)?;
     let source = inputs.source();
-    let files = hub::model_files(&source, inputs.needs_pretrained_weights(), hub::Hub::from_env)?;
+    let files = hub::model_files(
+        &source,
+        inputs.needs_pretrained_weights(),
+        hub::Hub::from_env,
+    )?;
     let config = model::load_config(&files.config)?;
     let tokenizer = corpus::load_tokenizer(&files.tokenizer)?;
     let corpus_path = match inputs.corpus.strip_prefix("file:") {

@@ -163,7 +163,11 @@ impl Drop for MockHub {
 fn take_fault(inner: &Mutex<Inner>, name: &str) -> Option<Fault> {
     let mut g = inner.lock().unwrap();
     // "*" applies to every file.
-    let key = if g.faults.contains_key(name) { name } else { "*" };
+    let key = if g.faults.contains_key(name) {
+        name
+    } else {
+        "*"
+    };
     let (fault, left) = g.faults.get_mut(key)?;
     if *left == 0 {
         return None;
@@ -260,14 +264,21 @@ fn serve(mut conn: TcpStream, cdn: SocketAddr, inner: &Mutex<Inner>, stop: &Atom
                 head(
                     &mut conn,
                     code,
-                    &[("X-Error-Code", error.into()), ("Content-Length", "0".into())],
+                    &[
+                        ("X-Error-Code", error.into()),
+                        ("Content-Length", "0".into()),
+                    ],
                 );
                 return;
             }
             // Body faults: put back for the body request.
             _ => {
                 let mut g = inner.lock().unwrap();
-                let key = if g.faults.contains_key(name) { name } else { "*" };
+                let key = if g.faults.contains_key(name) {
+                    name
+                } else {
+                    "*"
+                };
                 let e = g.faults.get_mut(key).unwrap();
                 if e.1 != usize::MAX {
                     e.1 += 1;
@@ -291,7 +302,10 @@ fn serve(mut conn: TcpStream, cdn: SocketAddr, inner: &Mutex<Inner>, stop: &Atom
             head(
                 &mut conn,
                 code,
-                &[("X-Error-Code", error.into()), ("Content-Length", "0".into())],
+                &[
+                    ("X-Error-Code", error.into()),
+                    ("Content-Length", "0".into()),
+                ],
             );
         }
         Ok((bytes, true)) => {
@@ -363,7 +377,11 @@ fn body_with(
         }
         None => (200, bytes),
     };
-    let fault = if is_head { None } else { take_fault(inner, name) };
+    let fault = if is_head {
+        None
+    } else {
+        take_fault(inner, name)
+    };
     let mut data = slice.to_vec();
     let (send, close_early) = match fault {
         Some(Fault::StallAfter(k)) => (k.min(data.len()), false),

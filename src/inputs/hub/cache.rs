@@ -135,10 +135,7 @@ mod tests {
         );
         assert_eq!(c.cached("sub/dir/f.parquet").unwrap(), p);
         assert_eq!(std::fs::read(&p).unwrap(), b"bytes");
-        assert!(tmp
-            .path()
-            .join("datasets--org--name/refs/main")
-            .is_file());
+        assert!(tmp.path().join("datasets--org--name/refs/main").is_file());
         assert_eq!(c.commit().unwrap(), commit);
         // A commit revision needs no ref.
         let pinned = Repo::with_revision("org/name".into(), RepoType::Dataset, commit.into());

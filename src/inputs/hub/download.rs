@@ -103,9 +103,11 @@ fn transient(e: ureq::Error, timeouts: &super::settings::Timeouts) -> Failure {
                     "APPROX_BENCH_CONNECT_TIMEOUT",
                     timeouts.connect,
                 ),
-                ureq::Timeout::PerRead | ureq::Timeout::RecvBody => {
-                    ("the transfer stalled", "HF_HUB_DOWNLOAD_TIMEOUT", timeouts.stall)
-                }
+                ureq::Timeout::PerRead | ureq::Timeout::RecvBody => (
+                    "the transfer stalled",
+                    "HF_HUB_DOWNLOAD_TIMEOUT",
+                    timeouts.stall,
+                ),
                 _ => ("no response", "HF_HUB_ETAG_TIMEOUT", timeouts.response),
             };
             format!(
@@ -263,15 +265,16 @@ pub fn fetch(
     let mut r = req.call().map_err(|e| transient(e, &s.timeouts))?;
     let status = r.status().as_u16();
     let resumed = status == 206
-        && header(&r, "content-range")
-            .is_some_and(|cr| cr.starts_with(&format!("bytes {have}-")));
+        && header(&r, "content-range").is_some_and(|cr| cr.starts_with(&format!("bytes {have}-")));
     if status == 416 || (200..300).contains(&status) && !resumed {
         have = 0;
     }
     if status == 416 {
         // The range no longer fits the file: fetch it whole on the next attempt.
         let _ = std::fs::remove_file(part);
-        return Err(Failure::Transient("the server refused to resume (HTTP 416)".into()));
+        return Err(Failure::Transient(
+            "the server refused to resume (HTTP 416)".into(),
+        ));
     }
     if !(200..300).contains(&status) {
         return Err(status_failure(

@@ -112,7 +112,10 @@ impl Hub {
                 if corrupt.is_some() {
                     "the cached copy is unusable".to_string()
                 } else {
-                    format!("it is not in the cache ({})", self.settings.cache_dir.display())
+                    format!(
+                        "it is not in the cache ({})",
+                        self.settings.cache_dir.display()
+                    )
                 },
                 corrupt_note.as_deref().unwrap_or("")
             ));
@@ -123,9 +126,8 @@ impl Hub {
                 blob.display()
             ));
         }
-        self.download(repo, filename, &cache).map_err(|f| {
-            self.explain(f, repo, filename, corrupt_note.as_deref().unwrap_or(""))
-        })
+        self.download(repo, filename, &cache)
+            .map_err(|f| self.explain(f, repo, filename, corrupt_note.as_deref().unwrap_or("")))
     }
 
     fn download(
@@ -174,7 +176,9 @@ impl Hub {
                 Ok(lock::Acquired::Free(l)) => l,
                 Ok(lock::Acquired::AfterWaiting(l)) => {
                     if verify::check(&blob, filename, &expected).is_ok() {
-                        self.say(format!("using {filename} as the other process downloaded it"));
+                        self.say(format!(
+                            "using {filename} as the other process downloaded it"
+                        ));
                         return link(&remote);
                     }
                     l

@@ -53,7 +53,12 @@ pub fn execute(req: &CheckRequest) -> Result<i32> {
                 )
             })?;
             if !manifest.config.user_methods.is_empty() {
-                let names: Vec<&str> = manifest.config.user_methods.keys().map(String::as_str).collect();
+                let names: Vec<&str> = manifest
+                    .config
+                    .user_methods
+                    .keys()
+                    .map(String::as_str)
+                    .collect();
                 return Err(usage!(
                     "--rerun cannot run the baseline's own methods ({}): the CLI has only the built-in ones. \
                      Re-run your script (e.g. approx_bench.sweep) into a directory and check it with --current DIR",
