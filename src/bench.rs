@@ -146,7 +146,7 @@ pub fn run(cfg: &RunConfig, reps: usize) -> Result<()> {
         }
         if let Some(out) = shown {
             let t_metric = time(dev, reps, || {
-                spectral::error_norms(&head.exact.output, &out)
+                spectral::error_norms(&head.exact()?.output, &out)
             })?;
             println!(
                 "  metric ‖O − Ô‖₂ (Gram + power iteration) {:.3} ms",

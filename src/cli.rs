@@ -11,6 +11,7 @@ use std::path::PathBuf;
 use clap::builder::{PossibleValue, PossibleValuesParser, TypedValueParser};
 use clap::{Args, Parser, Subcommand};
 
+use approx_bench::attention::Target;
 use approx_bench::config::{
     Choice, Dtype, EmbeddingPolicy, FigurePreset, InitScheme, InputOptions, ModelKind, RunOptions,
 };
@@ -133,6 +134,10 @@ pub struct InputArgs {
 pub struct SweepArgs {
     #[command(flatten)]
     pub inputs: InputArgs,
+    /// What the methods approximate and are scored against. Each method estimates one target;
+    /// a method of the other is refused with the list of those that fit.
+    #[arg(long, value_parser = ChoiceParser::<Target>::new(), default_value = "softmax")]
+    pub target: Target,
     /// Preset of a paper's Figure 1: sets --lengths, --methods and --features unless given.
     /// `skyformer`: n = 512..4096, skyformer/nystromformer/performer/informer; `skeinformer`: n = 1024, 4096,
     /// skeinformer/vmean/informer/linformer; both d = 8..256.
@@ -144,7 +149,9 @@ pub struct SweepArgs {
     /// Numbers of features d, comma-separated [default: 8,16,32,64,128,256].
     #[arg(long, value_delimiter = ',')]
     pub features: Option<Vec<String>>,
-    /// Methods, comma-separated ids, or `all`, or `field` (every softmax-target method), or `figure` (the methods of both Figure 1s) [default: figure].
+    /// Methods, comma-separated ids or presets: `all` (every method of --target), `field` (every
+    /// softmax-target method), `figure` (the methods of both Figure 1s), `kernelized` (every
+    /// kernelized-target method) [default: figure, or kernelized with --target kernelized].
     #[arg(long, value_delimiter = ',')]
     pub methods: Option<Vec<String>>,
     /// Windows per length (consecutive, non-overlapping, from the start of the corpus).
@@ -194,6 +201,9 @@ pub struct ScoreArgs {
     /// Your method's name (letters, digits, '_', '-', '.'; not a built-in id).
     #[arg(long)]
     pub name: String,
+    /// What your Ô approximates: softmax attention, or the Gaussian-kernel product C·V.
+    #[arg(long, value_parser = ChoiceParser::<Target>::new(), default_value = "softmax")]
+    pub target: Target,
     /// Output directory of the run.
     #[arg(long)]
     pub out: PathBuf,
@@ -294,6 +304,7 @@ impl SweepArgs {
     pub fn options(&self) -> RunOptions {
         RunOptions {
             inputs: self.inputs.options(),
+            target: self.target,
             figure: self.figure,
             lengths: self.lengths.clone(),
             features: self.features.clone(),

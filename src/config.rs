@@ -10,7 +10,7 @@ use std::path::PathBuf;
 use anyhow::Result;
 use serde::{Deserialize, Serialize};
 
-use crate::attention;
+use crate::attention::{self, Target};
 use crate::inputs::hub::ModelSource;
 use crate::usage;
 
@@ -114,6 +114,8 @@ impl Default for InputOptions {
 #[derive(Debug, Clone, PartialEq)]
 pub struct RunOptions {
     pub inputs: InputOptions,
+    /// What the methods approximate and are scored against.
+    pub target: Target,
     pub figure: Option<FigurePreset>,
     pub lengths: Option<Vec<String>>,
     pub features: Option<Vec<String>>,
@@ -131,6 +133,7 @@ impl Default for RunOptions {
     fn default() -> Self {
         Self {
             inputs: InputOptions::default(),
+            target: Target::Softmax,
             figure: None,
             lengths: None,
             features: None,
@@ -179,6 +182,10 @@ pub struct InputConfig {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct RunConfig {
     pub inputs: InputConfig,
+    /// Absent from manifests of softmax runs (the default), so runs made before targets existed
+    /// stay comparable and resumable.
+    #[serde(default, skip_serializing_if = "Target::is_softmax")]
+    pub target: Target,
     pub lengths: Vec<usize>,
     pub features: Vec<usize>,
     pub methods: Vec<String>,
@@ -295,9 +302,12 @@ pub fn parse_positive_list(flag: &str, values: &[String]) -> Result<Vec<usize>> 
     Ok(out)
 }
 
-/// Expands `all` / `field` / `figure` and checks every id.
+/// The method presets `--methods` expands, besides single ids.
+pub const PRESETS: &[&str] = &["all", "field", "figure", "kernelized"];
+
+/// Expands the presets and checks every id, for the softmax target.
 pub fn parse_methods(values: &[String]) -> Result<Vec<String>> {
-    parse_methods_with(values, &BTreeMap::new())
+    parse_methods_with(values, &BTreeMap::new(), Target::Softmax)
 }
 
 /// A user method's name: CSV- and file-name-safe, and not a built-in id.
@@ -313,7 +323,7 @@ pub fn check_user_name(name: &str) -> Result<()> {
             "method name '{name}': use 1–64 letters, digits, '_', '-' or '.', starting with a letter"
         ));
     }
-    if attention::by_id(name).is_ok() || ["all", "field", "figure"].contains(&name) {
+    if attention::by_id(name).is_ok() || PRESETS.contains(&name) {
         return Err(usage!(
             "method name '{name}' is taken by a built-in method or preset; name yours differently"
         ));
@@ -321,25 +331,60 @@ pub fn check_user_name(name: &str) -> Result<()> {
     Ok(())
 }
 
-/// `parse_methods`, where the names in `user` stand for the caller's own methods.
+/// Why `method` cannot be scored against `target`, naming the methods that can.
+fn target_mismatch(id: &str, target: Target) -> anyhow::Error {
+    let why = match target {
+        Target::Kernelized => " (it estimates softmax attention: it row-normalises or is built from softmax blocks, METHODS.md §6.4.1)",
+        Target::Softmax => " (it estimates the Gaussian-kernel product C·V; run it with --target kernelized)",
+    };
+    usage!(
+        "--methods: {id} does not approximate the {target} target{why}; methods for --target {target}: {}",
+        attention::target_method_ids(target).join(", ")
+    )
+}
+
+/// `parse_methods` for `target`, where the names in `user` stand for the caller's own methods.
+/// Presets: `all` (every method of `target`), `field` (every softmax method), `figure` (the
+/// papers' methods, softmax), `kernelized` (every kernelized-target method). A preset or id of
+/// another target is refused with the methods that fit.
 pub fn parse_methods_with(
     values: &[String],
     user: &BTreeMap<String, UserMethod>,
+    target: Target,
 ) -> Result<Vec<String>> {
     let mut out: Vec<String> = Vec::new();
-    let known = attention::method_ids();
+    let strings = |v: Vec<&str>| v.into_iter().map(String::from).collect::<Vec<_>>();
+    let preset_target = |name: &str, t: Target| -> Result<()> {
+        if t == target {
+            Ok(())
+        } else {
+            Err(usage!(
+                "--methods {name}: a preset of {t} methods, but the run's target is {target}; use --methods all (every method for --target {target}) or name methods: {}",
+                attention::target_method_ids(target).join(", ")
+            ))
+        }
+    };
     for v in values.iter().map(|s| s.trim()).filter(|s| !s.is_empty()) {
         let ids: Vec<String> = match v {
-            "all" => known.iter().map(|s| s.to_string()).collect(),
-            // Every softmax-target method (issue 13); `all` will add the kernelized target's.
-            "field" => attention::field_method_ids()
-                .iter()
-                .map(|s| s.to_string())
-                .collect(),
-            "figure" => FIGURE_METHODS.iter().map(|s| s.to_string()).collect(),
+            "all" => strings(attention::target_method_ids(target)),
+            "field" => {
+                preset_target(v, Target::Softmax)?;
+                strings(attention::field_method_ids())
+            }
+            "figure" => {
+                preset_target(v, Target::Softmax)?;
+                strings(FIGURE_METHODS.to_vec())
+            }
+            "kernelized" => {
+                preset_target(v, Target::Kernelized)?;
+                strings(attention::target_method_ids(Target::Kernelized))
+            }
             id if user.contains_key(id) => vec![id.to_string()],
             id => {
-                attention::by_id(id).map_err(|e| usage!("--methods: {e}"))?;
+                let m = attention::by_id(id).map_err(|e| usage!("--methods: {e}"))?;
+                if !m.targets().contains(&target) {
+                    return Err(target_mismatch(id, target));
+                }
                 vec![id.to_string()]
             }
         };
@@ -351,8 +396,9 @@ pub fn parse_methods_with(
     }
     if out.is_empty() {
         return Err(usage!(
-            "--methods is empty; known methods: {}, or all / field / figure",
-            known.join(", ")
+            "--methods is empty; methods for --target {target}: {}, or one of the presets {}",
+            attention::target_method_ids(target).join(", "),
+            PRESETS.join(" / ")
         ));
     }
     Ok(out)
@@ -371,9 +417,18 @@ impl RunConfig {
             }
             None => (
                 strings(&["512", "1024", "2048", "4096"]),
-                strings(&["figure"]),
+                // The default methods are the papers' (softmax) or every kernelized-target method.
+                strings(&[match a.target {
+                    Target::Softmax => "figure",
+                    Target::Kernelized => "kernelized",
+                }]),
             ),
         };
+        if let (Some(fig), Target::Kernelized) = (a.figure, a.target) {
+            return Err(usage!(
+                "--figure {fig} reproduces a softmax-attention figure; drop --target kernelized, or use --methods kernelized without --figure"
+            ));
+        }
         let def_features = strings(&["8", "16", "32", "64", "128", "256"]);
         let lengths = parse_positive_list("--lengths", a.lengths.as_ref().unwrap_or(&def_lengths))?;
         let features =
@@ -381,8 +436,11 @@ impl RunConfig {
         for name in a.user_methods.keys() {
             check_user_name(name)?;
         }
-        let methods =
-            parse_methods_with(a.methods.as_ref().unwrap_or(&def_methods), &a.user_methods)?;
+        let methods = parse_methods_with(
+            a.methods.as_ref().unwrap_or(&def_methods),
+            &a.user_methods,
+            a.target,
+        )?;
         if a.windows == 0 {
             return Err(usage!(
                 "--windows 0: at least one window per length is needed"
@@ -407,6 +465,7 @@ impl RunConfig {
         }
         Ok(Self {
             inputs: InputConfig::new(&a.inputs)?,
+            target: a.target,
             lengths,
             features,
             methods,
@@ -444,6 +503,75 @@ mod tests {
         assert_eq!(mixed[0], "vmean");
         assert_eq!(mixed.len(), FIGURE_METHODS.len());
         assert!(parse_methods(&items(&["nope"])).is_err());
+    }
+
+    fn kernelized(methods: Option<&[&str]>) -> Result<RunConfig> {
+        RunConfig::new(&RunOptions {
+            target: Target::Kernelized,
+            methods: methods.map(items),
+            lengths: Some(items(&["512"])),
+            ..RunOptions::default()
+        })
+    }
+
+    #[test]
+    fn the_kernelized_target_takes_its_own_methods_and_refuses_the_others() {
+        let cfg = kernelized(None).unwrap();
+        assert_eq!(
+            cfg.methods,
+            attention::target_method_ids(Target::Kernelized)
+        );
+        assert_eq!(kernelized(Some(&["all"])).unwrap().methods, cfg.methods);
+        assert_eq!(
+            kernelized(Some(&["kernelized"])).unwrap().methods,
+            cfg.methods
+        );
+        let err = format!("{:#}", kernelized(Some(&["zero", "vmean"])).unwrap_err());
+        assert!(
+            err.contains("vmean does not approximate the kernelized target")
+                && err.contains("skyformer_gauss, skyformer_gauss_iter, performer_gauss"),
+            "{err}"
+        );
+        for preset in ["field", "figure"] {
+            let err = format!("{:#}", kernelized(Some(&[preset])).unwrap_err());
+            assert!(err.contains("the run's target is kernelized"), "{err}");
+        }
+        // And the other way round: a kernelized method in a softmax run.
+        let err = format!(
+            "{:#}",
+            parse_methods(&items(&["skyformer", "skyformer_gauss"])).unwrap_err()
+        );
+        assert!(err.contains("--target kernelized"), "{err}");
+        assert!(parse_methods(&items(&["kernelized"])).is_err());
+        assert_eq!(
+            parse_methods(&items(&["all"])).unwrap(),
+            attention::field_method_ids()
+        );
+        let err = RunConfig::new(&RunOptions {
+            target: Target::Kernelized,
+            figure: Some(FigurePreset::Skyformer),
+            ..RunOptions::default()
+        })
+        .unwrap_err();
+        assert!(format!("{err:#}").contains("drop --target kernelized"));
+    }
+
+    #[test]
+    fn softmax_configurations_serialize_as_before_targets_existed() {
+        // A softmax run's manifest has no `target` (runs from before resume and compare), a
+        // kernelized one names it, and both read back equal.
+        let soft = RunConfig::new(&RunOptions {
+            lengths: Some(items(&["512"])),
+            ..RunOptions::default()
+        })
+        .unwrap();
+        let json = serde_json::to_value(&soft).unwrap();
+        assert!(json.get("target").is_none(), "{json}");
+        assert_eq!(serde_json::from_value::<RunConfig>(json).unwrap(), soft);
+        let kern = kernelized(None).unwrap();
+        let json = serde_json::to_value(&kern).unwrap();
+        assert_eq!(json["target"], "kernelized");
+        assert_eq!(serde_json::from_value::<RunConfig>(json).unwrap(), kern);
     }
 
     #[test]

@@ -114,6 +114,7 @@ fn run(cli: Cli) -> anyhow::Result<i32> {
                 qkv: a.qkv,
                 approx: a.approx,
                 name: a.name,
+                target: a.target,
                 out: a.out,
                 force: a.force,
                 command: std::env::args().collect(),

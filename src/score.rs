@@ -49,6 +49,8 @@ pub struct ScoreRequest {
     pub qkv: PathBuf,
     pub approx: PathBuf,
     pub name: String,
+    /// What the Ô files approximate: softmax attention or C·V (METHODS.md §6.4.1).
+    pub target: crate::attention::Target,
     pub out: PathBuf,
     pub force: bool,
     pub command: Vec<String>,
@@ -233,6 +235,7 @@ pub fn score(req: &ScoreRequest) -> Result<SweepOutcome> {
     );
     let cfg = RunConfig {
         inputs: info0.inputs.clone(),
+        target: req.target,
         lengths: lengths.clone(),
         features: features.clone(),
         methods: vec![req.name.clone()],
@@ -303,8 +306,8 @@ pub fn score(req: &ScoreRequest) -> Result<SweepOutcome> {
                 .collect::<Result<_>>()?;
             for h in 0..dump.info.heads {
                 let head = HeadInputs::new(q.get(h)?, k.get(h)?, v.get(h)?)?;
-                let exact_norm = head.exact.norm()?;
-                let exact64 = head.exact.output.to_dtype(DType::F64)?;
+                let exact64 = head.target_output(req.target)?;
+                let exact_norm = spectral::matrix_norms(&exact64)?.spectral;
                 for (&d, o) in features.iter().zip(&outs) {
                     let o_hat = o.get(h)?.to_dtype(DType::F64)?;
                     let norms = spectral::error_norms(&exact64, &o_hat).with_context(|| {
@@ -341,6 +344,7 @@ pub fn score(req: &ScoreRequest) -> Result<SweepOutcome> {
                         nonfinite_rows: flagged,
                         macs: f64::NAN,
                         seconds: f64::NAN,
+                        target: req.target,
                     };
                     writer.append(&row)?;
                     rows.push(row);

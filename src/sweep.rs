@@ -305,9 +305,10 @@ impl TrialContext<'_> {
     ) -> Result<Vec<TrialRow>> {
         let (cfg, n, w) = (self.cfg, self.n, self.window);
         let head = HeadInputs::new(q.get(h)?, k.get(h)?, v.get(h)?)?;
-        let exact_norm = head.exact.norm()?;
-        // Converted once per head, not once per trial (error_norms then gets an f64 tensor as is).
-        let exact64 = head.exact.output.to_dtype(DType::F64)?;
+        // The run's target in f64, once per head (error_norms then takes it as is), before any
+        // method's clock starts.
+        let exact64 = head.target_output(cfg.target)?;
+        let exact_norm = spectral::matrix_norms(&exact64)?.spectral;
         let mut rows = Vec::new();
         for m in self.methods {
             for &d in &cfg.features {
@@ -352,6 +353,7 @@ impl TrialContext<'_> {
                     nonfinite_rows: flagged_rows(&approx)?,
                     macs: m.macs(n, self.prepared.head_dim(), d),
                     seconds,
+                    target: cfg.target,
                 });
                 self.bar.inc(1);
             }

@@ -107,7 +107,7 @@ fn exact<'py>(
     v: &Bound<'py, PyAny>,
 ) -> PyResult<Bound<'py, PyAny>> {
     let h = head(q, k, v)?;
-    array(py, &h.exact.output)
+    array(py, &h.exact()?.output)
 }
 
 /// (‖O − Ô‖₂, ‖O − Ô‖₂/‖O‖₂, ‖O − Ô‖_F): the benchmark's metric, in float64.

@@ -7,7 +7,7 @@
 
 use std::any::Any;
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 
 use anyhow::Result;
 use candle_core::{DType, Device, Tensor};
@@ -15,17 +15,22 @@ use candle_core::{DType, Device, Tensor};
 use crate::numerics::sampling::TrialRng;
 
 pub mod exact;
+pub mod exact_kernelized;
 pub mod features;
 pub mod hybrid;
 pub mod lowrank;
 pub mod sampling;
 pub mod sparse;
+pub mod target;
 pub mod vmean;
+pub mod zero;
+
+pub use target::Target;
 
 // The flat paths from before the split into families (`attention::skyformer::…`) keep working.
-pub use features::{performer, performer_trig};
+pub use features::{performer, performer_gauss, performer_trig, rff_gauss};
 pub use hybrid::scatterbrain;
-pub use lowrank::{linformer, nystromformer, skyformer, svd_optimal};
+pub use lowrank::{linformer, nystromformer, skyformer, skyformer_gauss, svd_optimal};
 pub use sampling::{column_uniform, hyperattention, informer, kdeformer, skeinformer};
 pub use sparse::{bigbird, reformer, topk, window};
 
@@ -34,23 +39,51 @@ pub struct HeadInputs {
     pub q: Tensor,
     pub k: Tensor,
     pub v: Tensor,
-    /// The exact target O = softmax(QKᵀ/√p)V and log D (log row sums of exp(QKᵀ/√p)).
-    pub exact: exact::ExactAttention,
+    /// Exact softmax attention, computed on first use (a kernelized run never needs it).
+    exact: OnceLock<exact::ExactAttention>,
+    /// The kernelized target C·V in f64, computed on first use.
+    kernelized: OnceLock<Tensor>,
     /// Per-head memo for products a method reuses across d (e.g. the SVD of P).
     memo: Mutex<HashMap<&'static str, Arc<dyn Any + Send + Sync>>>,
 }
 
 impl HeadInputs {
-    /// Builds the head's inputs and computes the exact target once.
+    /// The head's inputs; each target is computed once, when first asked for.
     pub fn new(q: Tensor, k: Tensor, v: Tensor) -> Result<Self> {
         let (q, k, v) = (q.contiguous()?, k.contiguous()?, v.contiguous()?);
-        let exact = exact::ExactAttention::compute(&q, &k, &v)?;
         Ok(Self {
             q,
             k,
             v,
-            exact,
+            exact: OnceLock::new(),
+            kernelized: OnceLock::new(),
             memo: Mutex::new(HashMap::new()),
+        })
+    }
+
+    /// Exact softmax attention O = softmax(QKᵀ/√p)V in the inputs' dtype, with log D on demand.
+    pub fn exact(&self) -> Result<&exact::ExactAttention> {
+        if let Some(e) = self.exact.get() {
+            return Ok(e);
+        }
+        let e = exact::ExactAttention::compute(&self.q, &self.k, &self.v)?;
+        Ok(self.exact.get_or_init(|| e))
+    }
+
+    /// The kernelized target O_C = C·V ([n, p], f64; METHODS.md §6.4.1 computes it in float64).
+    pub fn kernelized(&self) -> Result<&Tensor> {
+        if let Some(t) = self.kernelized.get() {
+            return Ok(t);
+        }
+        let t = target::kernelized_output(&self.q, &self.k, &self.v, DType::F64)?;
+        Ok(self.kernelized.get_or_init(|| t))
+    }
+
+    /// What methods are scored against under `target`, in f64.
+    pub fn target_output(&self, target: Target) -> Result<Tensor> {
+        Ok(match target {
+            Target::Softmax => self.exact()?.output.to_dtype(DType::F64)?,
+            Target::Kernelized => self.kernelized()?.clone(),
         })
     }
 
@@ -157,6 +190,16 @@ pub trait Method: Send + Sync {
     }
     /// One line: what the feature count d means for this method.
     fn feature_meaning(&self) -> &'static str;
+    /// The targets the method estimates (METHODS.md §6.4.1: a method that row-normalises or is
+    /// built from softmax blocks estimates softmax attention, not C·V). A user's own method
+    /// (the default `Family::User`) is scored against whichever target the run has.
+    fn targets(&self) -> &'static [Target] {
+        if self.family() == Family::User {
+            &[Target::Softmax, Target::Kernelized]
+        } else {
+            &[Target::Softmax]
+        }
+    }
     /// Whether Ô depends on the random generator (deterministic methods give one value per head).
     fn is_random(&self) -> bool;
     /// Leading multiply-add count (METHODS.md §2.11).
@@ -210,13 +253,29 @@ pub fn registry() -> Vec<Box<dyn Method>> {
         Box::new(kdeformer::KdeFormer::reference()),
         Box::new(scatterbrain::Scatterbrain::smyrf()),
         Box::new(scatterbrain::Scatterbrain::local()),
+        // The kernelized target's methods (METHODS.md §6.4).
+        Box::new(exact_kernelized::ExactKernelized),
+        Box::new(zero::Zero),
+        Box::new(skyformer_gauss::SkyformerGauss::pseudo_inverse()),
+        Box::new(skyformer_gauss::SkyformerGauss::iterative()),
+        Box::new(performer_gauss::PerformerGauss),
+        Box::new(rff_gauss::RffGauss),
     ]
 }
 
+/// The ids of the registered methods that estimate `target`, in registry order.
+pub fn target_method_ids(target: Target) -> Vec<&'static str> {
+    registry()
+        .iter()
+        .filter(|m| m.targets().contains(&target))
+        .map(|m| m.id())
+        .collect()
+}
+
 /// The `field` preset (issue 13: every method of the field on one d axis): every registered
-/// method whose target is softmax attention — today all of them — in registry order.
+/// method whose target is softmax attention, in registry order.
 pub fn field_method_ids() -> Vec<&'static str> {
-    registry().iter().map(|m| m.id()).collect()
+    target_method_ids(Target::Softmax)
 }
 
 /// The ids of the registered methods of one family, in registry order.
@@ -338,7 +397,7 @@ pub(crate) mod test_util {
                 .unwrap()
                 .broadcast_as(h.v.shape())
                 .unwrap();
-        crate::numerics::spectral::error_norms(&h.exact.output, &mean)
+        crate::numerics::spectral::error_norms(&h.exact().unwrap().output, &mean)
             .unwrap()
             .spectral
     }
@@ -445,7 +504,26 @@ mod tests {
 
     #[test]
     fn field_preset_is_every_registered_softmax_method_in_registry_order() {
-        assert_eq!(field_method_ids(), method_ids());
+        let softmax: Vec<&str> = registry()
+            .iter()
+            .filter(|m| m.targets() == [Target::Softmax])
+            .map(|m| m.id())
+            .collect();
+        assert_eq!(field_method_ids(), softmax);
+        // Every registered method has exactly one target; together they are the registry.
+        let kernelized = target_method_ids(Target::Kernelized);
+        assert_eq!(
+            kernelized,
+            vec![
+                "exact_kernelized",
+                "zero",
+                "skyformer_gauss",
+                "skyformer_gauss_iter",
+                "performer_gauss",
+                "rff_gauss"
+            ]
+        );
+        assert_eq!(softmax.len() + kernelized.len(), method_ids().len());
         // The Figure-1 methods keep their registry positions (legend order, baselines).
         assert_eq!(
             &method_ids()[..7],

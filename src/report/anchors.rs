@@ -420,6 +420,7 @@ mod tests {
             flagged_trials: 0,
             macs: 0.0,
             seconds_mean: 0.0,
+            target: Default::default(),
         };
         let exact: Vec<SummaryRow> = ANCHORS
             .iter()

@@ -28,6 +28,9 @@ pub struct SummaryRow {
     pub flagged_trials: usize,
     pub macs: f64,
     pub seconds_mean: f64,
+    /// What the errors are measured against; the last column (older summaries read as softmax).
+    #[serde(default)]
+    pub target: crate::attention::Target,
 }
 
 use std::collections::BTreeMap;
@@ -66,8 +69,9 @@ pub fn mean_stderr(values: &[f64]) -> (f64, f64) {
     (mean, (var / k as f64).sqrt())
 }
 
-/// Groups trials by (model, n, method, d) and averages over the finite ones. Order: model, n,
-/// method in `method_order` (unknown ones last, by name), d.
+/// Groups trials by (target, model, n, method, d) and averages over the finite ones (rows of
+/// different targets never share a point). Order: target, model, n, method in `method_order`
+/// (unknown ones last, by name), d.
 pub fn summarize(rows: &[TrialRow], method_order: &[String]) -> Vec<SummaryRow> {
     let rank = |m: &str| {
         method_order
@@ -75,17 +79,31 @@ pub fn summarize(rows: &[TrialRow], method_order: &[String]) -> Vec<SummaryRow> 
             .position(|x| x == m)
             .unwrap_or(usize::MAX)
     };
-    let mut groups: BTreeMap<(String, usize, usize, String, usize), Vec<&TrialRow>> =
-        BTreeMap::new();
+    type Key = (
+        crate::attention::Target,
+        String,
+        usize,
+        usize,
+        String,
+        usize,
+    );
+    let mut groups: BTreeMap<Key, Vec<&TrialRow>> = BTreeMap::new();
     for r in rows {
         groups
-            .entry((r.model.clone(), r.n, rank(&r.method), r.method.clone(), r.d))
+            .entry((
+                r.target,
+                r.model.clone(),
+                r.n,
+                rank(&r.method),
+                r.method.clone(),
+                r.d,
+            ))
             .or_default()
             .push(r);
     }
     groups
         .into_iter()
-        .map(|((model, n, _, method, d), rs)| {
+        .map(|((target, model, n, _, method, d), rs)| {
             let finite: Vec<&&TrialRow> = rs.iter().filter(|r| r.error.is_finite()).collect();
             let errs: Vec<f64> = finite.iter().map(|r| r.error).collect();
             let rels: Vec<f64> = finite
@@ -110,6 +128,7 @@ pub fn summarize(rows: &[TrialRow], method_order: &[String]) -> Vec<SummaryRow> 
                 flagged_trials: rs.iter().filter(|r| r.nonfinite_rows > 0).count(),
                 macs: rs[0].macs,
                 seconds_mean: rs.iter().map(|r| r.seconds).sum::<f64>() / rs.len() as f64,
+                target,
             }
         })
         .collect()

@@ -32,6 +32,10 @@ pub struct TrialRow {
     pub macs: f64,
     /// Wall-clock seconds of the method's approximation (timing column; not reproducible).
     pub seconds: f64,
+    /// What `error` is measured against (`softmax` or `kernelized`). The last column, so that
+    /// files written before it existed read as softmax and positional readers keep working.
+    #[serde(default)]
+    pub target: crate::attention::Target,
 }
 
 impl TrialRow {
@@ -100,6 +104,14 @@ impl TrialWriter {
             f.seek(SeekFrom::End(0))?;
             if keep > 0 {
                 existing = read_rows(path)?;
+                let header_line = bytes[..keep].split(|&b| b == b'\n').next().unwrap_or(&[]);
+                if header_line != HEADER.join(",").as_bytes() {
+                    // Written before a column was added (e.g. `target`): rewritten once in the
+                    // current schema (the rows read with the new columns' defaults), so that the
+                    // rows appended next line up with the header.
+                    drop(f);
+                    rewrite(path, &existing)?;
+                }
             }
         }
         let fresh = !path.exists() || std::fs::metadata(path)?.len() == 0;
@@ -146,6 +158,23 @@ impl TrialWriter {
     }
 }
 
+/// Replaces `path` by `rows` under the current header, through a temporary file renamed over it
+/// (a crash leaves either the old file or the new one).
+fn rewrite(path: &Path, rows: &[TrialRow]) -> Result<()> {
+    let tmp = path.with_extension("csv.rewrite");
+    {
+        let mut w = csv::Writer::from_path(&tmp)
+            .with_context(|| format!("writing {} (disk full?)", tmp.display()))?;
+        for r in rows {
+            w.serialize(r)?;
+        }
+        w.flush()
+            .with_context(|| format!("writing {} (disk full?)", tmp.display()))?;
+    }
+    std::fs::rename(&tmp, path).with_context(|| format!("replacing {}", path.display()))?;
+    Ok(())
+}
+
 /// The CSV header, in [`TrialRow`] field order.
 pub const HEADER: &[&str] = &[
     "model",
@@ -164,6 +193,7 @@ pub const HEADER: &[&str] = &[
     "nonfinite_rows",
     "macs",
     "seconds",
+    "target",
 ];
 
 /// Keys of rows, for skipping on resume.
@@ -193,6 +223,7 @@ mod tests {
             nonfinite_rows: 0,
             macs: 32.0,
             seconds: 0.001,
+            target: crate::attention::Target::Softmax,
         }
     }
 
@@ -212,6 +243,28 @@ mod tests {
             msg.contains("/dev/full") && (msg.contains("disk full") || msg.contains("No space")),
             "{msg}"
         );
+    }
+
+    #[test]
+    fn a_file_from_before_the_target_column_reads_as_softmax_and_is_upgraded_on_resume() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("trials.csv");
+        let old_header = HEADER[..HEADER.len() - 1].join(",");
+        std::fs::write(
+            &p,
+            format!("{old_header}\ninitialized,m,0,8,0,0,vmean,4,1,0.5,0.1,0.7,5.0,0,32.0,0.001\n"),
+        )
+        .unwrap();
+        assert_eq!(read_rows(&p).unwrap(), vec![row(0)]);
+        let (mut w, old) = TrialWriter::open(&p).unwrap();
+        assert_eq!(old, vec![row(0)]);
+        let mut kernelized = row(1);
+        kernelized.target = crate::attention::Target::Kernelized;
+        w.append(&kernelized).unwrap();
+        let text = std::fs::read_to_string(&p).unwrap();
+        assert!(text.starts_with(&HEADER.join(",")), "{text}");
+        assert!(text.lines().nth(1).unwrap().ends_with(",softmax"), "{text}");
+        assert_eq!(read_rows(&p).unwrap(), vec![row(0), kernelized]);
     }
 
     #[test]

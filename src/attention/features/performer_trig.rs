@@ -68,7 +68,7 @@ impl Operands {
 }
 
 /// [cos(x̃Ωᵀ), sin(x̃Ωᵀ)] ([n, 2m]) for Ω ([m, p]).
-fn trig_features(xt: &Tensor, omega: &Tensor) -> Result<Tensor> {
+pub(crate) fn trig_features(xt: &Tensor, omega: &Tensor) -> Result<Tensor> {
     let proj = xt.matmul(&omega.t()?)?;
     Ok(Tensor::cat(&[proj.cos()?, proj.sin()?], 1)?)
 }

@@ -319,7 +319,7 @@ mod tests {
     use rand::SeedableRng;
 
     fn err(h: &HeadInputs, o: &Tensor) -> f64 {
-        error_norms(&h.exact.output, o).unwrap().spectral
+        error_norms(&h.exact().unwrap().output, o).unwrap().spectral
     }
 
     /// The paper's dense formula in f64 with an n×n support mask (test only): Â = A on 𝒮 and

@@ -4,4 +4,5 @@
 pub mod linformer;
 pub mod nystromformer;
 pub mod skyformer;
+pub mod skyformer_gauss;
 pub mod svd_optimal;

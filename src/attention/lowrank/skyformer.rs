@@ -71,10 +71,13 @@ pub(crate) fn draw_landmarks(rng: &mut TrialRng, n: usize, d: usize) -> (Vec<usi
 }
 
 /// The per-head operands in float64, built once and shared by every d and trial (and by both
-/// ids): Q̃ = Q/p^¼, K̃ = K/p^¼ and [V, 1] (numerator and denominator share every product).
+/// ids, and by the Gaussian-kernel variants of `skyformer_gauss`): Q̃ = Q/p^¼, K̃ = K/p^¼, their
+/// ‖x̃‖²/2 and [V, 1] (numerator and denominator share every product).
 pub(crate) struct Operands {
     qt: Tensor,
     kt: Tensor,
+    q_half_sq: Tensor,
+    k_half_sq: Tensor,
     rhs: Tensor,
 }
 
@@ -84,9 +87,13 @@ impl Operands {
         let s = (p as f64).powf(-0.25);
         let v64 = v.to_dtype(DType::F64)?;
         let ones = Tensor::ones((n, 1), DType::F64, q.device())?;
+        let qt = (q.to_dtype(DType::F64)? * s)?;
+        let kt = (k.to_dtype(DType::F64)? * s)?;
         Ok(Self {
-            qt: (q.to_dtype(DType::F64)? * s)?,
-            kt: (k.to_dtype(DType::F64)? * s)?,
+            q_half_sq: half_sq_norms(&qt)?,
+            k_half_sq: half_sq_norms(&kt)?,
+            qt,
+            kt,
             rhs: Tensor::cat(&[v64, ones], 1)?, // n×(p+1)
         })
     }
@@ -99,14 +106,38 @@ impl Operands {
     }
 }
 
-/// Ô (f64, n×p) and den = Ã1 (f64, n) for the landmarks Q̃[iq] and K̃[ik].
+/// ‖x_i‖²/2 (n×1).
+fn half_sq_norms(x: &Tensor) -> Result<Tensor> {
+    Ok((x.sqr()?.sum_keepdim(D::Minus1)? * 0.5)?)
+}
+
+/// Which kernel of the 2n×2n completion the core approximates.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub(crate) enum CoreKernel {
+    /// The softmax kernel exp(x·y) of Ā (Figure-1 Skyformer, §2.3): one global shift c of every
+    /// logit (it cancels in num/den), output num/den.
+    Softmax,
+    /// The Gaussian kernel κ(x, y) = exp(x·y − ‖x‖²/2 − ‖y‖²/2) of C (§6.4.2): every entry lies
+    /// in (0, 1], so no shift; output the numerator C̃V, unnormalised.
+    Gaussian,
+}
+
+/// For the landmarks Q̃[iq] and K̃[ik]: Ô (f64, n×p) and den = Ã1 (f64, n) under
+/// `CoreKernel::Softmax`; C̃V (f64, n×p) and C̃1 under `CoreKernel::Gaussian`.
 pub(crate) fn skyformer_core(
     ops: &Operands,
     iq: &[usize],
     ik: &[usize],
     inverse: CoreInverse,
+    kernel: CoreKernel,
 ) -> Result<(Tensor, Tensor)> {
-    let Operands { qt, kt, rhs } = ops;
+    let Operands {
+        qt,
+        kt,
+        q_half_sq,
+        k_half_sq,
+        rhs,
+    } = ops;
     let p = rhs.dim(1)? - 1;
     let dev = qt.device();
 
@@ -122,11 +153,26 @@ pub(crate) fn skyformer_core(
     let d = z.dim(0)?;
     let zt = z.t()?.contiguous()?;
 
-    let lf = qt.matmul(&zt)?; // n×d logits of F
-    let lg = kt.matmul(&zt)?; // n×d logits of G
-    let lm = z.matmul(&zt)?; // d×d logits of M
-    let gmax = |t: &Tensor| -> Result<f64> { scalar(&t.flatten_all()?.max(0)?) };
-    let c = gmax(&lf)?.max(gmax(&lg)?).max(gmax(&lm)?);
+    let mut lf = qt.matmul(&zt)?; // n×d logits of F
+    let mut lg = kt.matmul(&zt)?; // n×d logits of G
+    let mut lm = z.matmul(&zt)?; // d×d logits of M
+    let c = match kernel {
+        CoreKernel::Softmax => {
+            let gmax = |t: &Tensor| -> Result<f64> { scalar(&t.flatten_all()?.max(0)?) };
+            gmax(&lf)?.max(gmax(&lg)?).max(gmax(&lm)?)
+        }
+        CoreKernel::Gaussian => {
+            // x·z − ‖x‖²/2 − ‖z‖²/2 = −‖x − z‖²/2 ≤ 0: nothing to shift.
+            let z_half = half_sq_norms(&z)?.t()?; // 1×d
+            let with_norms = |l: Tensor, rows: &Tensor| -> Result<Tensor> {
+                Ok(l.broadcast_sub(rows)?.broadcast_sub(&z_half)?)
+            };
+            lf = with_norms(lf, q_half_sq)?;
+            lg = with_norms(lg, k_half_sq)?;
+            lm = with_norms(lm, &z_half.t()?)?;
+            0.0
+        }
+    };
     // In place over the fresh logits: the same bits as (logits − c).exp().
     let f = exp_minus(lf, c)?;
     let g = exp_minus(lg, c)?;
@@ -151,7 +197,10 @@ pub(crate) fn skyformer_core(
     let fr = f.matmul(&w.matmul(&gtr)?)?; // n×(p+1)
     let num = fr.narrow(1, 0, p)?;
     let den = fr.narrow(1, p, 1)?;
-    let out = num.broadcast_div(&den)?;
+    let out = match kernel {
+        CoreKernel::Softmax => num.broadcast_div(&den)?,
+        CoreKernel::Gaussian => num.contiguous()?,
+    };
     Ok((out, den.squeeze(D::Minus1)?))
 }
 
@@ -193,7 +242,13 @@ impl Method for Skyformer {
         } else {
             CoreInverse::Pinv
         };
-        let (out, den) = skyformer_core(&*Operands::of(head)?, &iq, &ik, inverse)?;
+        let (out, den) = skyformer_core(
+            &*Operands::of(head)?,
+            &iq,
+            &ik,
+            inverse,
+            CoreKernel::Softmax,
+        )?;
         Ok(Approximation {
             output: out.to_dtype(head.dtype())?,
             normalizer: Some(den),
@@ -269,7 +324,8 @@ mod tests {
             &tensor(&v, DType::F64),
         )
         .unwrap();
-        let (out, den) = skyformer_core(&ops, &iq, &ik, CoreInverse::Pinv).unwrap();
+        let (out, den) =
+            skyformer_core(&ops, &iq, &ik, CoreInverse::Pinv, CoreKernel::Softmax).unwrap();
         let sel: Vec<usize> = iq.iter().cloned().chain(ik.iter().map(|j| j + n)).collect();
         let (want, want_den) = dense(&q, &k, &v, &sel, None);
         let got = to_dmatrix(&out).unwrap();
@@ -305,11 +361,20 @@ mod tests {
             steps: ITER_STEPS,
         };
         let ops = Operands::new(&tq, &tk, &tv).unwrap();
-        let got = to_dmatrix(&skyformer_core(&ops, &iq, &ik, it).unwrap().0).unwrap();
+        let got = to_dmatrix(
+            &skyformer_core(&ops, &iq, &ik, it, CoreKernel::Softmax)
+                .unwrap()
+                .0,
+        )
+        .unwrap();
         let (want, _) = dense(&q, &k, &v, &sel, Some(GAMMA));
         assert!(max_rel(&got, &want) < 1e-8, "{}", max_rel(&got, &want));
-        let pinv =
-            to_dmatrix(&skyformer_core(&ops, &iq, &ik, CoreInverse::Pinv).unwrap().0).unwrap();
+        let pinv = to_dmatrix(
+            &skyformer_core(&ops, &iq, &ik, CoreInverse::Pinv, CoreKernel::Softmax)
+                .unwrap()
+                .0,
+        )
+        .unwrap();
         let rel = max_rel(&got, &pinv);
         assert!(rel < 2e-2 && rel > 0.0, "iter vs pinv {rel}");
     }
@@ -331,9 +396,15 @@ mod tests {
         )
         .unwrap();
         let all: Vec<usize> = (0..n).collect();
-        let (out, den) =
-            skyformer_core(&Operands::of(&head).unwrap(), &all, &all, CoreInverse::Pinv).unwrap();
-        let exact = to_dmatrix(&head.exact.output).unwrap();
+        let (out, den) = skyformer_core(
+            &Operands::of(&head).unwrap(),
+            &all,
+            &all,
+            CoreInverse::Pinv,
+            CoreKernel::Softmax,
+        )
+        .unwrap();
+        let exact = to_dmatrix(&head.exact().unwrap().output).unwrap();
         assert!(max_rel(&to_dmatrix(&out).unwrap(), &exact) < 1e-7);
         assert!(den.to_vec1::<f64>().unwrap().iter().all(|&x| x > 0.0));
         // Through the method: d = 400 draws cover all 12 rows w.h.p., with many duplicates

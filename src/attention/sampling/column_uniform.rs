@@ -76,7 +76,10 @@ mod tests {
                 .unwrap()
                 .output;
             assert!(
-                error_norms(&h.exact.output, &out).unwrap().spectral < 1e-12,
+                error_norms(&h.exact().unwrap().output, &out)
+                    .unwrap()
+                    .spectral
+                    < 1e-12,
                 "d = {d}"
             );
         }

@@ -235,7 +235,7 @@ pub(crate) mod tests {
     use rand::SeedableRng;
 
     fn err(h: &HeadInputs, o: &Tensor) -> f64 {
-        error_norms(&h.exact.output, o).unwrap().spectral
+        error_norms(&h.exact().unwrap().output, o).unwrap().spectral
     }
 
     /// A head with iid N(0, std²) entries (§6.3.4's synthetic data: std = 0.5).
@@ -368,7 +368,7 @@ pub(crate) mod tests {
         let mut rng = TrialRng::seed_from_u64(1);
         let omega = draw_omega(&mut rng, &h).unwrap();
         let blocks = sort_lsh_blocks(&h.q, &h.k, &omega, d, BucketOrder::Code).unwrap();
-        let log_d = to_vec_f64(h.exact.log_rowsum().unwrap()).unwrap();
+        let log_d = to_vec_f64(h.exact().unwrap().log_rowsum().unwrap()).unwrap();
         let trials = 3000;
         let mut sum = vec![0.0; n];
         let mut sq = vec![0.0; n];

@@ -278,13 +278,23 @@ mod tests {
             .approximate(&h, 64, &mut rng)
             .unwrap()
             .output;
-        assert!(error_norms(&h.exact.output, &out).unwrap().spectral < 1e-12);
+        assert!(
+            error_norms(&h.exact().unwrap().output, &out)
+                .unwrap()
+                .spectral
+                < 1e-12
+        );
         // So does `informer` once c·⌈ln n⌉ ≥ n (capped at n).
         let out = Informer::log_factor()
             .approximate(&h, 1000, &mut rng)
             .unwrap()
             .output;
-        assert!(error_norms(&h.exact.output, &out).unwrap().spectral < 1e-12);
+        assert!(
+            error_norms(&h.exact().unwrap().output, &out)
+                .unwrap()
+                .spectral
+                < 1e-12
+        );
     }
 
     #[test]
@@ -304,7 +314,7 @@ mod tests {
                 .unwrap()
                 .to_vec1()
                 .unwrap();
-        let exact: Vec<Vec<f64>> = h.exact.output.to_vec2().unwrap();
+        let exact: Vec<Vec<f64>> = h.exact().unwrap().output.to_vec2().unwrap();
         for i in 0..n {
             if top.contains(&i) {
                 for c in 0..p {
@@ -332,7 +342,9 @@ mod tests {
         assert!(diff < 1e-4, "f32 vs f64: {diff}");
         assert_all_finite(&b);
         // Error is below V-Mean's (the selected rows are exact), and positive.
-        let err = error_norms(&h64.exact.output, &a).unwrap().spectral;
+        let err = error_norms(&h64.exact().unwrap().output, &a)
+            .unwrap()
+            .spectral;
         let vmean = vmean_error(&h64);
         assert!(err > 0.0 && err <= vmean + 1e-12, "{err} vs {vmean}");
     }

@@ -135,7 +135,7 @@ mod tests {
     use rand::SeedableRng;
 
     fn err(h: &HeadInputs, o: &Tensor) -> f64 {
-        error_norms(&h.exact.output, o).unwrap().spectral
+        error_norms(&h.exact().unwrap().output, o).unwrap().spectral
     }
 
     /// π from host loops: Gram of [V, 1] and its largest eigenvalue, row norms, the 1/n floor.
@@ -208,7 +208,7 @@ mod tests {
         let omega = draw_omega(&mut rng, &h).unwrap();
         let blocks = sort_lsh_blocks(&h.q, &h.k, &omega, d, BucketOrder::Code).unwrap();
         let pi = direct_law(&h);
-        let log_d = to_vec_f64(h.exact.log_rowsum().unwrap()).unwrap();
+        let log_d = to_vec_f64(h.exact().unwrap().log_rowsum().unwrap()).unwrap();
         let trials = 3000;
         let (mut sum, mut sq) = (vec![0.0; n], vec![0.0; n]);
         for _ in 0..trials {

@@ -231,7 +231,7 @@ impl Method for Skeinformer {
         self.check(head.n(), d).map_err(anyhow::Error::msg)?;
         // log D costs a pass over QKᵀ: computed (once per head) only for the variant that needs it.
         let log_rowsum = if self.variant == SkeinVariant::NoNorm {
-            head.exact.log_rowsum()?.clone()
+            head.exact()?.log_rowsum()?.clone()
         } else {
             Tensor::zeros(0, head.dtype(), head.device())?
         };
@@ -336,7 +336,10 @@ mod tests {
             for (norm, name) in [
                 (RowNorm::Adaptive, "adaptive"),
                 (RowNorm::Simple, "simple"),
-                (RowNorm::Exact(h.exact.log_rowsum().unwrap()), "exact"),
+                (
+                    RowNorm::Exact(h.exact().unwrap().log_rowsum().unwrap()),
+                    "exact",
+                ),
             ] {
                 let (r, delta) = rows_from_columns(&h.q, &h.k, &h.v, &cols, norm).unwrap();
                 assert_close(&rows(&r), &naive(&h, &cols, name), 1e-12);
@@ -359,7 +362,12 @@ mod tests {
         let k = from_f64(kv, (n, p), &test_device(), DType::F64).unwrap();
         let h = HeadInputs::new(h0.q.clone(), k, h0.v.clone()).unwrap();
         let (r, _) = rows_from_columns(&h.q, &h.k, &h.v, &[0, 1], RowNorm::Adaptive).unwrap();
-        assert!(error_norms(&h.exact.output, &r).unwrap().spectral < 1e-12);
+        assert!(
+            error_norms(&h.exact().unwrap().output, &r)
+                .unwrap()
+                .spectral
+                < 1e-12
+        );
     }
 
     #[test]
@@ -376,7 +384,7 @@ mod tests {
                     &h.q,
                     &h.k,
                     &h.v,
-                    h.exact.log_rowsum().unwrap(),
+                    h.exact().unwrap().log_rowsum().unwrap(),
                     10,
                     &mut TrialRng::seed_from_u64(4),
                 )
@@ -399,14 +407,14 @@ mod tests {
     #[test]
     fn pilot_rows_are_exact_and_only_full_reuses_them() {
         let h = head(96, 16, 5, 1.0, DType::F64);
-        let exact = rows(&h.exact.output);
+        let exact = rows(&h.exact().unwrap().output);
         for variant in [SkeinVariant::Full, SkeinVariant::NoPilot] {
             let run = Skeinformer::new(variant)
                 .run(
                     &h.q,
                     &h.k,
                     &h.v,
-                    h.exact.log_rowsum().unwrap(),
+                    h.exact().unwrap().log_rowsum().unwrap(),
                     12,
                     &mut TrialRng::seed_from_u64(6),
                 )
@@ -487,13 +495,13 @@ mod tests {
                     &h64.q,
                     &h64.k,
                     &h64.v,
-                    h64.exact.log_rowsum().unwrap(),
+                    h64.exact().unwrap().log_rowsum().unwrap(),
                     500,
                     &mut TrialRng::seed_from_u64(1),
                 )
                 .unwrap();
             assert_eq!(run.cols.len(), 127);
-            let err = error_norms(&h64.exact.output, &run.output)
+            let err = error_norms(&h64.exact().unwrap().output, &run.output)
                 .unwrap()
                 .spectral;
             if variant == SkeinVariant::NoNorm {

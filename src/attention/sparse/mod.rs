@@ -59,7 +59,9 @@ mod tests {
                     .map(|(s, h)| {
                         let mut rng = TrialRng::seed_from_u64(s as u64);
                         let o = m.approximate(h, d, &mut rng).unwrap().output;
-                        error_norms(&h.exact.output, &o).unwrap().spectral
+                        error_norms(&h.exact().unwrap().output, &o)
+                            .unwrap()
+                            .spectral
                     })
                     .sum::<f64>()
                     / heads as f64;

@@ -205,14 +205,15 @@ mod tests {
     #[test]
     fn covering_budget_is_exact_attention() {
         let h = random_head(150, 32, 2, DType::F64);
-        let exact = h.exact.output.to_vec2::<f64>().unwrap();
+        let exact = h.exact().unwrap().output.to_vec2::<f64>().unwrap();
         for d in [75, 76, 400] {
             assert_close_per_entry(&out_rows(&h, d), &exact, 1e-6);
             assert!(max_rel(&out_rows(&h, d), &exact) < 1e-12);
         }
         let h32 = in_f32(&h);
         let exact32 = h32
-            .exact
+            .exact()
+            .unwrap()
             .output
             .to_dtype(DType::F64)
             .unwrap()

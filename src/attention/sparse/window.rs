@@ -122,7 +122,7 @@ mod tests {
     #[test]
     fn covering_window_is_exact_attention() {
         let h = random_head(200, 32, 2, DType::F64);
-        let exact = h.exact.output.to_vec2::<f64>().unwrap();
+        let exact = h.exact().unwrap().output.to_vec2::<f64>().unwrap();
         for d in [199, 200, 1000] {
             assert_close_per_entry(&out_rows(&h, d), &exact, 1e-6);
             assert!(max_rel(&out_rows(&h, d), &exact) < 1e-12);
@@ -130,7 +130,8 @@ mod tests {
         // In f32 against exact attention's own f32 path.
         let h32 = in_f32(&h);
         let exact32 = h32
-            .exact
+            .exact()
+            .unwrap()
             .output
             .to_dtype(DType::F64)
             .unwrap()

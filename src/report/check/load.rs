@@ -28,6 +28,11 @@ pub struct RunData {
 }
 
 impl RunData {
+    /// The target the side's points are measured against (one per side; `load` refuses mixes).
+    pub fn target(&self) -> crate::attention::Target {
+        self.summary.first().map(|r| r.target).unwrap_or_default()
+    }
+
     /// A side made from data in memory (tests, or callers that computed rows themselves).
     pub fn from_parts(
         label: &str,
@@ -100,6 +105,13 @@ pub fn load(path: &Path, flag: &str) -> Result<RunData> {
     if summary.is_empty() {
         return Err(usage!(
             "{flag} {}: no curve points (the file has no data rows)",
+            summary_source.display()
+        ));
+    }
+    let targets: std::collections::BTreeSet<_> = summary.iter().map(|r| r.target).collect();
+    if targets.len() > 1 {
+        return Err(usage!(
+            "{flag} {}: holds points of both targets (softmax and kernelized); check compares runs of one target, so give each target's run separately",
             summary_source.display()
         ));
     }

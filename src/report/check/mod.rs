@@ -316,6 +316,15 @@ pub fn check(baseline: &RunData, current: &RunData, opts: &CheckOptions) -> Resu
             opts.slack
         ));
     }
+    if baseline.target() != current.target() {
+        return Err(usage!(
+            "{} measures the {} target and {} the {} target; check compares runs of one target (--target of the sweep)",
+            baseline.path.display(),
+            baseline.target(),
+            current.path.display(),
+            current.target()
+        ));
+    }
     if opts.exact {
         for side in [baseline, current] {
             if side.trials.is_none() {

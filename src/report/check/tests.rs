@@ -76,8 +76,8 @@ fn trials(method: &str, seed: u64, grid: &Grid, f: Approx) -> Vec<TrialRow> {
                         d,
                     };
                     let out = f(&head, d, &mut key.rng());
-                    let norms = spectral::error_norms(&head.exact.output, &out).unwrap();
-                    let exact_norm = head.exact.norm().unwrap();
+                    let norms = spectral::error_norms(&head.exact().unwrap().output, &out).unwrap();
+                    let exact_norm = head.exact().unwrap().norm().unwrap();
                     rows.push(TrialRow {
                         model: "initialized".into(),
                         model_id: "test".into(),
@@ -95,6 +95,7 @@ fn trials(method: &str, seed: u64, grid: &Grid, f: Approx) -> Vec<TrialRow> {
                         nonfinite_rows: 0,
                         macs: 0.0,
                         seconds: 0.0,
+                        target: Default::default(),
                     });
                 }
             }
@@ -137,6 +138,7 @@ fn manifest(grid: &Grid, methods: &[&str], corpus_sha: &str, source: &str) -> Ma
         dependencies: String::new(),
         command: vec![],
         config: RunConfig {
+            target: Default::default(),
             inputs: InputConfig {
                 model: ModelKind::Initialized,
                 embeddings_from: ModelKind::Initialized,
@@ -245,7 +247,7 @@ fn the_paired_test_sees_a_small_bias_the_unpaired_test_cannot() {
     let rows_b = trials("vmean", 0, &grid, &vmean);
     let rows_c = trials("vmean", 0, &grid, &|h, d, r| {
         let o = vmean(h, d, r);
-        (&o + ((&o - &h.exact.output).unwrap() * 0.005).unwrap()).unwrap()
+        (&o + ((&o - &h.exact().unwrap().output).unwrap() * 0.005).unwrap()).unwrap()
     });
     let opts = CheckOptions {
         slack: 0.001,
@@ -324,7 +326,7 @@ fn honest_noise_of_a_random_method_passes_at_the_nominal_rate() {
     let worse = |h: &HeadInputs, d: usize, r: &mut TrialRng| {
         let o = subset_vmean(h, d, r);
         // Ô + 0.5·(Ô − O): the error grows by exactly 50 % per trial.
-        (&o + ((&o - &h.exact.output).unwrap() * 0.5).unwrap()).unwrap()
+        (&o + ((&o - &h.exact().unwrap().output).unwrap() * 0.5).unwrap()).unwrap()
     };
     let grid = Grid {
         ns: vec![16, 24],
@@ -376,6 +378,7 @@ fn honest_noise_from_a_seeded_distribution_passes_at_the_nominal_rate() {
                     flagged_trials: 0,
                     macs: 0.0,
                     seconds_mean: 0.0,
+                    target: Default::default(),
                 }
             })
             .collect()
@@ -757,4 +760,34 @@ fn bonferroni_critical_value_grows_with_the_number_of_points() {
         assert!((p.critical - want).abs() < 1e-12);
         assert!(p.critical > stats::student_t_upper_quantile(0.05, 11.0));
     }
+}
+
+#[test]
+fn runs_of_different_targets_are_never_compared() {
+    let grid = small_grid();
+    let base = side("base", trials("vmean", 0, &grid, &vmean));
+    let mut rows = trials("vmean", 0, &grid, &vmean);
+    for r in &mut rows {
+        r.target = crate::attention::Target::Kernelized;
+    }
+    let other = side("kernelized-run", rows.clone());
+    let err = format!(
+        "{:#}",
+        check(&base, &other, &CheckOptions::default()).unwrap_err()
+    );
+    assert!(
+        err.contains("base measures the softmax target and kernelized-run the kernelized target"),
+        "{err}"
+    );
+    // A directory mixing both targets is refused on load, naming the file.
+    let dir = tempfile::tempdir().unwrap();
+    let mut mixed = trials("vmean", 0, &grid, &vmean);
+    mixed.extend(rows);
+    let path = dir.path().join("trials.csv");
+    let (mut w, _) = crate::report::trials::TrialWriter::open(&path).unwrap();
+    for r in &mixed {
+        w.append(r).unwrap();
+    }
+    let err = format!("{:#}", load::load(dir.path(), "--current").unwrap_err());
+    assert!(err.contains("holds points of both targets"), "{err}");
 }

@@ -135,6 +135,13 @@ pub fn all_methods_style(method: &str, unknown_index: usize) -> SeriesStyle {
         // Hybrid: magenta.
         "scatterbrain" => st(c(190, 0, 120), false, Marker::Dot),
         "scatterbrain_local" => st(c(190, 0, 120), true, Marker::Cross),
+        // The kernelized target (§6.4): its reference grey, Skyformer's reds, Performer's black.
+        "zero" => st(c(128, 128, 128), true, Marker::Square),
+        "exact_kernelized" => floor_style(),
+        "skyformer_gauss" => st(RED, false, Marker::Dot),
+        "skyformer_gauss_iter" => st(c(255, 120, 110), true, Marker::Square),
+        "performer_gauss" => st(BLACK, true, Marker::Dot),
+        "rff_gauss" => st(c(0, 128, 128), false, Marker::Diamond),
         _ => {
             const EXTRA: [RGBColor; 5] = [
                 RGBColor(140, 86, 75),
@@ -200,6 +207,12 @@ pub fn method_label(method: &str) -> String {
         "kdeformer" => "KDEformer",
         "scatterbrain" => "Scatterbrain",
         "scatterbrain_local" => "Scatterbrain (local + low rank)",
+        "exact_kernelized" => "Exact C·V (run dtype)",
+        "zero" => "Zero (Ô = 0)",
+        "skyformer_gauss" => "Skyformer (Gaussian kernel)",
+        "skyformer_gauss_iter" => "Skyformer (Gaussian kernel, iterative inverse)",
+        "performer_gauss" => "Positive random features",
+        "rff_gauss" => "Random Fourier features",
         other => other,
     }
     .to_string()

@@ -115,7 +115,7 @@ fn equals_the_dense_masked_softmax_of_its_sets_in_float64() {
 fn covering_budget_is_exact_attention() {
     let n = 100;
     let h = random_head(n, 32, 4, DType::F64);
-    let exact = h.exact.output.to_vec2::<f64>().unwrap();
+    let exact = h.exact().unwrap().output.to_vec2::<f64>().unwrap();
     for d in [100, 101, 150, 400] {
         assert!(n.div_ceil(chunk_len(d)) <= 2);
         assert_close_per_entry(&out_rows(&h, d, 1), &exact, 1e-6);
@@ -123,7 +123,8 @@ fn covering_budget_is_exact_attention() {
     }
     let h32 = in_f32(&h);
     let exact32 = h32
-        .exact
+        .exact()
+        .unwrap()
         .output
         .to_dtype(DType::F64)
         .unwrap()

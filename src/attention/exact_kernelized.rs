@@ -1,0 +1,67 @@
+//! `exact_kernelized`: Kernelized Attention itself, O_C = C·V with the Gaussian kernel
+//! (Skyformer §3; METHODS.md §6.4.1), computed exactly in the run's dtype — the kernelized
+//! target's counterpart of exact softmax attention. Its error is the run dtype's rounding (0 in
+//! f64), and its time is the cost every approximation of C·V is measured against. Independent of d.
+
+use anyhow::Result;
+
+use super::{target, Approximation, Family, HeadInputs, Method, Target};
+use crate::numerics::sampling::TrialRng;
+
+pub struct ExactKernelized;
+
+impl Method for ExactKernelized {
+    fn id(&self) -> &'static str {
+        "exact_kernelized"
+    }
+    fn family(&self) -> Family {
+        Family::Reference
+    }
+    fn targets(&self) -> &'static [Target] {
+        &[Target::Kernelized]
+    }
+    fn feature_meaning(&self) -> &'static str {
+        "ignored: the exact O(n²) product C·V in the run's dtype"
+    }
+    fn is_random(&self) -> bool {
+        false
+    }
+    /// METHODS.md §6.4 summary: 2n²p (the n² exp are not MACs).
+    fn macs(&self, n: usize, p: usize, _d: usize) -> f64 {
+        2.0 * (n * n * p) as f64
+    }
+    fn approximate(
+        &self,
+        head: &HeadInputs,
+        _d: usize,
+        _rng: &mut TrialRng,
+    ) -> Result<Approximation> {
+        Ok(Approximation::plain(target::kernelized_output(
+            &head.q,
+            &head.k,
+            &head.v,
+            head.dtype(),
+        )?))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::attention::test_util::{random_head, run_seeded};
+    use crate::numerics::spectral::{error_norms, matrix_norms};
+    use candle_core::DType;
+
+    #[test]
+    fn equals_the_f64_target_in_f64_and_carries_f32_rounding_only_in_f32() {
+        let h = random_head(200, 16, 1, DType::F64);
+        let target = h.kernelized().unwrap();
+        let out = run_seeded(&ExactKernelized, &h, 8, 0).output;
+        assert_eq!(error_norms(target, &out).unwrap().spectral, 0.0);
+        let h32 = crate::attention::test_util::in_f32(&h);
+        let out32 = run_seeded(&ExactKernelized, &h32, 8, 0).output;
+        let rel =
+            error_norms(target, &out32).unwrap().spectral / matrix_norms(target).unwrap().spectral;
+        assert!(rel > 0.0 && rel < 1e-6, "{rel}");
+    }
+}

@@ -1,0 +1,63 @@
+//! `zero`: Ô = 0, the kernelized target's trivial baseline (METHODS.md §6.4.1 [REC]). Its error is
+//! ‖C·V‖₂ and its relative error exactly 1; a method above it does worse than outputting nothing.
+//! V-Mean plays this role for softmax only (its 1/n row scale belongs to softmax). Independent of d.
+
+use anyhow::Result;
+use candle_core::Tensor;
+
+use super::{Approximation, Family, HeadInputs, Method, Target};
+use crate::numerics::sampling::TrialRng;
+
+pub struct Zero;
+
+impl Method for Zero {
+    fn id(&self) -> &'static str {
+        "zero"
+    }
+    fn family(&self) -> Family {
+        Family::Reference
+    }
+    fn targets(&self) -> &'static [Target] {
+        &[Target::Kernelized]
+    }
+    fn feature_meaning(&self) -> &'static str {
+        "ignored: Ô = 0 (relative error exactly 1)"
+    }
+    fn is_random(&self) -> bool {
+        false
+    }
+    fn macs(&self, _n: usize, _p: usize, _d: usize) -> f64 {
+        0.0
+    }
+    fn approximate(
+        &self,
+        head: &HeadInputs,
+        _d: usize,
+        _rng: &mut TrialRng,
+    ) -> Result<Approximation> {
+        Ok(Approximation::plain(Tensor::zeros(
+            head.v.shape(),
+            head.dtype(),
+            head.device(),
+        )?))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::attention::test_util::{random_head, run_seeded};
+    use crate::numerics::spectral::{error_norms, matrix_norms};
+    use candle_core::DType;
+
+    #[test]
+    fn error_is_the_norm_of_the_target() {
+        let h = random_head(64, 8, 2, DType::F64);
+        let target = h.kernelized().unwrap();
+        let out = run_seeded(&Zero, &h, 8, 0).output;
+        let err = error_norms(target, &out).unwrap();
+        let norm = matrix_norms(target).unwrap();
+        assert!((err.spectral / norm.spectral - 1.0).abs() < 1e-12);
+        assert!((err.frobenius / norm.frobenius - 1.0).abs() < 1e-12);
+    }
+}
