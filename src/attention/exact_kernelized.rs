@@ -17,6 +17,10 @@ impl Method for ExactKernelized {
     fn family(&self) -> Family {
         Family::Reference
     }
+    /// Not an approximation: the exact product, a yardstick of cost and rounding.
+    fn is_oracle(&self) -> bool {
+        true
+    }
     fn targets(&self) -> &'static [Target] {
         &[Target::Kernelized]
     }

@@ -498,7 +498,7 @@ mod tests {
             .filter(|m| m.is_oracle())
             .map(|m| m.id())
             .collect();
-        assert_eq!(oracles, vec!["svd_optimal", "topk"]);
+        assert_eq!(oracles, vec!["svd_optimal", "topk", "exact_kernelized"]);
         assert_eq!(Family::LowRank.name(), "lowrank");
     }
 

@@ -10,12 +10,12 @@ use super::{grid, lengths_of, skeinformer_panels, skyformer_panels};
 use crate::config::{SKEINFORMER_FIGURE, SKYFORMER_FIGURE};
 use crate::report::summary::SummaryRow;
 
-const X_FEATURES: &str = "number of features";
+pub(super) const X_FEATURES: &str = "number of features";
 const Y_LOSS: &str = "Spectral Norm Loss";
 
 /// Which x a point uses.
 #[derive(Clone, Copy)]
-enum XOf {
+pub(super) enum XOf {
     Features,
     Seconds,
     Macs,
@@ -32,7 +32,7 @@ impl XOf {
 }
 
 /// The rows of one curve, by d.
-fn curve_rows<'a>(
+pub(super) fn curve_rows<'a>(
     rows: &'a [SummaryRow],
     model: &str,
     n: usize,
@@ -74,7 +74,7 @@ fn y_extent(points: &[Point], scale: Scale) -> Vec<f64> {
 
 /// What the notes under the legend say about the points a figure uses.
 #[derive(Default)]
-struct Tally {
+pub(super) struct Tally {
     trials: BTreeSet<usize>,
     nonfinite: bool,
     missing: Vec<String>,
@@ -82,7 +82,7 @@ struct Tally {
 }
 
 impl Tally {
-    fn add(&mut self, r: &SummaryRow, placeable: bool) {
+    pub(super) fn add(&mut self, r: &SummaryRow, placeable: bool) {
         if r.mean.is_finite() && placeable {
             self.trials.insert(r.trials + r.nonfinite_trials);
             self.nonfinite |= r.nonfinite_trials > 0 || r.flagged_trials > 0;
@@ -102,7 +102,7 @@ impl Tally {
         }
     }
 
-    fn trials_text(&self) -> String {
+    pub(super) fn trials_text(&self) -> String {
         match (self.trials.first(), self.trials.last()) {
             (Some(a), Some(b)) if a == b => format!("{a} trials per point"),
             (Some(a), Some(b)) => format!("{a}–{b} trials per point"),
@@ -110,7 +110,7 @@ impl Tally {
         }
     }
 
-    fn notes(&self, first: String) -> Vec<String> {
+    pub(super) fn notes(&self, first: String) -> Vec<String> {
         let mut notes = vec![first];
         if !self.missing.is_empty() {
             let shown: Vec<&str> = self.missing.iter().take(4).map(String::as_str).collect();
@@ -126,7 +126,11 @@ impl Tally {
     }
 
     /// Legend entries of the methods drawn, in `order` (ids not in it follow in legend order).
-    fn legend(&self, order: &[String], style_of: &dyn Fn(&str) -> SeriesStyle) -> Vec<LegendItem> {
+    pub(super) fn legend(
+        &self,
+        order: &[String],
+        style_of: &dyn Fn(&str) -> SeriesStyle,
+    ) -> Vec<LegendItem> {
         let mut ids: Vec<&str> = order
             .iter()
             .map(String::as_str)
@@ -151,7 +155,7 @@ impl Tally {
 
 /// A panel of error against x for `methods` at (model, n).
 #[allow(clippy::too_many_arguments)]
-fn panel(
+pub(super) fn panel(
     rows: &[SummaryRow],
     model: &str,
     n: usize,
@@ -195,7 +199,7 @@ fn panel(
     }
 }
 
-fn ds_of(rows: &[SummaryRow], keep: impl Fn(&SummaryRow) -> bool) -> Vec<usize> {
+pub(super) fn ds_of(rows: &[SummaryRow], keep: impl Fn(&SummaryRow) -> bool) -> Vec<usize> {
     let ds: BTreeSet<usize> = rows.iter().filter(|r| keep(r)).map(|r| r.d).collect();
     ds.into_iter().collect()
 }

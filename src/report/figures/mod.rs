@@ -7,6 +7,8 @@
 //! * `all-methods-<model>.png`: every method present, one panel per n, the SVD optimum as a grey floor; log y.
 //! * `accuracy-cost-<model>.png`: per n, error against measured seconds per head and against
 //!   analytic multiply-adds, one series per method across d.
+//! * `field.png` (a run with the field's sparse or hybrid methods) and `kernelized.png` (a
+//!   `--target kernelized` run): see `field.rs`. Kernelized rows appear in no other figure.
 //!
 //! Only panels with data are drawn. Results from a model other than bert-base-cased (a stand-in)
 //! say so in every panel title. Points whose mean is NaN (no finite trial) are left out, never
@@ -23,6 +25,7 @@ use crate::config::{choice, Choice, SKEINFORMER_FIGURE, SKYFORMER_FIGURE};
 
 mod axis;
 mod draw;
+mod field;
 mod figs;
 mod style;
 
@@ -146,9 +149,18 @@ impl Statistic {
 /// Rows of several runs are combined; where two runs hold the same (model, n, method, d) the
 /// earlier run wins. `stat` picks what the points show (median figures get a `-median` suffix).
 pub fn draw_all(runs: &[RunData], out_dir: &Path, stat: Statistic) -> Result<Vec<PathBuf>> {
-    let rows = stat.apply(combine(runs));
+    let (kernelized, rows): (Vec<SummaryRow>, Vec<SummaryRow>) = combine(runs)
+        .into_iter()
+        .partition(|r| r.target == crate::attention::Target::Kernelized);
+    let rows = stat.apply(rows);
     let sfx = stat.suffix();
     let mut figures: Vec<(String, Figure)> = vec![];
+    if let Some(f) = field::field(&rows, stat) {
+        figures.push((format!("field{sfx}.png"), f));
+    }
+    if let Some(f) = field::kernelized(&kernelized, stat) {
+        figures.push(("kernelized.png".to_string(), f));
+    }
     if let Some(f) = figs::skyformer(&rows, stat) {
         figures.push((format!("skyformer-fig1{sfx}.png"), f));
     }
@@ -210,7 +222,7 @@ fn combine(runs: &[RunData]) -> Vec<SummaryRow> {
     for run in runs {
         for r in &run.rows {
             let label = model_label(&r.model, &run.model_id, run.embeddings_from.as_deref());
-            if seen.insert((label.clone(), r.n, r.method.clone(), r.d)) {
+            if seen.insert((r.target, label.clone(), r.n, r.method.clone(), r.d)) {
                 out.push(SummaryRow {
                     model: label,
                     ..r.clone()

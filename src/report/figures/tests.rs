@@ -423,3 +423,80 @@ fn median_figures_plot_the_median_column_without_bars_beside_the_mean_ones() {
     .unwrap();
     assert!(none.is_empty());
 }
+
+/// A field run (a sparse method among the softmax rows) gets `field.png`; a kernelized run gets
+/// `kernelized.png` and none of the softmax figures; neither figure appears without its rows.
+#[test]
+fn field_and_kernelized_figures_follow_the_rows_targets() {
+    let dir = tempfile::tempdir().unwrap();
+    let names = |written: &[std::path::PathBuf]| -> Vec<String> {
+        written
+            .iter()
+            .map(|p| p.file_name().unwrap().to_string_lossy().into_owned())
+            .collect()
+    };
+    let plain = names(
+        &draw_all(
+            &[RunData::new("bert-base-cased", synthetic())],
+            dir.path(),
+            Statistic::Mean,
+        )
+        .unwrap(),
+    );
+    assert!(
+        !plain
+            .iter()
+            .any(|n| n == "field.png" || n == "kernelized.png"),
+        "{plain:?}"
+    );
+
+    let mut field_rows = synthetic();
+    for model in ["initialized", "pretrained"] {
+        for n in [1024, 4096] {
+            for d in DS {
+                field_rows.push(row(model, n, "window", d, 2.0));
+                field_rows.push(row(model, n, "topk", d, 1.0));
+            }
+        }
+    }
+    let out = dir.path().join("field");
+    let written = names(
+        &draw_all(
+            &[RunData::new("bert-base-cased", field_rows)],
+            &out,
+            Statistic::Mean,
+        )
+        .unwrap(),
+    );
+    assert!(written.contains(&"field.png".to_string()), "{written:?}");
+    // Two models × (n = 1024, 4096, accuracy–cost) panels.
+    let (w, h) = png_size(&out.join("field.png"));
+    assert!(w > 3 * 600 && h > 2 * 500, "{w}×{h}");
+
+    let kern: Vec<SummaryRow> = ["zero", "skyformer_gauss", "rff_gauss", "exact_kernelized"]
+        .iter()
+        .flat_map(|m| {
+            DS.map(|d| SummaryRow {
+                target: crate::attention::Target::Kernelized,
+                ..row("initialized", 1024, m, d, 3.0)
+            })
+        })
+        .collect();
+    let out = dir.path().join("kern");
+    let written = names(
+        &draw_all(
+            &[RunData::new("bert-base-cased", kern.clone())],
+            &out,
+            Statistic::Mean,
+        )
+        .unwrap(),
+    );
+    assert_eq!(written, vec!["kernelized.png".to_string()]);
+    assert!(draw_all(
+        &[RunData::new("bert-base-cased", kern)],
+        &out,
+        Statistic::Median
+    )
+    .unwrap()
+    .is_empty());
+}

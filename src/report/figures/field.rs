@@ -1,0 +1,280 @@
+//! The figures of issue 13: every method of the field on one d axis (softmax target), and the
+//! kernelized target's methods (relative error, METHODS.md §6.4.1 [REC]).
+//!
+//! * `field.png`: one row per model, one panel per n ∈ {1024, 4096} (the lengths present), plus
+//!   an accuracy–cost panel (error against measured seconds per head at the largest n). One hue
+//!   per method family; the references (V-Mean, the top-2d oracle, the SVD floor) grey.
+//! * `kernelized.png`: the same layout for a `--target kernelized` run, on ‖C·V − Ô‖₂/‖C·V‖₂,
+//!   so that lengths and heads (‖C·V‖ grows with n) share one scale; `zero` is the line at 1.
+
+use std::collections::BTreeMap;
+
+use plotters::style::RGBColor;
+
+use super::axis::{Axis, Scale, TickFormat};
+use super::draw::Figure;
+use super::figs::{ds_of, panel, Tally, XOf, X_FEATURES};
+use super::style::{self, Marker, SeriesStyle};
+use super::{lengths_of, models, Statistic};
+use crate::attention::{self, Family, Target};
+use crate::report::summary::SummaryRow;
+
+/// The lengths the field figure shows when present (issue 13); otherwise every length.
+const FIELD_LENGTHS: [usize; 2] = [1024, 4096];
+
+/// Each registered method's family and whether it is a reference curve (grey).
+fn families() -> &'static BTreeMap<&'static str, (Family, bool)> {
+    static MAP: std::sync::OnceLock<BTreeMap<&'static str, (Family, bool)>> =
+        std::sync::OnceLock::new();
+    MAP.get_or_init(|| {
+        attention::registry()
+            .iter()
+            .map(|m| {
+                let reference = m.family() == Family::Reference || m.is_oracle();
+                (m.id(), (m.family(), reference))
+            })
+            .collect()
+    })
+}
+
+/// One hue per family, shades and markers for its members; references grey; a user's method
+/// black (it is what the figure is about).
+fn field_style(method: &str, methods: &[String]) -> SeriesStyle {
+    const MARKS: [Marker; 6] = [
+        Marker::Dot,
+        Marker::Square,
+        Marker::TriUp,
+        Marker::Diamond,
+        Marker::TriDown,
+        Marker::Cross,
+    ];
+    let palette = |f: Family| -> &'static [RGBColor] {
+        match f {
+            Family::LowRank => &[
+                RGBColor(214, 39, 40),
+                RGBColor(160, 20, 30),
+                RGBColor(255, 110, 100),
+                RGBColor(120, 0, 0),
+            ],
+            Family::Features => &[
+                RGBColor(31, 90, 200),
+                RGBColor(90, 150, 240),
+                RGBColor(10, 40, 120),
+            ],
+            Family::Sampling => &[
+                RGBColor(44, 160, 44),
+                RGBColor(0, 100, 0),
+                RGBColor(120, 200, 90),
+                RGBColor(20, 130, 100),
+            ],
+            Family::Sparse => &[
+                RGBColor(148, 60, 190),
+                RGBColor(90, 20, 140),
+                RGBColor(200, 130, 230),
+            ],
+            Family::Hybrid => &[RGBColor(230, 130, 0), RGBColor(170, 90, 0)],
+            Family::Reference => &[RGBColor(150, 150, 150)],
+            Family::User => &[RGBColor(0, 0, 0)],
+        }
+    };
+    let (family, reference) = families()
+        .get(method)
+        .copied()
+        .unwrap_or((Family::User, false));
+    if method == "svd_optimal" || method == "exact_kernelized" {
+        return style::floor_style();
+    }
+    // The method's index among the drawn methods of its family, for shade, dash and marker.
+    let same: Vec<&String> = methods
+        .iter()
+        .filter(|m| families().get(m.as_str()).map_or(Family::User, |f| f.0) == family)
+        .collect();
+    let i = same.iter().position(|m| *m == method).unwrap_or(0);
+    let colors = if reference {
+        palette(Family::Reference)
+    } else {
+        palette(family)
+    };
+    SeriesStyle {
+        color: colors[i % colors.len()],
+        dashed: reference || (i / colors.len()) % 2 == 1,
+        width: if reference { 2 } else { 3 },
+        marker: MARKS[i % MARKS.len()],
+    }
+}
+
+/// The methods present for `model`, ordered by family then registry order, references last
+/// in the legend (drawn first, under the others).
+fn ordered_methods(rows: &[SummaryRow], model: &str) -> (Vec<String>, Vec<String>) {
+    let mut ms: Vec<(bool, Family, usize, String)> = vec![];
+    for r in rows.iter().filter(|r| r.model == model) {
+        if ms.iter().any(|m| m.3 == r.method) {
+            continue;
+        }
+        let (family, reference) = families()
+            .get(r.method.as_str())
+            .copied()
+            .unwrap_or((Family::User, false));
+        ms.push((
+            reference,
+            family,
+            style::method_rank(&r.method).0,
+            r.method.clone(),
+        ));
+    }
+    ms.sort();
+    let legend: Vec<String> = ms.iter().map(|m| m.3.clone()).collect();
+    let mut draw = legend.clone();
+    draw.sort_by_key(|m| !ms.iter().any(|x| x.3 == *m && x.0)); // references first
+    (legend, draw)
+}
+
+/// What the y axis shows.
+#[derive(Clone, Copy)]
+enum Measure {
+    /// ‖O − Ô‖₂ (the softmax target).
+    Absolute,
+    /// ‖O_C − Ô‖₂ / ‖O_C‖₂ (the kernelized target).
+    Relative,
+}
+
+/// The figure of one target: per model the chosen lengths against d, then accuracy–cost.
+fn target_figure(rows: &[SummaryRow], measure: Measure, stat: Statistic) -> Option<Figure> {
+    let rows: Vec<SummaryRow> = match measure {
+        Measure::Absolute => rows.to_vec(),
+        Measure::Relative => rows
+            .iter()
+            .filter(|r| r.method != "exact_kernelized")
+            .map(|r| SummaryRow {
+                mean: r.rel_mean,
+                stderr: r.rel_stderr,
+                ..r.clone()
+            })
+            .collect(),
+    };
+    let y_label = match measure {
+        Measure::Absolute => "Spectral Norm Loss",
+        Measure::Relative => "‖C·V − Ô‖₂ / ‖C·V‖₂",
+    };
+    let models = models(&rows);
+    let all_ns: Vec<usize> = {
+        let mut v: Vec<usize> = models.iter().flat_map(|m| lengths_of(&rows, m)).collect();
+        v.sort_unstable();
+        v.dedup();
+        v
+    };
+    let preferred: Vec<usize> = FIELD_LENGTHS
+        .into_iter()
+        .filter(|n| all_ns.contains(n))
+        .collect();
+    let ns = if preferred.is_empty() {
+        all_ns
+    } else {
+        preferred
+    };
+    let cost_n = *ns.last()?;
+    let x_axis = Axis::features(&ds_of(&rows, |r| ns.contains(&r.n)));
+    let mut tally = Tally::default();
+    let mut cells = vec![];
+    let mut legend_order: Vec<String> = vec![];
+    for model in &models {
+        let (legend, draw) = ordered_methods(&rows, model);
+        for m in &legend {
+            if !legend_order.contains(m) {
+                legend_order.push(m.clone());
+            }
+        }
+        let style_of = |m: &str| field_style(m, &legend);
+        for &n in &ns {
+            let x = (XOf::Features, x_axis.clone(), X_FEATURES);
+            let mut p = panel(
+                &rows,
+                model,
+                n,
+                &draw,
+                &style_of,
+                x,
+                Scale::Log10,
+                &mut tally,
+            );
+            p.y_label = y_label.into();
+            cells.push(Some(p));
+        }
+        let secs: Vec<f64> = rows
+            .iter()
+            .filter(|r| r.model == *model && r.n == cost_n && r.mean.is_finite())
+            .map(|r| r.seconds_mean)
+            .collect();
+        let x_axis = Axis::fit(Scale::Log10, &secs, TickFormat::Seconds);
+        let x = (XOf::Seconds, x_axis, "seconds per head (measured)");
+        let mut scratch = Tally::default();
+        let mut p = panel(
+            &rows,
+            model,
+            cost_n,
+            &draw,
+            &style_of,
+            x,
+            Scale::Log10,
+            &mut scratch,
+        );
+        p.title = format!("{model} n={cost_n}: accuracy against cost");
+        p.y_label = y_label.into();
+        cells.push(Some(p));
+    }
+    let style_all = |m: &str| field_style(m, &legend_order);
+    let (title, lead) = match measure {
+        Measure::Absolute => (
+            "The field on one axis: ‖O − Ô‖₂ against exact softmax attention",
+            "Grey: references (V-Mean, the top-2d oracle, the SVD floor, thick). One hue per family: \
+             red low rank, blue random features, green sampling, purple sparse and hashing, orange \
+             sparse + low rank.",
+        ),
+        Measure::Relative => (
+            "The kernelized target: ‖C·V − Ô‖₂ / ‖C·V‖₂ (Gaussian kernel, METHODS.md §6.4)",
+            "Grey dashed: Ô = 0 (relative error 1). exact_kernelized (the exact product in the run's \
+             dtype) is left out: its error is rounding only.",
+        ),
+    };
+    Some(Figure {
+        title: title.into(),
+        legend: tally.legend(&legend_order, &style_all),
+        notes: {
+            let mut notes = tally.notes(format!(
+                "{} over {}; x: d on log₂ spacing (last column: seconds per head); log y.",
+                stat.lead(),
+                tally.trials_text()
+            ));
+            notes.insert(1, lead.into());
+            notes
+        },
+        cols: ns.len() + 1,
+        empty_titles: vec![String::new(); cells.len()],
+        cells,
+        panel_w: 620,
+        panel_h: 520,
+    })
+}
+
+/// `field.png`, when the softmax rows hold a field run (any sparse or hybrid method).
+pub fn field(rows: &[SummaryRow], stat: Statistic) -> Option<Figure> {
+    let is_field = rows.iter().any(|r| {
+        matches!(
+            families().get(r.method.as_str()),
+            Some((Family::Sparse | Family::Hybrid, _))
+        )
+    });
+    if !is_field {
+        return None;
+    }
+    target_figure(rows, Measure::Absolute, stat)
+}
+
+/// `kernelized.png`, from the rows of the kernelized target (mean relative error; the median
+/// is not kept per relative error, so only the mean figure exists).
+pub fn kernelized(rows: &[SummaryRow], stat: Statistic) -> Option<Figure> {
+    if stat != Statistic::Mean || !rows.iter().all(|r| r.target == Target::Kernelized) {
+        return None;
+    }
+    target_figure(rows, Measure::Relative, stat)
+}
