@@ -248,3 +248,154 @@ fn scored_files_give_the_sweeps_rows_and_bad_files_are_named() {
         stderr(&o)
     );
 }
+
+/// The kernelized target end to end: a `--target kernelized` sweep writes `target` = kernelized,
+/// draws kernelized.png, and `score --target kernelized` on a built-in method's outputs gives
+/// its rows bit for bit (scored against C·V, not softmax).
+#[test]
+fn kernelized_runs_score_against_c_v() {
+    let tmp = tempfile::tempdir().unwrap();
+    let model = tiny_model(&tmp.path().join("m"), false);
+    let (qkv, approx) = (tmp.path().join("qkv"), tmp.path().join("approx"));
+    std::fs::create_dir_all(&qkv).unwrap();
+    std::fs::create_dir_all(&approx).unwrap();
+    let f = dump(&model, &qkv, 16, 0);
+    write_outputs(&f, &approx, "my-rff", "rff_gauss", 16, 0, &[4, 8]);
+    let sweep = tmp.path().join("sweep");
+    let o = run(
+        &[
+            "--target",
+            "kernelized",
+            "--model",
+            "initialized",
+            "--model-dir",
+            model.to_str().unwrap(),
+            "--corpus",
+            corpus_path().to_str().unwrap(),
+            "--lengths",
+            "16",
+            "--windows",
+            "1",
+            "--features",
+            "4,8",
+            "--out",
+            sweep.to_str().unwrap(),
+            "--quiet",
+        ],
+        &[],
+    );
+    assert!(o.status.success(), "{}", stderr(&o));
+    let reference = read_rows(&sweep.join("trials.csv")).unwrap();
+    let methods: std::collections::BTreeSet<&str> =
+        reference.iter().map(|r| r.method.as_str()).collect();
+    assert_eq!(
+        methods,
+        attention::target_method_ids(attention::Target::Kernelized)
+            .into_iter()
+            .collect()
+    );
+    assert!(reference
+        .iter()
+        .all(|r| r.target == attention::Target::Kernelized));
+    for r in reference.iter().filter(|r| r.method == "zero") {
+        assert_eq!(r.rel_error, 1.0);
+    }
+    assert!(sweep.join("kernelized.png").is_file());
+    assert!(!sweep.join("all-methods-initialized.png").exists());
+
+    let out = tmp.path().join("scored");
+    let o = run(
+        &[
+            "score",
+            "--target",
+            "kernelized",
+            "--qkv",
+            qkv.to_str().unwrap(),
+            "--approx",
+            approx.to_str().unwrap(),
+            "--name",
+            "my-rff",
+            "--out",
+            out.to_str().unwrap(),
+        ],
+        &[],
+    );
+    assert!(o.status.success(), "{}", stderr(&o));
+    let rows = read_rows(&out.join("trials.csv")).unwrap();
+    assert_eq!(rows.len(), 4 * 2); // 4 heads × 2 d
+    for r in &rows {
+        let s = reference
+            .iter()
+            .find(|s| (s.method.as_str(), s.head, s.d) == ("rff_gauss", r.head, r.d))
+            .unwrap();
+        assert_eq!(r.target, attention::Target::Kernelized);
+        assert_eq!(r.error.to_bits(), s.error.to_bits(), "{r:?} vs {s:?}");
+        assert_eq!(r.exact_norm.to_bits(), s.exact_norm.to_bits());
+    }
+    // Checking the kernelized run against a softmax one is refused, naming both.
+    let soft = tmp.path().join("softmax");
+    let o = run(
+        &[
+            "--model",
+            "initialized",
+            "--model-dir",
+            model.to_str().unwrap(),
+            "--corpus",
+            corpus_path().to_str().unwrap(),
+            "--lengths",
+            "16",
+            "--windows",
+            "1",
+            "--features",
+            "4,8",
+            "--methods",
+            "vmean",
+            "--out",
+            soft.to_str().unwrap(),
+            "--quiet",
+        ],
+        &[],
+    );
+    assert!(o.status.success(), "{}", stderr(&o));
+    let o = run(
+        &[
+            "check",
+            "--baseline",
+            soft.to_str().unwrap(),
+            "--current",
+            sweep.to_str().unwrap(),
+        ],
+        &[],
+    );
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    assert!(
+        stderr(&o).contains("check compares runs of one target"),
+        "{}",
+        stderr(&o)
+    );
+    // A softmax method under --target kernelized: exit 2, naming the methods that fit.
+    let o = run(
+        &[
+            "--target",
+            "kernelized",
+            "--methods",
+            "vmean",
+            "--model",
+            "initialized",
+            "--model-dir",
+            model.to_str().unwrap(),
+            "--corpus",
+            corpus_path().to_str().unwrap(),
+            "--out",
+            tmp.path().join("bad").to_str().unwrap(),
+        ],
+        &[],
+    );
+    assert_eq!(o.status.code(), Some(2));
+    assert!(
+        stderr(&o).contains("vmean does not approximate the kernelized target")
+            && stderr(&o).contains("skyformer_gauss"),
+        "{}",
+        stderr(&o)
+    );
+}

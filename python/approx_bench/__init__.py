@@ -53,9 +53,11 @@ def _qkv(q, k, v):
     return q.astype(dtype, copy=False), k.astype(dtype, copy=False), v.astype(dtype, copy=False)
 
 
-def exact(q, k, v) -> np.ndarray:
-    """O = softmax(QKᵀ/√p)V for one head, computed as the benchmark computes its target."""
-    return _core.exact(*_qkv(q, k, v))
+def exact(q, k, v, target: str = "softmax") -> np.ndarray:
+    """One head's target, computed as the benchmark computes it: O = softmax(QKᵀ/√p)V in the
+    inputs' dtype, or with ``target="kernelized"`` C·V, C_ij = exp(−‖q̃_i − k̃_j‖²/2),
+    q̃ = q·p^-1/4, in float64 (METHODS.md §6.4.1)."""
+    return _core.exact(*_qkv(q, k, v), target)
 
 
 def spectral_error(o, o_hat) -> tuple[float, float, float]:
@@ -124,12 +126,14 @@ def sweep(
 ) -> str:
     """Runs (or resumes) the CLI's sweep into ``out`` and returns its path.
 
-    ``methods`` mixes built-in ids and presets ("skeinformer", "figure", "all") with your own
+    ``methods`` mixes built-in ids and presets ("skeinformer", "figure", "field", "kernelized",
+    "all") with your own
     methods: a function ``f(q, k, v, d, rng) -> o_hat`` (one head's [n, p] arrays, the budget d,
     and a ``numpy.random.Generator`` seeded with the trial's derived seed — the ``seed`` column
     of trials.csv), or a pair ``(name, f)``. Its output is anything ``numpy.asarray`` takes,
-    of shape [n, p]. Options: the CLI's flags with underscores (``lengths``, ``features``,
-    ``windows``, ``heads``, ``seed``, ``figure`` and every option of :func:`inputs`).
+    of shape [n, p]. Options: the CLI's flags with underscores (``target`` ("softmax" |
+    "kernelized": what every method, yours included, is scored against), ``lengths``,
+    ``features``, ``windows``, ``heads``, ``seed``, ``figure`` and every option of :func:`inputs`).
     Writes trials.csv, summary.csv and manifest.json exactly as the CLI does; the function's
     module, name and source hash are in the manifest, and a resumed run with an edited
     function is refused (use another ``out`` or ``force=True``).

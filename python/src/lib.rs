@@ -12,7 +12,7 @@ use pyo3::exceptions::{PyRuntimeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
 
-use approx_bench::attention::{self, HeadInputs};
+use approx_bench::attention::{self, HeadInputs, Target};
 use approx_bench::config::{InputConfig, RunConfig, UserMethod};
 use approx_bench::numerics::{sampling, spectral};
 
@@ -98,16 +98,25 @@ fn head(q: &Bound<'_, PyAny>, k: &Bound<'_, PyAny>, v: &Bound<'_, PyAny>) -> PyR
     HeadInputs::new(q, k, v).map_err(err)
 }
 
-/// Exact softmax attention O = softmax(QKᵀ/√p)V of one head, as the benchmark computes its target.
+/// The target of one head as the benchmark computes it: exact softmax attention
+/// O = softmax(QKᵀ/√p)V in the inputs' dtype, or (`target = "kernelized"`) C·V in float64.
 #[pyfunction]
+#[pyo3(signature = (q, k, v, target = "softmax"))]
 fn exact<'py>(
     py: Python<'py>,
     q: &Bound<'py, PyAny>,
     k: &Bound<'py, PyAny>,
     v: &Bound<'py, PyAny>,
+    target: &str,
 ) -> PyResult<Bound<'py, PyAny>> {
+    let target: Target = target
+        .parse()
+        .map_err(|e: approx_bench::UsageError| PyValueError::new_err(format!("target {e}")))?;
     let h = head(q, k, v)?;
-    array(py, &h.exact()?.output)
+    match target {
+        Target::Softmax => array(py, &h.exact().map_err(err)?.output),
+        Target::Kernelized => array(py, h.kernelized().map_err(err)?),
+    }
 }
 
 /// (‖O − Ô‖₂, ‖O − Ô‖₂/‖O‖₂, ‖O − Ô‖_F): the benchmark's metric, in float64.

@@ -104,6 +104,9 @@ pub fn run_options(kw: &Bound<'_, PyDict>, methods: Vec<String>) -> PyResult<Run
         methods: Some(methods),
         ..RunOptions::default()
     };
+    if let Some(v) = take("target")? {
+        o.target = choice("target", &v)?;
+    }
     if let Some(v) = take("figure")? {
         o.figure = Some(choice("figure", &v)?);
     }

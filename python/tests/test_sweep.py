@@ -155,3 +155,54 @@ def test_a_user_run_is_plotted_and_checked_by_the_cli_like_any_run(tiny, tmp_pat
                        capture_output=True, text=True, timeout=300)
     assert r.returncode == 2, r.stderr
     assert "cannot run the baseline's own methods (window_attention)" in r.stderr
+
+
+def rff_like(q, k, v, d, rng):
+    """Random Fourier features of the Gaussian kernel with iid frequencies (a user's variant)."""
+    p = q.shape[1]
+    w = rng.standard_normal((d // 2, p))
+    qt, kt = (x.astype(np.float64) * p**-0.25 for x in (q, k))
+    fq = np.hstack([np.cos(qt @ w.T), np.sin(qt @ w.T)])
+    fk = np.hstack([np.cos(kt @ w.T), np.sin(kt @ w.T)])
+    return fq @ (fk.T @ v.astype(np.float64)) / (d // 2)
+
+
+def kernel_product(q, k, v):
+    """C·V from the definition C_ij = exp(−‖q̃_i − k̃_j‖²/2), q̃ = q·p^-1/4, in float64."""
+    p = q.shape[1]
+    qt, kt = (x.astype(np.float64) * p**-0.25 for x in (q, k))
+    d2 = ((qt[:, None, :] - kt[None, :, :]) ** 2).sum(-1)
+    return np.exp(-d2 / 2) @ v.astype(np.float64)
+
+
+def test_a_kernelized_sweep_scores_every_method_against_c_v(tiny, tmp_path):
+    out = tmp_path / "kern"
+    ab.sweep(["kernelized", rff_like], out=out, target="kernelized", **tiny, **GRID)
+    got = rows(out)
+    assert {r["target"] for r in got} == {"kernelized"}
+    assert {r["method"] for r in got} == {
+        "exact_kernelized", "zero", "skyformer_gauss", "skyformer_gauss_iter",
+        "performer_gauss", "rff_gauss", "rff_like",
+    }
+    cache = {}
+    for r in got:
+        n, w, h, d, seed = (int(r[c]) for c in ("n", "window", "head", "d", "seed"))
+        if (n, w) not in cache:
+            cache[(n, w)] = ab.inputs(n, window=w, **tiny)
+        q, k, v = (x[h] for x in cache[(n, w)])
+        o = ab.exact(q, k, v, target="kernelized")
+        assert np.abs(o - kernel_product(q, k, v)).max() <= 1e-12 * np.abs(o).max()
+        if r["method"] == "zero":
+            assert float(r["rel_error"]) == 1.0
+        if r["method"] == "rff_like":
+            o_hat = rff_like(q, k, v, d, np.random.default_rng(seed))
+        elif r["method"] in ("skyformer_gauss", "rff_gauss"):
+            o_hat = ab.approximate(r["method"], q, k, v, d, seed)
+        else:
+            continue
+        err, _, fro = ab.spectral_error(o, o_hat)
+        assert float(r["error"]) == pytest.approx(err, rel=1e-12), r
+        assert float(r["frob_error"]) == pytest.approx(fro, rel=1e-12), r
+    # A softmax method with the kernelized target is refused, naming the methods that fit.
+    with pytest.raises(ValueError, match="vmean does not approximate the kernelized target"):
+        ab.sweep(["vmean"], out=tmp_path / "bad", target="kernelized", **tiny, **GRID)
