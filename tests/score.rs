@@ -249,6 +249,21 @@ fn scored_files_give_the_sweeps_rows_and_bad_files_are_named() {
     );
 }
 
+/// Runs the sweep on the tiny model's window(s) of the fixture corpus with `extra` flags.
+fn sweep_tiny(model: &Path, extra: &[&str]) -> std::process::Output {
+    let corpus = corpus_path();
+    let mut args = vec![
+        "--model",
+        "initialized",
+        "--model-dir",
+        model.to_str().unwrap(),
+        "--corpus",
+        corpus.to_str().unwrap(),
+    ];
+    args.extend_from_slice(extra);
+    run(&args, &[])
+}
+
 /// The kernelized target end to end: a `--target kernelized` sweep writes `target` = kernelized,
 /// draws kernelized.png, and `score --target kernelized` on a built-in method's outputs gives
 /// its rows bit for bit (scored against C·V, not softmax).
@@ -262,27 +277,22 @@ fn kernelized_runs_score_against_c_v() {
     let f = dump(&model, &qkv, 16, 0);
     write_outputs(&f, &approx, "my-rff", "rff_gauss", 16, 0, &[4, 8]);
     let sweep = tmp.path().join("sweep");
-    let o = run(
+    let grid = [
+        "--lengths",
+        "16",
+        "--windows",
+        "1",
+        "--features",
+        "4,8",
+        "--quiet",
+    ];
+    let o = sweep_tiny(
+        &model,
         &[
-            "--target",
-            "kernelized",
-            "--model",
-            "initialized",
-            "--model-dir",
-            model.to_str().unwrap(),
-            "--corpus",
-            corpus_path().to_str().unwrap(),
-            "--lengths",
-            "16",
-            "--windows",
-            "1",
-            "--features",
-            "4,8",
-            "--out",
-            sweep.to_str().unwrap(),
-            "--quiet",
-        ],
-        &[],
+            &["--target", "kernelized", "--out", sweep.to_str().unwrap()],
+            &grid[..],
+        ]
+        .concat(),
     );
     assert!(o.status.success(), "{}", stderr(&o));
     let reference = read_rows(&sweep.join("trials.csv")).unwrap();
@@ -334,27 +344,13 @@ fn kernelized_runs_score_against_c_v() {
     }
     // Checking the kernelized run against a softmax one is refused, naming both.
     let soft = tmp.path().join("softmax");
-    let o = run(
+    let o = sweep_tiny(
+        &model,
         &[
-            "--model",
-            "initialized",
-            "--model-dir",
-            model.to_str().unwrap(),
-            "--corpus",
-            corpus_path().to_str().unwrap(),
-            "--lengths",
-            "16",
-            "--windows",
-            "1",
-            "--features",
-            "4,8",
-            "--methods",
-            "vmean",
-            "--out",
-            soft.to_str().unwrap(),
-            "--quiet",
-        ],
-        &[],
+            &["--methods", "vmean", "--out", soft.to_str().unwrap()],
+            &grid[..],
+        ]
+        .concat(),
     );
     assert!(o.status.success(), "{}", stderr(&o));
     let o = run(
@@ -374,22 +370,17 @@ fn kernelized_runs_score_against_c_v() {
         stderr(&o)
     );
     // A softmax method under --target kernelized: exit 2, naming the methods that fit.
-    let o = run(
+    let bad = tmp.path().join("bad");
+    let o = sweep_tiny(
+        &model,
         &[
             "--target",
             "kernelized",
             "--methods",
             "vmean",
-            "--model",
-            "initialized",
-            "--model-dir",
-            model.to_str().unwrap(),
-            "--corpus",
-            corpus_path().to_str().unwrap(),
             "--out",
-            tmp.path().join("bad").to_str().unwrap(),
+            bad.to_str().unwrap(),
         ],
-        &[],
     );
     assert_eq!(o.status.code(), Some(2));
     assert!(

@@ -40,6 +40,21 @@ pub fn frequencies(d: usize) -> usize {
     d / 2
 }
 
+/// Multiply-adds of trigonometric features of dimension d (shared with `rff_gauss`): projections
+/// 2nmp, then φ(K̃)ᵀ[V …] and φ(Q̃)(·) 2·n·2m·p → 6nmp = 3ndp, plus ⌈m/p⌉p³ for Ω's QR blocks.
+pub(crate) fn trig_macs(n: usize, p: usize, d: usize) -> f64 {
+    let m = frequencies(d);
+    6.0 * (n * m * p) as f64 + (m.div_ceil(p) * p * p * p) as f64
+}
+
+/// Trigonometric features need one sin/cos pair: d ≥ 2.
+pub(crate) fn check_trig(id: &str, d: usize) -> std::result::Result<(), String> {
+    if d < 2 {
+        return Err(format!("{id} needs d ≥ 2 (one sin/cos frequency pair)"));
+    }
+    Ok(())
+}
+
 /// Per head, independent of Ω: Q̃, K̃ (scaled by p^{-1/4}), the key weights
 /// e^{‖k̃_j‖²/2 − max_j ‖k̃_j‖²/2} ([n, 1]) and [V, 1].
 struct Operands {
@@ -98,14 +113,10 @@ impl Method for PerformerTrig {
         true
     }
     fn macs(&self, n: usize, p: usize, d: usize) -> f64 {
-        let m = frequencies(d);
-        6.0 * (n * m * p) as f64 + (m.div_ceil(p) * p * p * p) as f64
+        trig_macs(n, p, d)
     }
     fn check(&self, _n: usize, d: usize) -> std::result::Result<(), String> {
-        if d < 2 {
-            return Err("performer_trig needs d ≥ 2 (one sin/cos frequency pair)".into());
-        }
-        Ok(())
+        check_trig(self.id(), d)
     }
     fn approximate(
         &self,

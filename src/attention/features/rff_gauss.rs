@@ -15,7 +15,7 @@ use anyhow::Result;
 use candle_core::Tensor;
 
 use super::performer::orthogonal_gaussian;
-use super::performer_trig::{frequencies, trig_features};
+use super::performer_trig::{check_trig, frequencies, trig_features, trig_macs};
 use crate::attention::{Approximation, Family, HeadInputs, Method, Target};
 use crate::numerics::sampling::TrialRng;
 use crate::tensor_util::from_dmatrix;
@@ -39,14 +39,10 @@ impl Method for RffGauss {
         true
     }
     fn macs(&self, n: usize, p: usize, d: usize) -> f64 {
-        let m = frequencies(d);
-        6.0 * (n * m * p) as f64 + (m.div_ceil(p) * p * p * p) as f64
+        trig_macs(n, p, d)
     }
     fn check(&self, _n: usize, d: usize) -> std::result::Result<(), String> {
-        if d < 2 {
-            return Err("rff_gauss needs d ≥ 2 (one cos/sin frequency pair)".into());
-        }
-        Ok(())
+        check_trig(self.id(), d)
     }
     fn approximate(
         &self,
