@@ -228,14 +228,23 @@ pub fn tiny_inputs(dir: &Path, with_weights: bool) -> (String, String) {
     )
 }
 
-/// trials.csv rows without the timing column.
+/// trials.csv rows without the timing column (`seconds`, found by its header name).
 pub fn rows_without_timing(path: &Path) -> Vec<String> {
-    let text = std::fs::read_to_string(path).unwrap();
+    lines_without_column(&std::fs::read_to_string(path).unwrap(), "seconds")
+}
+
+/// The lines of a CSV text (no quoted commas) with the column named `column` removed.
+pub fn lines_without_column(text: &str, column: &str) -> Vec<String> {
+    let header = text.lines().next().unwrap_or_default();
+    let i = header
+        .split(',')
+        .position(|c| c == column)
+        .unwrap_or_else(|| panic!("no column {column} in {header}"));
     text.lines()
         .map(|l| {
-            l.rsplit_once(',')
-                .map(|(a, _)| a.to_string())
-                .unwrap_or_default()
+            let mut f: Vec<&str> = l.split(',').collect();
+            f.remove(i);
+            f.join(",")
         })
         .collect()
 }
