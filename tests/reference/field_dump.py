@@ -55,8 +55,8 @@ What it checks against a CSV
    isolated flag can be chance: rerun with more ``--draws`` and with CSVs of several ``--seed`` values.
 4. ``macs`` against §6's leading terms (informational, never fatal).
 
-Self-checks (always run unless ``--skip-selfcheck``; about 20 s)
-----------------------------------------------------------------
+Self-checks (always run unless ``--skip-selfcheck``; 8–20 s)
+---------------------------------------------------------------
 Exactness at covering budgets (window d = n−1, topk 2d ≥ n, bigbird nb ≤ 7 including a ragged last block,
 reformer d ≥ n, hyperattention/kdeformer b = n, scatterbrain(_local) c = n, skyformer_gauss with all 2n
 landmarks = C·V); rows of the restricted softmax weights summing to 1; §6's visited-key counts (window
@@ -77,6 +77,10 @@ How to run (from the repository root)
     $B $C --lengths 512 --windows 1 --methods window,topk,bigbird,reformer,performer_trig,scatterbrain,\
 scatterbrain_local,hyperattention,kdeformer --features 8,16,32,64,128,256 --dtype f64 --out /tmp/fd/run --quiet
     python3 tests/reference/field_dump.py --qkv /tmp/fd/w0.safetensors:0 --csv /tmp/fd/run/trials.csv --draws 8
+    # the kernelized target (same dump):
+    $B $C --target kernelized --lengths 512 --windows 1 --methods kernelized --features 8,16,32,64,128,256 \
+        --dtype f64 --out /tmp/fd/krun --quiet
+    python3 tests/reference/field_dump.py --qkv /tmp/fd/w0.safetensors:0 --csv /tmp/fd/krun/trials.csv --draws 8
     python3 tests/reference/field_dump.py            # self-checks + synthetic table only
 
 ``--qkv FILE[:WINDOW]`` may be repeated (one dump per window; WINDOW defaults to 0). Several ``--csv`` files
@@ -88,7 +92,9 @@ Exit status: 0 if nothing failed or was flagged, 1 otherwise, 2 on bad input.
 Precision
 ---------
 Everything here is float64. The dump stores Q/K/V as f32; a ``--dtype f64`` sweep works on f64 Q/K/V that
-round to them (relative perturbation ≤ 6e-8), so deterministic errors agree to ~1e-8 unless a ``topk`` tie
+round to them (relative perturbation ≤ 6e-8), so deterministic errors agree to ~1e-8 (‖C·V‖₂ to 1.3e-7 on a
+MiniLM head with ‖q̃‖² ≈ 75, where C = exp(q̃·k̃ − ‖q̃‖²/2 − ‖k̃‖²/2) cancels ~75 in its exponent and
+‖C·V‖₂ is 0.49) unless a ``topk`` tie
 or near-tie at the kk-th logit resolves differently in the two roundings (then that row's set differs by
 one key; such a row shows up as a small deterministic difference, not as noise). Pair each sweep with the
 dump of the same ``--dtype``. Ω(m) (§2.5) is built from sign-fixed QR blocks by default, i.e. exactly Haar
@@ -96,9 +102,11 @@ orthogonal rows with χ_p lengths, the law §2.5 and §6.2 state ("each row is m
 ``--orf nosignfix`` uses §2.5's literal "no sign fix" recipe with numpy's Householder QR, whose rows are
 not marginally Gaussian (see score_dump.py; the self-check prints the bias as [INFO]).
 
-Runtime (2 busy cores, numpy 2.4): self-checks + synthetic table ≈ 25 s; the initialized-BERT n = 512
-comparison above (4 heads, 9 methods × 6 d, 8 draws) ≈ 35 s; 12 heads × all 15 methods × 6 d × 8 draws
-≈ 3 min.
+Runtime (2 cores next to a niced background job, load ≈ 5, numpy 2.4, BLAS pinned to one thread below):
+self-checks 8–20 s; self-checks + synthetic table (6 heads × 2 draws) 19–35 s (6 × 8 draws: +60 s); the
+initialized-BERT n = 512 comparison above (4 heads, 9 methods × 6 d, 8 draws, with self-checks) 40 s; MiniLM
+(p = 32) 25 s without self-checks; 12 heads × all 15 methods × 6 d × 8 draws (a CSV of that shape) 90–120 s
+without self-checks. Each extra --csv seed costs nothing; each extra draw about 1/8 of the randomized part.
 """
 
 from __future__ import annotations
@@ -1223,10 +1231,10 @@ def main() -> int:
 
     # ---- randomized
     print(f"\n== randomized methods: mean over (window, head), {args.draws} draws per head here; paired SE (see doc).\n"
-          "   z: on the mean error; zlog: on the mean log error (primary for performer_trig, whose den has no sign, so\n"
-          "   that its mean error is infinite, §6.2.1); nf: mean flagged rows per trial\n"
-          "   (den ≤ 0 or non-finite) and znf its paired z. Flag: |znf| > thresh where both nf ≥ 1, or for\n   performer_trig |zlog| > thresh,"
-          "   for the others both |z| and |zlog| > thresh with one sign (* marks the z that decides).")
+          "   z: on the mean error; zlog: on the mean log error; nf: mean flagged rows per trial (den ≤ 0 or\n"
+          "   non-finite) and znf its paired z. Flag: performer_trig |zlog| > thresh (its den has no sign, so its\n"
+          "   mean error is infinite, §6.2.1); the others |z| and |zlog| > thresh with one sign; any method\n"
+          "   |znf| > thresh where both nf ≥ 1. * marks the z that decides.")
     print(f"  {'method':<20} {'d':>4} {'H':>2} {'rows':>4} {'csv mean':>10} {'ref mean':>10} {'SE':>9} {'z':>7} "
           f"{'zlog':>7} {'csv nf':>7} {'ref nf':>7} {'znf':>6}  flag")
     rand_summary = defaultdict(lambda: [0, 0, 0.0])
