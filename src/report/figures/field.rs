@@ -2,7 +2,8 @@
 //! kernelized target's methods (relative error, METHODS.md §6.4.1 [REC]).
 //!
 //! * `field.png`: one row per model, one panel per n ∈ {1024, 4096} (the lengths present), plus
-//!   an accuracy–cost panel (error against measured seconds per head at the largest n). One hue
+//!   an accuracy–cost panel (error against measured seconds per head at the largest n; oracles
+//!   left out, their d being a size and not a budget). One hue
 //!   per method family; the references (V-Mean, the top-2d oracle, the SVD floor) grey.
 //! * `kernelized.png`: the same layout for a `--target kernelized` run, on ‖C·V − Ô‖₂/‖C·V‖₂,
 //!   so that lengths and heads (‖C·V‖ grows with n) share one scale; `zero` is the line at 1.
@@ -35,6 +36,20 @@ fn families() -> &'static BTreeMap<&'static str, (Family, bool)> {
             })
             .collect()
     })
+}
+
+/// Whether `method` is a registered oracle (`svd_optimal`, `topk`, `exact_kernelized`).
+fn is_oracle(method: &str) -> bool {
+    static ORACLES: std::sync::OnceLock<Vec<&'static str>> = std::sync::OnceLock::new();
+    ORACLES
+        .get_or_init(|| {
+            attention::registry()
+                .iter()
+                .filter(|m| m.is_oracle())
+                .map(|m| m.id())
+                .collect()
+        })
+        .contains(&method)
 }
 
 /// One hue per family, shades and markers for its members; references grey; a user's method
@@ -203,16 +218,20 @@ fn target_figure(rows: &[SummaryRow], measure: Measure, stat: Statistic) -> Opti
         let secs: Vec<f64> = rows
             .iter()
             .filter(|r| r.model == *model && r.n == cost_n && r.mean.is_finite())
+            .filter(|r| !is_oracle(&r.method))
             .map(|r| r.seconds_mean)
             .collect();
         let x_axis = Axis::fit(Scale::Log10, &secs, TickFormat::Seconds);
         let x = (XOf::Seconds, x_axis, "seconds per head (measured)");
         let mut scratch = Tally::default();
+        // An oracle's d is a size, not a budget, and its time is no method's cost (the SVD
+        // floor's first d pays for the whole decomposition): the cost panel leaves oracles out.
+        let costed: Vec<String> = draw.iter().filter(|m| !is_oracle(m)).cloned().collect();
         let mut p = panel(
             &rows,
             model,
             cost_n,
-            &draw,
+            &costed,
             &style_of,
             x,
             Scale::Log10,
