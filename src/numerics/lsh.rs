@@ -269,13 +269,12 @@ pub fn sort_lsh_blocks(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use candle_core::Device;
     use rand::SeedableRng;
 
     /// An [n, p] f64 CPU tensor of seeded standard normals.
     fn gaussian(n: usize, p: usize, seed: u64) -> Tensor {
         let vals = normal_values(&mut TrialRng::seed_from_u64(seed), n, p, 1.0);
-        Tensor::from_vec(vals, (n, p), &Device::Cpu).unwrap()
+        Tensor::from_vec(vals, (n, p), &crate::tensor_util::test_device()).unwrap()
     }
 
     #[test]
@@ -290,7 +289,7 @@ mod tests {
 
     #[test]
     fn hash_is_the_argmax_of_the_projection_and_ignores_the_norm() {
-        let dev = Device::Cpu;
+        let dev = crate::tensor_util::test_device();
         let r = Tensor::new(&[[1.0f64, 0.0], [0.0, 1.0], [1.0, -1.0]], &dev).unwrap(); // p = 3, nb = 4
         let lsh = AngularLsh::from_rotations(r).unwrap();
         assert_eq!(lsh.buckets(), 4);
@@ -314,7 +313,7 @@ mod tests {
 
     #[test]
     fn drawn_rotations_are_seeded_and_need_an_even_bucket_count() {
-        let dev = Device::Cpu;
+        let dev = crate::tensor_util::test_device();
         let draw = |seed| {
             let lsh = AngularLsh::draw(&mut TrialRng::seed_from_u64(seed), 8, 16, DType::F64, &dev)
                 .unwrap();
@@ -335,7 +334,7 @@ mod tests {
     #[test]
     fn angular_buckets_are_used_evenly_by_isotropic_data() {
         // Each of the nb buckets is the argmax for a 1/nb share of isotropic directions.
-        let dev = Device::Cpu;
+        let dev = crate::tensor_util::test_device();
         let (n, p, nb) = (20_000, 16, 8);
         let lsh =
             AngularLsh::draw(&mut TrialRng::seed_from_u64(9), p, nb, DType::F64, &dev).unwrap();
@@ -382,7 +381,7 @@ mod tests {
 
     #[test]
     fn sign_bits() {
-        let dev = Device::Cpu;
+        let dev = crate::tensor_util::test_device();
         let om = Tensor::new(&[[1.0f64, 0.0, 1.0], [0.0, 1.0, 1.0]], &dev).unwrap(); // p = 2, r = 3
         let x = Tensor::new(&[[1.0f64, 1.0], [-1.0, 2.0], [0.0, 0.0], [1.0, -1.0]], &dev).unwrap();
         // x·ω = [1, 1, 2] → 7; [−1, 2, 1] → 2 + 4; zero → 0; [1, −1, 0] → 1 (0 is bit 0).

@@ -231,7 +231,7 @@ pub(crate) mod tests {
     use crate::attention::test_util::*;
     use crate::numerics::lsh::gray_code;
     use crate::numerics::spectral::error_norms;
-    use candle_core::{DType, Device};
+    use candle_core::DType;
     use rand::SeedableRng;
 
     fn err(h: &HeadInputs, o: &Tensor) -> f64 {
@@ -245,7 +245,7 @@ pub(crate) mod tests {
             from_f64(
                 normal_values(&mut rng, n, p, std),
                 (n, p),
-                &Device::Cpu,
+                &crate::tensor_util::test_device(),
                 DType::F64,
             )
             .unwrap()

@@ -19,7 +19,7 @@ pub(crate) fn pair_macs(pairs: f64, p: usize) -> f64 {
 
 #[cfg(test)]
 mod tests {
-    use candle_core::{DType, Device};
+    use candle_core::DType;
     use rand::SeedableRng;
 
     use crate::attention::{by_id, HeadInputs};
@@ -45,7 +45,7 @@ mod tests {
                 let mut rng = TrialRng::seed_from_u64(1000 + h);
                 let mut mk = || {
                     let v = normal_values(&mut rng, n, p, 0.5);
-                    from_f64(v, (n, p), &Device::Cpu, DType::F64).unwrap()
+                    from_f64(v, (n, p), &crate::tensor_util::test_device(), DType::F64).unwrap()
                 };
                 HeadInputs::new(mk(), mk(), mk()).unwrap()
             })

@@ -114,7 +114,6 @@ impl Method for TopK {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use candle_core::Device;
 
     use crate::attention::test_util::{
         assert_close_per_entry, assert_rows_are_distributions, host_rows, in_f32, random_head,
@@ -186,7 +185,7 @@ mod tests {
         };
         let (q, k) = (int(3), int(11));
         let t = |m: &Vec<Vec<f64>>, dt| {
-            Tensor::new(m.clone(), &Device::Cpu)
+            Tensor::new(m.clone(), &crate::tensor_util::test_device())
                 .unwrap()
                 .to_dtype(dt)
                 .unwrap()

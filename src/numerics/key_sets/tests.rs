@@ -1,5 +1,4 @@
 use super::*;
-use candle_core::Device;
 use rand::SeedableRng;
 
 use crate::numerics::sampling::{normal_values, uniform_without_replacement, TrialRng};
@@ -57,7 +56,7 @@ fn rows(n: usize, p: usize, std: f64, seed: u64) -> Vec<Vec<f64>> {
 }
 
 fn tensor(m: &[Vec<f64>], dtype: DType) -> Tensor {
-    Tensor::new(m.to_vec(), &Device::Cpu)
+    Tensor::new(m.to_vec(), &crate::tensor_util::test_device())
         .unwrap()
         .to_dtype(dtype)
         .unwrap()

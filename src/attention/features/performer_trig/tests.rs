@@ -1,5 +1,4 @@
 use super::*;
-use candle_core::Device;
 use nalgebra::DMatrix;
 use rand::SeedableRng;
 
@@ -10,7 +9,7 @@ use crate::numerics::spectral::error_norms;
 use crate::tensor_util::to_dmatrix;
 
 fn t64(m: &DMatrix<f64>) -> Tensor {
-    from_dmatrix(m, &Device::Cpu, DType::F64).unwrap()
+    from_dmatrix(m, &crate::tensor_util::test_device(), DType::F64).unwrap()
 }
 
 fn head(n: usize, p: usize, std: f64, seed: u64) -> HeadInputs {
