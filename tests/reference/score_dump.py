@@ -79,25 +79,12 @@ import zlib
 from collections import defaultdict
 
 import numpy as np
+
+from reference_numerics import iter_inv, pinv_sym, spectral_norm, spectral_norm_gram
 from safetensors.numpy import load_file
 
 # ------------------------------------------------------------------------------------------
 # numerics shared by the methods
-
-
-def spectral_norm(E: np.ndarray) -> float:
-    """σ_max(E) by LAPACK SVD (the independent route of §1.2)."""
-    if not np.all(np.isfinite(E)):
-        return float("nan")
-    return float(np.linalg.svd(E, compute_uv=False)[0])
-
-
-def spectral_norm_gram(E: np.ndarray) -> float:
-    """√λ_max(EᵀE) by a symmetric eigen-solver (used for the many randomized draws)."""
-    if not np.all(np.isfinite(E)):
-        return float("nan")
-    G = E.T @ E
-    return float(math.sqrt(max(np.linalg.eigvalsh(G)[-1], 0.0)))
 
 
 def row_softmax(S: np.ndarray) -> np.ndarray:
@@ -105,25 +92,6 @@ def row_softmax(S: np.ndarray) -> np.ndarray:
     np.exp(S, out=S)
     S /= S.sum(axis=1, keepdims=True)
     return S
-
-
-def iter_inv(N: np.ndarray, T: int = 6) -> np.ndarray:
-    """Razavi et al. iteration of §2.3 / §2.4: Z₀ = Nᵀ/‖N‖₁, Z ← ¼ Z (13I − Y(15I − Y(7I − Y)))."""
-    d = N.shape[0]
-    I = np.eye(d)
-    Z = N.T / np.abs(N).sum(axis=0).max()
-    for _ in range(T):
-        Y = N @ Z
-        Z = 0.25 * Z @ (13 * I - Y @ (15 * I - Y @ (7 * I - Y)))
-    return Z
-
-
-def pinv_sym(M: np.ndarray, rel_cut: float = 1e-10) -> np.ndarray:
-    """Pseudo-inverse of a symmetric PSD matrix, dropping eigenvalues < rel_cut·λ_max (§2.3 [REC])."""
-    M = 0.5 * (M + M.T)
-    w, U = np.linalg.eigh(M)
-    keep = w > rel_cut * w.max()
-    return (U[:, keep] / w[keep]) @ U[:, keep].T
 
 
 def informer_cu(n: int, d: int) -> tuple[int, int]:
