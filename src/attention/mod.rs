@@ -263,6 +263,20 @@ pub fn registry() -> Vec<Box<dyn Method>> {
     ]
 }
 
+/// A registered method's family and whether it is an oracle, looked up without building the
+/// registry again (the reports ask for every row); None for an id outside the registry.
+pub fn describe(id: &str) -> Option<(Family, bool)> {
+    static MAP: OnceLock<HashMap<&'static str, (Family, bool)>> = OnceLock::new();
+    MAP.get_or_init(|| {
+        registry()
+            .iter()
+            .map(|m| (m.id(), (m.family(), m.is_oracle())))
+            .collect()
+    })
+    .get(id)
+    .copied()
+}
+
 /// The ids of the registered methods that estimate `target`, in registry order.
 pub fn target_method_ids(target: Target) -> Vec<&'static str> {
     registry()

@@ -13,7 +13,7 @@ pub fn print_summary(o: &SweepOutcome) {
         o.out.display()
     );
     // Oracles (the SVD floor, top-k, the exact kernelized product) are yardsticks, not candidates.
-    let oracle = |id: &str| crate::attention::by_id(id).is_ok_and(|m| m.is_oracle());
+    let oracle = |id: &str| crate::attention::describe(id).is_some_and(|(_, oracle)| oracle);
     let mut best: BTreeMap<(String, usize, usize), (String, f64, f64)> = BTreeMap::new();
     for r in &o.summary {
         if !r.mean.is_finite() || oracle(&r.method) {

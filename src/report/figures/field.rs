@@ -8,8 +8,6 @@
 //! * `kernelized.png`: the same layout for a `--target kernelized` run, on ‖C·V − Ô‖₂/‖C·V‖₂,
 //!   so that lengths and heads (‖C·V‖ grows with n) share one scale; `zero` is the line at 1.
 
-use std::collections::BTreeMap;
-
 use plotters::style::RGBColor;
 
 use super::axis::{Axis, Scale, TickFormat};
@@ -23,33 +21,17 @@ use crate::report::summary::SummaryRow;
 /// The lengths the field figure shows when present (issue 13); otherwise every length.
 const FIELD_LENGTHS: [usize; 2] = [1024, 4096];
 
-/// Each registered method's family and whether it is a reference curve (grey).
-fn families() -> &'static BTreeMap<&'static str, (Family, bool)> {
-    static MAP: std::sync::OnceLock<BTreeMap<&'static str, (Family, bool)>> =
-        std::sync::OnceLock::new();
-    MAP.get_or_init(|| {
-        attention::registry()
-            .iter()
-            .map(|m| {
-                let reference = m.family() == Family::Reference || m.is_oracle();
-                (m.id(), (m.family(), reference))
-            })
-            .collect()
+/// A method's family and whether it is drawn as a reference (grey): V-Mean, `zero` and the
+/// oracles. A user's method is `(User, false)`.
+fn family_of(method: &str) -> (Family, bool) {
+    attention::describe(method).map_or((Family::User, false), |(family, oracle)| {
+        (family, family == Family::Reference || oracle)
     })
 }
 
 /// Whether `method` is a registered oracle (`svd_optimal`, `topk`, `exact_kernelized`).
 fn is_oracle(method: &str) -> bool {
-    static ORACLES: std::sync::OnceLock<Vec<&'static str>> = std::sync::OnceLock::new();
-    ORACLES
-        .get_or_init(|| {
-            attention::registry()
-                .iter()
-                .filter(|m| m.is_oracle())
-                .map(|m| m.id())
-                .collect()
-        })
-        .contains(&method)
+    attention::describe(method).is_some_and(|(_, oracle)| oracle)
 }
 
 /// One hue per family, shades and markers for its members; references grey; a user's method
@@ -92,17 +74,14 @@ fn field_style(method: &str, methods: &[String]) -> SeriesStyle {
             Family::User => &[RGBColor(0, 0, 0)],
         }
     };
-    let (family, reference) = families()
-        .get(method)
-        .copied()
-        .unwrap_or((Family::User, false));
+    let (family, reference) = family_of(method);
     if method == "svd_optimal" || method == "exact_kernelized" {
         return style::floor_style();
     }
     // The method's index among the drawn methods of its family, for shade, dash and marker.
     let same: Vec<&String> = methods
         .iter()
-        .filter(|m| families().get(m.as_str()).map_or(Family::User, |f| f.0) == family)
+        .filter(|m| family_of(m).0 == family)
         .collect();
     let i = same.iter().position(|m| *m == method).unwrap_or(0);
     let colors = if reference {
@@ -126,10 +105,7 @@ fn ordered_methods(rows: &[SummaryRow], model: &str) -> (Vec<String>, Vec<String
         if ms.iter().any(|m| m.3 == r.method) {
             continue;
         }
-        let (family, reference) = families()
-            .get(r.method.as_str())
-            .copied()
-            .unwrap_or((Family::User, false));
+        let (family, reference) = family_of(&r.method);
         ms.push((
             reference,
             family,
@@ -279,7 +255,7 @@ fn target_figure(rows: &[SummaryRow], measure: Measure, stat: Statistic) -> Opti
 pub fn field(rows: &[SummaryRow], stat: Statistic) -> Option<Figure> {
     let is_field = rows.iter().any(|r| {
         matches!(
-            families().get(r.method.as_str()),
+            attention::describe(&r.method),
             Some((Family::Sparse | Family::Hybrid, _))
         )
     });
