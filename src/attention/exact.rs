@@ -14,6 +14,7 @@ pub fn block_rows(n: usize) -> usize {
 }
 
 /// O and, on demand, the log row normalizers log D_i = log Σ_j exp(q_i·k_j/√p).
+#[derive(Clone)]
 pub struct ExactAttention {
     /// O, [n, p], in the inputs' dtype.
     pub output: Tensor,

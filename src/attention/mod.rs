@@ -61,6 +61,20 @@ impl HeadInputs {
         })
     }
 
+    /// The same head with an empty memo, keeping the targets already computed: a method then
+    /// pays for its per-head products again, as one trial on its own does (`bench` times each
+    /// repeat so; a sweep pays them once per head, at the first d).
+    pub fn with_empty_memo(&self) -> Self {
+        Self {
+            q: self.q.clone(),
+            k: self.k.clone(),
+            v: self.v.clone(),
+            exact: self.exact.clone(),
+            kernelized: self.kernelized.clone(),
+            memo: Mutex::new(HashMap::new()),
+        }
+    }
+
     /// Exact softmax attention O = softmax(QKᵀ/√p)V in the inputs' dtype, with log D on demand.
     pub fn exact(&self) -> Result<&exact::ExactAttention> {
         if let Some(e) = self.exact.get() {
