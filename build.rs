@@ -24,6 +24,43 @@ fn main() {
     }
     println!("cargo:rustc-env=APPROX_BENCH_DEPS={}", found.join(", "));
 
+    // The commit this binary is built from, for manifest.json: `git rev-parse --short=12 HEAD`,
+    // "-dirty" when tracked files differ from it, "unknown" outside a git checkout. Rerun when the
+    // sources or the checked-out commit change (only paths that exist: a missing one would rerun
+    // this script on every build).
+    for path in [
+        "src",
+        ".git/HEAD",
+        ".git/index",
+        ".git/refs",
+        ".git/packed-refs",
+    ] {
+        if std::path::Path::new(path).exists() {
+            println!("cargo:rerun-if-changed={path}");
+        }
+    }
+    let git = |args: &[&str]| {
+        std::process::Command::new("git")
+            .args(args)
+            .output()
+            .ok()
+            .filter(|o| o.status.success())
+            .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
+    };
+    let build = match git(&["rev-parse", "--short=12", "HEAD"]) {
+        Some(commit) => {
+            let dirty = git(&["status", "--porcelain", "--untracked-files=no"])
+                .is_some_and(|s| !s.is_empty());
+            if dirty {
+                format!("{commit}-dirty")
+            } else {
+                commit
+            }
+        }
+        None => "unknown".into(),
+    };
+    println!("cargo:rustc-env=APPROX_BENCH_BUILD={build}");
+
     // scripts/build-cuda.sh: a directory whose libcudart.a (NVIDIA's libcudart_static.a) satisfies
     // candle-kernels' `-lcudart`, so the binary needs no CUDA library to start (README.md, "GPU").
     println!("cargo:rerun-if-env-changed=APPROX_BENCH_CUDA_LINK_DIR");

@@ -273,6 +273,7 @@ pub fn score(req: &ScoreRequest) -> Result<SweepOutcome> {
         tool: "approx-bench".into(),
         version: env!("CARGO_PKG_VERSION").into(),
         dependencies: env!("APPROX_BENCH_DEPS").into(),
+        build: crate::report::manifest::BUILD.into(),
         command: req.command.clone(),
         config: cfg.clone(),
         model_id: info0.model_id.clone(),
@@ -287,6 +288,7 @@ pub fn score(req: &ScoreRequest) -> Result<SweepOutcome> {
         threads: rayon::current_num_threads(),
         features_cuda: cfg!(feature = "cuda"),
         shard: None,
+        merged_from: Vec::new(),
     };
     manifest.write(&req.out)?;
     let (mut writer, _) = TrialWriter::open(&trials_path)?;

@@ -165,6 +165,7 @@ pub fn run_with(
         tool: "approx-bench".into(),
         version: env!("CARGO_PKG_VERSION").into(),
         dependencies: env!("APPROX_BENCH_DEPS").into(),
+        build: crate::report::manifest::BUILD.into(),
         command: opts.command.clone(),
         config: cfg.clone(),
         model_id: prepared.model_id.clone(),
@@ -179,6 +180,7 @@ pub fn run_with(
         threads: rayon::current_num_threads(),
         features_cuda: cfg!(feature = "cuda"),
         shard: opts.shard,
+        merged_from: Vec::new(),
     };
     manifest.write(&opts.out)?;
 

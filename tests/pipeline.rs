@@ -345,6 +345,35 @@ fn shards_merge_into_the_rows_of_an_unsharded_run() {
     );
     let manifest = approx_bench::report::manifest::Manifest::read(&merged).unwrap();
     assert_eq!(manifest.status, "complete");
+    // The merged manifest names its sources and the build that ran each; merging it again with
+    // nothing new keeps that list flat instead of nesting it.
+    let build = approx_bench::report::manifest::BUILD;
+    assert!(!build.is_empty());
+    assert_eq!(manifest.build, build);
+    let parts = &manifest.merged_from;
+    assert_eq!(parts.len(), 3);
+    for (k, part) in parts.iter().enumerate() {
+        assert_eq!(part.path, shard_dirs[k].display().to_string());
+        assert_eq!(part.build, build);
+        assert_eq!(part.shard.map(|s| (s.index, s.count)), Some((k + 1, 3)));
+    }
+    assert_eq!(
+        parts.iter().map(|p| p.trials).sum::<usize>(),
+        manifest.trials
+    );
+    let again = tmp.path().join("again");
+    let o = run(
+        &[
+            "merge",
+            merged.to_str().unwrap(),
+            "--out",
+            again.to_str().unwrap(),
+        ],
+        &[],
+    );
+    assert!(o.status.success(), "{}", stderr(&o));
+    let again = approx_bench::report::manifest::Manifest::read(&again).unwrap();
+    assert_eq!(&again.merged_from, parts);
     // A bad shard spec is a usage error.
     let bad = tmp.path().join("bad");
     let mut args = base_args(&m, &c, bad.to_str().unwrap());

@@ -22,6 +22,11 @@ pub struct Manifest {
     pub version: String,
     /// Versions of the numerical dependencies (from Cargo.lock at build time).
     pub dependencies: String,
+    /// The commit the binary that wrote this manifest was built from (build.rs: short hash,
+    /// "-dirty" when tracked files differed, "unknown" outside a checkout); empty in manifests
+    /// from before it was recorded.
+    #[serde(default)]
+    pub build: String,
     pub command: Vec<String>,
     pub config: RunConfig,
     pub model_id: String,
@@ -39,7 +44,26 @@ pub struct Manifest {
     /// The shard this run covered (`--shard K/N`), if any.
     #[serde(default)]
     pub shard: Option<crate::config::Shard>,
+    /// A merged run's sources, flattened through earlier merges: which build computed which
+    /// trials. Absent from unmerged runs.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub merged_from: Vec<MergedPart>,
 }
+
+/// One directory that went into a merge.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct MergedPart {
+    pub path: String,
+    /// The build that ran it ("" if its manifest predates the field).
+    pub build: String,
+    pub shard: Option<crate::config::Shard>,
+    pub trials: usize,
+    pub started: String,
+    pub finished: Option<String>,
+}
+
+/// This binary's build (see `Manifest::build`).
+pub const BUILD: &str = env!("APPROX_BENCH_BUILD");
 
 /// sha256 of a file, streamed (memoized: the hub cache's verification hashed it already).
 pub use crate::file_hash::sha256_file;

@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 use anyhow::Result;
 
 use crate::config::RunConfig;
-use crate::report::manifest::{json_diff, Manifest};
+use crate::report::manifest::{json_diff, Manifest, MergedPart, BUILD};
 use crate::report::summary;
 use crate::report::trials::{self, TrialRow, TrialWriter};
 use crate::sweep::SweepOutcome;
@@ -101,6 +101,25 @@ pub fn merge(dirs: &[PathBuf], out: &Path) -> Result<SweepOutcome> {
         .min()
         .unwrap_or_default();
     manifest.command = std::env::args().collect();
+    manifest.build = BUILD.into();
+    manifest.merged_from = dirs
+        .iter()
+        .zip(&manifests)
+        .flat_map(|(d, m)| {
+            if m.merged_from.is_empty() {
+                vec![MergedPart {
+                    path: d.display().to_string(),
+                    build: m.build.clone(),
+                    shard: m.shard,
+                    trials: m.trials,
+                    started: m.started.clone(),
+                    finished: m.finished.clone(),
+                }]
+            } else {
+                m.merged_from.clone()
+            }
+        })
+        .collect();
     manifest.write(out)?;
     if rows.len() != expected {
         eprintln!("warning: merged {} of the {expected} trials of the configuration; some shards are missing or incomplete", rows.len());

@@ -206,6 +206,10 @@ pub fn compare(b: &Manifest, c: &Manifest) -> Vec<Change> {
         c.dependencies.clone(),
         false,
     );
+    // Manifests from before builds were recorded have none to compare.
+    if !b.build.is_empty() && !c.build.is_empty() {
+        push("build (commit)", b.build.clone(), c.build.clone(), false);
+    }
     out
 }
 

@@ -136,6 +136,7 @@ fn manifest(grid: &Grid, methods: &[&str], corpus_sha: &str, source: &str) -> Ma
         tool: "approx-bench".into(),
         version: "0.1.0".into(),
         dependencies: String::new(),
+        build: String::new(),
         command: vec![],
         config: RunConfig {
             target: Default::default(),
@@ -177,6 +178,7 @@ fn manifest(grid: &Grid, methods: &[&str], corpus_sha: &str, source: &str) -> Ma
         threads: 1,
         features_cuda: false,
         shard: None,
+        merged_from: Vec::new(),
     }
 }
 
