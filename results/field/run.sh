@@ -8,9 +8,12 @@
 # (`--shard K/16`: 4 of the 64 windows at each n); SHARDS picks which to run (default all), and
 # every run directory already under results/field is merged with the new shards, so the
 # reproduction grows shard by shard: `SHARDS="2 3" results/field/run.sh` adds two.
+# `SHARDS= WORK=DIR results/field/run.sh` runs nothing and merges the shard directories already
+# in DIR (DIR/initialized/K, …, as this script lays them out). Each merged manifest lists its
+# shards with the build that ran them (`merged_from`).
 set -euo pipefail
 BIN=${BIN:-./target/release/approx-bench}
-SHARDS=${SHARDS:-$(seq 1 16)}
+SHARDS=${SHARDS-$(seq 1 16)}
 DATA=../shared/data
 CORPUS=(--corpus $DATA/wikitext-2/wiki.test.raw)
 INIT=(--model initialized --model-dir $DATA/bert-base-cased "${CORPUS[@]}")
@@ -25,10 +28,15 @@ for s in $SHARDS; do
   $BIN --target kernelized "${PRE[@]}" "${GRID[@]}" --shard "$s/16" --out "$WORK/kernelized-pretrained-minilm/$s"
 done
 for run in initialized pretrained-minilm kernelized-initialized kernelized-pretrained-minilm; do
+  shards=("$WORK/$run"/[0-9]*)
+  [ -e "${shards[0]}" ] || continue
   previous=()
-  if [ -d "$OUT/$run" ]; then mv "$OUT/$run" "$WORK/$run/previous"; previous=("$WORK/$run/previous"); fi
-  $BIN merge "${previous[@]}" "$WORK/$run"/[0-9]* --out "$OUT/$run"
-  rm -f "$OUT/$run"/*.png
+  if [ -d "$OUT/$run" ]; then previous=("$OUT/$run"); fi
+  # Merge beside the committed directory and swap only when the merge succeeded.
+  rm -rf "$WORK/$run.merged"
+  $BIN merge "${previous[@]}" "${shards[@]}" --out "$WORK/$run.merged"
+  rm -f "$WORK/$run.merged"/*.png
+  rm -rf "$OUT/$run" && mv "$WORK/$run.merged" "$OUT/$run"
 done
 $BIN plot --from $OUT/initialized --from $OUT/pretrained-minilm \
   --from $OUT/kernelized-initialized --from $OUT/kernelized-pretrained-minilm --out "$WORK/figures"
