@@ -374,6 +374,40 @@ fn shards_merge_into_the_rows_of_an_unsharded_run() {
     assert!(o.status.success(), "{}", stderr(&o));
     let again = approx_bench::report::manifest::Manifest::read(&again).unwrap();
     assert_eq!(&again.merged_from, parts);
+    // The same trial with another error (as from a rerun on another CPU) is refused, naming both
+    // values and the way to compare such runs.
+    let other = tmp.path().join("other");
+    std::fs::create_dir_all(&other).unwrap();
+    for f in ["manifest.json", "summary.csv"] {
+        std::fs::copy(shard_dirs[0].join(f), other.join(f)).unwrap();
+    }
+    let text = std::fs::read_to_string(shard_dirs[0].join("trials.csv")).unwrap();
+    let header: Vec<&str> = text.lines().next().unwrap().split(',').collect();
+    let col = header.iter().position(|h| *h == "error").unwrap();
+    let mut lines: Vec<String> = text.lines().map(String::from).collect();
+    let mut cells: Vec<String> = lines[1].split(',').map(String::from).collect();
+    let original: f64 = cells[col].parse().unwrap();
+    cells[col] = (original * (1.0 + 1e-7)).to_string();
+    lines[1] = cells.join(",");
+    std::fs::write(other.join("trials.csv"), lines.join("\n") + "\n").unwrap();
+    let refused = tmp.path().join("refused");
+    let o = run(
+        &[
+            "merge",
+            shard_dirs[0].to_str().unwrap(),
+            other.to_str().unwrap(),
+            "--out",
+            refused.to_str().unwrap(),
+        ],
+        &[],
+    );
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    let msg = stderr(&o);
+    assert!(msg.contains(&format!("error {original} there")), "{msg}");
+    assert!(
+        msg.contains("approx-bench check --baseline A --current B"),
+        "{msg}"
+    );
     // A bad shard spec is a usage error.
     let bad = tmp.path().join("bad");
     let mut args = base_args(&m, &c, bad.to_str().unwrap());

@@ -57,7 +57,15 @@ pub fn merge(dirs: &[PathBuf], out: &Path) -> Result<SweepOutcome> {
                     ..r.clone()
                 } == *prev;
                 if !same {
-                    return Err(usage!("{}: trial {:?} differs from the same trial in another shard; the shards are not from one run", d.display(), r.key()));
+                    // The usual cause is a rerun on another CPU or build, whose f32 products
+                    // round differently: such runs agree statistically, which `check` tests.
+                    return Err(usage!(
+                        "{}: trial {:?} differs from the same trial in an earlier directory (error {} there, {} here); merge only shards of one run, from one build on one machine (f32 products round differently elsewhere), and compare two runs with `approx-bench check --baseline A --current B`",
+                        d.display(),
+                        r.key(),
+                        prev.error,
+                        r.error
+                    ));
                 }
                 continue;
             }
