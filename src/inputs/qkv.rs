@@ -190,7 +190,15 @@ pub fn device(spec: &str) -> Result<Device> {
                     ));
                 }
             }
-            Ok(Device::new_cuda(ordinal)
+            // One explicit stream for every host thread. candle's `Device::new_cuda` binds the
+            // device to CUDA's *per-thread* default stream, so work issued from two host threads
+            // (the main thread's Q/K/V, a rayon worker's exact attention) lands on two streams
+            // with no order between them, and the stream-ordered allocator hands a buffer freed on
+            // one to the other while a kernel still reads it: the wrong exact targets of issue 21
+            // (right under CUDA_LAUNCH_BLOCKING=1, different from run to run). On one stream every
+            // launch, copy, free and cuBLAS call is ordered as the host issued it; a rayon join
+            // orders the issuing threads, so program order is stream order.
+            Ok(Device::new_cuda_with_stream(ordinal)
                 .map_err(|e| crate::usage!("--device {s}: cannot open the GPU ({e})"))?)
         }
         other => Err(crate::usage!(
