@@ -71,3 +71,24 @@ fn keep_freed_memory() {
         libc::mallopt(libc::M_TRIM_THRESHOLD, libc::c_int::MAX);
     }
 }
+
+/// Runs `f` so that all of a device's work is issued from one host thread: directly on the CPU
+/// (whose tensors are host memory, parallel on rayon's pool as usual), otherwise on a dedicated
+/// one-thread rayon pool, where every nested parallel iterator of a method runs on that same
+/// thread. With one stream per device (`inputs::qkv::device`) the stream then sees the work in
+/// the order the program issues it, and no cuBLAS handle is shared between concurrent callers
+/// (issue 21). Kernels run one after another on a stream anyway, so a GPU loses nothing.
+pub fn on_device_thread<T: Send>(device: &candle_core::Device, f: impl FnOnce() -> T + Send) -> T {
+    if device.is_cpu() {
+        return f();
+    }
+    static POOL: std::sync::OnceLock<rayon::ThreadPool> = std::sync::OnceLock::new();
+    POOL.get_or_init(|| {
+        rayon::ThreadPoolBuilder::new()
+            .num_threads(1)
+            .thread_name(|_| "approx-bench-device".into())
+            .build()
+            .expect("a one-thread pool")
+    })
+    .install(f)
+}

@@ -212,10 +212,6 @@ pub fn run_with(
             if !window_needed {
                 continue;
             }
-            let (q, k, v) = prepared.window_qkv(&cfg.inputs, n, w)?;
-            // Heads run in parallel (each trial's result depends only on its own inputs and seed);
-            // their rows are appended in head order through a reorder buffer, so trials.csv has
-            // the same order whatever the thread count, and every finished head is on disk.
             let jobs: Vec<usize> = heads
                 .iter()
                 .copied()
@@ -234,6 +230,38 @@ pub fn run_with(
                 methods: &methods,
                 bar: &bar,
             };
+            if device_path(&prepared.device) {
+                // A device's work is issued from one host thread (runtime::on_device_thread), head
+                // after head; the window's exact targets come from one computation batched over
+                // heads. Rows are written as each head finishes.
+                let device = &prepared.device;
+                let (q, k, v) = crate::runtime::on_device_thread(device, || {
+                    prepared.window_qkv(&cfg.inputs, n, w)
+                })?;
+                let exacts = match cfg.target {
+                    attention::Target::Softmax => {
+                        Some(crate::runtime::on_device_thread(device, || {
+                            attention::exact::ExactAttention::compute_heads(&q, &k, &v)
+                        })?)
+                    }
+                    attention::Target::Kernelized => None,
+                };
+                for &h in &jobs {
+                    let exact = exacts.as_ref().map(|e| e[h].clone());
+                    let rows = crate::runtime::on_device_thread(device, || {
+                        trial.head_trials(h, &q, &k, &v, exact, &missing)
+                    })?;
+                    for row in rows {
+                        writer.append(&row)?;
+                        new_trials += 1;
+                    }
+                }
+                continue;
+            }
+            let (q, k, v) = prepared.window_qkv(&cfg.inputs, n, w)?;
+            // Heads run in parallel (each trial's result depends only on its own inputs and seed);
+            // their rows are appended in head order through a reorder buffer, so trials.csv has
+            // the same order whatever the thread count, and every finished head is on disk.
             std::thread::scope(|scope| -> Result<()> {
                 let (tx, rx) = std::sync::mpsc::channel::<(usize, Result<Vec<TrialRow>>)>();
                 let (q, k, v, jobs_ref, missing_ref, trial_ref) =
@@ -244,7 +272,7 @@ pub fn run_with(
                         .par_iter()
                         .enumerate()
                         .for_each_with(tx, |tx, (i, &h)| {
-                            let rows = trial_ref.head_trials(h, q, k, v, missing_ref);
+                            let rows = trial_ref.head_trials(h, q, k, v, None, missing_ref);
                             let _ = tx.send((i, rows));
                         });
                 });
@@ -284,6 +312,16 @@ pub fn run_with(
     })
 }
 
+/// Set to 1, runs the device path of a sweep (the window's exact targets batched over heads, one
+/// host thread issuing the work) on the CPU too, so that tests exercise on the CPU what a GPU runs.
+pub const DEVICE_PATH_VAR: &str = "APPROX_BENCH_DEVICE_PATH";
+
+/// Whether a sweep on `device` takes the device path: every non-CPU device, or the CPU when
+/// [`DEVICE_PATH_VAR`] is 1.
+fn device_path(device: &candle_core::Device) -> bool {
+    !device.is_cpu() || std::env::var(DEVICE_PATH_VAR).is_ok_and(|v| v.trim() == "1")
+}
+
 /// What one window's trials share.
 struct TrialContext<'a> {
     cfg: &'a RunConfig,
@@ -303,13 +341,20 @@ impl TrialContext<'_> {
         q: &candle_core::Tensor,
         k: &candle_core::Tensor,
         v: &candle_core::Tensor,
+        exact: Option<attention::exact::ExactAttention>,
         missing: &(dyn Fn(usize, &str, usize) -> bool + Sync),
     ) -> Result<Vec<TrialRow>> {
         let (cfg, n, w) = (self.cfg, self.n, self.window);
-        let head = HeadInputs::new(q.get(h)?, k.get(h)?, v.get(h)?)?;
+        let (qh, kh, vh) = (q.get(h)?, k.get(h)?, v.get(h)?);
+        let head = match exact {
+            Some(e) => HeadInputs::with_exact(qh, kh, vh, e)?,
+            None => HeadInputs::new(qh, kh, vh)?,
+        };
         // The run's target in f64, once per head (error_norms then takes it as is), before any
-        // method's clock starts.
-        let exact64 = head.target_output(cfg.target)?;
+        // method's clock starts; a sample of its rows is checked against float64 first.
+        let exact64 = head
+            .target_output(cfg.target)
+            .with_context(|| format!("n = {n}, window {w}, head {h}"))?;
         let exact_norm = spectral::matrix_norms(&exact64)?.spectral;
         let mut rows = Vec::new();
         for m in self.methods {

@@ -6,6 +6,13 @@ use candle_core::{DType, Tensor, D};
 
 use crate::numerics::shifted_exp::shifted_exp_rows_in_place;
 
+mod batched;
+#[cfg(test)]
+mod generic_tests;
+pub mod verify;
+
+pub use batched::batched_block_rows;
+
 /// Rows per block: about 1 M score entries (4 MB in f32, a few blocks in flight at once), but
 /// at least 256 rows, below which the block products run well under the matmul's speed (n = 16384:
 /// 64-row blocks reached 157 GFLOP/s, 256-row blocks 200). Never more than n.
@@ -25,8 +32,10 @@ pub struct ExactAttention {
 
 /// Applies `f` to each row block of the scores S_b = Q̃_b·Kᵀ (Q̃ = Q/√p already scaled, Kᵀ
 /// contiguous) and stacks the results: the one place that walks QKᵀ without holding it whole.
-/// Blocks run in parallel on rayon's pool (each block's arithmetic is the same whichever thread
-/// runs it, so the result does not depend on the thread count).
+/// On the CPU the blocks run in parallel on rayon's pool (each block's arithmetic is the same
+/// whichever thread runs it, so the result does not depend on the thread count). On any other
+/// device they are issued in order from the calling thread: a device's work comes from one host
+/// thread (issue 21), and its kernels run one after another on the stream anyway.
 pub fn map_score_blocks(
     qs: &Tensor,
     kt: &Tensor,
@@ -36,13 +45,15 @@ pub fn map_score_blocks(
     let n = qs.dims()[0];
     let step = block_rows(n);
     let starts: Vec<usize> = (0..n).step_by(step).collect();
-    let outs = starts
-        .par_iter()
-        .map(|&start| {
-            let len = step.min(n - start);
-            f(start, len, qs.narrow(0, start, len)?.matmul(kt)?)
-        })
-        .collect::<Result<Vec<_>>>()?;
+    let block = |&start: &usize| {
+        let len = step.min(n - start);
+        f(start, len, qs.narrow(0, start, len)?.matmul(kt)?)
+    };
+    let outs = if qs.device().is_cpu() {
+        starts.par_iter().map(block).collect::<Result<Vec<_>>>()?
+    } else {
+        starts.iter().map(block).collect::<Result<Vec<_>>>()?
+    };
     Ok(Tensor::cat(&outs, 0)?)
 }
 
@@ -52,12 +63,31 @@ pub fn scaled_operands(q: &Tensor, k: &Tensor) -> Result<(Tensor, Tensor)> {
     Ok(((q * (1.0 / (p as f64).sqrt()))?, k.t()?.contiguous()?))
 }
 
+/// The arithmetic of exact attention's row blocks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ExactKernel {
+    /// The in-place vectorised exponentials with f64 row sums where they apply (CPU, f32), else
+    /// [`ExactKernel::Generic`].
+    Auto,
+    /// candle's max-shifted softmax and products in the working dtype: what every non-CPU device
+    /// runs. Selectable on the CPU so that tests exercise it there.
+    Generic,
+}
+
 impl ExactAttention {
     pub fn compute(q: &Tensor, k: &Tensor, v: &Tensor) -> Result<Self> {
+        Self::compute_with(q, k, v, ExactKernel::Auto)
+    }
+
+    pub fn compute_with(q: &Tensor, k: &Tensor, v: &Tensor, kernel: ExactKernel) -> Result<Self> {
         let (qs, kt) = scaled_operands(q, k)?;
         let p = v.dim(1)?;
         let blocks = map_score_blocks(&qs, &kt, |_, _, s| {
-            Ok(match shifted_exp_rows_in_place(&s)? {
+            let in_place = match kernel {
+                ExactKernel::Auto => shifted_exp_rows_in_place(&s)?,
+                ExactKernel::Generic => None,
+            };
+            Ok(match in_place {
                 // O_b = (E_b·V) / rowsum: the normalisation on n×p entries instead of n×n; the row
                 // statistics give log D_i = m_i + log Σ_j exp(s_ij − m_i) (in f64) for free, as a
                 // last column, so no method pays a second pass over QKᵀ for it.

@@ -61,6 +61,19 @@ impl HeadInputs {
         })
     }
 
+    /// The head with its exact attention already computed (e.g. batched over a window's heads,
+    /// [`exact::ExactAttention::compute_heads`]).
+    pub fn with_exact(
+        q: Tensor,
+        k: Tensor,
+        v: Tensor,
+        exact: exact::ExactAttention,
+    ) -> Result<Self> {
+        let head = Self::new(q, k, v)?;
+        let _ = head.exact.set(exact);
+        Ok(head)
+    }
+
     /// The same head with an empty memo, keeping the targets already computed: a method then
     /// pays for its per-head products again, as one trial on its own does (`bench` times each
     /// repeat so; a sweep pays them once per head, at the first d).
@@ -93,12 +106,16 @@ impl HeadInputs {
         Ok(self.kernelized.get_or_init(|| t))
     }
 
-    /// What methods are scored against under `target`, in f64.
+    /// What methods are scored against under `target`, in f64, after a sample of its rows was
+    /// checked against a float64 recomputation on the host ([`exact::verify`]): a wrong target is
+    /// an error, never a row.
     pub fn target_output(&self, target: Target) -> Result<Tensor> {
-        Ok(match target {
+        let out = match target {
             Target::Softmax => self.exact()?.output.to_dtype(DType::F64)?,
             Target::Kernelized => self.kernelized()?.clone(),
-        })
+        };
+        exact::verify::check_target_rows(target, &self.q, &self.k, &self.v, &out)?;
+        Ok(out)
     }
 
     pub fn n(&self) -> usize {
