@@ -11,7 +11,7 @@ use std::path::PathBuf;
 use clap::builder::{PossibleValue, PossibleValuesParser, TypedValueParser};
 use clap::{Args, Parser, Subcommand};
 
-use approx_bench::attention::Target;
+use approx_bench::attention::{Mask, Target};
 use approx_bench::config::{
     Choice, Dtype, EmbeddingPolicy, FigurePreset, InitScheme, InputOptions, ModelKind, RunOptions,
 };
@@ -138,6 +138,11 @@ pub struct SweepArgs {
     /// a method of the other is refused with the list of those that fit.
     #[arg(long, value_parser = ChoiceParser::<Target>::new(), default_value = "softmax")]
     pub target: Target,
+    /// Which keys a query attends to: `causal` (j ≤ i) or `none` [default: causal for decoder
+    /// models (llama, mistral, qwen2, qwen3), none for BERT]. Under causal, d counts keys per query,
+    /// the default d grid is 16..2048 and the default lengths 2048, 8192 (METHODS.md §7.2–7.3).
+    #[arg(long, value_parser = ChoiceParser::<Mask>::new())]
+    pub mask: Option<Mask>,
     /// Preset of a paper's Figure 1: sets --lengths, --methods and --features unless given.
     /// `skyformer`: n = 512..4096, skyformer/nystromformer/performer/informer; `skeinformer`: n = 1024, 4096,
     /// skeinformer/vmean/informer/linformer; both d = 8..256.
@@ -305,6 +310,7 @@ impl SweepArgs {
         RunOptions {
             inputs: self.inputs.options(),
             target: self.target,
+            mask: self.mask,
             figure: self.figure,
             lengths: self.lengths.clone(),
             features: self.features.clone(),

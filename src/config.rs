@@ -10,7 +10,7 @@ use std::path::PathBuf;
 use anyhow::Result;
 use serde::{Deserialize, Serialize};
 
-use crate::attention::{self, Target};
+use crate::attention::{self, Mask, Target};
 use crate::inputs::hub::ModelSource;
 use crate::usage;
 
@@ -116,6 +116,9 @@ pub struct RunOptions {
     pub inputs: InputOptions,
     /// What the methods approximate and are scored against.
     pub target: Target,
+    /// Which keys a query attends to; None: the model's default (causal for decoders, resolved by
+    /// the caller, e.g. `inputs::default_mask`), else none.
+    pub mask: Option<Mask>,
     pub figure: Option<FigurePreset>,
     pub lengths: Option<Vec<String>>,
     pub features: Option<Vec<String>>,
@@ -134,6 +137,7 @@ impl Default for RunOptions {
         Self {
             inputs: InputOptions::default(),
             target: Target::Softmax,
+            mask: None,
             figure: None,
             lengths: None,
             features: None,
@@ -186,6 +190,9 @@ pub struct RunConfig {
     /// stay comparable and resumable.
     #[serde(default, skip_serializing_if = "Target::is_softmax")]
     pub target: Target,
+    /// Absent from manifests of unmasked runs (the default), as `target` is.
+    #[serde(default, skip_serializing_if = "Mask::is_none")]
+    pub mask: Mask,
     pub lengths: Vec<usize>,
     pub features: Vec<usize>,
     pub methods: Vec<String>,
@@ -352,6 +359,31 @@ pub fn parse_methods_with(
     user: &BTreeMap<String, UserMethod>,
     target: Target,
 ) -> Result<Vec<String>> {
+    parse_methods_masked(values, user, target, Mask::None)
+}
+
+/// Why `id` has no form under `mask`, naming the methods that have one.
+fn mask_mismatch(id: &str, mask: Mask) -> anyhow::Error {
+    usage!(
+        "--methods: {id} has no {mask} form (METHODS.md §7.4: none exists or none is published for prefill); methods for --mask {mask}: {}",
+        attention::mask_method_ids(Target::Softmax, mask).join(", ")
+    )
+}
+
+/// [`parse_methods_with`] under `mask`: `all` and `field` keep the methods with a form for it,
+/// `figure` is refused under the causal mask (the papers' methods have none), and a named
+/// method without one is refused with the list that fits.
+pub fn parse_methods_masked(
+    values: &[String],
+    user: &BTreeMap<String, UserMethod>,
+    target: Target,
+    mask: Mask,
+) -> Result<Vec<String>> {
+    if mask == Mask::Causal && target == Target::Kernelized {
+        return Err(usage!(
+            "--target kernelized with --mask causal: the kernelized target is defined without a mask (METHODS.md §7.2); use --mask none, or --target softmax"
+        ));
+    }
     let mut out: Vec<String> = Vec::new();
     let strings = |v: Vec<&str>| v.into_iter().map(String::from).collect::<Vec<_>>();
     let preset_target = |name: &str, t: Target| -> Result<()> {
@@ -366,10 +398,16 @@ pub fn parse_methods_with(
     };
     for v in values.iter().map(|s| s.trim()).filter(|s| !s.is_empty()) {
         let ids: Vec<String> = match v {
-            "all" => strings(attention::target_method_ids(target)),
+            "all" => strings(attention::mask_method_ids(target, mask)),
             "field" => {
                 preset_target(v, Target::Softmax)?;
-                strings(attention::field_method_ids())
+                strings(attention::mask_method_ids(Target::Softmax, mask))
+            }
+            "figure" if mask == Mask::Causal => {
+                return Err(usage!(
+                    "--methods figure: the papers' methods have no causal form; under --mask causal use --methods all or name methods: {}",
+                    attention::mask_method_ids(target, mask).join(", ")
+                ))
             }
             "figure" => {
                 preset_target(v, Target::Softmax)?;
@@ -384,6 +422,9 @@ pub fn parse_methods_with(
                 let m = attention::by_id(id).map_err(|e| usage!("--methods: {e}"))?;
                 if !m.targets().contains(&target) {
                     return Err(target_mismatch(id, target));
+                }
+                if !m.masks().contains(&mask) {
+                    return Err(mask_mismatch(id, mask));
                 }
                 vec![id.to_string()]
             }
@@ -407,6 +448,12 @@ pub fn parse_methods_with(
 impl RunConfig {
     pub fn new(a: &RunOptions) -> Result<Self> {
         let strings = |v: &[&str]| v.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+        let mask = a.mask.unwrap_or_default();
+        if let (Some(fig), Mask::Causal) = (a.figure, mask) {
+            return Err(usage!(
+                "--figure {fig} reproduces a bidirectional (BERT) figure; drop --mask causal"
+            ));
+        }
         let (def_lengths, def_methods) = match a.figure {
             Some(FigurePreset::Skyformer) => (
                 strings(&["512", "1024", "2048", "4096"]),
@@ -429,17 +476,27 @@ impl RunConfig {
                 "--figure {fig} reproduces a softmax-attention figure; drop --target kernelized, or use --methods kernelized without --figure"
             ));
         }
-        let def_features = strings(&["8", "16", "32", "64", "128", "256"]);
+        // Under the causal mask (METHODS.md §7.3) d is keys per query on 16..2048, at the lengths
+        // of decoder prefills (SmolLM2's trained context is 8192), every causal method.
+        let (def_lengths, def_methods) = match mask {
+            Mask::Causal => (strings(&["2048", "8192"]), strings(&["all"])),
+            Mask::None => (def_lengths, def_methods),
+        };
+        let def_features = match mask {
+            Mask::Causal => strings(&["16", "32", "64", "128", "256", "512", "1024", "2048"]),
+            Mask::None => strings(&["8", "16", "32", "64", "128", "256"]),
+        };
         let lengths = parse_positive_list("--lengths", a.lengths.as_ref().unwrap_or(&def_lengths))?;
         let features =
             parse_positive_list("--features", a.features.as_ref().unwrap_or(&def_features))?;
         for name in a.user_methods.keys() {
             check_user_name(name)?;
         }
-        let methods = parse_methods_with(
+        let methods = parse_methods_masked(
             a.methods.as_ref().unwrap_or(&def_methods),
             &a.user_methods,
             a.target,
+            mask,
         )?;
         if a.windows == 0 {
             return Err(usage!(
@@ -466,6 +523,7 @@ impl RunConfig {
         Ok(Self {
             inputs: InputConfig::new(&a.inputs)?,
             target: a.target,
+            mask,
             lengths,
             features,
             methods,
@@ -554,6 +612,50 @@ mod tests {
         })
         .unwrap_err();
         assert!(format!("{err:#}").contains("drop --target kernelized"));
+    }
+
+    /// METHODS.md §7.2–7.4: under the causal mask the causal methods are the default, a method
+    /// without a causal form is refused naming those that have one, the d grid and lengths are the
+    /// decoder ones, and a kernelized or figure run is refused.
+    #[test]
+    fn the_causal_mask_takes_the_causal_methods_and_refuses_the_others() {
+        let causal = |methods: Option<&[&str]>| {
+            RunConfig::new(&RunOptions {
+                mask: Some(Mask::Causal),
+                methods: methods.map(items),
+                ..RunOptions::default()
+            })
+        };
+        let cfg = causal(None).unwrap();
+        assert_eq!(cfg.mask, Mask::Causal);
+        assert_eq!(
+            cfg.methods,
+            ["vmean", "performer_favor", "svd_optimal", "window", "topk"]
+        );
+        assert_eq!(cfg.lengths, [2048, 8192]);
+        assert_eq!(cfg.features, [16, 32, 64, 128, 256, 512, 1024, 2048]);
+        let err = format!("{:#}", causal(Some(&["window", "nystromformer"])).unwrap_err());
+        assert!(
+            err.contains("nystromformer has no causal form")
+                && err.contains("vmean, performer_favor, svd_optimal, window, topk"),
+            "{err}"
+        );
+        for refused in ["skyformer", "performer", "bigbird", "reformer", "informer", "linformer"] {
+            assert!(causal(Some(&[refused])).is_err(), "{refused}");
+        }
+        assert!(format!("{:#}", causal(Some(&["figure"])).unwrap_err()).contains("no causal form"));
+        let err = RunConfig::new(&RunOptions {
+            mask: Some(Mask::Causal),
+            target: Target::Kernelized,
+            ..RunOptions::default()
+        })
+        .unwrap_err();
+        assert!(format!("{err:#}").contains("--mask none"), "{err:#}");
+        // An unmasked run keeps its defaults and serializes without a mask.
+        let plain = RunConfig::new(&RunOptions::default()).unwrap();
+        assert_eq!(plain.mask, Mask::None);
+        assert!(!serde_json::to_string(&plain).unwrap().contains("mask"));
+        assert!(serde_json::to_string(&cfg).unwrap().contains("\"mask\":\"causal\""));
     }
 
     #[test]

@@ -236,6 +236,7 @@ pub fn score(req: &ScoreRequest) -> Result<SweepOutcome> {
     let cfg = RunConfig {
         inputs: info0.inputs.clone(),
         target: req.target,
+        mask: Default::default(),
         lengths: lengths.clone(),
         features: features.clone(),
         methods: vec![req.name.clone()],
@@ -347,6 +348,10 @@ pub fn score(req: &ScoreRequest) -> Result<SweepOutcome> {
                         macs: f64::NAN,
                         seconds: f64::NAN,
                         target: req.target,
+                        mask: Default::default(),
+                        kv_head: Some(h),
+                        mass: None,
+                        keys: None,
                     };
                     writer.append(&row)?;
                     rows.push(row);

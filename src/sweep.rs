@@ -241,7 +241,7 @@ pub fn run_with(
                 let exacts = match cfg.target {
                     attention::Target::Softmax => {
                         Some(crate::runtime::on_device_thread(device, || {
-                            attention::exact::ExactAttention::compute_heads(&q, &k, &v)
+                            attention::exact::ExactAttention::compute_heads_masked(&q, &k, &v, cfg.mask)
                         })?)
                     }
                     attention::Target::Kernelized => None,
@@ -345,10 +345,12 @@ impl TrialContext<'_> {
         missing: &(dyn Fn(usize, &str, usize) -> bool + Sync),
     ) -> Result<Vec<TrialRow>> {
         let (cfg, n, w) = (self.cfg, self.n, self.window);
-        let (qh, kh, vh) = (q.get(h)?, k.get(h)?, v.get(h)?);
+        // Grouped-query heads (METHODS.md §7.1): query head h reads K/V head ⌊h·H_kv/H⌋.
+        let kv_head = h * k.dim(0)? / q.dim(0)?;
+        let (qh, kh, vh) = (q.get(h)?, k.get(kv_head)?, v.get(kv_head)?);
         let head = match exact {
             Some(e) => HeadInputs::with_exact(qh, kh, vh, e)?,
-            None => HeadInputs::new(qh, kh, vh)?,
+            None => HeadInputs::masked(qh, kh, vh, cfg.mask)?,
         };
         // The run's target in f64, once per head (error_norms then takes it as is), before any
         // method's clock starts; a sample of its rows is checked against float64 first.
@@ -383,6 +385,14 @@ impl TrialContext<'_> {
                 self.prepared.device.synchronize()?;
                 let seconds = t0.elapsed().as_secs_f64();
                 let norms = spectral::error_norms(&exact64, &approx.output)?;
+                // The mass a restricted method captured, against the exact log-normaliser
+                // (softmax target only: C·V has no normalised rows).
+                let mass = match (&approx.support, cfg.target) {
+                    (Some(_), attention::Target::Softmax) => {
+                        approx.mass(head.exact()?.log_rowsum()?)?
+                    }
+                    _ => None,
+                };
                 rows.push(TrialRow {
                     model: self.model_name.to_string(),
                     model_id: self.prepared.model_id.clone(),
@@ -398,9 +408,13 @@ impl TrialContext<'_> {
                     frob_error: norms.frobenius,
                     exact_norm,
                     nonfinite_rows: flagged_rows(&approx)?,
-                    macs: m.macs(n, self.prepared.head_dim(), d),
+                    macs: m.macs_masked(n, self.prepared.head_dim(), d, cfg.mask),
                     seconds,
                     target: cfg.target,
+                    mask: cfg.mask,
+                    kv_head: Some(kv_head),
+                    mass,
+                    keys: approx.support.as_ref().map(|s| s.keys),
                 });
                 self.bar.inc(1);
             }
@@ -445,12 +459,14 @@ mod tests {
         let plain = Approximation {
             output: out.clone(),
             normalizer: None,
+            support: None,
         };
         assert_eq!(flagged_rows(&plain).unwrap(), 2);
         let norm = Tensor::new(&[1f32, 1.0, 1.0, 0.0, -2.0], &test_device()).unwrap();
         let with_norm = Approximation {
             output: out,
             normalizer: Some(norm),
+            support: None,
         };
         assert_eq!(flagged_rows(&with_norm).unwrap(), 4);
     }

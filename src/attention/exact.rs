@@ -1,9 +1,13 @@
 //! The target: exact softmax attention O = softmax(QKᵀ/√p)V (METHODS.md §1.1), max-shifted per
-//! row, computed in row blocks so that no n×n matrix is held (n = 16384 fits in memory).
+//! row, computed in row blocks so that no n×n matrix is held (n = 16384 fits in memory). Under the
+//! causal mask (§7.2) row i attends to keys j ≤ i: a row block [a, a+b) multiplies only the keys
+//! 0..a+b (the key blocks above the diagonal are skipped: n²p MACs instead of 2n²p) and the
+//! b×b diagonal square gets −∞ above its diagonal.
 
 use anyhow::Result;
 use candle_core::{DType, Tensor, D};
 
+use super::target::Mask;
 use crate::numerics::shifted_exp::shifted_exp_rows_in_place;
 
 mod batched;
@@ -27,6 +31,7 @@ pub struct ExactAttention {
     pub output: Tensor,
     q: Tensor,
     k: Tensor,
+    mask: Mask,
     log_rowsum: std::sync::OnceLock<Tensor>,
 }
 
@@ -41,13 +46,30 @@ pub fn map_score_blocks(
     kt: &Tensor,
     f: impl Fn(usize, usize, Tensor) -> Result<Tensor> + Sync,
 ) -> Result<Tensor> {
+    map_masked_score_blocks(qs, kt, Mask::None, f)
+}
+
+/// [`map_score_blocks`] under `mask`: with the causal mask, the block of rows [a, a+b) gets the
+/// scores of keys 0..a+b only (its columns), −∞ where j > i; `f` sees that narrower block and
+/// multiplies it with the first a+b rows of V.
+pub fn map_masked_score_blocks(
+    qs: &Tensor,
+    kt: &Tensor,
+    mask: Mask,
+    f: impl Fn(usize, usize, Tensor) -> Result<Tensor> + Sync,
+) -> Result<Tensor> {
     use rayon::prelude::*;
     let n = qs.dims()[0];
     let step = block_rows(n);
     let starts: Vec<usize> = (0..n).step_by(step).collect();
     let block = |&start: &usize| {
         let len = step.min(n - start);
-        f(start, len, qs.narrow(0, start, len)?.matmul(kt)?)
+        let qb = qs.narrow(0, start, len)?;
+        let s = match mask {
+            Mask::None => qb.matmul(kt)?,
+            Mask::Causal => causal_scores(&qb, kt, start)?,
+        };
+        f(start, len, s)
     };
     let outs = if qs.device().is_cpu() {
         starts.par_iter().map(block).collect::<Result<Vec<_>>>()?
@@ -55,6 +77,33 @@ pub fn map_score_blocks(
         starts.iter().map(block).collect::<Result<Vec<_>>>()?
     };
     Ok(Tensor::cat(&outs, 0)?)
+}
+
+/// Scores of query rows start..start+b (already scaled, [b, p]) against keys 0..start+b, with −∞
+/// where the key comes after the query.
+pub fn causal_scores(qb: &Tensor, kt: &Tensor, start: usize) -> Result<Tensor> {
+    let len = qb.dim(0)?;
+    let s = qb.matmul(&kt.narrow(1, 0, start + len)?.contiguous()?)?;
+    let diag = s
+        .narrow(1, start, len)?
+        .broadcast_add(&upper_minus_infinity(len, s.dtype(), s.device())?)?;
+    Ok(if start == 0 {
+        diag
+    } else {
+        Tensor::cat(&[s.narrow(1, 0, start)?, diag], 1)?
+    })
+}
+
+/// [b, b]: 0 on and below the diagonal, −∞ above it.
+fn upper_minus_infinity(
+    b: usize,
+    dtype: DType,
+    device: &candle_core::Device,
+) -> Result<Tensor> {
+    let cells: Vec<f64> = (0..b * b)
+        .map(|x| if x % b > x / b { f64::NEG_INFINITY } else { 0.0 })
+        .collect();
+    Ok(Tensor::from_vec(cells, (b, b), device)?.to_dtype(dtype)?)
 }
 
 /// Q/√p (scaled once, n×p, instead of every n×n score block) and Kᵀ made contiguous.
@@ -76,13 +125,26 @@ pub enum ExactKernel {
 
 impl ExactAttention {
     pub fn compute(q: &Tensor, k: &Tensor, v: &Tensor) -> Result<Self> {
-        Self::compute_with(q, k, v, ExactKernel::Auto)
+        Self::compute_with(q, k, v, Mask::None, ExactKernel::Auto)
     }
 
-    pub fn compute_with(q: &Tensor, k: &Tensor, v: &Tensor, kernel: ExactKernel) -> Result<Self> {
+    /// Exact attention under `mask` (the causal target of METHODS.md §7.2 with [`Mask::Causal`]).
+    pub fn compute_masked(q: &Tensor, k: &Tensor, v: &Tensor, mask: Mask) -> Result<Self> {
+        Self::compute_with(q, k, v, mask, ExactKernel::Auto)
+    }
+
+    pub fn compute_with(
+        q: &Tensor,
+        k: &Tensor,
+        v: &Tensor,
+        mask: Mask,
+        kernel: ExactKernel,
+    ) -> Result<Self> {
         let (qs, kt) = scaled_operands(q, k)?;
         let p = v.dim(1)?;
-        let blocks = map_score_blocks(&qs, &kt, |_, _, s| {
+        let blocks = map_masked_score_blocks(&qs, &kt, mask, |_, _, s| {
+            // The keys this block sees: all of them, or 0..a+b under the causal mask.
+            let v = &v.narrow(0, 0, s.dim(1)?)?;
             let in_place = match kernel {
                 ExactKernel::Auto => shifted_exp_rows_in_place(&s)?,
                 ExactKernel::Generic => None,
@@ -117,6 +179,7 @@ impl ExactAttention {
             output,
             q: qs,
             k: kt,
+            mask,
             log_rowsum,
         })
     }
@@ -127,7 +190,7 @@ impl ExactAttention {
         if let Some(t) = self.log_rowsum.get() {
             return Ok(t);
         }
-        let t = map_score_blocks(&self.q, &self.k, |_, _, s| {
+        let t = map_masked_score_blocks(&self.q, &self.k, self.mask, |_, _, s| {
             let m = s.max_keepdim(D::Minus1)?;
             let z = s.broadcast_sub(&m)?.exp()?.sum_keepdim(D::Minus1)?;
             Ok((m + z.log()?)?)
@@ -138,9 +201,25 @@ impl ExactAttention {
 
     /// The attention matrix P = D⁻¹A (n×n); only for methods that need it (reference curves).
     pub fn probabilities(q: &Tensor, k: &Tensor) -> Result<Tensor> {
+        Self::masked_probabilities(q, k, Mask::None)
+    }
+
+    /// P under `mask` (lower triangular under the causal mask).
+    pub fn masked_probabilities(q: &Tensor, k: &Tensor, mask: Mask) -> Result<Tensor> {
         let p = q.dims2()?.1;
         let s = (q.matmul(&k.t()?)? / (p as f64).sqrt())?;
+        let s = match mask {
+            Mask::None => s,
+            Mask::Causal => {
+                s.broadcast_add(&upper_minus_infinity(s.dim(0)?, s.dtype(), s.device())?)?
+            }
+        };
         Ok(candle_nn::ops::softmax_last_dim(&s)?)
+    }
+
+    /// The mask this attention was computed under.
+    pub fn mask(&self) -> Mask {
+        self.mask
     }
 
     /// ‖O‖₂ (for the relative error).

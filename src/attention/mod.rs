@@ -25,7 +25,7 @@ pub mod target;
 pub mod vmean;
 pub mod zero;
 
-pub use target::Target;
+pub use target::{Mask, Target};
 
 // The flat paths from before the split into families (`attention::skyformer::…`) keep working.
 pub use features::{performer, performer_gauss, performer_trig, rff_gauss};
@@ -39,6 +39,8 @@ pub struct HeadInputs {
     pub q: Tensor,
     pub k: Tensor,
     pub v: Tensor,
+    /// Which keys each query attends to: part of the target (METHODS.md §7.2).
+    pub mask: Mask,
     /// Exact softmax attention, computed on first use (a kernelized run never needs it).
     exact: OnceLock<exact::ExactAttention>,
     /// The kernelized target C·V in f64, computed on first use.
@@ -50,11 +52,17 @@ pub struct HeadInputs {
 impl HeadInputs {
     /// The head's inputs; each target is computed once, when first asked for.
     pub fn new(q: Tensor, k: Tensor, v: Tensor) -> Result<Self> {
+        Self::masked(q, k, v, Mask::None)
+    }
+
+    /// A head whose target is under `mask`.
+    pub fn masked(q: Tensor, k: Tensor, v: Tensor, mask: Mask) -> Result<Self> {
         let (q, k, v) = (q.contiguous()?, k.contiguous()?, v.contiguous()?);
         Ok(Self {
             q,
             k,
             v,
+            mask,
             exact: OnceLock::new(),
             kernelized: OnceLock::new(),
             memo: Mutex::new(HashMap::new()),
@@ -69,7 +77,7 @@ impl HeadInputs {
         v: Tensor,
         exact: exact::ExactAttention,
     ) -> Result<Self> {
-        let head = Self::new(q, k, v)?;
+        let head = Self::masked(q, k, v, exact.mask())?;
         let _ = head.exact.set(exact);
         Ok(head)
     }
@@ -82,6 +90,7 @@ impl HeadInputs {
             q: self.q.clone(),
             k: self.k.clone(),
             v: self.v.clone(),
+            mask: self.mask,
             exact: self.exact.clone(),
             kernelized: self.kernelized.clone(),
             memo: Mutex::new(HashMap::new()),
@@ -93,7 +102,7 @@ impl HeadInputs {
         if let Some(e) = self.exact.get() {
             return Ok(e);
         }
-        let e = exact::ExactAttention::compute(&self.q, &self.k, &self.v)?;
+        let e = exact::ExactAttention::compute_masked(&self.q, &self.k, &self.v, self.mask)?;
         Ok(self.exact.get_or_init(|| e))
     }
 
@@ -114,7 +123,7 @@ impl HeadInputs {
             Target::Softmax => self.exact()?.output.to_dtype(DType::F64)?,
             Target::Kernelized => self.kernelized()?.clone(),
         };
-        exact::verify::check_target_rows(target, &self.q, &self.k, &self.v, &out)?;
+        exact::verify::check_target_rows(target, self.mask, &self.q, &self.k, &self.v, &out)?;
         Ok(out)
     }
 
@@ -157,6 +166,18 @@ impl HeadInputs {
 pub struct Approximation {
     pub output: Tensor,
     pub normalizer: Option<Tensor>,
+    /// For restrict-and-renormalise methods, the keys each row visited (trials.csv `keys` and
+    /// `mass`, METHODS.md §7.2); None for every other method.
+    pub support: Option<KeySupport>,
+}
+
+/// What a restrict-and-renormalise method's rows visited.
+pub struct KeySupport {
+    /// The mean over rows of |S_i| (realised keys per query).
+    pub keys: f64,
+    /// log Σ_{j∈S_i} e^{s_ij} per row ([n], f64): with exact attention's log D_i, the mass the row
+    /// captured is Σ_{j∈S_i} P_ij = exp(this − log D_i).
+    pub log_restricted: Tensor,
 }
 
 impl Approximation {
@@ -164,7 +185,35 @@ impl Approximation {
         Self {
             output,
             normalizer: None,
+            support: None,
         }
+    }
+
+    /// Ô of a key-set softmax run with its log-normaliser, and the mean keys per row.
+    pub fn restricted(out: crate::numerics::key_sets::KeySetOutput, keys: f64) -> Result<Self> {
+        let log_restricted = out
+            .log_normalizer
+            .ok_or_else(|| anyhow::anyhow!("a restricted approximation needs its log-normaliser"))?;
+        Ok(Self {
+            output: out.output,
+            normalizer: None,
+            support: Some(KeySupport {
+                keys,
+                log_restricted,
+            }),
+        })
+    }
+
+    /// The mean over rows of the exact attention mass on the visited keys, mean_i exp(log Z_{S_i} −
+    /// log D_i), given exact attention's log D ([n]); None without a support.
+    pub fn mass(&self, log_rowsum: &Tensor) -> Result<Option<f64>> {
+        let Some(s) = &self.support else {
+            return Ok(None);
+        };
+        let diff = (s.log_restricted.to_dtype(DType::F64)?
+            - log_rowsum.to_dtype(DType::F64)?)?
+        .exp()?;
+        Ok(Some(diff.mean_all()?.to_scalar::<f64>()?))
     }
 }
 
@@ -224,6 +273,22 @@ pub trait Method: Send + Sync {
     /// The targets the method estimates (METHODS.md §6.4.1: a method that row-normalises or is
     /// built from softmax blocks estimates softmax attention, not C·V). A user's own method
     /// (the default `Family::User`) is scored against whichever target the run has.
+    /// The masks the method has a form for (METHODS.md §7.4: a method without a published causal
+    /// form is refused under the causal mask). A user's own method is told the run's mask
+    /// (`HeadInputs::mask`) and may serve both.
+    fn masks(&self) -> &'static [Mask] {
+        if self.family() == Family::User {
+            &[Mask::None, Mask::Causal]
+        } else {
+            &[Mask::None]
+        }
+    }
+    /// Leading multiply-adds under `mask`; the bidirectional count unless the method's causal
+    /// form costs otherwise.
+    fn macs_masked(&self, n: usize, p: usize, d: usize, mask: Mask) -> f64 {
+        let _ = mask;
+        self.macs(n, p, d)
+    }
     fn targets(&self) -> &'static [Target] {
         if self.family() == Family::User {
             &[Target::Softmax, Target::Kernelized]
@@ -313,6 +378,15 @@ pub fn target_method_ids(target: Target) -> Vec<&'static str> {
     registry()
         .iter()
         .filter(|m| m.targets().contains(&target))
+        .map(|m| m.id())
+        .collect()
+}
+
+/// The ids of the registered methods that estimate `target` under `mask`, in registry order.
+pub fn mask_method_ids(target: Target, mask: Mask) -> Vec<&'static str> {
+    registry()
+        .iter()
+        .filter(|m| m.targets().contains(&target) && m.masks().contains(&mask))
         .map(|m| m.id())
         .collect()
 }
@@ -487,6 +561,56 @@ pub(crate) mod test_util {
                     "entry ({i}, {c}): {a} vs {b}"
                 );
             }
+        }
+    }
+
+    /// The same head under the causal mask.
+    pub fn causal(h: &HeadInputs) -> HeadInputs {
+        HeadInputs::masked(h.q.clone(), h.k.clone(), h.v.clone(), crate::attention::Mask::Causal).unwrap()
+    }
+
+    /// A restrict-and-renormalise method under the causal mask against the dense float64 masked
+    /// softmax over the sets its definition gives, `visits(i, j, d)` (which must imply j ≤ i), for
+    /// each d: Ô entry by entry, the realised keys mean_i |S_i|, and the mass captured
+    /// mean_i Σ_{j∈S_i} P_ij with P the exact causal attention — all to 1e-10 in f64.
+    pub fn assert_causal_restricted(
+        m: &dyn Method,
+        h: &HeadInputs,
+        ds: &[usize],
+        visits: impl Fn(usize, usize, usize) -> bool,
+    ) {
+        use crate::numerics::key_sets::tests::dense_masked_softmax;
+        let h = causal(h);
+        let [q, k, v] = host_rows(&h);
+        let n = q.len();
+        let (_, log_d) = dense_masked_softmax(&q, &k, &v, |i, j| j <= i);
+        for &d in ds {
+            for i in 0..n {
+                for j in i + 1..n {
+                    assert!(!visits(i, j, d), "the definition visits a future key");
+                }
+            }
+            let (want, log_s) = dense_masked_softmax(&q, &k, &v, |i, j| visits(i, j, d));
+            let got = run_seeded(m, &h, d, 0);
+            let rows: Vec<Vec<f64>> = got.output.to_dtype(DType::F64).unwrap().to_vec2().unwrap();
+            let scale = want.iter().flatten().fold(0.0f64, |a, x| a.max(x.abs()));
+            for (i, (a, b)) in rows.iter().zip(&want).enumerate() {
+                for (x, y) in a.iter().zip(b) {
+                    assert!((x - y).abs() <= 1e-10 * scale, "{} d = {d}, row {i}: {x} vs {y}", m.id());
+                }
+            }
+            let keys = (0..n)
+                .map(|i| (0..n).filter(|&j| visits(i, j, d)).count())
+                .sum::<usize>() as f64
+                / n as f64;
+            let support = got.support.as_ref().expect("a restricted method reports its keys");
+            assert!((support.keys - keys).abs() < 1e-12, "{} d = {d}: keys {} vs {keys}", m.id(), support.keys);
+            let mass = (0..n).map(|i| (log_s[i] - log_d[i]).exp()).sum::<f64>() / n as f64;
+            let got_mass = got
+                .mass(h.exact().unwrap().log_rowsum().unwrap())
+                .unwrap()
+                .unwrap();
+            assert!((got_mass - mass).abs() < 1e-10, "{} d = {d}: mass {got_mass} vs {mass}", m.id());
         }
     }
 

@@ -31,6 +31,49 @@ crate::config::choice!(Target {
         "O = C·V with the Gaussian kernel C_ij = exp(−‖q̃_i − k̃_j‖²/2), q̃ = q·p^-1/4, no normalisation (Skyformer's Kernelized Attention, METHODS.md §6.4)",
 });
 
+/// Which keys a query attends to (METHODS.md §7.2). A property of the target: the exact
+/// attention a run scores against, and what every method must reproduce.
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Default, Serialize, Deserialize,
+)]
+#[serde(rename_all = "lowercase")]
+pub enum Mask {
+    /// Every query attends to every key (bidirectional encoders: BERT).
+    #[default]
+    None,
+    /// Query i attends to keys j ≤ i (decoder LLMs).
+    Causal,
+}
+
+crate::config::choice!(Mask {
+    None = "none" "every query attends to every key (encoders; the default for BERT)",
+    Causal = "causal" "query i attends to keys j ≤ i (decoders; the default for llama, mistral, qwen2, qwen3; METHODS.md §7.2)",
+});
+
+impl Mask {
+    /// Whether this is the bidirectional default (manifests of such runs omit the field, so that
+    /// runs made before masks existed stay comparable).
+    pub fn is_none(&self) -> bool {
+        *self == Mask::None
+    }
+
+    /// Whether query i attends to key j.
+    pub fn allows(self, i: usize, j: usize) -> bool {
+        match self {
+            Mask::None => true,
+            Mask::Causal => j <= i,
+        }
+    }
+
+    /// The lower-case name (as in trials.csv).
+    pub fn label(self) -> &'static str {
+        match self {
+            Mask::None => "none",
+            Mask::Causal => "causal",
+        }
+    }
+}
+
 impl Target {
     /// Whether this is the default target (manifests of softmax runs omit the field, so runs
     /// made before targets existed stay comparable).

@@ -1,9 +1,14 @@
 //! V-Mean, Skeinformer's artificial baseline (Skeinformer §5; METHODS.md §2.1):
 //! Ô = (1/n)·1·1ᵀV, every row the column mean of V. Independent of d.
+//!
+//! Under the causal mask (METHODS.md §7.4) the same baseline — uniform attention over the keys a
+//! row may see — is the prefix mean Ô_i = (1/(i+1)) Σ_{j≤i} v_j.
 
 use anyhow::Result;
 
-use super::{Approximation, HeadInputs, Method};
+use candle_core::{DType, Tensor};
+
+use super::{Approximation, HeadInputs, Mask, Method};
 use crate::numerics::sampling::TrialRng;
 
 pub struct VMean;
@@ -21,6 +26,9 @@ impl Method for VMean {
     fn is_random(&self) -> bool {
         false
     }
+    fn masks(&self) -> &'static [Mask] {
+        &[Mask::None, Mask::Causal]
+    }
     fn macs(&self, n: usize, p: usize, _d: usize) -> f64 {
         (n * p) as f64
     }
@@ -31,6 +39,15 @@ impl Method for VMean {
         _rng: &mut TrialRng,
     ) -> Result<Approximation> {
         let v = &head.v;
+        if head.mask == Mask::Causal {
+            // Prefix sums in f64 (a long prefix summed in f32 drifts), then / (i + 1).
+            let n = head.n();
+            let sums = v.to_dtype(DType::F64)?.cumsum(0)?;
+            let counts = Tensor::arange(1.0f64, n as f64 + 1.0, v.device())?.unsqueeze(1)?;
+            return Ok(Approximation::plain(
+                sums.broadcast_div(&counts)?.to_dtype(v.dtype())?,
+            ));
+        }
         let mean = v.mean_keepdim(0)?; // 1ᵀV / n
         Ok(Approximation::plain(
             mean.broadcast_as(v.shape())?.contiguous()?,
@@ -58,5 +75,31 @@ mod tests {
         let err =
             crate::numerics::spectral::error_norms(&head.exact().unwrap().output, &out).unwrap();
         assert!(err.spectral < 1e-12);
+    }
+
+    /// The causal form equals uniform attention over j ≤ i, computed entry by entry in f64.
+    #[test]
+    fn causal_form_is_the_prefix_mean() {
+        use crate::numerics::sampling::{normal_values, TrialRng};
+        let (n, p) = (300, 5);
+        let mut rng = TrialRng::seed_from_u64(4);
+        let vals = normal_values(&mut rng, n, p, 1.0);
+        let v = crate::tensor_util::from_f64(vals.clone(), (n, p), &test_device(), DType::F32)
+            .unwrap();
+        let head = HeadInputs::masked(v.clone(), v.clone(), v, Mask::Causal).unwrap();
+        let got: Vec<Vec<f64>> = VMean
+            .approximate(&head, 8, &mut rng)
+            .unwrap()
+            .output
+            .to_dtype(DType::F64)
+            .unwrap()
+            .to_vec2()
+            .unwrap();
+        for i in [0, 1, 17, n - 1] {
+            for c in 0..p {
+                let want = (0..=i).map(|j| vals[j * p + c]).sum::<f64>() / (i + 1) as f64;
+                assert!((got[i][c] - want).abs() < 1e-6, "row {i}: {} vs {want}", got[i][c]);
+            }
+        }
     }
 }

@@ -36,6 +36,23 @@ pub struct TrialRow {
     /// files written before it existed read as softmax and positional readers keep working.
     #[serde(default)]
     pub target: crate::attention::Target,
+    /// The target's mask (`none` or `causal`, METHODS.md §7.2); files written before it read as
+    /// none. The columns from here on came with decoder attention, after `target`, for the same
+    /// reason `target` is last of its own generation.
+    #[serde(default)]
+    pub mask: crate::attention::Mask,
+    /// The K/V head the query head reads, ⌊head·H_kv/H⌋ (the head itself without grouped-query
+    /// heads); empty in files written before it.
+    #[serde(default)]
+    pub kv_head: Option<usize>,
+    /// Restrict-and-renormalise methods: the mean over rows of the exact attention mass on the
+    /// visited keys, Σ_{j∈S_i} P_ij; empty for every other method.
+    #[serde(default)]
+    pub mass: Option<f64>,
+    /// Restrict-and-renormalise methods: the mean over rows of |S_i|, the keys per query actually
+    /// visited; empty for every other method.
+    #[serde(default)]
+    pub keys: Option<f64>,
 }
 
 impl TrialRow {
@@ -194,6 +211,10 @@ pub const HEADER: &[&str] = &[
     "macs",
     "seconds",
     "target",
+    "mask",
+    "kv_head",
+    "mass",
+    "keys",
 ];
 
 /// Keys of rows, for skipping on resume.
@@ -224,6 +245,10 @@ mod tests {
             macs: 32.0,
             seconds: 0.001,
             target: crate::attention::Target::Softmax,
+            mask: crate::attention::Mask::None,
+            kv_head: Some(0),
+            mass: None,
+            keys: None,
         }
     }
 

@@ -12,7 +12,8 @@
 use anyhow::{bail, Result};
 use candle_core::{Tensor, D};
 
-use super::ExactAttention;
+use super::{upper_minus_infinity, ExactAttention};
+use crate::attention::target::Mask;
 
 /// Score entries per batched row block: about 64 M (256 MB in f32, one block in flight), so that
 /// each product is large enough to fill a GPU and H·b·n never grows with n² (n = 65536, H = 32:
@@ -30,6 +31,17 @@ impl ExactAttention {
     /// Every query head's exact attention, q [H, n, p], k and v [H_kv, n, p] with H_kv | H, in
     /// head order. Each result also carries log D (its row statistics come for free here).
     pub fn compute_heads(q: &Tensor, k: &Tensor, v: &Tensor) -> Result<Vec<ExactAttention>> {
+        Self::compute_heads_masked(q, k, v, Mask::None)
+    }
+
+    /// [`ExactAttention::compute_heads`] under `mask`; under the causal mask a row block sees
+    /// only the keys up to its last row, as in the per-head path.
+    pub fn compute_heads_masked(
+        q: &Tensor,
+        k: &Tensor,
+        v: &Tensor,
+        mask: Mask,
+    ) -> Result<Vec<ExactAttention>> {
         let (h, n, p) = q.dims3()?;
         let (hkv, nk, pk) = k.dims3()?;
         if v.dims3()? != (hkv, nk, pk) || pk != p || hkv == 0 || h % hkv != 0 {
@@ -54,11 +66,28 @@ impl ExactAttention {
                 .narrow(2, start, len)?
                 .contiguous()?
                 .reshape((hkv, g * len, p))?;
-            let s = qb.matmul(&kt)?;
+            let (s, vb) = match mask {
+                Mask::None => (qb.matmul(&kt)?, v.clone()),
+                Mask::Causal => {
+                    let keys = start + len;
+                    let s = qb
+                        .matmul(&kt.narrow(2, 0, keys)?.contiguous()?)?
+                        .reshape((hkv, g, len, keys))?;
+                    let diag = s
+                        .narrow(3, start, len)?
+                        .broadcast_add(&upper_minus_infinity(len, s.dtype(), s.device())?)?;
+                    let s = if start == 0 {
+                        diag
+                    } else {
+                        Tensor::cat(&[s.narrow(3, 0, start)?, diag], 3)?
+                    };
+                    (s.reshape((hkv, g * len, keys))?, v.narrow(1, 0, keys)?)
+                }
+            };
             let m = s.max_keepdim(D::Minus1)?;
             let e = s.broadcast_sub(&m)?.exp()?;
             let z = e.sum_keepdim(D::Minus1)?;
-            let o = e.matmul(&v)?.broadcast_div(&z)?;
+            let o = e.matmul(&vb)?.broadcast_div(&z)?;
             outs.push(o.reshape((hkv, g, len, p))?);
             lds.push((m + z.log()?)?.reshape((hkv, g, len))?);
         }
@@ -72,6 +101,7 @@ impl ExactAttention {
                     output: out.get(i)?,
                     q: qs.get(i)?,
                     k: kt.get(i / g)?,
+                    mask,
                     log_rowsum,
                 })
             })

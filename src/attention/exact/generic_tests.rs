@@ -64,7 +64,7 @@ fn generic_path_matches_f64_at_4096_and_8192_on_any_thread_count() {
         let mut first: Option<Vec<u32>> = None;
         for threads in [1, 2, 8] {
             let got = in_pool(threads, || {
-                ExactAttention::compute_with(&q32, &k32, &v32, ExactKernel::Generic)
+                ExactAttention::compute_with(&q32, &k32, &v32, crate::attention::Mask::None, ExactKernel::Generic)
                     .unwrap()
                     .output
             });

@@ -12,6 +12,7 @@
 use anyhow::{bail, Result};
 use candle_core::{DType, Tensor};
 
+use crate::attention::target::Mask;
 use crate::attention::Target;
 
 /// Sampled rows every this many rows.
@@ -39,6 +40,7 @@ fn host_rows(t: &Tensor) -> Result<Vec<Vec<f64>>> {
 /// 1e-9 for f64 results (the f32 path's measured error is under 2e-6 of max |O|).
 pub fn check_target_rows(
     target: Target,
+    mask: Mask,
     q: &Tensor,
     k: &Tensor,
     v: &Tensor,
@@ -61,6 +63,8 @@ pub fn check_target_rows(
         .collect();
     let dot = |a: &[f64], b: &[f64]| a.iter().zip(b).map(|(x, y)| x * y).sum::<f64>();
     for (&i, o) in rows.iter().zip(&got) {
+        // Keys the row attends to: all, or 0..=i under the causal mask.
+        let k = &k[..if mask == Mask::Causal { i + 1 } else { k.len() }];
         let weights: Vec<f64> = match target {
             Target::Softmax => {
                 let s: Vec<f64> = k
@@ -86,6 +90,7 @@ pub fn check_target_rows(
         let mass: f64 = weights.iter().map(|w| w.abs()).sum();
         for c in 0..vmax.len() {
             let want: f64 = weights.iter().zip(&v).map(|(w, vj)| w * vj[c]).sum();
+            debug_assert_eq!(weights.len(), k.len());
             let bound = tol * mass * vmax[c];
             if !((o[c] - want).abs() <= bound) {
                 bail!(
@@ -147,7 +152,7 @@ mod tests {
                         crate::attention::target::kernelized_output(&q, &k, &v, DType::F64).unwrap()
                     }
                 };
-                check_target_rows(target, &q, &k, &v, &out).unwrap();
+                check_target_rows(target, Mask::None, &q, &k, &v, &out).unwrap();
                 // Rows 256..512 replaced by rows 0..256 of another head's output (stale data).
                 let other = out.narrow(0, 0, 256).unwrap().affine(1.01, 0.0).unwrap();
                 let bad = Tensor::cat(
@@ -159,8 +164,16 @@ mod tests {
                     0,
                 )
                 .unwrap();
-                let err = check_target_rows(target, &q, &k, &v, &bad).unwrap_err();
+                let err = check_target_rows(target, Mask::None, &q, &k, &v, &bad).unwrap_err();
                 assert!(format!("{err}").contains("is wrong at row"), "{err}");
+                if target == Target::Softmax {
+                    // The causal target passes its own check and fails the bidirectional one.
+                    let causal = ExactAttention::compute_masked(&q, &k, &v, Mask::Causal)
+                        .unwrap()
+                        .output;
+                    check_target_rows(target, Mask::Causal, &q, &k, &v, &causal).unwrap();
+                    assert!(check_target_rows(target, Mask::None, &q, &k, &v, &causal).is_err());
+                }
             }
         }
     }

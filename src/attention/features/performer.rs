@@ -21,12 +21,22 @@
 //! which makes Q Haar-distributed (unlike LAPACK/torch.qr, whose first column has Q₀₀ ≤ 0), so
 //! each row is marginally N(0, I_p) as METHODS.md §2.5 states.
 //! Computed in the input dtype on the head's device (the shifts keep exp in range).
+//!
+//! Causal form, `performer_favor` only (METHODS.md §7.4; Choromanski et al. 2021 §2.5
+//! "unidirectional", `causal_numerator`/`causal_denominator` of google-research/performer):
+//! Ô_i = φ(q_i)ᵀ(Σ_{j≤i} φ(k_j)v_jᵀ) / φ(q_i)ᵀ(Σ_{j≤i} φ(k_j)), the same φ, Ω and stabilisers. The
+//! key shift is one max over all keys, as in the authors' code. METHODS.md §7.4 calls it a constant
+//! factor that cancels; it cancels in the exponential part only: ε is added after the shift, so a
+//! later key can move row i's weights through the shift by a relative amount of order ε = 1e-4
+//! (kept, to be the published estimator). The prefix sums run in chunks of rows: within a chunk the masked product
+//! (φ(Q_c)φ(K_c)ᵀ ⊙ tril)·[V_c, 1], across chunks a running state Σ_{j<a} φ(k_j)[v_j, 1]ᵀ (m×(p+1))
+//! kept in f64, so that a sum over 8k+ keys does not drift in f32.
 
 use anyhow::Result;
 use candle_core::{DType, Tensor, D};
 use nalgebra::DMatrix;
 
-use crate::attention::{Approximation, HeadInputs, Method};
+use crate::attention::{Approximation, HeadInputs, Mask, Method};
 use crate::numerics::sampling::{normal_values, TrialRng};
 
 /// Additive stabiliser of the feature map (METHODS.md §2.5).
@@ -196,6 +206,22 @@ impl Method for Performer {
     fn macs(&self, n: usize, p: usize, d: usize) -> f64 {
         4.0 * (n * d * p) as f64 + (d.div_ceil(p) * p * p * p) as f64
     }
+    fn masks(&self) -> &'static [Mask] {
+        if self.double_scaled {
+            &[Mask::None]
+        } else {
+            &[Mask::None, Mask::Causal]
+        }
+    }
+    /// Causal: the bidirectional count plus the prefix sums, n·m·p (METHODS.md §7.4), and the
+    /// chunks' masked products n·c·m (c = CAUSAL_CHUNK rows).
+    fn macs_masked(&self, n: usize, p: usize, d: usize, mask: Mask) -> f64 {
+        let base = self.macs(n, p, d);
+        match mask {
+            Mask::None => base,
+            Mask::Causal => base + (n * d * p) as f64 + (n * CAUSAL_CHUNK.min(n) * d) as f64,
+        }
+    }
     fn approximate(
         &self,
         head: &HeadInputs,
@@ -210,15 +236,51 @@ impl Method for Performer {
         let ops = Operands::of(head, self)?;
         let phi_q = feature_map_with_norms(&ops.qt, &ops.q_half_sq, &omega, Shift::PerRow, EPS)?; // n×m
         let phi_k = feature_map_with_norms(&ops.kt, &ops.k_half_sq, &omega, Shift::Global, EPS)?; // n×m
-        let kv = phi_k.t()?.matmul(&ops.rhs)?; // m×(p+1)
-        let fr = phi_q.matmul(&kv)?; // n×(p+1)
+        let fr = match head.mask {
+            Mask::None => phi_q.matmul(&phi_k.t()?.matmul(&ops.rhs)?)?, // n×(p+1) via m×(p+1)
+            Mask::Causal => {
+                anyhow::ensure!(!self.double_scaled, "performer has no causal form");
+                causal_products(&phi_q, &phi_k, &ops.rhs)?
+            }
+        };
         let den = fr.narrow(1, p, 1)?;
         let out = fr.narrow(1, 0, p)?.broadcast_div(&den)?;
         Ok(Approximation {
             output: out,
             normalizer: Some(den.squeeze(1)?.to_dtype(DType::F64)?),
+            support: None,
         })
     }
+}
+
+/// Rows per chunk of the causal prefix sums: the masked c×c products cost n·c·m in all, the
+/// state updates n·m·(p+1); 128 keeps the former under the latter's order for p = 64.
+const CAUSAL_CHUNK: usize = 128;
+
+/// Row i of the result: Σ_{j≤i} (φ_q,i·φ_k,j)·rhs_j, for φ_q, φ_k [n, m] and rhs [n, p+1].
+fn causal_products(phi_q: &Tensor, phi_k: &Tensor, rhs: &Tensor) -> Result<Tensor> {
+    let (n, m) = phi_q.dims2()?;
+    let (dt, dev) = (phi_q.dtype(), phi_q.device());
+    let mut state = Tensor::zeros((m, rhs.dim(1)?), DType::F64, dev)?;
+    let mut outs = Vec::new();
+    for a in (0..n).step_by(CAUSAL_CHUNK) {
+        let c = CAUSAL_CHUNK.min(n - a);
+        let (fq, fk, r) = (phi_q.narrow(0, a, c)?, phi_k.narrow(0, a, c)?, rhs.narrow(0, a, c)?);
+        // Within the chunk: key j of the chunk counts for query i of the chunk iff j ≤ i.
+        let tril = Tensor::from_vec(
+            (0..c * c)
+                .map(|x| if x % c <= x / c { 1.0 } else { 0.0 })
+                .collect::<Vec<f64>>(),
+            (c, c),
+            dev,
+        )?
+        .to_dtype(dt)?;
+        let inner = (fq.matmul(&fk.t()?)? * tril)?.matmul(&r)?;
+        let before = fq.to_dtype(DType::F64)?.matmul(&state)?.to_dtype(dt)?;
+        outs.push((inner + before)?);
+        state = (state + fk.to_dtype(DType::F64)?.t()?.matmul(&r.to_dtype(DType::F64)?)?)?;
+    }
+    Ok(Tensor::cat(&outs, 0)?)
 }
 
 #[cfg(test)]
@@ -468,5 +530,49 @@ mod tests {
             .abs()
             .max();
         assert!(diff < 1e-12, "{diff}");
+    }
+
+    /// The causal form against its definition in f64, entry by entry, with the feature map
+    /// written out as §2.5 gives it (the same Ω from the same seed, the stabilisers included):
+    /// Ô_i = Σ_{j≤i} (φ_q,i·φ_k,j) v_j / Σ_{j≤i} φ_q,i·φ_k,j. n = 300 spans three chunks, the last
+    /// one short. The last row sees every key, so it equals the bidirectional estimator's.
+    #[test]
+    fn causal_favor_equals_the_masked_ratio_of_feature_products() {
+        use crate::attention::Mask;
+        let (n, p, m) = (300, 8, 16);
+        let mut rng = TrialRng::seed_from_u64(9);
+        let mut mk = || gauss(&mut rng, n, p, 0.7);
+        let (q, k, v) = (mk(), mk(), mk());
+        let fav = Performer::favor();
+        let run = |mask: Mask| {
+            let head = HeadInputs::masked(t64(&q), t64(&k), t64(&v), mask).unwrap();
+            let out = fav.approximate(&head, m, &mut TrialRng::seed_from_u64(3)).unwrap();
+            to_dmatrix(&out.output).unwrap()
+        };
+        let got = run(Mask::Causal);
+        let omega = orthogonal_gaussian(&mut TrialRng::seed_from_u64(3), m, p);
+        let s = fav.input_scale(p);
+        let logits = |x: &DMatrix<f64>| (x * s) * omega.transpose(); // n×m: ω_r·x̃_i
+        let half = |x: &DMatrix<f64>| (x * s).map(|e| e * e).column_sum() / 2.0;
+        let (lq, lk, hq, hk) = (logits(&q), logits(&k), half(&q), half(&k));
+        let ck = lk.max(); // one shift for all keys
+        let fq = DMatrix::from_fn(n, m, |i, r| {
+            let c = lq.row(i).max(); // per query row
+            (lq[(i, r)] - hq[i] - c).exp() + EPS
+        });
+        let fk = DMatrix::from_fn(n, m, |j, r| (lk[(j, r)] - hk[j] - ck).exp() + EPS);
+        let want = DMatrix::from_fn(n, p, |i, c| {
+            let w: Vec<f64> = (0..=i).map(|j| fq.row(i).dot(&fk.row(j))).collect();
+            let z: f64 = w.iter().sum();
+            (0..=i).map(|j| w[j] * v[(j, c)]).sum::<f64>() / z
+        });
+        let err = (&got - &want).abs().max();
+        assert!(err < 1e-10, "causal FAVOR+ against its definition: {err:e}");
+        let last = run(Mask::None);
+        for c in 0..p {
+            assert!((got[(n - 1, c)] - last[(n - 1, c)]).abs() < 1e-10);
+        }
+        // The double-scaled `performer` has no causal form.
+        assert!(!Performer::reference().masks().contains(&Mask::Causal));
     }
 }

@@ -131,6 +131,7 @@ impl Method for PerformerTrig {
         Ok(Approximation {
             output,
             normalizer: Some(den),
+            support: None,
         })
     }
 }

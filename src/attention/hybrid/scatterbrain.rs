@@ -306,6 +306,7 @@ impl Method for Scatterbrain {
         Ok(Approximation {
             output: from_f64(out, (n, pv), dev, dt)?,
             normalizer: Some(Tensor::from_vec(den, n, dev)?.to_dtype(DType::F64)?),
+            support: None,
         })
     }
 }

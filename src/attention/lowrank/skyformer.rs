@@ -252,6 +252,7 @@ impl Method for Skyformer {
         Ok(Approximation {
             output: out.to_dtype(head.dtype())?,
             normalizer: Some(den),
+            support: None,
         })
     }
 }

@@ -27,6 +27,10 @@
 //!   (The approximate error can be marginally below the exact one: P_d minimises ‖P − P_d‖, not
 //!   ‖(P − P_d)V‖.)
 //! - d ≥ n: P_d = P, so Ô = O exactly (the exact target is returned).
+//!
+//! Causal form (METHODS.md §7.4): the same with P the causal (lower-triangular) attention matrix;
+//! P_d is its best rank-d approximation, which is not itself triangular (the floor of rank-d
+//! factorisations, as bidirectionally).
 
 use std::sync::{Arc, Mutex};
 
@@ -36,7 +40,7 @@ use nalgebra::DMatrix;
 use rand::SeedableRng;
 
 use crate::attention::exact::ExactAttention;
-use crate::attention::{Approximation, HeadInputs, Method};
+use crate::attention::{Approximation, HeadInputs, Mask, Method};
 use crate::numerics::sampling::{normal_values, TrialRng};
 use crate::tensor_util::{from_dmatrix, from_f64, to_dmatrix};
 
@@ -218,9 +222,13 @@ pub fn krylov_dim(d_max: usize) -> usize {
     krylov_block(d_max) * (KRYLOV_DEPTH + 1)
 }
 
-/// P = softmax(QKᵀ/√p) in f64 on the head's device.
+/// P = softmax(QKᵀ/√p) in f64 on the head's device, under the head's mask.
 fn attention_matrix(head: &HeadInputs) -> Result<Tensor> {
-    ExactAttention::probabilities(&head.q.to_dtype(DType::F64)?, &head.k.to_dtype(DType::F64)?)
+    ExactAttention::masked_probabilities(
+        &head.q.to_dtype(DType::F64)?,
+        &head.k.to_dtype(DType::F64)?,
+        head.mask,
+    )
 }
 
 impl Method for SvdOptimal {
@@ -239,6 +247,9 @@ impl Method for SvdOptimal {
     }
     fn is_random(&self) -> bool {
         false
+    }
+    fn masks(&self) -> &'static [Mask] {
+        &[Mask::None, Mask::Causal]
     }
     /// One-off per-head cost (memoised across d): n²p for P, then ≈ 11n³ for the Golub–Reinsch
     /// SVD with U and V (exact path) or, for the Krylov factor with block b and m = b(q+1)

@@ -239,6 +239,7 @@ impl Method for Skeinformer {
         Ok(Approximation {
             output: run.output,
             normalizer: run.normalizer,
+            support: None,
         })
     }
 }

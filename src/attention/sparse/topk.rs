@@ -19,6 +19,9 @@
 //! kept logits in the shared key-set softmax (another 2ndp, < 1/8 of n²p on the grid) so that
 //! all four §6.1 methods run one code path.
 //!
+//! Causal form (METHODS.md §7.4): S_i = the min(d, i+1) keys j ≤ i with the largest s_ij, ties to
+//! the lower index — d keys per query (§7.3), not 2d. Cost n²p/2 to select + Σ_i min(d, i+1)·2p.
+//!
 //! Within a sweep the selection is done once per head: each row's first 2·256 keys in rank order
 //! (`Ranking`, memoised), whose prefixes are the sets of every d ≤ 256 — the oracle's sets are
 //! nested in d. `macs` still counts one trial on its own.
@@ -28,8 +31,8 @@ use std::sync::{Arc, Mutex};
 use anyhow::Result;
 use candle_core::{DType, Tensor};
 
-use crate::attention::exact::{map_score_blocks, scaled_operands};
-use crate::attention::{Approximation, Family, HeadInputs, Method};
+use crate::attention::exact::{map_masked_score_blocks, scaled_operands};
+use crate::attention::{Approximation, Family, HeadInputs, Mask, Method};
 use crate::numerics::key_sets::{key_set_softmax, per_row_groups};
 use crate::numerics::sampling::TrialRng;
 
@@ -73,6 +76,10 @@ pub fn top_keys(row: &[f64], kk: usize) -> Vec<usize> {
 /// Every query's first m keys in rank order, selected on the logits in the working dtype (ties
 /// as that dtype rounds them), one row block of QKᵀ at a time. The sets of every kk ≤ m are
 /// prefixes, so one ranking serves the whole d grid of a head (memoised in `approximate`).
+/// Under the causal mask a row i < m − 1 has fewer than m candidate keys; its ranking is padded
+/// with this marker, which no key set ever includes.
+const NO_KEY: u32 = u32::MAX;
+
 pub struct Ranking {
     m: usize,
     rows: Vec<Vec<u32>>,
@@ -80,14 +87,30 @@ pub struct Ranking {
 
 impl Ranking {
     pub fn compute(q: &Tensor, k: &Tensor, m: usize) -> Result<Self> {
+        Self::compute_masked(q, k, m, Mask::None)
+    }
+
+    /// Under the causal mask row i ranks only the keys j ≤ i.
+    pub fn compute_masked(q: &Tensor, k: &Tensor, m: usize, mask: Mask) -> Result<Self> {
         let m = m.min(k.dims2()?.0);
         let (qs, kt) = scaled_operands(q, k)?;
-        let picked = map_score_blocks(&qs, &kt, |_, len, s| {
+        let picked = map_masked_score_blocks(&qs, &kt, mask, |start, len, s| {
             let rows: Vec<Vec<f64>> = s.to_dtype(DType::F64)?.to_vec2()?;
             let flat: Vec<u32> = rows
                 .iter()
-                .flat_map(|r| ranked_keys(r, m))
-                .map(|j| j as u32) // j < n, and n ≤ u32::MAX for any tensor this crate builds
+                .enumerate()
+                .flat_map(|(r, row)| {
+                    let row = match mask {
+                        Mask::None => &row[..],
+                        Mask::Causal => &row[..=start + r],
+                    };
+                    let mut ranked: Vec<u32> = ranked_keys(row, m.min(row.len()))
+                        .into_iter()
+                        .map(|j| j as u32) // j < n ≤ u32::MAX for any tensor this crate builds
+                        .collect();
+                    ranked.resize(m, NO_KEY);
+                    ranked
+                })
                 .collect();
             Ok(Tensor::from_vec(flat, (len, m), s.device())?)
         })?;
@@ -107,7 +130,11 @@ impl Ranking {
         self.rows
             .iter()
             .map(|r| {
-                let mut set: Vec<usize> = r[..kk].iter().map(|&j| j as usize).collect();
+                let mut set: Vec<usize> = r[..kk]
+                    .iter()
+                    .filter(|&&j| j != NO_KEY)
+                    .map(|&j| j as usize)
+                    .collect();
                 set.sort_unstable();
                 set
             })
@@ -144,6 +171,19 @@ impl Method for TopK {
         let (nf, pf) = (n as f64, p as f64);
         nf * nf * pf + nf * kept(n, d) as f64 * pf
     }
+    fn masks(&self) -> &'static [Mask] {
+        &[Mask::None, Mask::Causal]
+    }
+    fn macs_masked(&self, n: usize, p: usize, d: usize, mask: Mask) -> f64 {
+        match mask {
+            Mask::None => self.macs(n, p, d),
+            Mask::Causal => {
+                let nf = n as f64;
+                nf * nf * p as f64 / 2.0
+                    + super::pair_macs(super::window::causal_visited_pairs(n, d), p)
+            }
+        }
+    }
     fn approximate(
         &self,
         head: &HeadInputs,
@@ -151,7 +191,11 @@ impl Method for TopK {
         _rng: &mut TrialRng,
     ) -> Result<Approximation> {
         self.check(head.n(), d).map_err(anyhow::Error::msg)?;
-        let kk = kept(head.n(), d);
+        // kk keys per query: 2d bidirectionally (§6.1.3), d under the causal mask (§7.3).
+        let kk = match head.mask {
+            Mask::None => kept(head.n(), d),
+            Mask::Causal => d.min(head.n()),
+        };
         let slot = head.memo("topk_ranking", || Ok(Mutex::new(None::<Arc<Ranking>>)))?;
         let ranking = {
             let mut guard = slot.lock().expect("topk memo lock");
@@ -159,15 +203,17 @@ impl Method for TopK {
                 Some(r) if r.m >= kk => r.clone(),
                 _ => {
                     let m = kk.max(kept(head.n(), RANK_FOR_D));
-                    let r = Arc::new(Ranking::compute(&head.q, &head.k, m)?);
+                    let r = Arc::new(Ranking::compute_masked(&head.q, &head.k, m, head.mask)?);
                     *guard = Some(r.clone());
                     r
                 }
             }
         };
-        let groups = per_row_groups(ranking.key_sets(kk));
-        let out = key_set_softmax(&head.q, &head.k, &head.v, &groups, None, false)?;
-        Ok(Approximation::plain(out.output))
+        let sets = ranking.key_sets(kk);
+        let keys = sets.iter().map(|s| s.len()).sum::<usize>() as f64 / head.n() as f64;
+        let groups = per_row_groups(sets);
+        let out = key_set_softmax(&head.q, &head.k, &head.v, &groups, None, true)?;
+        Approximation::restricted(out, keys)
     }
 }
 
@@ -336,5 +382,31 @@ mod tests {
             100.0 * 100.0 * 8.0 + 100.0 * 100.0 * 8.0
         );
         assert!(TopK.check(100, 0).is_err());
+    }
+
+    /// The causal form: the min(d, i+1) largest logits among j ≤ i, ties to the lower index,
+    /// from the stable sort on f64 logits; with keys and mass.
+    #[test]
+    fn causal_form_keeps_the_largest_past_logits_with_keys_and_mass() {
+        let h = random_head(150, 8, 3, DType::F64);
+        let [q, k, _] = host_rows(&h);
+        let p = q[0].len() as f64;
+        let sets = |d: usize| -> Vec<Vec<usize>> {
+            (0..q.len())
+                .map(|i| {
+                    let s: Vec<f64> = (0..=i)
+                        .map(|j| q[i].iter().zip(&k[j]).map(|(a, b)| a * b).sum::<f64>() / p.sqrt())
+                        .collect();
+                    let mut j: Vec<usize> = (0..=i).collect();
+                    j.sort_by(|&a, &b| s[b].partial_cmp(&s[a]).unwrap());
+                    j.truncate(d.min(i + 1));
+                    j
+                })
+                .collect()
+        };
+        let by_d: Vec<(usize, Vec<Vec<usize>>)> = [1, 5, 64, 150].iter().map(|&d| (d, sets(d))).collect();
+        crate::attention::test_util::assert_causal_restricted(&TopK, &h, &[1, 5, 64, 150], |i, j, d| {
+            by_d.iter().find(|(dd, _)| *dd == d).unwrap().1[i].contains(&j)
+        });
     }
 }

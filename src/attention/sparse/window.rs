@@ -9,14 +9,17 @@
 //! window is truncated at the ends, neither wrapped nor shifted. Deterministic; exact iff
 //! d ≥ n − 1; d = 0 gives Ô_i = v_i.
 //!
-//! Cost: (n(2d+1) − d(d+1))·2p MACs ≈ 4ndp (2p per visited pair). The product computes the
+//! Causal form (METHODS.md §7.4): S_i = {j : max(0, i−d+1) ≤ j ≤ i}, the d most recent keys with
+//! the diagonal — d counts keys per query, as every method under the causal mask does (§7.3).
+//!
+//! Cost: (n(2d+1) − d(d+1))·2p MACs ≈ 4ndp (2p per visited pair); causal Σ_i min(d, i+1)·2p. The product computes the
 //! window per block of b query rows against the b + 2d keys the block's windows span, masking
 //! the corners (−∞), so it does up to (b + 2d)/(2d + 1) times the counted work in exchange for
 //! dense batched products; the reported cost is the visited pairs, as for every §6.1 method.
 
 use anyhow::Result;
 
-use crate::attention::{Approximation, Family, HeadInputs, Method};
+use crate::attention::{Approximation, Family, HeadInputs, Mask, Method};
 use crate::numerics::key_sets::{key_set_softmax, KeyGroup};
 use crate::numerics::sampling::TrialRng;
 
@@ -57,6 +60,33 @@ pub fn visited_pairs(n: usize, d: usize) -> f64 {
     n * (2.0 * w + 1.0) - w * (w + 1.0)
 }
 
+/// Causal form: whether query i visits key j (the d most recent keys, diagonal included).
+pub fn causal_visits(i: usize, j: usize, d: usize) -> bool {
+    j <= i && i - j < d
+}
+
+/// The causal key sets as blocks of consecutive query rows, each with the keys its windows span.
+pub fn causal_key_groups(n: usize, d: usize) -> Vec<KeyGroup> {
+    let b = block_rows(d);
+    (0..n)
+        .step_by(b)
+        .map(|a| {
+            let end = (a + b).min(n);
+            KeyGroup {
+                rows: (a..end).collect(),
+                keys: (a.saturating_sub(d.saturating_sub(1))..end).collect(),
+            }
+        })
+        .collect()
+}
+
+/// Σ_i min(d, i+1): the keys of the causal window.
+pub fn causal_visited_pairs(n: usize, d: usize) -> f64 {
+    let w = d.min(n) as f64;
+    let n = n as f64;
+    w * (w + 1.0) / 2.0 + (n - w) * w
+}
+
 impl Method for Window {
     fn id(&self) -> &'static str {
         "window"
@@ -73,16 +103,33 @@ impl Method for Window {
     fn macs(&self, n: usize, p: usize, d: usize) -> f64 {
         super::pair_macs(visited_pairs(n, d), p)
     }
+    fn masks(&self) -> &'static [Mask] {
+        &[Mask::None, Mask::Causal]
+    }
+    fn macs_masked(&self, n: usize, p: usize, d: usize, mask: Mask) -> f64 {
+        match mask {
+            Mask::None => self.macs(n, p, d),
+            Mask::Causal => super::pair_macs(causal_visited_pairs(n, d), p),
+        }
+    }
     fn approximate(
         &self,
         head: &HeadInputs,
         d: usize,
         _rng: &mut TrialRng,
     ) -> Result<Approximation> {
-        let groups = key_groups(head.n(), d);
-        let filter = move |i: usize, j: usize| visits(i, j, d);
-        let out = key_set_softmax(&head.q, &head.k, &head.v, &groups, Some(&filter), false)?;
-        Ok(Approximation::plain(out.output))
+        let n = head.n();
+        let (groups, pairs) = match head.mask {
+            Mask::None => (key_groups(n, d), visited_pairs(n, d)),
+            Mask::Causal => (causal_key_groups(n, d), causal_visited_pairs(n, d)),
+        };
+        let mask = head.mask;
+        let filter = move |i: usize, j: usize| match mask {
+            Mask::None => visits(i, j, d),
+            Mask::Causal => causal_visits(i, j, d),
+        };
+        let out = key_set_softmax(&head.q, &head.k, &head.v, &groups, Some(&filter), true)?;
+        Approximation::restricted(out, pairs / n as f64)
     }
 }
 
@@ -203,5 +250,18 @@ mod tests {
                 }
             }
         }
+    }
+
+    /// The causal form: the d most recent keys, diagonal included (METHODS.md §7.4), with its
+    /// keys and mass; n = 301 is not a multiple of the block.
+    #[test]
+    fn causal_form_equals_the_dense_masked_softmax_with_keys_and_mass() {
+        let h = random_head(301, 16, 2, DType::F64);
+        crate::attention::test_util::assert_causal_restricted(
+            &Window,
+            &h,
+            &[1, 2, 16, 40, 301, 400],
+            |i, j, d| j <= i && i - j < d,
+        );
     }
 }

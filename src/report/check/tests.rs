@@ -96,6 +96,10 @@ fn trials(method: &str, seed: u64, grid: &Grid, f: Approx) -> Vec<TrialRow> {
                         macs: 0.0,
                         seconds: 0.0,
                         target: Default::default(),
+                        mask: Default::default(),
+                        kv_head: Some(h),
+                        mass: None,
+                        keys: None,
                     });
                 }
             }
@@ -140,6 +144,7 @@ fn manifest(grid: &Grid, methods: &[&str], corpus_sha: &str, source: &str) -> Ma
         command: vec![],
         config: RunConfig {
             target: Default::default(),
+            mask: Default::default(),
             inputs: InputConfig {
                 model: ModelKind::Initialized,
                 embeddings_from: ModelKind::Initialized,
