@@ -634,13 +634,23 @@ mod tests {
         );
         assert_eq!(cfg.lengths, [2048, 8192]);
         assert_eq!(cfg.features, [16, 32, 64, 128, 256, 512, 1024, 2048]);
-        let err = format!("{:#}", causal(Some(&["window", "nystromformer"])).unwrap_err());
+        let err = format!(
+            "{:#}",
+            causal(Some(&["window", "nystromformer"])).unwrap_err()
+        );
         assert!(
             err.contains("nystromformer has no causal form")
                 && err.contains("vmean, performer_favor, svd_optimal, window, topk"),
             "{err}"
         );
-        for refused in ["skyformer", "performer", "bigbird", "reformer", "informer", "linformer"] {
+        for refused in [
+            "skyformer",
+            "performer",
+            "bigbird",
+            "reformer",
+            "informer",
+            "linformer",
+        ] {
             assert!(causal(Some(&[refused])).is_err(), "{refused}");
         }
         assert!(format!("{:#}", causal(Some(&["figure"])).unwrap_err()).contains("no causal form"));
@@ -655,7 +665,9 @@ mod tests {
         let plain = RunConfig::new(&RunOptions::default()).unwrap();
         assert_eq!(plain.mask, Mask::None);
         assert!(!serde_json::to_string(&plain).unwrap().contains("mask"));
-        assert!(serde_json::to_string(&cfg).unwrap().contains("\"mask\":\"causal\""));
+        assert!(serde_json::to_string(&cfg)
+            .unwrap()
+            .contains("\"mask\":\"causal\""));
     }
 
     #[test]

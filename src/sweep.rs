@@ -241,7 +241,9 @@ pub fn run_with(
                 let exacts = match cfg.target {
                     attention::Target::Softmax => {
                         Some(crate::runtime::on_device_thread(device, || {
-                            attention::exact::ExactAttention::compute_heads_masked(&q, &k, &v, cfg.mask)
+                            attention::exact::ExactAttention::compute_heads_masked(
+                                &q, &k, &v, cfg.mask,
+                            )
                         })?)
                     }
                     attention::Target::Kernelized => None,

@@ -657,3 +657,65 @@ fn a_sweep_at_4096_writes_the_same_trials_on_one_thread_and_on_the_tests_device(
     );
     within_rounding("the device path on the CPU", &batched);
 }
+
+/// METHODS.md §7.2–7.4 end to end on the tiny BERT (encoder Q/K/V under a causal mask is a
+/// legitimate experiment): a `--mask causal` sweep writes the mask, kv_head, keys and mass columns
+/// (keys and mass for window and topk only), and a method without a causal form is refused with
+/// exit 2 and the list of those that have one.
+#[test]
+fn a_causal_sweep_writes_mask_keys_and_mass_and_refuses_methods_without_a_causal_form() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (m, c) = tiny_inputs(&tmp.path().join("m"), true);
+    let out = tmp.path().join("causal");
+    let mut args = base_args(&m, &c, out.to_str().unwrap());
+    args.extend([
+        "--mask",
+        "causal",
+        "--methods",
+        "vmean,window,topk,performer_favor",
+    ]);
+    let o = run(&args, &[]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let mut rdr = csv::Reader::from_path(out.join("trials.csv")).unwrap();
+    let h = rdr.headers().unwrap().clone();
+    let col = |name: &str| h.iter().position(|x| x == name).unwrap();
+    let (method, d, mask, kv, head, keys, mass) = (
+        col("method"),
+        col("d"),
+        col("mask"),
+        col("kv_head"),
+        col("head"),
+        col("keys"),
+        col("mass"),
+    );
+    let mut restricted = 0;
+    for r in rdr.records() {
+        let r = r.unwrap();
+        assert_eq!(&r[mask], "causal");
+        assert_eq!(r[kv], r[head], "BERT has one K/V head per query head");
+        match &r[method] {
+            "window" | "topk" => {
+                restricted += 1;
+                let (k, m): (f64, f64) = (r[keys].parse().unwrap(), r[mass].parse().unwrap());
+                let d: f64 = r[d].parse().unwrap();
+                assert!(k > 0.0 && k <= d, "keys {k} at d = {d}");
+                assert!(m > 0.0 && m <= 1.0 + 1e-9, "mass {m}");
+            }
+            _ => assert!(r[keys].is_empty() && r[mass].is_empty()),
+        }
+    }
+    assert!(restricted > 0);
+    let manifest = std::fs::read_to_string(out.join("manifest.json")).unwrap();
+    assert!(manifest.contains("\"mask\": \"causal\""), "{manifest}");
+    let refused = tmp.path().join("refused");
+    let mut args = base_args(&m, &c, refused.to_str().unwrap());
+    args.extend(["--mask", "causal", "--methods", "window,nystromformer"]);
+    let o = run(&args, &[]);
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    let err = stderr(&o);
+    assert!(
+        err.contains("nystromformer has no causal form")
+            && err.contains("vmean, performer_favor, svd_optimal, window, topk"),
+        "{err}"
+    );
+}

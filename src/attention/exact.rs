@@ -95,13 +95,15 @@ pub fn causal_scores(qb: &Tensor, kt: &Tensor, start: usize) -> Result<Tensor> {
 }
 
 /// [b, b]: 0 on and below the diagonal, −∞ above it.
-fn upper_minus_infinity(
-    b: usize,
-    dtype: DType,
-    device: &candle_core::Device,
-) -> Result<Tensor> {
+fn upper_minus_infinity(b: usize, dtype: DType, device: &candle_core::Device) -> Result<Tensor> {
     let cells: Vec<f64> = (0..b * b)
-        .map(|x| if x % b > x / b { f64::NEG_INFINITY } else { 0.0 })
+        .map(|x| {
+            if x % b > x / b {
+                f64::NEG_INFINITY
+            } else {
+                0.0
+            }
+        })
         .collect();
     Ok(Tensor::from_vec(cells, (b, b), device)?.to_dtype(dtype)?)
 }

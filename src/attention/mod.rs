@@ -191,9 +191,9 @@ impl Approximation {
 
     /// Ô of a key-set softmax run with its log-normaliser, and the mean keys per row.
     pub fn restricted(out: crate::numerics::key_sets::KeySetOutput, keys: f64) -> Result<Self> {
-        let log_restricted = out
-            .log_normalizer
-            .ok_or_else(|| anyhow::anyhow!("a restricted approximation needs its log-normaliser"))?;
+        let log_restricted = out.log_normalizer.ok_or_else(|| {
+            anyhow::anyhow!("a restricted approximation needs its log-normaliser")
+        })?;
         Ok(Self {
             output: out.output,
             normalizer: None,
@@ -210,9 +210,8 @@ impl Approximation {
         let Some(s) = &self.support else {
             return Ok(None);
         };
-        let diff = (s.log_restricted.to_dtype(DType::F64)?
-            - log_rowsum.to_dtype(DType::F64)?)?
-        .exp()?;
+        let diff =
+            (s.log_restricted.to_dtype(DType::F64)? - log_rowsum.to_dtype(DType::F64)?)?.exp()?;
         Ok(Some(diff.mean_all()?.to_scalar::<f64>()?))
     }
 }
@@ -566,7 +565,13 @@ pub(crate) mod test_util {
 
     /// The same head under the causal mask.
     pub fn causal(h: &HeadInputs) -> HeadInputs {
-        HeadInputs::masked(h.q.clone(), h.k.clone(), h.v.clone(), crate::attention::Mask::Causal).unwrap()
+        HeadInputs::masked(
+            h.q.clone(),
+            h.k.clone(),
+            h.v.clone(),
+            crate::attention::Mask::Causal,
+        )
+        .unwrap()
     }
 
     /// A restrict-and-renormalise method under the causal mask against the dense float64 masked
@@ -596,21 +601,37 @@ pub(crate) mod test_util {
             let scale = want.iter().flatten().fold(0.0f64, |a, x| a.max(x.abs()));
             for (i, (a, b)) in rows.iter().zip(&want).enumerate() {
                 for (x, y) in a.iter().zip(b) {
-                    assert!((x - y).abs() <= 1e-10 * scale, "{} d = {d}, row {i}: {x} vs {y}", m.id());
+                    assert!(
+                        (x - y).abs() <= 1e-10 * scale,
+                        "{} d = {d}, row {i}: {x} vs {y}",
+                        m.id()
+                    );
                 }
             }
             let keys = (0..n)
                 .map(|i| (0..n).filter(|&j| visits(i, j, d)).count())
                 .sum::<usize>() as f64
                 / n as f64;
-            let support = got.support.as_ref().expect("a restricted method reports its keys");
-            assert!((support.keys - keys).abs() < 1e-12, "{} d = {d}: keys {} vs {keys}", m.id(), support.keys);
+            let support = got
+                .support
+                .as_ref()
+                .expect("a restricted method reports its keys");
+            assert!(
+                (support.keys - keys).abs() < 1e-12,
+                "{} d = {d}: keys {} vs {keys}",
+                m.id(),
+                support.keys
+            );
             let mass = (0..n).map(|i| (log_s[i] - log_d[i]).exp()).sum::<f64>() / n as f64;
             let got_mass = got
                 .mass(h.exact().unwrap().log_rowsum().unwrap())
                 .unwrap()
                 .unwrap();
-            assert!((got_mass - mass).abs() < 1e-10, "{} d = {d}: mass {got_mass} vs {mass}", m.id());
+            assert!(
+                (got_mass - mass).abs() < 1e-10,
+                "{} d = {d}: mass {got_mass} vs {mass}",
+                m.id()
+            );
         }
     }
 

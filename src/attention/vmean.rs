@@ -84,8 +84,8 @@ mod tests {
         let (n, p) = (300, 5);
         let mut rng = TrialRng::seed_from_u64(4);
         let vals = normal_values(&mut rng, n, p, 1.0);
-        let v = crate::tensor_util::from_f64(vals.clone(), (n, p), &test_device(), DType::F32)
-            .unwrap();
+        let v =
+            crate::tensor_util::from_f64(vals.clone(), (n, p), &test_device(), DType::F32).unwrap();
         let head = HeadInputs::masked(v.clone(), v.clone(), v, Mask::Causal).unwrap();
         let got: Vec<Vec<f64>> = VMean
             .approximate(&head, 8, &mut rng)
@@ -98,7 +98,11 @@ mod tests {
         for i in [0, 1, 17, n - 1] {
             for c in 0..p {
                 let want = (0..=i).map(|j| vals[j * p + c]).sum::<f64>() / (i + 1) as f64;
-                assert!((got[i][c] - want).abs() < 1e-6, "row {i}: {} vs {want}", got[i][c]);
+                assert!(
+                    (got[i][c] - want).abs() < 1e-6,
+                    "row {i}: {} vs {want}",
+                    got[i][c]
+                );
             }
         }
     }

@@ -421,6 +421,9 @@ mod tests {
             macs: 0.0,
             seconds_mean: 0.0,
             target: Default::default(),
+            mask: Default::default(),
+            keys_mean: None,
+            mass_mean: None,
         };
         let exact: Vec<SummaryRow> = ANCHORS
             .iter()

@@ -31,6 +31,15 @@ pub struct SummaryRow {
     /// What the errors are measured against; the last column (older summaries read as softmax).
     #[serde(default)]
     pub target: crate::attention::Target,
+    /// The target's mask; after `target` (older summaries read as none).
+    #[serde(default)]
+    pub mask: crate::attention::Mask,
+    /// Mean realised keys per query over the trials (restrict-and-renormalise methods), else empty.
+    #[serde(default)]
+    pub keys_mean: Option<f64>,
+    /// Mean mass captured over the trials (restrict-and-renormalise methods), else empty.
+    #[serde(default)]
+    pub mass_mean: Option<f64>,
 }
 
 use std::collections::BTreeMap;
@@ -69,9 +78,9 @@ pub fn mean_stderr(values: &[f64]) -> (f64, f64) {
     (mean, (var / k as f64).sqrt())
 }
 
-/// Groups trials by (target, model, n, method, d) and averages over the finite ones (rows of
-/// different targets never share a point). Order: target, model, n, method in `method_order`
-/// (unknown ones last, by name), d.
+/// Groups trials by (target, mask, model, n, method, d) and averages over the finite ones (rows
+/// of different targets or masks never share a point). Order: target, mask, model, n, method in
+/// `method_order` (unknown ones last, by name), d.
 pub fn summarize(rows: &[TrialRow], method_order: &[String]) -> Vec<SummaryRow> {
     let rank = |m: &str| {
         method_order
@@ -81,6 +90,7 @@ pub fn summarize(rows: &[TrialRow], method_order: &[String]) -> Vec<SummaryRow> 
     };
     type Key = (
         crate::attention::Target,
+        crate::attention::Mask,
         String,
         usize,
         usize,
@@ -92,6 +102,7 @@ pub fn summarize(rows: &[TrialRow], method_order: &[String]) -> Vec<SummaryRow> 
         groups
             .entry((
                 r.target,
+                r.mask,
                 r.model.clone(),
                 r.n,
                 rank(&r.method),
@@ -103,7 +114,7 @@ pub fn summarize(rows: &[TrialRow], method_order: &[String]) -> Vec<SummaryRow> 
     }
     groups
         .into_iter()
-        .map(|((target, model, n, _, method, d), rs)| {
+        .map(|((target, mask, model, n, _, method, d), rs)| {
             let finite: Vec<&&TrialRow> = rs.iter().filter(|r| r.error.is_finite()).collect();
             let errs: Vec<f64> = finite.iter().map(|r| r.error).collect();
             let rels: Vec<f64> = finite
@@ -129,9 +140,19 @@ pub fn summarize(rows: &[TrialRow], method_order: &[String]) -> Vec<SummaryRow> 
                 macs: rs[0].macs,
                 seconds_mean: rs.iter().map(|r| r.seconds).sum::<f64>() / rs.len() as f64,
                 target,
+                mask,
+                keys_mean: mean_of(rs.iter().map(|r| r.keys)),
+                mass_mean: mean_of(rs.iter().map(|r| r.mass)),
             }
         })
         .collect()
+}
+
+/// The mean of the values when every trial has one, else None.
+fn mean_of(values: impl Iterator<Item = Option<f64>>) -> Option<f64> {
+    let v: Option<Vec<f64>> = values.collect();
+    v.filter(|v| !v.is_empty())
+        .map(|v| v.iter().sum::<f64>() / v.len() as f64)
 }
 
 pub fn write(path: &Path, rows: &[SummaryRow]) -> Result<()> {

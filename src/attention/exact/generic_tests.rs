@@ -64,9 +64,15 @@ fn generic_path_matches_f64_at_4096_and_8192_on_any_thread_count() {
         let mut first: Option<Vec<u32>> = None;
         for threads in [1, 2, 8] {
             let got = in_pool(threads, || {
-                ExactAttention::compute_with(&q32, &k32, &v32, crate::attention::Mask::None, ExactKernel::Generic)
-                    .unwrap()
-                    .output
+                ExactAttention::compute_with(
+                    &q32,
+                    &k32,
+                    &v32,
+                    crate::attention::Mask::None,
+                    ExactKernel::Generic,
+                )
+                .unwrap()
+                .output
             });
             let e = rel_max_diff(&got, &reference.output);
             assert!(e < 2e-6, "n = {n}, {threads} threads: {e:e} of max |O|");

@@ -265,7 +265,11 @@ fn causal_products(phi_q: &Tensor, phi_k: &Tensor, rhs: &Tensor) -> Result<Tenso
     let mut outs = Vec::new();
     for a in (0..n).step_by(CAUSAL_CHUNK) {
         let c = CAUSAL_CHUNK.min(n - a);
-        let (fq, fk, r) = (phi_q.narrow(0, a, c)?, phi_k.narrow(0, a, c)?, rhs.narrow(0, a, c)?);
+        let (fq, fk, r) = (
+            phi_q.narrow(0, a, c)?,
+            phi_k.narrow(0, a, c)?,
+            rhs.narrow(0, a, c)?,
+        );
         // Within the chunk: key j of the chunk counts for query i of the chunk iff j ≤ i.
         let tril = Tensor::from_vec(
             (0..c * c)
@@ -278,7 +282,10 @@ fn causal_products(phi_q: &Tensor, phi_k: &Tensor, rhs: &Tensor) -> Result<Tenso
         let inner = (fq.matmul(&fk.t()?)? * tril)?.matmul(&r)?;
         let before = fq.to_dtype(DType::F64)?.matmul(&state)?.to_dtype(dt)?;
         outs.push((inner + before)?);
-        state = (state + fk.to_dtype(DType::F64)?.t()?.matmul(&r.to_dtype(DType::F64)?)?)?;
+        state = (state
+            + fk.to_dtype(DType::F64)?
+                .t()?
+                .matmul(&r.to_dtype(DType::F64)?)?)?;
     }
     Ok(Tensor::cat(&outs, 0)?)
 }
@@ -546,7 +553,9 @@ mod tests {
         let fav = Performer::favor();
         let run = |mask: Mask| {
             let head = HeadInputs::masked(t64(&q), t64(&k), t64(&v), mask).unwrap();
-            let out = fav.approximate(&head, m, &mut TrialRng::seed_from_u64(3)).unwrap();
+            let out = fav
+                .approximate(&head, m, &mut TrialRng::seed_from_u64(3))
+                .unwrap();
             to_dmatrix(&out.output).unwrap()
         };
         let got = run(Mask::Causal);

@@ -404,9 +404,13 @@ mod tests {
                 })
                 .collect()
         };
-        let by_d: Vec<(usize, Vec<Vec<usize>>)> = [1, 5, 64, 150].iter().map(|&d| (d, sets(d))).collect();
-        crate::attention::test_util::assert_causal_restricted(&TopK, &h, &[1, 5, 64, 150], |i, j, d| {
-            by_d.iter().find(|(dd, _)| *dd == d).unwrap().1[i].contains(&j)
-        });
+        let by_d: Vec<(usize, Vec<Vec<usize>>)> =
+            [1, 5, 64, 150].iter().map(|&d| (d, sets(d))).collect();
+        crate::attention::test_util::assert_causal_restricted(
+            &TopK,
+            &h,
+            &[1, 5, 64, 150],
+            |i, j, d| by_d.iter().find(|(dd, _)| *dd == d).unwrap().1[i].contains(&j),
+        );
     }
 }

@@ -33,6 +33,11 @@ impl RunData {
         self.summary.first().map(|r| r.target).unwrap_or_default()
     }
 
+    /// The mask of the side's target (one per side; `load` refuses mixes).
+    pub fn mask(&self) -> crate::attention::Mask {
+        self.summary.first().map(|r| r.mask).unwrap_or_default()
+    }
+
     /// A side made from data in memory (tests, or callers that computed rows themselves).
     pub fn from_parts(
         label: &str,
@@ -112,6 +117,13 @@ pub fn load(path: &Path, flag: &str) -> Result<RunData> {
     if targets.len() > 1 {
         return Err(usage!(
             "{flag} {}: holds points of both targets (softmax and kernelized); check compares runs of one target, so give each target's run separately",
+            summary_source.display()
+        ));
+    }
+    let masks: std::collections::BTreeSet<_> = summary.iter().map(|r| r.mask).collect();
+    if masks.len() > 1 {
+        return Err(usage!(
+            "{flag} {}: holds points of both masks (none and causal); check compares runs of one mask, so give each mask's run separately",
             summary_source.display()
         ));
     }

@@ -325,6 +325,15 @@ pub fn check(baseline: &RunData, current: &RunData, opts: &CheckOptions) -> Resu
             current.target()
         ));
     }
+    if baseline.mask() != current.mask() {
+        return Err(usage!(
+            "{} is under the {} mask and {} under the {} mask; check compares runs of one mask (--mask of the sweep)",
+            baseline.path.display(),
+            baseline.mask(),
+            current.path.display(),
+            current.mask()
+        ));
+    }
     if opts.exact {
         for side in [baseline, current] {
             if side.trials.is_none() {

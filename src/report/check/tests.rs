@@ -386,6 +386,9 @@ fn honest_noise_from_a_seeded_distribution_passes_at_the_nominal_rate() {
                     macs: 0.0,
                     seconds_mean: 0.0,
                     target: Default::default(),
+                    mask: Default::default(),
+                    keys_mean: None,
+                    mass_mean: None,
                 }
             })
             .collect()

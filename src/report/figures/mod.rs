@@ -149,8 +149,10 @@ impl Statistic {
 /// Rows of several runs are combined; where two runs hold the same (model, n, method, d) the
 /// earlier run wins. `stat` picks what the points show (median figures get a `-median` suffix).
 pub fn draw_all(runs: &[RunData], out_dir: &Path, stat: Statistic) -> Result<Vec<PathBuf>> {
+    // Causal rows (decoder attention) belong to no encoder figure; the decoder figure is their own.
     let (kernelized, rows): (Vec<SummaryRow>, Vec<SummaryRow>) = combine(runs)
         .into_iter()
+        .filter(|r| r.mask == crate::attention::Mask::None)
         .partition(|r| r.target == crate::attention::Target::Kernelized);
     let rows = stat.apply(rows);
     let sfx = stat.suffix();
@@ -222,7 +224,7 @@ fn combine(runs: &[RunData]) -> Vec<SummaryRow> {
     for run in runs {
         for r in &run.rows {
             let label = model_label(&r.model, &run.model_id, run.embeddings_from.as_deref());
-            if seen.insert((r.target, label.clone(), r.n, r.method.clone(), r.d)) {
+            if seen.insert((r.target, r.mask, label.clone(), r.n, r.method.clone(), r.d)) {
                 out.push(SummaryRow {
                     model: label,
                     ..r.clone()

@@ -22,6 +22,9 @@ fn row(model: &str, n: usize, method: &str, d: usize, mean: f64) -> SummaryRow {
         macs: (n * d * 64) as f64 * 4.0,
         seconds_mean: 1e-5 * (n * d) as f64 / 64.0,
         target: Default::default(),
+        mask: Default::default(),
+        keys_mean: None,
+        mass_mean: None,
     }
 }
 
