@@ -81,10 +81,8 @@ impl GgufFile {
     fn meta_f64(&self, key: &str) -> Result<Option<f64>> {
         self.meta(key)
             .map(|v| {
-                // GGUF stores these as f32: take the shortest decimal that rounds to it (1e-5,
-                // not 9.99999974e-6), the number the model's config.json holds.
                 v.to_f32()
-                    .map(|x| x.to_string().parse::<f64>().unwrap_or(f64::from(x)))
+                    .map(f64::from)
                     .or_else(|_| v.to_f64())
                     .map_err(|_| usage!("GGUF {}: metadata {key} is not a float", self.path))
             })
@@ -129,10 +127,12 @@ impl GgufFile {
             "llama" => DecoderFamily::Llama,
             "qwen2" => DecoderFamily::Qwen2,
             "qwen3" => DecoderFamily::Qwen3,
-            other => return Err(usage!(
+            other => {
+                return Err(usage!(
                 "GGUF {}: architecture \"{other}\" is not supported; supported: {SUPPORTED_ARCHS}",
                 self.path
-            )),
+            ))
+            }
         };
         let k = |s: &str| format!("{arch}.{s}");
         let hidden = self.req(&k("embedding_length"))?;
@@ -173,7 +173,7 @@ impl GgufFile {
             mlp_bias: self.has_tensor("blk.0.ffn_gate.bias"),
             qk_norm: family == DecoderFamily::Qwen3,
             tie_word_embeddings: !self.has_tensor("output.weight"),
-            pad_token_id: None,
+            pad_token_id: self.meta_usize("tokenizer.ggml.padding_token_id")?,
             rope: RopeConfig { theta, scaling },
             sliding_window: vec![None; layers],
         };

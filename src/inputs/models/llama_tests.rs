@@ -153,9 +153,11 @@ fn gguf_with_llama_cpp_permutation_matches_transformers() {
     let json = DecoderConfig::load(&fixtures().join("llama/config.json")).unwrap();
     // Metadata and config.json agree on everything but the spelling of the llama3 scaling
     // (divisors in rope_freqs.weight), which gives the same inv_freq.
+    // GGUF holds ε as f32 (transformers' GGUF loader reads the same f32 value).
     let mut same = cfg.clone();
     same.rope.scaling = json.rope.scaling.clone();
-    same.pad_token_id = json.pad_token_id;
+    assert!((same.rms_norm_eps / json.rms_norm_eps - 1.0).abs() < 1e-7);
+    same.rms_norm_eps = json.rms_norm_eps;
     assert_eq!(same, json);
     let (a, b) = (
         super::super::rope::inv_freq(&cfg.rope, 16),
