@@ -189,13 +189,8 @@ fn missing_tensor_is_a_usage_error_naming_tensor_and_file() {
 
 /// A plain loop: O_i = Σ_{j ≤ i, j > i − W} softmax(q_i·k_j/√p) v_j, K/V head ⌊h·H_kv/H⌋.
 fn naive(
-    q: &[f64],
-    k: &[f64],
-    v: &[f64],
-    h: usize,
-    hkv: usize,
-    n: usize,
-    p: usize,
+    (q, k, v): (&[f64], &[f64], &[f64]),
+    (h, hkv, n, p): (usize, usize, usize, usize),
     w: usize,
 ) -> Vec<f64> {
     let mut out = vec![0.0; h * n * p];
@@ -239,13 +234,8 @@ fn causal_attention_blocks_gqa_and_windows_match_a_plain_loop() {
     let v = Tensor::from_vec(vv.clone(), (hkv, n, p), &dev).unwrap();
     for window in [None, Some(1), Some(5), Some(100)] {
         let want = naive(
-            &qv,
-            &kv,
-            &vv,
-            h,
-            hkv,
-            n,
-            p,
+            (&qv, &kv, &vv),
+            (h, hkv, n, p),
             window.unwrap_or(usize::MAX / 2),
         );
         for rows in [1, 4, 7, n] {

@@ -112,11 +112,7 @@ pub fn windows_available(stream_len: usize, n: usize, bos: Option<u32>) -> usize
     } else {
         n
     };
-    if per_window == 0 {
-        0
-    } else {
-        stream_len / per_window
-    }
+    stream_len.checked_div(per_window).unwrap_or(0)
 }
 
 #[cfg(test)]
