@@ -1,11 +1,13 @@
 //! Inputs, in the order the data flows: files from the hub or local paths (`hub`), the text
 //! corpus as token windows (`corpus`), BERT weights pretrained or initialized (`model`), and the
-//! per-head Q, K, V of one window (`qkv`).
+//! per-head Q, K, V of one window (`qkv`); decoder LLMs (Llama, Mistral, Qwen2/3, safetensors or
+//! GGUF) as a Q/K/V source in `models`.
 
 pub mod corpus;
 pub mod dump;
 pub mod hub;
 pub mod model;
+pub mod models;
 pub mod qkv;
 
 use std::path::PathBuf;

@@ -1,0 +1,400 @@
+//! Decoder weights from a GGUF file (llama.cpp's format; METHODS.md §7.1 "Formats"): the config from
+//! its `{arch}.*` metadata, and the embeddings and layers 0..=L dequantized to f32 with
+//! candle-core's `quantized::gguf_file`, named back to Hugging Face's names so that the forward of
+//! `llama.rs` runs unchanged.
+//!
+//! **The RoPE order.** llama.cpp's converter (`convert_hf_to_gguf.py`, `LlamaModel.permute`)
+//! reorders the rows of `attn_q` and `attn_k` within each head, from Hugging Face's halves
+//! [x_0..x_{p/2}, x_{p/2}..x_p] to interleaved pairs (x_0, x_{p/2}, x_1, x_{p/2+1}, …), because
+//! llama.cpp's `llama` architecture rotates adjacent pairs: HF row c·p/2 + j is GGUF row 2j + c.
+//! Rotate-half RoPE on the GGUF order rotates the wrong pairs (`../shared/data/README.md`, SmolLM2),
+//! so the permutation is undone here and RoPE stays rotate-half. qwen2/qwen3 GGUFs are not
+//! permuted: llama.cpp runs those architectures with NEOX (rotate-half) RoPE already.
+//!
+//! A `config.json` beside the GGUF (transformers' export) is not read: the metadata is what
+//! llama.cpp runs, and the two agree on SmolLM2 (tests/shared_data.rs checks it).
+
+use std::fs::File;
+use std::io::BufReader;
+use std::path::Path;
+
+use anyhow::Result;
+use candle_core::quantized::gguf_file::{Content, Value};
+use candle_core::{DType, Device, Tensor};
+
+use super::decoder_config::{
+    DecoderConfig, DecoderFamily, RopeConfig, RopeScaling, SUPPORTED_ROPE_TYPES,
+};
+use super::llama::DecoderWeights;
+use super::weights::{build, Init, TensorSource};
+use crate::usage;
+
+/// An open GGUF file: its header (metadata and tensor table) and a reader for tensor data.
+pub struct GgufFile {
+    content: Content,
+    reader: BufReader<File>,
+    path: String,
+}
+
+/// The GGUF architectures accepted (`general.architecture`).
+const SUPPORTED_ARCHS: &str = "llama, qwen2, qwen3";
+
+impl GgufFile {
+    /// Reads the header; a truncated or corrupt file is a usage error naming it.
+    pub fn open(path: &Path) -> Result<Self> {
+        let shown = path.display().to_string();
+        let file = File::open(path).map_err(|e| usage!("GGUF {shown}: cannot open it ({e})"))?;
+        let mut reader = BufReader::new(file);
+        let content = Content::read(&mut reader).map_err(|e| {
+            usage!("GGUF {shown}: not a readable GGUF file ({e}); it may be truncated or corrupt: download it again")
+        })?;
+        Ok(Self {
+            content,
+            reader,
+            path: shown,
+        })
+    }
+
+    fn meta(&self, key: &str) -> Option<&Value> {
+        self.content.metadata.get(key)
+    }
+
+    fn meta_usize(&self, key: &str) -> Result<Option<usize>> {
+        self.meta(key)
+            .map(|v| {
+                let signed = || match v {
+                    Value::I32(x) if *x >= 0 => Some(*x as u64),
+                    Value::I64(x) if *x >= 0 => Some(*x as u64),
+                    _ => None,
+                };
+                v.to_u64().ok().or_else(signed).ok_or_else(|| {
+                    usage!(
+                        "GGUF {}: metadata {key} is not an unsigned integer",
+                        self.path
+                    )
+                })
+            })
+            .transpose()
+            .map(|o| o.map(|x| x as usize))
+    }
+
+    fn meta_f64(&self, key: &str) -> Result<Option<f64>> {
+        self.meta(key)
+            .map(|v| {
+                v.to_f32()
+                    .map(f64::from)
+                    .or_else(|_| v.to_f64())
+                    .map_err(|_| usage!("GGUF {}: metadata {key} is not a float", self.path))
+            })
+            .transpose()
+    }
+
+    fn req(&self, key: &str) -> Result<usize> {
+        self.meta_usize(key)?.ok_or_else(|| {
+            usage!(
+                "GGUF {}: metadata {key} is missing; the file does not describe a decoder",
+                self.path
+            )
+        })
+    }
+
+    fn has_tensor(&self, name: &str) -> bool {
+        self.content.tensor_infos.contains_key(name)
+    }
+
+    /// A tensor dequantized to f32 on the CPU.
+    fn dequantized(&mut self, name: &str) -> Result<Tensor> {
+        let q = self
+            .content
+            .tensor(&mut self.reader, name, &Device::Cpu)
+            .map_err(|e| {
+                usage!(
+                    "GGUF {}: cannot read tensor '{name}' ({e}); the file may be truncated",
+                    self.path
+                )
+            })?;
+        Ok(q.dequantize(&Device::Cpu)?.to_dtype(DType::F32)?)
+    }
+
+    /// The decoder config from the `{arch}.*` metadata.
+    pub fn config(&mut self) -> Result<DecoderConfig> {
+        let arch = self
+            .meta("general.architecture")
+            .and_then(|v| v.to_string().ok())
+            .cloned()
+            .ok_or_else(|| usage!("GGUF {}: no general.architecture", self.path))?;
+        let family = match arch.as_str() {
+            "llama" => DecoderFamily::Llama,
+            "qwen2" => DecoderFamily::Qwen2,
+            "qwen3" => DecoderFamily::Qwen3,
+            other => {
+                return Err(usage!(
+                "GGUF {}: architecture \"{other}\" is not supported; supported: {SUPPORTED_ARCHS}",
+                self.path
+            ))
+            }
+        };
+        let k = |s: &str| format!("{arch}.{s}");
+        let hidden = self.req(&k("embedding_length"))?;
+        let heads = self.req(&k("attention.head_count"))?;
+        let kv_heads = self
+            .meta_usize(&k("attention.head_count_kv"))?
+            .unwrap_or(heads);
+        let head_dim = match self.meta_usize(&k("attention.key_length"))? {
+            Some(p) => p,
+            None => hidden / heads.max(1),
+        };
+        let layers = self.req(&k("block_count"))?;
+        let embd = self
+            .content
+            .tensor_infos
+            .get("token_embd.weight")
+            .ok_or_else(|| usage!("GGUF {}: tensor 'token_embd.weight' is missing", self.path))?;
+        let vocab = embd.shape.dims().first().copied().unwrap_or(0);
+        let theta = self.meta_f64(&k("rope.freq_base"))?.unwrap_or(10000.0);
+        let scaling = self.rope_scaling(&arch, head_dim)?;
+        let qkv_bias = self.has_tensor("blk.0.attn_q.bias");
+        let cfg = DecoderConfig {
+            family,
+            hidden_size: hidden,
+            num_attention_heads: heads,
+            num_key_value_heads: kv_heads,
+            head_dim,
+            num_hidden_layers: layers,
+            intermediate_size: self.req(&k("feed_forward_length"))?,
+            rms_norm_eps: self
+                .meta_f64(&k("attention.layer_norm_rms_epsilon"))?
+                .unwrap_or(1e-6),
+            vocab_size: vocab,
+            max_position_embeddings: self.meta_usize(&k("context_length"))?.unwrap_or(2048),
+            initializer_range: 0.02,
+            qkv_bias,
+            o_bias: family != DecoderFamily::Qwen2 && self.has_tensor("blk.0.attn_output.bias"),
+            mlp_bias: self.has_tensor("blk.0.ffn_gate.bias"),
+            qk_norm: family == DecoderFamily::Qwen3,
+            tie_word_embeddings: !self.has_tensor("output.weight"),
+            pad_token_id: self.meta_usize("tokenizer.ggml.padding_token_id")?,
+            rope: RopeConfig { theta, scaling },
+            sliding_window: vec![None; layers],
+        };
+        cfg.validate(&self.path)?;
+        Ok(cfg)
+    }
+
+    fn rope_scaling(&mut self, arch: &str, head_dim: usize) -> Result<RopeScaling> {
+        // llama.cpp stores a llama3 scaling as per-frequency divisors in `rope_freqs.weight`.
+        if self.has_tensor("rope_freqs.weight") {
+            let d: Vec<f64> = self
+                .dequantized("rope_freqs.weight")?
+                .flatten_all()?
+                .to_dtype(DType::F64)?
+                .to_vec1()?;
+            if d.len() != head_dim / 2 || d.iter().any(|&x| x <= 0.0) {
+                return Err(usage!(
+                    "GGUF {}: rope_freqs.weight has {} entries (head_dim/2 = {} positive divisors expected)",
+                    self.path,
+                    d.len(),
+                    head_dim / 2
+                ));
+            }
+            return Ok(RopeScaling::Divisors(d));
+        }
+        let ty = self
+            .meta(&format!("{arch}.rope.scaling.type"))
+            .and_then(|v| v.to_string().ok())
+            .cloned();
+        match ty.as_deref() {
+            None | Some("none") => Ok(RopeScaling::Default),
+            Some("linear") => {
+                let factor = self
+                    .meta_f64(&format!("{arch}.rope.scaling.factor"))?
+                    .filter(|f| *f > 0.0)
+                    .ok_or_else(|| {
+                        usage!(
+                            "GGUF {}: linear rope scaling without a positive {arch}.rope.scaling.factor",
+                            self.path
+                        )
+                    })?;
+                Ok(RopeScaling::Linear { factor })
+            }
+            Some(other) => Err(usage!(
+                "GGUF {}: rope scaling type \"{other}\" is not supported; supported: {SUPPORTED_ROPE_TYPES}",
+                self.path
+            )),
+        }
+    }
+}
+
+/// The GGUF name of a Hugging Face tensor name, and the number of heads whose rows llama.cpp
+/// permuted (Some for q/k of the llama architecture).
+fn gguf_name(hf: &str, cfg: &DecoderConfig) -> Option<(String, Option<usize>)> {
+    if hf == "model.embed_tokens.weight" {
+        return Some(("token_embd.weight".into(), None));
+    }
+    let rest = hf.strip_prefix("model.layers.")?;
+    let (l, part) = rest.split_once('.')?;
+    let permuted = cfg.family == DecoderFamily::Llama;
+    let (stem, suffix) = part.rsplit_once('.')?;
+    let (g, heads) = match stem {
+        "input_layernorm" => ("attn_norm", None),
+        "post_attention_layernorm" => ("ffn_norm", None),
+        "self_attn.q_proj" => ("attn_q", permuted.then_some(cfg.num_attention_heads)),
+        "self_attn.k_proj" => ("attn_k", permuted.then_some(cfg.num_key_value_heads)),
+        "self_attn.v_proj" => ("attn_v", None),
+        "self_attn.o_proj" => ("attn_output", None),
+        "self_attn.q_norm" => ("attn_q_norm", None),
+        "self_attn.k_norm" => ("attn_k_norm", None),
+        "mlp.gate_proj" => ("ffn_gate", None),
+        "mlp.up_proj" => ("ffn_up", None),
+        "mlp.down_proj" => ("ffn_down", None),
+        _ => return None,
+    };
+    Some((format!("blk.{l}.{g}.{suffix}"), heads))
+}
+
+/// Undoes `LlamaModel.permute`: the converter viewed each head's p rows as (2, p/2) and stored
+/// them as (p/2, 2); viewing the GGUF rows as (heads, p/2, 2, …) and swapping the middle axes
+/// restores Hugging Face's order. Works for weights [heads·p, in] and biases [heads·p].
+fn unpermute(t: &Tensor, heads: usize) -> Result<Tensor> {
+    let dims = t.dims().to_vec();
+    let p = dims[0] / heads;
+    let mut shape = vec![heads, p / 2, 2];
+    shape.extend_from_slice(&dims[1..]);
+    Ok(t.reshape(shape)?
+        .transpose(1, 2)?
+        .contiguous()?
+        .reshape(dims)?)
+}
+
+struct GgufSource<'a> {
+    file: &'a mut GgufFile,
+    cfg: DecoderConfig,
+    device: Device,
+}
+
+impl TensorSource for GgufSource<'_> {
+    fn get(&mut self, name: &str, shape: &[usize], _init: Init) -> Result<Tensor> {
+        let (g, heads) = gguf_name(name, &self.cfg)
+            .ok_or_else(|| usage!("GGUF {}: no GGUF name for tensor '{name}'", self.file.path))?;
+        if !self.file.has_tensor(&g) {
+            return Err(usage!(
+                "GGUF {}: tensor '{g}' (Hugging Face '{name}') is missing; the file does not hold a {} model matching its metadata",
+                self.file.path,
+                self.cfg.family.model_type()
+            ));
+        }
+        let mut t = self.file.dequantized(&g)?;
+        if t.dims() != shape {
+            return Err(usage!(
+                "GGUF {}: tensor '{g}' has shape {:?} but the metadata implies {:?}",
+                self.file.path,
+                t.dims(),
+                shape
+            ));
+        }
+        if let Some(h) = heads {
+            t = unpermute(&t, h)?;
+        }
+        Ok(t.to_device(&self.device)?)
+    }
+}
+
+/// The config and the embeddings and layers 0..=`layer` of a GGUF file (only those tensors are
+/// read and dequantized).
+pub fn load_gguf(
+    path: &Path,
+    layer: usize,
+    device: &Device,
+) -> Result<(DecoderConfig, DecoderWeights)> {
+    let mut file = GgufFile::open(path)?;
+    let cfg = file.config()?;
+    let mut src = GgufSource {
+        file: &mut file,
+        cfg: cfg.clone(),
+        device: device.clone(),
+    };
+    let w = build(&mut src, &cfg, layer)?;
+    Ok((cfg, w))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn unpermute_inverts_llama_cpp_permute() {
+        // LlamaModel.permute on rows r = h·p + c·p/2 + j (c ∈ {0,1}, j < p/2) stores them at
+        // h·p + 2j + c; build that by hand for 2 heads, p = 6, and undo it.
+        let (heads, p, cols) = (2usize, 6usize, 3usize);
+        let hf: Vec<f32> = (0..heads * p * cols).map(|i| i as f32).collect();
+        let mut gg = vec![0f32; hf.len()];
+        for h in 0..heads {
+            for c in 0..2 {
+                for j in 0..p / 2 {
+                    let src = h * p + c * p / 2 + j;
+                    let dst = h * p + 2 * j + c;
+                    gg[dst * cols..(dst + 1) * cols]
+                        .copy_from_slice(&hf[src * cols..(src + 1) * cols]);
+                }
+            }
+        }
+        let t = Tensor::from_vec(gg, (heads * p, cols), &Device::Cpu).unwrap();
+        let back: Vec<f32> = unpermute(&t, heads)
+            .unwrap()
+            .flatten_all()
+            .unwrap()
+            .to_vec1()
+            .unwrap();
+        assert_eq!(back, hf);
+    }
+
+    fn tiny() -> std::path::PathBuf {
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures/decoders/llama_gguf.gguf")
+    }
+
+    #[test]
+    fn truncated_gguf_is_an_error_naming_the_file_not_a_panic() {
+        let bytes = std::fs::read(tiny()).unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        // The header cut short, then the tensor data cut short.
+        for (name, len) in [("head.gguf", 1024), ("body.gguf", bytes.len() / 2)] {
+            let path = dir.path().join(name);
+            std::fs::write(&path, &bytes[..len]).unwrap();
+            let e = load_gguf(&path, 1, &Device::Cpu).unwrap_err();
+            assert!(e.downcast_ref::<crate::UsageError>().is_some(), "{e}");
+            assert!(e.to_string().contains(name), "{e}");
+        }
+        let path = dir.path().join("text.gguf");
+        std::fs::write(&path, b"not a gguf at all").unwrap();
+        assert!(load_gguf(&path, 0, &Device::Cpu)
+            .unwrap_err()
+            .to_string()
+            .contains("text.gguf"));
+    }
+
+    #[test]
+    fn other_architectures_are_refused_by_name() {
+        use candle_core::quantized::{gguf_file, QTensor};
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("gpt2.gguf");
+        let t = QTensor::quantize(
+            &Tensor::zeros((4, 32), DType::F32, &Device::Cpu).unwrap(),
+            candle_core::quantized::GgmlDType::F32,
+        )
+        .unwrap();
+        let mut f = std::fs::File::create(&path).unwrap();
+        let arch = gguf_file::Value::String("gpt2".into());
+        gguf_file::write(
+            &mut f,
+            &[("general.architecture", &arch)],
+            &[("token_embd.weight", &t)],
+        )
+        .unwrap();
+        drop(f);
+        let m = load_gguf(&path, 0, &Device::Cpu).unwrap_err().to_string();
+        assert!(
+            m.contains("\"gpt2\"") && m.contains("gpt2.gguf") && m.contains("llama"),
+            "{m}"
+        );
+    }
+}

@@ -1,0 +1,283 @@
+//! The Llama-style decoder forward (llama, mistral, qwen2, qwen3 share it; METHODS.md §7.1 "Layers
+//! before L", "Layer L"): the post-RoPE Q, K, V of layer L for one window.
+//!
+//! candle-transformers' llama/mistral/qwen2/qwen3 models compute attention inside their forward
+//! and expose no layer's post-RoPE Q/K/V (nor an f64 path), so the forward is written here, step
+//! for step as transformers' eager implementation runs it.
+
+use anyhow::Result;
+use candle_core::{DType, Tensor, D};
+
+use super::decoder_config::DecoderConfig;
+use super::rope;
+
+/// A Linear layer: y = x·Wᵀ (+ b), W [out, in], f32.
+#[derive(Debug, Clone)]
+pub struct Linear {
+    pub weight: Tensor,
+    pub bias: Option<Tensor>,
+}
+
+/// What layer L needs (every layer has it): the input RMSNorm, the q/k/v projections and qwen3's
+/// per-head norms. Layers before L also carry [`LayerRest`].
+#[derive(Debug, Clone)]
+pub struct DecoderLayerWeights {
+    pub input_norm: Tensor,
+    pub q: Linear,
+    pub k: Linear,
+    pub v: Linear,
+    /// qwen3's q_norm / k_norm weights ([p]).
+    pub q_norm: Option<Tensor>,
+    pub k_norm: Option<Tensor>,
+    /// o_proj, the post-attention norm and the MLP; None for the measured layer.
+    pub rest: Option<LayerRest>,
+}
+
+/// The parts of a layer that only layers before L need.
+#[derive(Debug, Clone)]
+pub struct LayerRest {
+    pub o: Linear,
+    pub post_norm: Tensor,
+    pub gate: Linear,
+    pub up: Linear,
+    pub down: Linear,
+}
+
+/// The token embeddings and layers 0..=L (f32, on the run's device).
+#[derive(Debug, Clone)]
+pub struct DecoderWeights {
+    /// [vocab, hidden].
+    pub embed: Tensor,
+    pub layers: Vec<DecoderLayerWeights>,
+}
+
+impl DecoderWeights {
+    /// L, the measured layer.
+    pub fn layer(&self) -> usize {
+        self.layers.len() - 1
+    }
+}
+
+fn linear(x: &Tensor, l: &Linear) -> Result<Tensor> {
+    let y = x.matmul(&l.weight.to_dtype(x.dtype())?.t()?)?;
+    Ok(match &l.bias {
+        Some(b) => y.broadcast_add(&b.to_dtype(x.dtype())?)?,
+        None => y,
+    })
+}
+
+/// RMSNorm over the last dimension: weight·x/√(mean(x²)+ε), in x's dtype (f32 as transformers
+/// computes it, or f64).
+fn rms_norm(x: &Tensor, weight: &Tensor, eps: f64) -> Result<Tensor> {
+    let ms = x.sqr()?.mean_keepdim(D::Minus1)?;
+    let normed = x.broadcast_mul(&(ms + eps)?.sqrt()?.recip()?)?;
+    Ok(normed.broadcast_mul(&weight.to_dtype(x.dtype())?)?)
+}
+
+/// Rows per attention block for `heads` query heads over `n` keys: about 2²⁴ score entries
+/// (64 MB in f32), so that n = 32768 never holds more than a thin [H, rows, n] slab.
+fn block_rows(heads: usize, n: usize) -> usize {
+    ((1usize << 24) / (heads * n).max(1)).clamp(1, n.max(1))
+}
+
+/// Exact causal attention of every query head (METHODS.md §7.2):
+/// O_i = Σ_{j≤i} softmax_j(q_i·k_j/√p) v_j, with query head h reading K/V head ⌊h·H_kv/H⌋, and with a
+/// sliding window W also j > i − W. q [H, n, p], k and v [H_kv, n, p] → [H, n, p].
+///
+/// Row blocks of all heads at once; the K/V heads are broadcast over their group by viewing Q as
+/// [H_kv, group·rows, p] (never copied per query head), and key columns past the block's last row
+/// (or before its window) are skipped, not only masked.
+pub fn causal_attention(
+    q: &Tensor,
+    k: &Tensor,
+    v: &Tensor,
+    window: Option<usize>,
+) -> Result<Tensor> {
+    let (heads, n, _) = q.dims3()?;
+    causal_attention_blocks(q, k, v, window, block_rows(heads, n))
+}
+
+/// [`causal_attention`] with `b` rows per block.
+fn causal_attention_blocks(
+    q: &Tensor,
+    k: &Tensor,
+    v: &Tensor,
+    window: Option<usize>,
+    b: usize,
+) -> Result<Tensor> {
+    let (heads, n, p) = q.dims3()?;
+    let kv_heads = k.dim(0)?;
+    if kv_heads == 0 || !heads.is_multiple_of(kv_heads) || k.dims() != v.dims() || k.dim(1)? != n {
+        return Err(crate::usage!(
+            "causal attention needs Q [H, n, p] and K, V [H_kv, n, p] with H_kv dividing H; got {:?}, {:?}, {:?}",
+            q.dims(),
+            k.dims(),
+            v.dims()
+        ));
+    }
+    let group = heads / kv_heads;
+    let dtype = q.dtype();
+    let scale = 1.0 / (p as f64).sqrt();
+    let b = b.clamp(1, n.max(1));
+    // mask[r, c'] for the column c' = c + n − s of absolute key c in a block starting at row s:
+    // −∞ iff c > s + r (the future) or c ≤ s + r − W (outside the window); it does not depend on s,
+    // so one [b, n + b] table serves every block through a narrow.
+    let w = window.unwrap_or(usize::MAX);
+    let mask: Vec<f32> = (0..b)
+        .flat_map(|r| {
+            (0..n + b).map(move |c| {
+                if c > n + r || c.saturating_add(w) <= n + r {
+                    f32::NEG_INFINITY
+                } else {
+                    0.0
+                }
+            })
+        })
+        .collect();
+    let mask = Tensor::from_vec(mask, (b, n + b), q.device())?.to_dtype(dtype)?;
+    let q4 = q.reshape((kv_heads, group, n, p))?;
+    let mut outs = Vec::with_capacity(n.div_ceil(b));
+    for s in (0..n).step_by(b) {
+        let rows = b.min(n - s);
+        let end = s + rows;
+        let j0 = (s + 1).saturating_sub(w);
+        let keys = end - j0;
+        let qb = q4
+            .narrow(2, s, rows)?
+            .contiguous()?
+            .reshape((kv_heads, group * rows, p))?;
+        let kb = k.narrow(1, j0, keys)?;
+        let vb = v.narrow(1, j0, keys)?.contiguous()?;
+        let scores = (qb.matmul(&kb.t()?.contiguous()?)? * scale)?
+            .reshape((kv_heads, group, rows, keys))?
+            .broadcast_add(&mask.narrow(0, 0, rows)?.narrow(1, j0 + n - s, keys)?)?;
+        let probs =
+            candle_nn::ops::softmax_last_dim(&scores)?.reshape((kv_heads, group * rows, keys))?;
+        outs.push(probs.matmul(&vb)?.reshape((kv_heads, group, rows, p))?);
+    }
+    Ok(Tensor::cat(&outs, 2)?.reshape((heads, n, p))?)
+}
+
+/// [n, H·p] → [H, n, p].
+fn split_heads(x: &Tensor, heads: usize, p: usize) -> Result<Tensor> {
+    let n = x.dim(0)?;
+    Ok(x.reshape((n, heads, p))?.transpose(0, 1)?.contiguous()?)
+}
+
+/// Post-RoPE Q [H, n, p], K and V [H_kv, n, p] of one layer from its input X [n, hidden].
+fn layer_qkv(
+    x: &Tensor,
+    lw: &DecoderLayerWeights,
+    cfg: &DecoderConfig,
+    cos: &Tensor,
+    sin: &Tensor,
+) -> Result<(Tensor, Tensor, Tensor)> {
+    let (h, h_kv, p) = (
+        cfg.num_attention_heads,
+        cfg.num_key_value_heads,
+        cfg.head_dim,
+    );
+    let hn = rms_norm(x, &lw.input_norm, cfg.rms_norm_eps)?;
+    let mut q = split_heads(&linear(&hn, &lw.q)?, h, p)?;
+    let mut k = split_heads(&linear(&hn, &lw.k)?, h_kv, p)?;
+    let v = split_heads(&linear(&hn, &lw.v)?, h_kv, p)?;
+    // qwen3: RMSNorm over each head's p dims, before RoPE.
+    if let Some(w) = &lw.q_norm {
+        q = rms_norm(&q, w, cfg.rms_norm_eps)?;
+    }
+    if let Some(w) = &lw.k_norm {
+        k = rms_norm(&k, w, cfg.rms_norm_eps)?;
+    }
+    Ok((rope::apply(&q, cos, sin)?, rope::apply(&k, cos, sin)?, v))
+}
+
+/// Rows per MLP chunk: the [rows, intermediate] activations stay near 2²⁴ entries.
+fn mlp_rows(intermediate: usize, n: usize) -> usize {
+    ((1usize << 24) / intermediate.max(1)).clamp(1, n.max(1))
+}
+
+/// One whole decoder layer (eval mode), as transformers' `LlamaDecoderLayer.forward`.
+fn decoder_layer(
+    x: &Tensor,
+    lw: &DecoderLayerWeights,
+    cfg: &DecoderConfig,
+    cos: &Tensor,
+    sin: &Tensor,
+    window: Option<usize>,
+) -> Result<Tensor> {
+    let rest = lw
+        .rest
+        .as_ref()
+        .expect("layers before L carry o_proj and the MLP");
+    let n = x.dim(0)?;
+    let (q, k, v) = layer_qkv(x, lw, cfg, cos, sin)?;
+    let ctx = causal_attention(&q, &k, &v, window)?
+        .transpose(0, 1)?
+        .contiguous()?
+        .reshape((n, cfg.num_attention_heads * cfg.head_dim))?;
+    let x = (x + linear(&ctx, &rest.o)?)?;
+    // SwiGLU MLP, row-wise, so done in row chunks to bound the [n, intermediate] activations.
+    let step = mlp_rows(cfg.intermediate_size, n);
+    let mut outs = Vec::with_capacity(n.div_ceil(step));
+    for s in (0..n).step_by(step) {
+        let xs = x.narrow(0, s, step.min(n - s))?;
+        let h = rms_norm(&xs, &rest.post_norm, cfg.rms_norm_eps)?;
+        let act = (linear(&h, &rest.gate)?.silu()? * linear(&h, &rest.up)?)?;
+        outs.push((xs + linear(&act, &rest.down)?)?);
+    }
+    Ok(Tensor::cat(&outs, 0)?)
+}
+
+/// X^L, the input of the measured layer for `ids` ([n, hidden], in `dtype`), and the RoPE tables.
+fn measured_layer_input(
+    w: &DecoderWeights,
+    cfg: &DecoderConfig,
+    ids: &[u32],
+    dtype: DType,
+) -> Result<(Tensor, Tensor, Tensor)> {
+    let dev = w.embed.device();
+    let n = ids.len();
+    if let Some(&bad) = ids
+        .iter()
+        .find(|&&i| i as usize >= w.embed.dim(0).unwrap_or(0))
+    {
+        return Err(crate::usage!(
+            "token id {bad} is outside the model's vocabulary of {} (the tokenizer does not fit the model)",
+            w.embed.dim(0)?
+        ));
+    }
+    let ids_t = Tensor::from_vec(ids.to_vec(), n, dev)?;
+    let mut x = w.embed.index_select(&ids_t, 0)?.to_dtype(dtype)?;
+    let (cos, sin) = rope::cos_sin(&cfg.rope, cfg.head_dim, n, dtype, dev)?;
+    let (_, earlier) = w.layers.split_last().expect("at least one layer");
+    for (l, lw) in earlier.iter().enumerate() {
+        x = decoder_layer(&x, lw, cfg, &cos, &sin, cfg.sliding_window[l])?;
+    }
+    Ok((x, cos, sin))
+}
+
+/// Post-RoPE Q [H, n, p], K [H_kv, n, p] and V [H_kv, n, p] of layer L (the last loaded layer) for
+/// the token window `ids` at positions 0..n−1, in `dtype` (f32 or f64). Layers before L run
+/// exactly as transformers' eager implementation (METHODS.md §7.1).
+pub fn window_qkv(
+    weights: &DecoderWeights,
+    cfg: &DecoderConfig,
+    ids: &[u32],
+    dtype: DType,
+) -> Result<(Tensor, Tensor, Tensor)> {
+    if !matches!(dtype, DType::F32 | DType::F64) {
+        return Err(crate::usage!(
+            "decoder Q/K/V are computed in f32 or f64, not {dtype:?}"
+        ));
+    }
+    if ids.is_empty() {
+        return Err(crate::usage!("an empty token window has no Q/K/V"));
+    }
+    let (x, cos, sin) = measured_layer_input(weights, cfg, ids, dtype)?;
+    let last = weights.layers.last().expect("at least one layer");
+    layer_qkv(&x, last, cfg, &cos, &sin)
+}
+
+#[cfg(test)]
+#[path = "llama_tests.rs"]
+mod tests;

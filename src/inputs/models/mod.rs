@@ -1,0 +1,23 @@
+//! Decoder LLMs as Q/K/V sources (METHODS.md §7.1): Llama, Mistral, Qwen2 and Qwen3, from Hugging
+//! Face safetensors or a GGUF file, one file per concern:
+//! - `decoder_config`: config.json → [`DecoderConfig`] (families, head layout, RoPE parameters);
+//! - `rope`: rotate-half RoPE with default, linear and llama3 inverse frequencies;
+//! - `weights`: safetensors (single or only the needed shards) and transformers-style init;
+//! - `gguf`: GGUF metadata and dequantized tensors, llama.cpp's q/k row order undone;
+//! - `llama`: the forward through layers 0..L−1 and the post-RoPE Q, K, V of layer L;
+//! - `tokens`: the BOS policy and the token windows.
+
+pub mod decoder_config;
+pub mod gguf;
+pub mod llama;
+pub mod rope;
+pub mod tokens;
+pub mod weights;
+
+pub use decoder_config::{
+    decoder_family, DecoderConfig, DecoderFamily, RopeConfig, RopeScaling, SUPPORTED_FAMILIES,
+};
+pub use gguf::{load_gguf, GgufFile};
+pub use llama::{causal_attention, window_qkv, DecoderWeights};
+pub use tokens::{bos_token, decoder_window, windows_available};
+pub use weights::{initialize, load_safetensors, shards_needed};

@@ -1,0 +1,308 @@
+//! Decoder weights for the embeddings and layers 0..=L (METHODS.md §7.1 "Weights",
+//! "`--model initialized`"): from Hugging Face safetensors (one file, or only the shards of a
+//! sharded checkpoint that hold what layer L needs), or initialized as transformers'
+//! `_init_weights` does. The GGUF route (`gguf.rs`) fills the same struct through the same
+//! [`TensorSource`] interface, so the layer layout is written once.
+
+use std::collections::{BTreeSet, HashSet};
+use std::path::{Path, PathBuf};
+
+use anyhow::Result;
+use candle_core::safetensors::MmapedSafetensors;
+use candle_core::{DType, Device, Tensor};
+use rand::SeedableRng;
+
+use super::decoder_config::DecoderConfig;
+use super::llama::{DecoderLayerWeights, DecoderWeights, LayerRest, Linear};
+use crate::numerics::sampling::{derive_labeled_seed, normal_values, TrialRng};
+use crate::usage;
+
+/// How transformers' `_init_weights` initializes a parameter (for the initialized source; the
+/// pretrained sources ignore it).
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum Init {
+    /// N(0, initializer_range²): Linear and Embedding weights.
+    Normal,
+    /// N(0, initializer_range²) with row `pad` zeroed (nn.Embedding with padding_idx).
+    NormalPadRow(Option<usize>),
+    /// Linear biases.
+    Zeros,
+    /// RMSNorm weights.
+    Ones,
+}
+
+/// Named tensors (Hugging Face names, `model.` prefix) of known shapes, f32, on the device.
+pub(crate) trait TensorSource {
+    fn get(&mut self, name: &str, shape: &[usize], init: Init) -> Result<Tensor>;
+}
+
+/// The embeddings and layers 0..=`layer` from `src`; layer L without o_proj and the MLP.
+pub(crate) fn build(
+    src: &mut dyn TensorSource,
+    cfg: &DecoderConfig,
+    layer: usize,
+) -> Result<DecoderWeights> {
+    if layer >= cfg.num_hidden_layers {
+        return Err(usage!(
+            "--layer {layer} is beyond the model: it has {} layers (0..={})",
+            cfg.num_hidden_layers,
+            cfg.num_hidden_layers - 1
+        ));
+    }
+    let (hid, p) = (cfg.hidden_size, cfg.head_dim);
+    let (qd, kvd, inter) = (
+        cfg.num_attention_heads * p,
+        cfg.num_key_value_heads * p,
+        cfg.intermediate_size,
+    );
+    let embed = src.get(
+        "model.embed_tokens.weight",
+        &[cfg.vocab_size, hid],
+        Init::NormalPadRow(cfg.pad_token_id),
+    )?;
+    let lin = |src: &mut dyn TensorSource, name: &str, out: usize, inp: usize, bias: bool| {
+        Ok::<_, anyhow::Error>(Linear {
+            weight: src.get(&format!("{name}.weight"), &[out, inp], Init::Normal)?,
+            bias: if bias {
+                Some(src.get(&format!("{name}.bias"), &[out], Init::Zeros)?)
+            } else {
+                None
+            },
+        })
+    };
+    let mut layers = Vec::with_capacity(layer + 1);
+    for l in 0..=layer {
+        let pre = format!("model.layers.{l}");
+        let a = format!("{pre}.self_attn");
+        let m = format!("{pre}.mlp");
+        let rest = if l < layer {
+            Some(LayerRest {
+                o: lin(src, &format!("{a}.o_proj"), hid, qd, cfg.o_bias)?,
+                post_norm: src.get(
+                    &format!("{pre}.post_attention_layernorm.weight"),
+                    &[hid],
+                    Init::Ones,
+                )?,
+                gate: lin(src, &format!("{m}.gate_proj"), inter, hid, cfg.mlp_bias)?,
+                up: lin(src, &format!("{m}.up_proj"), inter, hid, cfg.mlp_bias)?,
+                down: lin(src, &format!("{m}.down_proj"), hid, inter, cfg.mlp_bias)?,
+            })
+        } else {
+            None
+        };
+        let norm = |src: &mut dyn TensorSource, which: &str| -> Result<Option<Tensor>> {
+            cfg.qk_norm
+                .then(|| src.get(&format!("{a}.{which}.weight"), &[p], Init::Ones))
+                .transpose()
+        };
+        layers.push(DecoderLayerWeights {
+            input_norm: src.get(&format!("{pre}.input_layernorm.weight"), &[hid], Init::Ones)?,
+            q: lin(src, &format!("{a}.q_proj"), qd, hid, cfg.qkv_bias)?,
+            k: lin(src, &format!("{a}.k_proj"), kvd, hid, cfg.qkv_bias)?,
+            v: lin(src, &format!("{a}.v_proj"), kvd, hid, cfg.qkv_bias)?,
+            q_norm: norm(src, "q_norm")?,
+            k_norm: norm(src, "k_norm")?,
+            rest,
+        });
+    }
+    Ok(DecoderWeights { embed, layers })
+}
+
+/// Whether a tensor name belongs to the embeddings or layers 0..=`layer` (with or without the
+/// `model.` prefix): what a sharded checkpoint must provide for layer L, and nothing else.
+fn needed_for(name: &str, layer: usize) -> bool {
+    let name = name.strip_prefix("model.").unwrap_or(name);
+    if name == "embed_tokens.weight" {
+        return true;
+    }
+    name.strip_prefix("layers.")
+        .and_then(|rest| rest.split('.').next())
+        .and_then(|l| l.parse::<usize>().ok())
+        .is_some_and(|l| l <= layer)
+}
+
+/// The shard files (names as in the index, sorted) of a sharded safetensors checkpoint that hold
+/// `model.embed_tokens.weight` and `model.layers.{0..=layer}.*`: the only ones to fetch and read
+/// (METHODS.md §7.1 "Weights": layer 0 of a 70B model is one shard, not the whole model).
+pub fn shards_needed(index_json: &Path, layer: usize) -> Result<Vec<String>> {
+    let text = std::fs::read_to_string(index_json).map_err(|e| {
+        usage!(
+            "weights index {}: cannot read it ({e})",
+            index_json.display()
+        )
+    })?;
+    let v: serde_json::Value = serde_json::from_str(&text).map_err(|e| {
+        usage!(
+            "weights index {}: not valid JSON ({e})",
+            index_json.display()
+        )
+    })?;
+    let map = v
+        .get("weight_map")
+        .and_then(|m| m.as_object())
+        .ok_or_else(|| {
+            usage!(
+                "weights index {}: no \"weight_map\" object; not a safetensors index",
+                index_json.display()
+            )
+        })?;
+    let mut files = BTreeSet::new();
+    for (name, file) in map {
+        if needed_for(name, layer) {
+            let file = file.as_str().ok_or_else(|| {
+                usage!(
+                    "weights index {}: the file of tensor '{name}' is not a string",
+                    index_json.display()
+                )
+            })?;
+            files.insert(file.to_string());
+        }
+    }
+    if files.is_empty() {
+        return Err(usage!(
+            "weights index {}: no shard holds model.embed_tokens or model.layers.0..={layer}",
+            index_json.display()
+        ));
+    }
+    Ok(files.into_iter().collect())
+}
+
+/// Pretrained weights from memory-mapped safetensors files.
+struct Safetensors {
+    st: MmapedSafetensors,
+    names: HashSet<String>,
+    /// What errors name: the file, or the index of a sharded checkpoint.
+    what: String,
+    family: &'static str,
+    device: Device,
+}
+
+impl TensorSource for Safetensors {
+    fn get(&mut self, name: &str, shape: &[usize], _init: Init) -> Result<Tensor> {
+        // Checkpoints of the bare base model (LlamaModel) have no `model.` prefix.
+        let bare = name.strip_prefix("model.").unwrap_or(name);
+        let found = [name, bare]
+            .into_iter()
+            .find(|c| self.names.contains(*c))
+            .ok_or_else(|| {
+                usage!(
+                    "weights {}: tensor '{name}' is missing (also tried '{bare}'); the checkpoint does not hold a {} model matching config.json",
+                    self.what,
+                    self.family
+                )
+            })?;
+        let t = self
+            .st
+            .load(found, &self.device)
+            .map_err(|e| usage!("weights {}: cannot read tensor '{found}' ({e})", self.what))?;
+        if t.dims() != shape {
+            return Err(usage!(
+                "weights {}: tensor '{found}' has shape {:?} but config.json implies {:?}; the weights do not fit the config",
+                self.what,
+                t.dims(),
+                shape
+            ));
+        }
+        // bf16/f16 checkpoints are widened once on load (METHODS.md §7.1 "Weights").
+        Ok(t.to_dtype(DType::F32)?)
+    }
+}
+
+/// Loads the embeddings and layers 0..=`layer` from `path`: a `.safetensors` file, or a
+/// `model.safetensors.index.json`, of which only the shards from [`shards_needed`] are read.
+pub fn load_safetensors(
+    cfg: &DecoderConfig,
+    layer: usize,
+    path: &Path,
+    device: &Device,
+) -> Result<DecoderWeights> {
+    let is_index = path.extension().is_some_and(|e| e == "json");
+    let files: Vec<PathBuf> = if is_index {
+        let dir = path.parent().unwrap_or(Path::new("."));
+        shards_needed(path, layer)?
+            .into_iter()
+            .map(|f| dir.join(f))
+            .collect()
+    } else {
+        vec![path.to_path_buf()]
+    };
+    if let Some(missing) = files.iter().find(|f| !f.is_file()) {
+        return Err(usage!(
+            "weights {}: shard {} is not there; fetch it (it holds layers 0..={layer} or the embeddings)",
+            path.display(),
+            missing.display()
+        ));
+    }
+    // SAFETY: the files are mapped read-only and not modified while the run holds them.
+    let st = unsafe { MmapedSafetensors::multi(&files) }.map_err(|e| {
+        usage!(
+            "weights {}: not readable safetensors ({e}); re-download it",
+            path.display()
+        )
+    })?;
+    let names = st.tensors().into_iter().map(|(n, _)| n).collect();
+    let mut src = Safetensors {
+        st,
+        names,
+        what: path.display().to_string(),
+        family: cfg.family.model_type(),
+        device: device.clone(),
+    };
+    build(&mut src, cfg, layer)
+}
+
+/// transformers' `_init_weights`, each tensor from its own seed (model seed, tensor name), rows
+/// from (that seed, row), as the BERT path does (METHODS.md §1.4): the values do not depend on
+/// which tensors are built, in which order, or on the thread count.
+struct Initialized {
+    seed: u64,
+    std: f64,
+    device: Device,
+}
+
+impl TensorSource for Initialized {
+    fn get(&mut self, name: &str, shape: &[usize], init: Init) -> Result<Tensor> {
+        use rayon::prelude::*;
+        let cols: usize = shape[1..].iter().product();
+        let numel: usize = shape.iter().product();
+        Ok(match init {
+            Init::Zeros => Tensor::zeros(shape, DType::F32, &self.device)?,
+            Init::Ones => Tensor::ones(shape, DType::F32, &self.device)?,
+            Init::Normal | Init::NormalPadRow(_) => {
+                let base = derive_labeled_seed(self.seed, name);
+                let mut v = vec![0f32; numel];
+                v.par_chunks_mut(cols.max(1))
+                    .enumerate()
+                    .for_each(|(r, row)| {
+                        let mut rng = TrialRng::seed_from_u64(
+                            base ^ (r as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15),
+                        );
+                        let vals = normal_values(&mut rng, 1, row.len(), self.std);
+                        row.iter_mut().zip(vals).for_each(|(x, y)| *x = y as f32);
+                    });
+                if let Init::NormalPadRow(Some(pad)) = init {
+                    if pad < shape[0] {
+                        v[pad * cols..(pad + 1) * cols].fill(0.0);
+                    }
+                }
+                Tensor::from_vec(v, shape, &self.device)?
+            }
+        })
+    }
+}
+
+/// Freshly initialized embeddings and layers 0..=`layer` (METHODS.md §7.1 "`--model
+/// initialized`"): Linear and Embedding N(0, initializer_range²), biases 0, RMSNorm weights 1.
+pub fn initialize(
+    cfg: &DecoderConfig,
+    layer: usize,
+    seed: u64,
+    device: &Device,
+) -> Result<DecoderWeights> {
+    let mut src = Initialized {
+        seed,
+        std: cfg.initializer_range,
+        device: device.clone(),
+    };
+    build(&mut src, cfg, layer)
+}
