@@ -9,7 +9,7 @@ use candle_core::{Device, Tensor};
 
 use crate::attention::{self, HeadInputs};
 use crate::config::RunConfig;
-use crate::inputs::{self, qkv};
+use crate::inputs;
 use crate::numerics::{sampling::TrialKey, spectral};
 
 /// Peak resident set size of this process in MiB (Linux /proc; None elsewhere).
@@ -75,23 +75,8 @@ pub fn run(cfg: &RunConfig, reps: usize) -> Result<()> {
         square_matmul_peak(dev, dtype)?
     );
     for &n in &cfg.lengths {
-        let ids = prepared.corpus.window(n, 0)?;
-        let t_qkv = time(dev, reps, || {
-            qkv::window_qkv(
-                &prepared.weights,
-                &prepared.config,
-                ids,
-                cfg.inputs.embedding,
-                dtype,
-            )
-        })?;
-        let (q, k, v) = qkv::window_qkv(
-            &prepared.weights,
-            &prepared.config,
-            ids,
-            cfg.inputs.embedding,
-            dtype,
-        )?;
+        let t_qkv = time(dev, reps, || prepared.window_qkv(&cfg.inputs, n, 0))?;
+        let (q, k, v) = prepared.window_qkv(&cfg.inputs, n, 0)?;
         let (qh, kh, vh) = (
             q.get(0)?.contiguous()?,
             k.get(0)?.contiguous()?,

@@ -8,11 +8,23 @@ use approx_bench::config::{Choice, InputConfig, RunConfig};
 use approx_bench::{sweep, UsageError, EXIT_RUNTIME, EXIT_USAGE};
 use cli::{Cli, Command};
 
+/// Without --mask, the model's own: causal for a decoder, none for BERT (METHODS.md §7.2).
+fn with_native_mask(
+    mut o: approx_bench::config::RunOptions,
+) -> anyhow::Result<approx_bench::config::RunOptions> {
+    if o.mask.is_none() {
+        o.mask = Some(approx_bench::inputs::decoder::native_mask(
+            &InputConfig::new(&o.inputs)?,
+        )?);
+    }
+    Ok(o)
+}
+
 fn run(cli: Cli) -> anyhow::Result<i32> {
     match cli.command {
         None => {
             approx_bench::inputs::hub::allow_progress(!cli.sweep.quiet);
-            let cfg = RunConfig::new(&cli.sweep.options())?;
+            let cfg = RunConfig::new(&with_native_mask(cli.sweep.options())?)?;
             let opts = sweep::SweepOptions {
                 out: cli.sweep.out.clone(),
                 force: cli.sweep.force,
@@ -46,7 +58,7 @@ fn run(cli: Cli) -> anyhow::Result<i32> {
             Ok(0)
         }
         Some(Command::Bench(a)) => {
-            let cfg = RunConfig::new(&a.sweep.options())?;
+            let cfg = RunConfig::new(&with_native_mask(a.sweep.options())?)?;
             approx_bench::bench::run(&cfg, a.repeats.max(1))?;
             Ok(0)
         }

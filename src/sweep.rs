@@ -127,7 +127,18 @@ pub fn run_with(
     mut extra: Vec<Box<dyn attention::Method>>,
 ) -> Result<SweepOutcome> {
     prepare_out(cfg, opts)?;
-    let prepared = inputs::prepare(&cfg.inputs)?;
+    // The windows all start at the corpus's beginning: the longest length times the window count
+    // is every token the run reads, so only that prefix is tokenized.
+    let need = cfg.lengths.iter().max().copied().unwrap_or(0) * cfg.windows;
+    let prepared = inputs::prepare_for(&cfg.inputs, need)?;
+    if let Some(&n) = cfg.lengths.iter().find(|&&n| n > prepared.max_positions()) {
+        if !opts.quiet {
+            eprintln!(
+                "warning: n = {n} is beyond the model's max_position_embeddings ({}): it was not trained at that length (METHODS.md §7.6)",
+                prepared.max_positions()
+            );
+        }
+    }
     let all_heads = prepared.heads();
     let heads: Vec<usize> = match &cfg.heads {
         Some(h) => {

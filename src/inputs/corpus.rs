@@ -1,6 +1,7 @@
 //! The text corpus as token windows: Wikitext-2 rows (raw text file or hub parquet) → the
-//! model's WordPiece tokens (no special tokens, truncation and padding off) → consecutive
-//! non-overlapping n-token windows (METHODS.md §1.4 item 3).
+//! model's tokens (WordPiece or BPE; no special tokens, truncation and padding off) → consecutive
+//! non-overlapping n-token windows (METHODS.md §1.4 item 3), led by BOS for a decoder whose
+//! tokenizer adds one (§7.1).
 
 use std::path::{Path, PathBuf};
 
@@ -9,11 +10,16 @@ use tokenizers::Tokenizer;
 
 use crate::usage;
 
-/// A tokenized corpus.
+/// A tokenized corpus: the whole of it, or the prefix a run needs.
 #[derive(Debug, Clone)]
 pub struct Corpus {
     pub path: PathBuf,
     pub ids: Vec<u32>,
+    /// The token a decoder's tokenizer puts first (METHODS.md §7.1): each window then starts with
+    /// it and holds n − 1 stream tokens. None for BERT and tokenizers that add none.
+    pub bos: Option<u32>,
+    /// Whether `ids` is the whole corpus (false: a prefix of it, see [`tokenize_prefix`]).
+    pub complete: bool,
 }
 
 /// Rows of the dataset as HF `datasets` gives them: CRLF → LF, whitespace-only lines empty.
@@ -141,16 +147,37 @@ pub fn load_tokenizer(path: &Path) -> Result<Tokenizer> {
 }
 
 /// Tokenizes every row (no special tokens) and concatenates the ids. Row-wise tokenization
-/// equals tokenizing the concatenated split for BERT, whose pre-tokenizer splits on whitespace.
+/// equals tokenizing the concatenated split for BERT, whose pre-tokenizer splits on whitespace
+/// (and is how METHODS.md §7.1 builds a decoder's stream too).
 pub fn tokenize(path: &Path, tokenizer: &Tokenizer, vocab_size: usize) -> Result<Corpus> {
+    tokenize_prefix(path, tokenizer, vocab_size, usize::MAX)
+}
+
+/// Rows tokenized per batch by [`tokenize_prefix`].
+const ROWS_PER_BATCH: usize = 512;
+
+/// [`tokenize`] of the corpus's first rows only: batches of rows until at least `need` tokens
+/// (or the whole corpus). A run that takes two windows of 2048 tokens then tokenizes a few
+/// thousand rows' worth, not the whole split (0.6 s of a 1.7 s BERT run, more with a 49k BPE).
+/// The ids are the same prefix the whole corpus gives: rows are tokenized independently.
+pub fn tokenize_prefix(
+    path: &Path,
+    tokenizer: &Tokenizer,
+    vocab_size: usize,
+    need: usize,
+) -> Result<Corpus> {
     let rows = text_rows(path)?;
-    let encodings = tokenizer
-        .encode_batch(rows, false)
-        .map_err(|e| anyhow::anyhow!("tokenizing {}: {e}", path.display()))?;
-    let ids: Vec<u32> = encodings
-        .iter()
-        .flat_map(|e| e.get_ids().iter().copied())
-        .collect();
+    let mut ids: Vec<u32> = Vec::new();
+    for batch in rows.chunks(ROWS_PER_BATCH) {
+        if ids.len() >= need {
+            break;
+        }
+        let encodings = tokenizer
+            .encode_batch(batch.to_vec(), false)
+            .map_err(|e| anyhow::anyhow!("tokenizing {}: {e}", path.display()))?;
+        ids.extend(encodings.iter().flat_map(|e| e.get_ids().iter().copied()));
+    }
+    let complete = ids.len() < need;
     if ids.is_empty() {
         return Err(usage!(
             "corpus {}: no tokens after tokenization",
@@ -166,28 +193,40 @@ pub fn tokenize(path: &Path, tokenizer: &Tokenizer, vocab_size: usize) -> Result
     Ok(Corpus {
         path: path.to_path_buf(),
         ids,
+        bos: None,
+        complete,
     })
 }
 
 impl Corpus {
-    /// How many non-overlapping n-token windows fit.
+    /// How many non-overlapping n-token windows fit (n − 1 stream tokens each with a BOS).
     pub fn windows_available(&self, n: usize) -> usize {
-        self.ids.len() / n.max(1)
+        super::models::windows_available(self.ids.len(), n.max(1), self.bos)
     }
 
-    /// Window `w` (0-based) of length n: tokens [w·n, (w+1)·n).
-    pub fn window(&self, n: usize, w: usize) -> Result<&[u32]> {
+    /// The window's token count as said in errors: the whole corpus's, or "at least" a prefix's.
+    fn token_count(&self) -> String {
+        if self.complete {
+            format!("{} tokens", self.ids.len())
+        } else {
+            format!("more than {} tokens", self.ids.len())
+        }
+    }
+
+    /// Window `w` (0-based) of length n: tokens [w·n, (w+1)·n), or with a BOS (METHODS.md §7.1)
+    /// [BOS] + tokens [w(n−1), (w+1)(n−1)).
+    pub fn window(&self, n: usize, w: usize) -> Result<Vec<u32>> {
         let fit = self.windows_available(n);
         if w >= fit {
             return Err(usage!(
-                "corpus {} has {} tokens: only {fit} windows of n = {n} fit, but window {} was requested; \
+                "corpus {} has {}: only {fit} windows of n = {n} fit, but window {} was requested; \
                  lower --windows to at most {fit}, use shorter --lengths, or a longer corpus",
                 self.path.display(),
-                self.ids.len(),
+                self.token_count(),
                 w + 1
             ));
         }
-        Ok(&self.ids[w * n..(w + 1) * n])
+        Ok(super::models::decoder_window(&self.ids, n, w, self.bos).expect("the window fits"))
     }
 
     /// Checks that `count` windows of every length fit.
@@ -196,10 +235,10 @@ impl Corpus {
             let fit = self.windows_available(n);
             if fit < count {
                 return Err(usage!(
-                    "corpus {} has {} tokens: only {fit} windows of n = {n} fit, but --windows {count} were requested; \
+                    "corpus {} has {}: only {fit} windows of n = {n} fit, but --windows {count} were requested; \
                      lower --windows to at most {fit}, use shorter --lengths, or a longer corpus",
                     self.path.display(),
-                    self.ids.len()
+                    self.token_count()
                 ));
             }
         }
@@ -250,8 +289,19 @@ mod tests {
         let c = Corpus {
             path: "x".into(),
             ids: (0..10).collect(),
+            bos: None,
+            complete: true,
         };
         assert_eq!(c.window(3, 2).unwrap(), &[6, 7, 8]);
+        // With a BOS each window holds n − 1 stream tokens after it (METHODS.md §7.1).
+        let b = Corpus {
+            bos: Some(99),
+            ..c.clone()
+        };
+        assert_eq!(b.windows_available(3), 5);
+        assert_eq!(b.window(3, 0).unwrap(), &[99, 0, 1]);
+        assert_eq!(b.window(3, 4).unwrap(), &[99, 8, 9]);
+        assert!(b.window(3, 5).is_err());
         let e = c.check_fits(&[4], 3).unwrap_err().to_string();
         assert!(e.contains("only 2 windows of n = 4 fit"), "{e}");
     }

@@ -4,6 +4,7 @@
 //! GGUF) as a Q/K/V source in `models`.
 
 pub mod corpus;
+pub mod decoder;
 pub mod dump;
 pub mod hub;
 pub mod model;
@@ -17,10 +18,23 @@ use candle_core::Device;
 
 use crate::config::{InputConfig, ModelKind};
 
+/// The model whose layer L gives Q, K, V.
+pub enum Model {
+    /// A BERT encoder (METHODS.md §1.4).
+    Bert {
+        config: candle_transformers::models::bert::Config,
+        weights: model::BertWeights,
+    },
+    /// A decoder LLM (METHODS.md §7.1): Llama, Mistral, Qwen2, Qwen3.
+    Decoder {
+        config: models::DecoderConfig,
+        weights: models::DecoderWeights,
+    },
+}
+
 /// Everything a sweep or a dump needs, resolved and loaded once.
 pub struct Prepared {
-    pub config: candle_transformers::models::bert::Config,
-    pub weights: model::BertWeights,
+    pub model: Model,
     pub corpus: corpus::Corpus,
     pub device: Device,
     /// Display id of the model (hub id or directory name).
@@ -30,15 +44,43 @@ pub struct Prepared {
 }
 
 impl Prepared {
+    /// Query heads H.
     pub fn heads(&self) -> usize {
-        self.config.num_attention_heads
+        match &self.model {
+            Model::Bert { config, .. } => config.num_attention_heads,
+            Model::Decoder { config, .. } => config.num_attention_heads,
+        }
+    }
+    /// K/V heads H_kv (= H without grouped-query heads).
+    pub fn kv_heads(&self) -> usize {
+        match &self.model {
+            Model::Bert { config, .. } => config.num_attention_heads,
+            Model::Decoder { config, .. } => config.num_key_value_heads,
+        }
     }
     pub fn head_dim(&self) -> usize {
-        self.config.hidden_size / self.config.num_attention_heads
+        match &self.model {
+            Model::Bert { config, .. } => config.hidden_size / config.num_attention_heads,
+            Model::Decoder { config, .. } => config.head_dim,
+        }
+    }
+    /// The positions the model was trained on.
+    pub fn max_positions(&self) -> usize {
+        match &self.model {
+            Model::Bert { config, .. } => config.max_position_embeddings,
+            Model::Decoder { config, .. } => config.max_position_embeddings,
+        }
+    }
+    /// The mask of the model's own attention: causal for decoders, none for BERT (§7.2).
+    pub fn native_mask(&self) -> crate::attention::Mask {
+        match &self.model {
+            Model::Bert { .. } => crate::attention::Mask::None,
+            Model::Decoder { .. } => crate::attention::Mask::Causal,
+        }
     }
 
-    /// Q, K, V ([heads, n, p], in the run's dtype) of window `window` of length `n`: what the
-    /// sweep measures, `dump-qkv` writes and the Python package's `inputs` returns.
+    /// Q ([H, n, p]), K and V ([H_kv, n, p]) in the run's dtype, of window `window` of length
+    /// `n`: what the sweep measures, `dump-qkv` writes and the Python package's `inputs` returns.
     pub fn window_qkv(
         &self,
         inputs: &InputConfig,
@@ -50,22 +92,78 @@ impl Prepared {
         candle_core::Tensor,
     )> {
         let ids = self.corpus.window(n, window)?;
-        qkv::window_qkv_dropout(
-            &self.weights,
-            &self.config,
-            ids,
-            inputs.embedding,
-            inputs.candle_dtype(),
-            inputs.dropout_for(n, window),
-        )
+        match &self.model {
+            Model::Bert { config, weights } => qkv::window_qkv_dropout(
+                weights,
+                config,
+                &ids,
+                inputs.embedding,
+                inputs.candle_dtype(),
+                inputs.dropout_for(n, window),
+            ),
+            Model::Decoder { config, weights } => {
+                models::window_qkv(weights, config, &ids, inputs.candle_dtype())
+            }
+        }
     }
 }
 
 /// Resolves files (hub cache or local), reads config and tokenizer, tokenizes the corpus and
 /// loads or initializes the weights.
 pub fn prepare(inputs: &InputConfig) -> Result<Prepared> {
+    prepare_for(inputs, usize::MAX)
+}
+
+/// [`prepare`] tokenizing only the corpus's first `need_tokens` tokens or so (whole rows): what a
+/// run of `windows` windows of length up to `n` reads.
+pub fn prepare_for(inputs: &InputConfig, need_tokens: usize) -> Result<Prepared> {
     let device = qkv::device(&inputs.device)?;
     let source = inputs.source();
+    let corpus_path = || -> Result<PathBuf> {
+        Ok(match inputs.corpus.strip_prefix("file:") {
+            Some(p) => PathBuf::from(p),
+            None => hub::wikitext_parquet(
+                &hub::Hub::from_env()?,
+                inputs.corpus.rsplit('/').next().unwrap_or("test"),
+            )?,
+        })
+    };
+    if let Some(files) = decoder::resolve(&source, inputs, hub::Hub::from_env)? {
+        let (config, weights) = decoder::load(&files, inputs, &device)?;
+        let tokenizer = corpus::load_tokenizer(&files.tokenizer)?;
+        let bos = models::bos_token(&files.tokenizer, files.tokenizer_config.as_deref())?;
+        let corpus_path = corpus_path()?;
+        let mut corpus =
+            corpus::tokenize_prefix(&corpus_path, &tokenizer, config.vocab_size, need_tokens)?;
+        corpus.bos = bos;
+        let mut list = vec![
+            ("config".to_string(), files.config.clone()),
+            ("tokenizer".to_string(), files.tokenizer.clone()),
+        ];
+        if let Some(t) = &files.tokenizer_config {
+            list.push(("tokenizer_config".to_string(), t.clone()));
+        }
+        match &files.weights {
+            Some(decoder::Weights::Safetensors { path, shards }) => {
+                if path.extension().is_some_and(|e| e == "json") {
+                    list.push(("weights_index".to_string(), path.clone()));
+                }
+                list.extend(shards.iter().map(|s| ("weights".to_string(), s.clone())));
+            }
+            Some(decoder::Weights::Gguf(g)) if *g != files.config => {
+                list.push(("weights".to_string(), g.clone()))
+            }
+            _ => {}
+        }
+        list.push(("corpus".to_string(), corpus_path));
+        return Ok(Prepared {
+            model: Model::Decoder { config, weights },
+            corpus,
+            device,
+            model_id: hub::source_name(&source),
+            files: list,
+        });
+    }
     let files = hub::model_files(
         &source,
         inputs.needs_pretrained_weights(),
@@ -73,14 +171,8 @@ pub fn prepare(inputs: &InputConfig) -> Result<Prepared> {
     )?;
     let config = model::load_config(&files.config)?;
     let tokenizer = corpus::load_tokenizer(&files.tokenizer)?;
-    let corpus_path = match inputs.corpus.strip_prefix("file:") {
-        Some(p) => PathBuf::from(p),
-        None => hub::wikitext_parquet(
-            &hub::Hub::from_env()?,
-            inputs.corpus.rsplit('/').next().unwrap_or("test"),
-        )?,
-    };
-    let corpus = corpus::tokenize(&corpus_path, &tokenizer, config.vocab_size)?;
+    let corpus_path = corpus_path()?;
+    let corpus = corpus::tokenize_prefix(&corpus_path, &tokenizer, config.vocab_size, need_tokens)?;
     let from = |kind: ModelKind| match kind {
         ModelKind::Pretrained => model::WeightSource::Pretrained(
             files
@@ -109,8 +201,7 @@ pub fn prepare(inputs: &InputConfig) -> Result<Prepared> {
     }
     list.push(("corpus".to_string(), corpus_path));
     Ok(Prepared {
-        config,
-        weights,
+        model: Model::Bert { config, weights },
         corpus,
         device,
         model_id: hub::source_name(&source),
