@@ -27,8 +27,10 @@
 
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Output, Stdio};
-use std::time::{Duration, Instant};
+use std::process::{Command, Output, Stdio};
+use std::time::Duration;
+
+mod common;
 
 /// How long one documented command may run before it is killed (an accepted command line that
 /// found its inputs and started working is killed here, not failed).
@@ -338,21 +340,6 @@ fn documented_commands(docs: &[(PathBuf, String)]) -> Vec<(String, Vec<String>)>
     out
 }
 
-/// Waits for a child at most `limit`, killing it past that; true if it was killed.
-fn wait(mut child: Child, limit: Duration) -> (Output, bool) {
-    let t0 = Instant::now();
-    let mut killed = false;
-    while child.try_wait().unwrap().is_none() {
-        if t0.elapsed() > limit {
-            child.kill().unwrap();
-            killed = true;
-            break;
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    (child.wait_with_output().unwrap(), killed)
-}
-
 /// Runs the binary with `args` in `cwd`, offline, at most [`LIMIT`]; true if it was killed.
 fn run_offline(cwd: &Path, args: &[String]) -> (Output, bool) {
     let home = cwd.join(".hf-home");
@@ -370,7 +357,8 @@ fn run_offline(cwd: &Path, args: &[String]) -> (Output, bool) {
         .stderr(Stdio::piped())
         .spawn()
         .expect("run approx-bench");
-    wait(child, LIMIT)
+    let (out, took) = common::wait(child, LIMIT);
+    (out, took > LIMIT)
 }
 
 /// How an error names an input of `args` that does not exist in `cwd`: a path (with a '/') as
