@@ -62,7 +62,7 @@ fn main() {
     println!("cargo:rustc-env=APPROX_BENCH_BUILD={build}");
 
     // scripts/build-cuda.sh: a directory whose libcudart.a (NVIDIA's libcudart_static.a) satisfies
-    // candle-kernels' `-lcudart`, so the binary needs no CUDA library to start (README.md, "GPU").
+    // candle-kernels' `-lcudart`, so the binary needs no CUDA library to start (docs/gpu.md).
     println!("cargo:rerun-if-env-changed=APPROX_BENCH_CUDA_LINK_DIR");
     if std::env::var_os("CARGO_FEATURE_CUDA").is_some() {
         if let Some(dir) = std::env::var_os("APPROX_BENCH_CUDA_LINK_DIR") {

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Builds target/release/approx-bench with --features cuda on a machine with no GPU, no driver and no CUDA
-# toolkit (README.md, "GPU"). NVIDIA's compiler wheels (nvcc, headers, the static CUDA runtime) are installed
+# toolkit (docs/gpu.md). NVIDIA's compiler wheels (nvcc, headers, the static CUDA runtime) are installed
 # into a virtual environment outside the repository and reused on later runs.
 #
 # The binary links no CUDA library: candle's cudarc is switched from `dynamic-linking` to `dynamic-loading`

@@ -12,10 +12,11 @@ use clap::builder::{PossibleValue, PossibleValuesParser, TypedValueParser};
 use clap::{Args, Parser, Subcommand};
 
 use approx_bench::attention::{Mask, Target};
+use approx_bench::check::{Against, CheckRequest};
 use approx_bench::config::{
     Choice, Dtype, EmbeddingPolicy, FigurePreset, InitScheme, InputOptions, ModelKind, RunOptions,
 };
-use approx_bench::report::check::{Against, CheckOptions, CheckRequest};
+use approx_bench::report::check::CheckOptions;
 use approx_bench::report::figures::Statistic;
 
 #[derive(Debug, Parser)]

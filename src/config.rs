@@ -11,7 +11,6 @@ use anyhow::Result;
 use serde::{Deserialize, Serialize};
 
 use crate::attention::{self, Mask, Target};
-use crate::inputs::hub::ModelSource;
 use crate::usage;
 
 mod choices;
@@ -162,6 +161,17 @@ pub struct UserMethod {
     pub sha256: String,
 }
 
+/// The Wikitext-2 raw test split on the hub (parquet).
+pub const WIKITEXT_REPO: &str = "Salesforce/wikitext";
+pub const WIKITEXT_CONFIG: &str = "wikitext-2-raw-v1";
+
+/// Where the model files come from.
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+pub enum ModelSource {
+    Hub { id: String, revision: String },
+    Dir(PathBuf),
+}
+
 /// Validated input options.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct InputConfig {
@@ -231,12 +241,7 @@ impl InputConfig {
             layer: a.layer,
             corpus: match &a.corpus {
                 Some(f) => format!("file:{}", f.display()),
-                None => format!(
-                    "hub:{}/{}/{}",
-                    crate::inputs::hub::WIKITEXT_REPO,
-                    crate::inputs::hub::WIKITEXT_CONFIG,
-                    a.split
-                ),
+                None => format!("hub:{}/{}/{}", WIKITEXT_REPO, WIKITEXT_CONFIG, a.split),
             },
             device: a.device.clone(),
             dtype: a.dtype,

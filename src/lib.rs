@@ -4,16 +4,21 @@
 //! `inputs` (hub, corpus, model, Q/K/V; `dump-qkv`) → `attention` (exact target and
 //! approximations) → `numerics` (spectral norm, inverses, sampling, shifted exponentials) →
 //! `sweep` (the trial grid) → `report` (CSV, manifest, shard merge, figures, regression check).
-//! `runtime` sets the process-wide thread budget and allocator behaviour once at start-up;
-//! `bench` times the stages.
+//! `check` runs the `check` command (re-running a baseline with `sweep` for `--rerun`, comparing
+//! with `report`, which reads runs and runs none). `runtime` sets the process-wide thread budget
+//! and allocator behaviour once at start-up; `bench` times the stages. The ground floor (`choice`,
+//! `device`, `tensor_util`, `file_hash`, `runtime`) imports nothing of the house.
 //!
 //! The library takes plain configuration (`config`: [`config::RunOptions`] →
-//! [`config::RunConfig`], [`report::check::CheckRequest`], …) and knows nothing of the command line:
+//! [`config::RunConfig`], [`check::CheckRequest`], …) and knows nothing of the command line:
 //! the CLI (`src/main.rs`, `src/cli.rs`, in the binary) turns its arguments into it at the edge.
 
 pub mod attention;
 pub mod bench;
+pub mod check;
+pub mod choice;
 pub mod config;
+pub mod device;
 pub mod file_hash;
 pub mod inputs;
 pub mod numerics;

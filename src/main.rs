@@ -41,7 +41,7 @@ fn run(cli: Cli) -> anyhow::Result<i32> {
             // The figures are redrawn from summary.csv; a drawing failure leaves the data intact.
             let figures = approx_bench::report::figures::draw_after_sweep(&outcome.out);
             if !opts.quiet {
-                approx_bench::report::console::print_summary(&outcome);
+                print_summary(&outcome);
                 match &figures {
                     Ok(paths) if !paths.is_empty() => eprintln!(
                         "figures: {}",
@@ -81,8 +81,8 @@ fn run(cli: Cli) -> anyhow::Result<i32> {
             Ok(0)
         }
         Some(Command::Merge(a)) => {
-            let outcome = approx_bench::report::merge::merge(&a.dirs, &a.out)?;
-            approx_bench::report::console::print_summary(&outcome);
+            let merged = approx_bench::report::merge::merge(&a.dirs, &a.out)?;
+            approx_bench::report::console::print_summary(&a.out, &merged.summary, 0, merged.trials);
             Ok(0)
         }
         Some(Command::DumpQkv(a)) => {
@@ -131,13 +131,18 @@ fn run(cli: Cli) -> anyhow::Result<i32> {
                 force: a.force,
                 command: std::env::args().collect(),
             })?;
-            approx_bench::report::console::print_summary(&outcome);
+            print_summary(&outcome);
             Ok(0)
         }
         Some(Command::Check(a)) => {
-            approx_bench::report::check::execute(&a.request(std::env::args().collect())?)
+            approx_bench::check::execute(&a.request(std::env::args().collect())?)
         }
     }
+}
+
+/// The console summary of a sweep's or a score's outcome.
+fn print_summary(o: &sweep::SweepOutcome) {
+    approx_bench::report::console::print_summary(&o.out, &o.summary, o.new_trials, o.total_trials);
 }
 
 fn main() {

@@ -68,7 +68,7 @@ pub fn test_device() -> Device {
     DEVICE
         .get_or_init(|| {
             let spec = test_device_spec();
-            crate::inputs::qkv::device(&spec)
+            crate::device::device(&spec)
                 .unwrap_or_else(|e| panic!("{TEST_DEVICE_VAR}={spec}: {e:#}"))
         })
         .clone()

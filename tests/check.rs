@@ -9,14 +9,7 @@ use common::*;
 
 /// A tiny sweep into `out` (initialized weights, V-Mean, 2 lengths × 2 windows × 4 heads × 2 d).
 fn sweep(model: &Path, out: &Path, extra: &[&str]) {
-    let corpus = corpus_path();
     let mut args = vec![
-        "--model",
-        "initialized",
-        "--model-dir",
-        model.to_str().unwrap(),
-        "--corpus",
-        corpus.to_str().unwrap(),
         "--lengths",
         "16,20",
         "--windows",
@@ -30,7 +23,7 @@ fn sweep(model: &Path, out: &Path, extra: &[&str]) {
         "--quiet",
     ];
     args.extend_from_slice(extra);
-    let o = run(&args, &[]);
+    let o = sweep_tiny(model, &args);
     assert!(o.status.success(), "sweep failed: {}", stderr(&o));
 }
 

@@ -6,11 +6,12 @@
 mod common;
 
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Output, Stdio};
+use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use approx_bench::inputs::hub::{Hub, HubSettings, Progress, Timeouts};
 use common::mock_hub::{sha256, Fault, MockHub, COMMIT};
+use common::wait;
 use hf_hub::{Repo, RepoType};
 
 const MODEL: &str = "tiny-org/tiny-bert";
@@ -457,19 +458,6 @@ fn spawn(args: &[String], env: &[(&str, String)]) -> Child {
         c.env(k, v);
     }
     c.spawn().unwrap()
-}
-
-/// Waits for a child at most `limit`, killing it past that (no test can hang CI).
-fn wait(mut child: Child, limit: Duration) -> (Output, Duration) {
-    let t0 = Instant::now();
-    while child.try_wait().unwrap().is_none() {
-        if t0.elapsed() > limit {
-            child.kill().unwrap();
-            break;
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    (child.wait_with_output().unwrap(), t0.elapsed())
 }
 
 fn env(hub: &MockHub, home: &Path) -> Vec<(&'static str, String)> {

@@ -97,12 +97,7 @@ fn resume_after_a_torn_write_gives_the_rows_of_an_uninterrupted_run() {
     args.extend(["--model", "initialized"]);
     let o = run(&args, &[]);
     assert!(o.status.success(), "{}", stderr(&o));
-    let mut got = rows_without_timing(&cut.join("trials.csv"));
-    let mut want = rows_without_timing(&full.join("trials.csv"));
-    assert_eq!(got.len(), want.len(), "no row missing, none twice");
-    got.sort();
-    want.sort();
-    assert_eq!(got, want);
+    assert_same_rows(&cut.join("trials.csv"), &full.join("trials.csv"));
 }
 
 #[test]
@@ -497,12 +492,7 @@ fn a_sweep_killed_with_sigkill_resumes_to_exactly_the_rows_of_an_uninterrupted_r
         .output()
         .unwrap();
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
-    let mut got = rows_without_timing(&trials);
-    let mut want = rows_without_timing(&full.join("trials.csv"));
-    assert_eq!(got.len(), want.len(), "none missing, none twice");
-    got.sort();
-    want.sort();
-    assert_eq!(got, want);
+    assert_same_rows(&trials, &full.join("trials.csv"));
 }
 
 #[test]

@@ -7,12 +7,13 @@ mod common;
 
 use std::collections::HashMap;
 use std::path::Path;
+use std::process::Output;
 
 use approx_bench::attention::{self, HeadInputs};
 use approx_bench::numerics::sampling::{rng_from_seed, TrialKey};
 use approx_bench::report::trials::read_rows;
 use candle_core::{Device, Tensor};
-use common::{corpus_path, run, stderr, tiny_model};
+use common::{corpus_path, run, stderr, sweep_tiny, tiny_model};
 
 fn dump(model: &Path, dir: &Path, n: usize, w: usize) -> std::path::PathBuf {
     let out = dir.join(format!("qkv-n{n}-w{w}.safetensors"));
@@ -36,6 +37,30 @@ fn dump(model: &Path, dir: &Path, n: usize, w: usize) -> std::path::PathBuf {
     );
     assert!(o.status.success(), "{}", stderr(&o));
     out
+}
+
+/// `approx-bench score` of the outputs `name` in `approx` on the dumps in `qkv` into `out`, with
+/// `extra` flags after the others.
+fn score(qkv: &Path, approx: &Path, name: &str, out: &Path, extra: &[&str]) -> Output {
+    let mut args = vec![
+        "score",
+        "--qkv",
+        qkv.to_str().unwrap(),
+        "--approx",
+        approx.to_str().unwrap(),
+        "--name",
+        name,
+        "--out",
+        out.to_str().unwrap(),
+    ];
+    args.extend_from_slice(extra);
+    run(&args, &[])
+}
+
+/// Expects a usage error (exit 2) whose message contains `needle`.
+fn assert_usage_error(o: &Output, needle: &str) {
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(o));
+    assert!(stderr(o).contains(needle), "{}", stderr(o));
 }
 
 /// Writes `<name>-n-w-d.safetensors` files of built-in `method` ([heads, n, p] `o_hat`), each
@@ -127,18 +152,7 @@ fn scored_files_give_the_sweeps_rows_and_bad_files_are_named() {
     let reference = read_rows(&sweep.join("trials.csv")).unwrap();
     for (name, method) in [("my-vmean", "vmean"), ("my-skein", "skeinformer")] {
         let out = tmp.path().join(name);
-        let args = [
-            "score",
-            "--qkv",
-            qkv.to_str().unwrap(),
-            "--approx",
-            approx.to_str().unwrap(),
-            "--name",
-            name,
-            "--out",
-            out.to_str().unwrap(),
-        ];
-        let o = run(&args, &[]);
+        let o = score(&qkv, &approx, name, &out, &[]);
         assert!(o.status.success(), "{}", stderr(&o));
         let rows = read_rows(&out.join("trials.csv")).unwrap();
         assert_eq!(rows.len(), 2 * 2 * 4 * 2);
@@ -159,10 +173,10 @@ fn scored_files_give_the_sweeps_rows_and_bad_files_are_named() {
         let manifest = std::fs::read_to_string(out.join("manifest.json")).unwrap();
         assert!(manifest.contains("\"score files\"") && manifest.contains("\"complete\""));
         // Again without --force: refused; with it: replaced.
-        assert_eq!(run(&args, &[]).status.code(), Some(2));
-        let mut forced = args.to_vec();
-        forced.push("--force");
-        assert!(run(&forced, &[]).status.success());
+        assert_eq!(score(&qkv, &approx, name, &out, &[]).status.code(), Some(2));
+        assert!(score(&qkv, &approx, name, &out, &["--force"])
+            .status
+            .success());
     }
     // The user's run draws beside the sweep's.
     let figs = tmp.path().join("figs");
@@ -182,86 +196,20 @@ fn scored_files_give_the_sweeps_rows_and_bad_files_are_named() {
 
     // A missing file, a wrong shape and a name without files are named.
     std::fs::remove_file(approx.join("my-vmean-n24-w1-d8.safetensors")).unwrap();
-    let o = run(
-        &[
-            "score",
-            "--qkv",
-            qkv.to_str().unwrap(),
-            "--approx",
-            approx.to_str().unwrap(),
-            "--name",
-            "my-vmean",
-            "--out",
-            tmp.path().join("x").to_str().unwrap(),
-        ],
-        &[],
-    );
-    assert_eq!(o.status.code(), Some(2));
-    assert!(
-        stderr(&o).contains("lacks 1 file(s): my-vmean-n24-w1-d8.safetensors"),
-        "{}",
-        stderr(&o)
-    );
+    let o = score(&qkv, &approx, "my-vmean", &tmp.path().join("x"), &[]);
+    assert_usage_error(&o, "lacks 1 file(s): my-vmean-n24-w1-d8.safetensors");
     let bad = HashMap::from([(
         "o_hat".to_string(),
         Tensor::zeros((4, 24, 3), candle_core::DType::F32, &Device::Cpu).unwrap(),
     )]);
     candle_core::safetensors::save(&bad, approx.join("my-vmean-n24-w1-d8.safetensors")).unwrap();
-    let o = run(
-        &[
-            "score",
-            "--qkv",
-            qkv.to_str().unwrap(),
-            "--approx",
-            approx.to_str().unwrap(),
-            "--name",
-            "my-vmean",
-            "--out",
-            tmp.path().join("y").to_str().unwrap(),
-        ],
-        &[],
+    let o = score(&qkv, &approx, "my-vmean", &tmp.path().join("y"), &[]);
+    assert_usage_error(
+        &o,
+        "my-vmean-n24-w1-d8.safetensors: o_hat has shape [4, 24, 3]",
     );
-    assert_eq!(o.status.code(), Some(2));
-    assert!(
-        stderr(&o).contains("my-vmean-n24-w1-d8.safetensors: o_hat has shape [4, 24, 3]"),
-        "{}",
-        stderr(&o)
-    );
-    let o = run(
-        &[
-            "score",
-            "--qkv",
-            qkv.to_str().unwrap(),
-            "--approx",
-            approx.to_str().unwrap(),
-            "--name",
-            "nobody",
-            "--out",
-            tmp.path().join("z").to_str().unwrap(),
-        ],
-        &[],
-    );
-    assert_eq!(o.status.code(), Some(2));
-    assert!(
-        stderr(&o).contains("no files named nobody-n<N>-w<W>-d<D>.safetensors"),
-        "{}",
-        stderr(&o)
-    );
-}
-
-/// Runs the sweep on the tiny model's window(s) of the fixture corpus with `extra` flags.
-fn sweep_tiny(model: &Path, extra: &[&str]) -> std::process::Output {
-    let corpus = corpus_path();
-    let mut args = vec![
-        "--model",
-        "initialized",
-        "--model-dir",
-        model.to_str().unwrap(),
-        "--corpus",
-        corpus.to_str().unwrap(),
-    ];
-    args.extend_from_slice(extra);
-    run(&args, &[])
+    let o = score(&qkv, &approx, "nobody", &tmp.path().join("z"), &[]);
+    assert_usage_error(&o, "no files named nobody-n<N>-w<W>-d<D>.safetensors");
 }
 
 /// The kernelized target end to end: a `--target kernelized` sweep writes `target` = kernelized,
@@ -314,22 +262,7 @@ fn kernelized_runs_score_against_c_v() {
     assert!(!sweep.join("all-methods-initialized.png").exists());
 
     let out = tmp.path().join("scored");
-    let o = run(
-        &[
-            "score",
-            "--target",
-            "kernelized",
-            "--qkv",
-            qkv.to_str().unwrap(),
-            "--approx",
-            approx.to_str().unwrap(),
-            "--name",
-            "my-rff",
-            "--out",
-            out.to_str().unwrap(),
-        ],
-        &[],
-    );
+    let o = score(&qkv, &approx, "my-rff", &out, &["--target", "kernelized"]);
     assert!(o.status.success(), "{}", stderr(&o));
     let rows = read_rows(&out.join("trials.csv")).unwrap();
     assert_eq!(rows.len(), 4 * 2); // 4 heads × 2 d
@@ -363,12 +296,7 @@ fn kernelized_runs_score_against_c_v() {
         ],
         &[],
     );
-    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
-    assert!(
-        stderr(&o).contains("check compares runs of one target"),
-        "{}",
-        stderr(&o)
-    );
+    assert_usage_error(&o, "check compares runs of one target");
     // A softmax method under --target kernelized: exit 2, naming the methods that fit.
     let bad = tmp.path().join("bad");
     let o = sweep_tiny(

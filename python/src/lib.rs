@@ -275,7 +275,12 @@ fn sweep(
         .detach(|| approx_bench::sweep::run_with(&cfg, &sweep_opts, extra))
         .map_err(err)?;
     if !quiet {
-        approx_bench::report::console::print_summary(&outcome);
+        approx_bench::report::console::print_summary(
+            &outcome.out,
+            &outcome.summary,
+            outcome.new_trials,
+            outcome.total_trials,
+        );
     }
     Ok(outcome.out.display().to_string())
 }

@@ -25,7 +25,7 @@ pub enum Target {
     Kernelized,
 }
 
-crate::config::choice!(Target {
+crate::choice::choice!(Target {
     Softmax = "softmax" "O = softmax(QKᵀ/√p)V (both papers' Figure 1)",
     Kernelized = "kernelized"
         "O = C·V with the Gaussian kernel C_ij = exp(−‖q̃_i − k̃_j‖²/2), q̃ = q·p^-1/4, no normalisation (Skyformer's Kernelized Attention, METHODS.md §6.4)",
@@ -45,7 +45,7 @@ pub enum Mask {
     Causal,
 }
 
-crate::config::choice!(Mask {
+crate::choice::choice!(Mask {
     None = "none" "every query attends to every key (encoders; the default for BERT)",
     Causal = "causal" "query i attends to keys j ≤ i (decoders; the default for llama, mistral, qwen2, qwen3; METHODS.md §7.2)",
 });

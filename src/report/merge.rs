@@ -7,9 +7,8 @@ use anyhow::Result;
 
 use crate::config::RunConfig;
 use crate::report::manifest::{json_diff, Manifest, MergedPart, BUILD};
-use crate::report::summary;
+use crate::report::summary::{self, SummaryRow};
 use crate::report::trials::{self, TrialRow, TrialWriter};
-use crate::sweep::SweepOutcome;
 use crate::usage;
 
 /// Position of a trial in the grid order (n, window, head, method, d) of `cfg`.
@@ -29,8 +28,14 @@ fn grid_rank(cfg: &RunConfig, r: &TrialRow) -> (usize, usize, usize, usize, usiz
     )
 }
 
+/// The merged run in `out`: its summary and how many trials it holds.
+pub struct Merged {
+    pub summary: Vec<SummaryRow>,
+    pub trials: usize,
+}
+
 /// Combines shard directories (same configuration) into one run in `out`.
-pub fn merge(dirs: &[PathBuf], out: &Path) -> Result<SweepOutcome> {
+pub fn merge(dirs: &[PathBuf], out: &Path) -> Result<Merged> {
     let manifests: Vec<Manifest> = dirs
         .iter()
         .map(|d| Manifest::read(d))
@@ -132,10 +137,8 @@ pub fn merge(dirs: &[PathBuf], out: &Path) -> Result<SweepOutcome> {
     if rows.len() != expected {
         eprintln!("warning: merged {} of the {expected} trials of the configuration; some shards are missing or incomplete", rows.len());
     }
-    Ok(SweepOutcome {
-        out: out.to_path_buf(),
+    Ok(Merged {
         summary: summary_rows,
-        new_trials: 0,
-        total_trials: rows.len(),
+        trials: rows.len(),
     })
 }

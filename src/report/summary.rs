@@ -2,7 +2,7 @@
 
 use serde::{Deserialize, Serialize};
 
-/// One curve point. Column order is the CSV schema (README "Output files").
+/// One curve point. Column order is the CSV schema (docs/guide.md, "Output files").
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct SummaryRow {
     pub model: String,

@@ -8,6 +8,7 @@ pub mod mock_hub;
 use std::collections::{BTreeSet, HashMap};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
+use std::time::{Duration, Instant};
 
 use candle_core::{DType, Device, Tensor};
 
@@ -226,6 +227,47 @@ pub fn tiny_inputs(dir: &Path, with_weights: bool) -> (String, String) {
         model.to_str().unwrap().to_string(),
         corpus_path().to_str().unwrap().to_string(),
     )
+}
+
+/// The sweep on the tiny model in `model` (initialized weights) and the fixture corpus, with
+/// `extra` flags.
+pub fn sweep_tiny(model: &Path, extra: &[&str]) -> Output {
+    let corpus = corpus_path();
+    let mut args = vec![
+        "--model",
+        "initialized",
+        "--model-dir",
+        model.to_str().unwrap(),
+        "--corpus",
+        corpus.to_str().unwrap(),
+    ];
+    args.extend_from_slice(extra);
+    run(&args, &[])
+}
+
+/// Asserts that two trials.csv files hold the same rows, timing aside: none missing, none twice,
+/// in any order.
+pub fn assert_same_rows(got: &Path, want: &Path) {
+    let mut got = rows_without_timing(got);
+    let mut want = rows_without_timing(want);
+    assert_eq!(got.len(), want.len(), "none missing, none twice");
+    got.sort();
+    want.sort();
+    assert_eq!(got, want);
+}
+
+/// Waits for a child at most `limit`, killing it past that (no test can hang CI); returns its
+/// output and how long it ran.
+pub fn wait(mut child: std::process::Child, limit: Duration) -> (Output, Duration) {
+    let t0 = Instant::now();
+    while child.try_wait().unwrap().is_none() {
+        if t0.elapsed() > limit {
+            child.kill().unwrap();
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    (child.wait_with_output().unwrap(), t0.elapsed())
 }
 
 /// trials.csv rows without the timing column (`seconds`, found by its header name).

@@ -2,7 +2,7 @@
 """Independent float64 cross-check of approx-bench's §6 ("the field") methods against METHODS.md.
 
 A second implementation of the methods of ``../shared/METHODS.md`` §6 (and the §1.1/§1.2/§1.5 target,
-metric and randomness), written from the specification and ``NOTES-issue13.md``, not from the Rust
+metric and randomness), written from the specification and ``NOTES-issue13.md`` (now ``docs/decisions.md``), not from the Rust
 sources. It scores the *same* Q/K/V the Rust tool used (written by ``approx-bench dump-qkv``) and compares
 with a sweep's ``trials.csv``. It needs only numpy: the safetensors dump is parsed by hand.
 

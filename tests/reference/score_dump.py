@@ -334,7 +334,7 @@ def m_skein_nonorm(h, d, rng):
 
 
 def m_column_uniform(h: Head, d, rng):
-    """Not in METHODS.md; README: "d keys sampled uniformly, softmax over them only".
+    """Not in METHODS.md; docs/methods.md: "d keys sampled uniformly, softmax over them only".
     Taken here as d distinct keys (without replacement), like skein_uniform's J'."""
     Jp = rng.choice(h.n, size=min(d, h.n), replace=False)
     return row_softmax((h.Q @ h.K[Jp].T) * h.s) @ h.V[Jp], 0

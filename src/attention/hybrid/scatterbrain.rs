@@ -477,7 +477,7 @@ mod tests {
     /// seeds): 3.75 / 2.56, within 25 % (the errors are heavy-tailed: s.e. ≈ 0.24 / 0.14 here, and
     /// ≈ 0.35 on the spec's 8 draws); the mean falls from d = 16 to 64 to 256 (1.68, 0.675). At
     /// d = 64 / 256 the spec's 2.22 / 0.893 lie 3σ above ours; the f64 dense paper formula
-    /// agrees with the product to 1e-9 (NOTES-issue13.md).
+    /// agrees with the product to 1e-9 (docs/decisions.md).
     #[test]
     fn synthetic_errors_match_the_spec_and_fall_with_d() {
         let heads: Vec<HeadInputs> = (0..4).map(|s| synthetic(512, 64, 0.5, 100 + s)).collect();

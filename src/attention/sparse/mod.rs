@@ -17,6 +17,75 @@ pub(crate) fn pair_macs(pairs: f64, p: usize) -> f64 {
     2.0 * p as f64 * pairs
 }
 
+/// What the sparse methods' tests check alike: the output equals the dense softmax restricted to
+/// the method's own key sets, and a budget whose sets cover every key gives exact attention.
+#[cfg(test)]
+pub(crate) mod test_util {
+    use candle_core::DType;
+
+    use crate::attention::test_util::{assert_close_per_entry, in_f32, run_seeded};
+    use crate::attention::{HeadInputs, Method};
+    use crate::numerics::key_sets::tests::{dense_masked_softmax, max_rel};
+
+    /// Ô of `m` on `h` with budget d and the trial generator of `seed`, as f64 rows.
+    pub(crate) fn out_rows(m: &dyn Method, h: &HeadInputs, d: usize, seed: u64) -> Vec<Vec<f64>> {
+        let o = run_seeded(m, h, d, seed).output;
+        o.to_dtype(DType::F64).unwrap().to_vec2().unwrap()
+    }
+
+    /// The rows of a head's exact attention, in f64.
+    fn exact_rows(h: &HeadInputs) -> Vec<Vec<f64>> {
+        let o = &h.exact().unwrap().output;
+        o.to_dtype(DType::F64).unwrap().to_vec2().unwrap()
+    }
+
+    /// At every d of `ds`, `m` (seed `seed`) on the f64 head `h` equals the dense softmax over
+    /// the key sets `sets(d)` (V_i per row, drawn from the same seed) to 1e-12 relative, and on
+    /// the f32 copy of `h` to 1e-5.
+    pub(crate) fn assert_is_masked_softmax_of_its_sets(
+        m: &dyn Method,
+        h: &HeadInputs,
+        ds: &[usize],
+        seed: u64,
+        sets: impl Fn(usize) -> Vec<Vec<usize>>,
+    ) {
+        let [q, k, v] = crate::attention::test_util::host_rows(h);
+        for &d in ds {
+            let s = sets(d);
+            let (want, _) = dense_masked_softmax(&q, &k, &v, |i, j| s[i].contains(&j));
+            let got = out_rows(m, h, d, seed);
+            assert_close_per_entry(&got, &want, 1e-6);
+            assert!(max_rel(&got, &want) < 1e-12, "d = {d}");
+            assert!(
+                max_rel(&out_rows(m, &in_f32(h), d, seed), &want) < 1e-5,
+                "f32, d = {d}"
+            );
+        }
+    }
+
+    /// At every d of `ds` (a budget whose key sets cover every key) and every seed of `seeds`,
+    /// `m` on the f64 head `h` is exact attention to 1e-12 relative; on the f32 copy of `h`, at
+    /// `ds[0]` and `seeds[0]`, f32 exact attention to 1e-6.
+    pub(crate) fn assert_covering_budget_is_exact(
+        m: &dyn Method,
+        h: &HeadInputs,
+        ds: &[usize],
+        seeds: &[u64],
+    ) {
+        let exact = exact_rows(h);
+        for &d in ds {
+            for &seed in seeds {
+                let got = out_rows(m, h, d, seed);
+                assert_close_per_entry(&got, &exact, 1e-6);
+                assert!(max_rel(&got, &exact) < 1e-12, "d = {d}, seed {seed}");
+            }
+        }
+        let h32 = in_f32(h);
+        let got32 = out_rows(m, &h32, ds[0], seeds[0]);
+        assert!(max_rel(&got32, &exact_rows(&h32)) < 1e-6);
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use candle_core::DType;

@@ -26,16 +26,9 @@ pub use settings::{allow_progress, HubSettings, Progress, Timeouts};
 use crate::usage;
 use download::Failure;
 
-/// The Wikitext-2 raw test split on the hub (parquet).
-pub const WIKITEXT_REPO: &str = "Salesforce/wikitext";
-pub const WIKITEXT_CONFIG: &str = "wikitext-2-raw-v1";
-
-/// Where the model files come from.
-#[derive(Debug, Clone, PartialEq, serde::Serialize)]
-pub enum ModelSource {
-    Hub { id: String, revision: String },
-    Dir(PathBuf),
-}
+// The configuration's names for where files come from (defined there: the configuration states
+// the sources, this module resolves them).
+pub use crate::config::{ModelSource, WIKITEXT_CONFIG, WIKITEXT_REPO};
 
 /// Paths of the files a model needs.
 #[derive(Debug, Clone, serde::Serialize)]

@@ -17,10 +17,9 @@
 //! Points missing on either side, new non-finite trials and configuration changes are findings
 //! of their own. `--exact` instead demands trial-level equality within 1e-12 relative.
 //!
-//! [`check`] is the pure core (loaded data in, [`CheckReport`] out); [`execute`] runs a
-//! [`CheckRequest`] as the `check` command does.
+//! [`check`] is the pure core (loaded data in, [`CheckReport`] out); [`crate::check::execute`] runs
+//! the `check` command (and the re-run of `--rerun`) around it.
 
-pub mod command;
 pub mod drift;
 mod exact;
 pub mod load;
@@ -38,7 +37,6 @@ use crate::report::summary::SummaryRow;
 use crate::report::trials::TrialRow;
 use crate::usage;
 
-pub use command::{execute, Against, CheckRequest};
 pub use load::{load, RunData};
 
 /// Relative tolerance of `--exact`.

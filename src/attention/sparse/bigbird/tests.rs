@@ -2,16 +2,12 @@ use super::*;
 use candle_core::DType;
 use rand::SeedableRng;
 
-use crate::attention::test_util::{
-    assert_close_per_entry, assert_rows_are_distributions, assert_seed_determines_output,
-    host_rows, in_f32, random_head, run_seeded, weight_matrix,
+use crate::attention::sparse::test_util::{
+    assert_covering_budget_is_exact, assert_is_masked_softmax_of_its_sets,
 };
-use crate::numerics::key_sets::tests::{dense_masked_softmax, max_rel};
-
-fn out_rows(h: &HeadInputs, d: usize, seed: u64) -> Vec<Vec<f64>> {
-    let o = run_seeded(&BigBird, h, d, seed).output;
-    o.to_dtype(DType::F64).unwrap().to_vec2().unwrap()
-}
+use crate::attention::test_util::{
+    assert_rows_are_distributions, assert_seed_determines_output, random_head, weight_matrix,
+};
 
 /// V_i per query row from the groups drawn with `seed` (the generator the method gets).
 fn sets(n: usize, d: usize, seed: u64) -> Vec<Vec<usize>> {
@@ -103,18 +99,7 @@ fn random_blocks_are_uniform_over_the_legal_blocks() {
 #[test]
 fn equals_the_dense_masked_softmax_of_its_sets_in_float64() {
     let h = random_head(200, 16, 2, DType::F64);
-    let [q, k, v] = host_rows(&h);
-    for d in [1, 3, 8, 20, 32] {
-        let s = sets(200, d, 5);
-        let (want, _) = dense_masked_softmax(&q, &k, &v, |i, j| s[i].contains(&j));
-        let got = out_rows(&h, d, 5);
-        assert_close_per_entry(&got, &want, 1e-6);
-        assert!(max_rel(&got, &want) < 1e-12, "d = {d}");
-        assert!(
-            max_rel(&out_rows(&in_f32(&h), d, 5), &want) < 1e-5,
-            "f32, d = {d}"
-        );
-    }
+    assert_is_masked_softmax_of_its_sets(&BigBird, &h, &[1, 3, 8, 20, 32], 5, |d| sets(200, d, 5));
 }
 
 /// nb ≤ 7 visits every block: exact attention (d ≥ 4⌈n/7⌉), whatever the seed.
@@ -122,24 +107,9 @@ fn equals_the_dense_masked_softmax_of_its_sets_in_float64() {
 fn seven_blocks_or_fewer_are_exact_attention() {
     let n = 56;
     let h = random_head(n, 16, 4, DType::F64);
-    let exact = h.exact().unwrap().output.to_vec2::<f64>().unwrap();
-    for d in [32, 40, 100, 224, 1000] {
-        assert!(n.div_ceil(block_size(d)) <= 7);
-        for seed in [0, 1] {
-            assert_close_per_entry(&out_rows(&h, d, seed), &exact, 1e-6);
-            assert!(max_rel(&out_rows(&h, d, seed), &exact) < 1e-12);
-        }
-    }
-    let h32 = in_f32(&h);
-    let exact32 = h32
-        .exact()
-        .unwrap()
-        .output
-        .to_dtype(DType::F64)
-        .unwrap()
-        .to_vec2()
-        .unwrap();
-    assert!(max_rel(&out_rows(&h32, 32, 0), &exact32) < 1e-6);
+    let ds = [32, 40, 100, 224, 1000];
+    assert!(ds.iter().all(|&d| n.div_ceil(block_size(d)) <= 7));
+    assert_covering_budget_is_exact(&BigBird, &h, &ds, &[0, 1]);
     // nb = 8 (n = 64, b = 8; like n = 512 at d = 256): only blocks 1 and 6 miss one block.
     let s = sets(64, 32, 9);
     for (i, v) in s.iter().enumerate() {

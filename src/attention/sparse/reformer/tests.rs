@@ -2,16 +2,12 @@ use super::*;
 use candle_core::DType;
 use rand::SeedableRng;
 
-use crate::attention::test_util::{
-    assert_close_per_entry, assert_rows_are_distributions, assert_seed_determines_output,
-    host_rows, in_f32, random_head, run_seeded, weight_matrix,
+use crate::attention::sparse::test_util::{
+    assert_covering_budget_is_exact, assert_is_masked_softmax_of_its_sets,
 };
-use crate::numerics::key_sets::tests::{dense_masked_softmax, max_rel};
-
-fn out_rows(h: &HeadInputs, d: usize, seed: u64) -> Vec<Vec<f64>> {
-    let o = run_seeded(&Reformer, h, d, seed).output;
-    o.to_dtype(DType::F64).unwrap().to_vec2().unwrap()
-}
+use crate::attention::test_util::{
+    assert_rows_are_distributions, assert_seed_determines_output, random_head, weight_matrix,
+};
 
 /// V_i as the method draws it from `seed`.
 fn sets(h: &HeadInputs, d: usize, seed: u64) -> Vec<Vec<usize>> {
@@ -95,19 +91,8 @@ fn weights_sum_to_one_on_the_hashed_sets() {
 #[test]
 fn equals_the_dense_masked_softmax_of_its_sets_in_float64() {
     let h = random_head(150, 16, 3, DType::F64);
-    let [q, k, v] = host_rows(&h);
-    for d in [1, 2, 9, 32, 80] {
-        let s = sets(&h, d, 6);
-        let (want, _) = dense_masked_softmax(&q, &k, &v, |i, j| s[i].contains(&j));
-        let got = out_rows(&h, d, 6);
-        assert_close_per_entry(&got, &want, 1e-6);
-        assert!(max_rel(&got, &want) < 1e-12, "d = {d}");
-        // f32 hashes its own (f32) projections; at these sizes no bucket flips, so the sets agree.
-        assert!(
-            max_rel(&out_rows(&in_f32(&h), d, 6), &want) < 1e-5,
-            "f32, d = {d}"
-        );
-    }
+    // f32 hashes its own (f32) projections; at these sizes no bucket flips, so the sets agree.
+    assert_is_masked_softmax_of_its_sets(&Reformer, &h, &[1, 2, 9, 32, 80], 6, |d| sets(&h, d, 6));
 }
 
 /// m ≤ 2 chunks (d ≥ n) cover every key: exact attention.
@@ -115,22 +100,9 @@ fn equals_the_dense_masked_softmax_of_its_sets_in_float64() {
 fn covering_budget_is_exact_attention() {
     let n = 100;
     let h = random_head(n, 32, 4, DType::F64);
-    let exact = h.exact().unwrap().output.to_vec2::<f64>().unwrap();
-    for d in [100, 101, 150, 400] {
-        assert!(n.div_ceil(chunk_len(d)) <= 2);
-        assert_close_per_entry(&out_rows(&h, d, 1), &exact, 1e-6);
-        assert!(max_rel(&out_rows(&h, d, 1), &exact) < 1e-12);
-    }
-    let h32 = in_f32(&h);
-    let exact32 = h32
-        .exact()
-        .unwrap()
-        .output
-        .to_dtype(DType::F64)
-        .unwrap()
-        .to_vec2()
-        .unwrap();
-    assert!(max_rel(&out_rows(&h32, 100, 1), &exact32) < 1e-6);
+    let ds = [100, 101, 150, 400];
+    assert!(ds.iter().all(|&d| n.div_ceil(chunk_len(d)) <= 2));
+    assert_covering_budget_is_exact(&Reformer, &h, &ds, &[1]);
     // d = 98 → c = 49, m = 3: no longer covering.
     assert!(sets(&h, 98, 1).iter().any(|s| s.len() < n));
 }

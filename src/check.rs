@@ -1,10 +1,12 @@
-//! The command side of the check: load or re-run, print, write the report, return the exit status.
+//! `approx-bench check`, the command: load both runs (or re-run the baseline's configuration with
+//! [`crate::sweep`] for `--rerun`), ask [`crate::report::check`] to compare them, print the table,
+//! write the report, return the exit status. The comparison reads runs; running one is this caller's job.
 
 use std::path::PathBuf;
 
 use anyhow::Result;
 
-use super::{check, load, render, CheckOptions};
+use crate::report::check::{check, load, render, CheckOptions};
 use crate::usage;
 
 /// The report's file name when no `--report` is given.

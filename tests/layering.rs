@@ -1,0 +1,258 @@
+//! The layering rules of the library (../shared/ARCHITECTURE.md, "What must never import what"),
+//! checked on the source text: a module names another through a path (`crate::sweep::run`,
+//! `use crate::{config::Choice, …}`, `$crate::config::…` in a macro), so a rule is broken exactly
+//! when a forbidden `crate::<module>` path appears in code. Comment lines (`//`, `//!`, `///`) are skipped:
+//! a doc link names a module without depending on it.
+//!
+//! - `report/` never imports `sweep` or `inputs`: outputs read runs; running one is the caller's job
+//!   (`check.rs`, `main`).
+//! - `attention/` never imports `config`, `inputs`, `report`, `sweep`, `score`, `check` or `bench`:
+//!   a method sees tensors and d, not files, models or runs.
+//! - `numerics/` never imports `attention` (or anything above it).
+//! - `config` never imports `inputs` (or the sweep, the outputs, `score`, `check`): they read the
+//!   configuration, so it cannot point back at them.
+//! - The ground floor (`tensor_util`, `file_hash`, `runtime`, `choice`, `device`) imports nothing of
+//!   the house.
+//! - The library never sees clap (only `main.rs` and `cli.rs`, the binary, do) and never PyO3.
+
+use std::path::{Path, PathBuf};
+
+/// The modules above the ground floor.
+const HOUSE: &[&str] = &[
+    "attention",
+    "bench",
+    "check",
+    "config",
+    "inputs",
+    "numerics",
+    "report",
+    "score",
+    "sweep",
+];
+
+/// The ground floor's files.
+const GROUND: &[&str] = &[
+    "tensor_util.rs",
+    "file_hash.rs",
+    "runtime.rs",
+    "choice.rs",
+    "device.rs",
+];
+
+fn src() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("src")
+}
+
+/// Every .rs file at or below `path`.
+fn rust_files(path: &Path) -> Vec<PathBuf> {
+    if path.is_file() {
+        return vec![path.to_path_buf()];
+    }
+    let mut out = Vec::new();
+    for entry in std::fs::read_dir(path).unwrap_or_else(|e| panic!("{}: {e}", path.display())) {
+        let p = entry.unwrap().path();
+        if p.is_dir() {
+            out.extend(rust_files(&p));
+        } else if p.extension().is_some_and(|e| e == "rs") {
+            out.push(p);
+        }
+    }
+    out.sort();
+    out
+}
+
+/// The paths a line of code names after `crate::`: `crate::a::b` gives `a`; a grouped import
+/// `crate::{a::x, b}` gives `a` and `b` (its braces may run over the following lines, `rest`).
+fn crate_modules(line: &str, rest: &[&str]) -> Vec<String> {
+    let mut names = Vec::new();
+    for (at, _) in line.match_indices("crate::") {
+        let after = &line[at + "crate::".len()..];
+        if let Some(group) = after.strip_prefix('{') {
+            // The group's text up to its closing brace, over as many lines as it takes.
+            let mut text = group.to_string();
+            for more in rest {
+                if text.matches('{').count() < text.matches('}').count() {
+                    break;
+                }
+                text.push_str(more);
+            }
+            let mut depth = 0;
+            let mut item = String::new();
+            for c in text.chars() {
+                match c {
+                    '{' => depth += 1,
+                    '}' if depth == 0 => break,
+                    '}' => depth -= 1,
+                    ',' if depth == 0 => {
+                        names.push(std::mem::take(&mut item));
+                        continue;
+                    }
+                    _ => {}
+                }
+                if depth == 0 {
+                    item.push(c);
+                }
+            }
+            names.push(item);
+        } else {
+            names.push(after.to_string());
+        }
+    }
+    names
+        .iter()
+        .map(|n| {
+            n.trim()
+                .chars()
+                .take_while(|c| c.is_alphanumeric() || *c == '_')
+                .collect()
+        })
+        .filter(|n: &String| !n.is_empty())
+        .collect()
+}
+
+/// The lines of `text` (1-based numbers) that name one of `modules` as `crate::<module>`, outside
+/// comment lines.
+fn forbidden_paths(text: &str, modules: &[&str]) -> Vec<(usize, String)> {
+    let lines: Vec<&str> = text.lines().collect();
+    let mut hits = Vec::new();
+    for (i, line) in lines.iter().enumerate() {
+        if line.trim_start().starts_with("//") {
+            continue;
+        }
+        if crate_modules(line, &lines[i + 1..])
+            .iter()
+            .any(|n| modules.contains(&n.as_str()))
+        {
+            hits.push((i + 1, line.trim().to_string()));
+        }
+    }
+    hits
+}
+
+/// The lines of `text` that use the crate `name` (`name::`, `use name`), outside comment lines.
+fn crate_uses(text: &str, name: &str) -> Vec<(usize, String)> {
+    text.lines()
+        .enumerate()
+        .filter(|(_, l)| !l.trim_start().starts_with("//"))
+        .filter(|(_, l)| {
+            l.contains(&format!("{name}::")) || l.trim_start().starts_with(&format!("use {name}"))
+        })
+        .map(|(i, l)| (i + 1, l.trim().to_string()))
+        .collect()
+}
+
+/// Every line under `under` (a folder or file of src/) that names one of `modules`.
+fn violations(under: &str, modules: &[&str]) -> Vec<String> {
+    let mut found = Vec::new();
+    for file in rust_files(&src().join(under)) {
+        let text = std::fs::read_to_string(&file).unwrap();
+        for (line, code) in forbidden_paths(&text, modules) {
+            found.push(format!("{}:{line}: {code}", file.display()));
+        }
+    }
+    found
+}
+
+fn assert_none(rule: &str, found: Vec<String>) {
+    assert!(found.is_empty(), "{rule}, but:\n{}", found.join("\n"));
+}
+
+#[test]
+fn report_reads_runs_and_runs_none() {
+    assert_none(
+        "report/ never imports sweep or inputs",
+        violations("report", &["sweep", "inputs"]),
+    );
+}
+
+#[test]
+fn a_method_sees_tensors_not_runs() {
+    assert_none(
+        "attention/ never imports config, inputs, report, sweep, score, check or bench",
+        violations(
+            "attention",
+            &[
+                "config", "inputs", "report", "sweep", "score", "check", "bench",
+            ],
+        ),
+    );
+}
+
+#[test]
+fn the_configuration_does_not_point_at_its_readers() {
+    let mut found = violations(
+        "config.rs",
+        &["inputs", "sweep", "report", "score", "check"],
+    );
+    found.extend(violations(
+        "config",
+        &["inputs", "sweep", "report", "score", "check"],
+    ));
+    assert_none(
+        "config never imports inputs, sweep, report, score or check (they read it)",
+        found,
+    );
+}
+
+#[test]
+fn numerics_sit_below_the_methods() {
+    let above: Vec<&str> = HOUSE.iter().copied().filter(|m| *m != "numerics").collect();
+    assert_none(
+        "numerics/ never imports attention (or anything above it)",
+        violations("numerics", &above),
+    );
+}
+
+#[test]
+fn the_ground_floor_imports_nothing_of_the_house() {
+    let mut found = Vec::new();
+    for f in GROUND {
+        found.extend(violations(f, HOUSE));
+    }
+    assert_none("the ground floor imports nothing of the house", found);
+}
+
+#[test]
+fn the_library_never_sees_clap_or_pyo3() {
+    let mut found = Vec::new();
+    for file in rust_files(&src()) {
+        let name = file.file_name().unwrap();
+        if file.parent() == Some(src().as_path()) && (name == "main.rs" || name == "cli.rs") {
+            continue;
+        }
+        let text = std::fs::read_to_string(&file).unwrap();
+        for krate in ["clap", "pyo3"] {
+            for (line, code) in crate_uses(&text, krate) {
+                found.push(format!("{}:{line}: {code}", file.display()));
+            }
+        }
+    }
+    assert_none(
+        "only main.rs and cli.rs use clap; PyO3 stays in python/",
+        found,
+    );
+}
+
+/// The scanner itself: it finds a forbidden path in code, in a macro and in a grouped import, and
+/// passes over comments and longer names.
+#[test]
+fn the_scanner_finds_what_the_rules_forbid() {
+    let code = "use crate::sweep::SweepOutcome;\n\
+                // crate::sweep in a comment\n\
+                /// [`crate::sweep::run`]\n\
+                impl $crate::config::Choice for T {}\n\
+                let x = crate::sweeps::y;\n\
+                fn f() { crate::sweep::run(a, b) }\n\
+                use crate::{\n\
+                    report::x,\n\
+                    sweep::{run, SweepOptions},\n\
+                };\n\
+                use crate::{tensor_util::{a, b}, usage};\n";
+    let hits = forbidden_paths(code, &["sweep", "config"]);
+    let lines: Vec<usize> = hits.iter().map(|(l, _)| *l).collect();
+    assert_eq!(lines, vec![1, 4, 6, 7], "{hits:?}");
+    assert_eq!(
+        crate_uses("use clap::Parser;\n// clap::x\n", "clap").len(),
+        1
+    );
+}
