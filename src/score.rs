@@ -34,6 +34,21 @@ pub struct DumpInfo {
     pub window: usize,
     pub heads: usize,
     pub head_dim: usize,
+    /// K/V heads: `k` and `v` are [kv_heads, n, p] and query head h reads K/V head
+    /// ⌊h·kv_heads/heads⌋ (METHODS.md §7.1). Absent in dumps from before it: = heads.
+    #[serde(default)]
+    pub kv_heads: Option<usize>,
+    /// The mask of the model's own attention (causal for a decoder): what `score` measures Ô
+    /// against. Absent in dumps from before it: none.
+    #[serde(default, skip_serializing_if = "crate::attention::Mask::is_none")]
+    pub mask: crate::attention::Mask,
+}
+
+impl DumpInfo {
+    /// K/V heads of the dump.
+    pub fn kv_heads(&self) -> usize {
+        self.kv_heads.unwrap_or(self.heads)
+    }
 }
 
 /// The sidecar's path for a dump file.
@@ -236,7 +251,7 @@ pub fn score(req: &ScoreRequest) -> Result<SweepOutcome> {
     let cfg = RunConfig {
         inputs: info0.inputs.clone(),
         target: req.target,
-        mask: Default::default(),
+        mask: info0.mask,
         lengths: lengths.clone(),
         features: features.clone(),
         methods: vec![req.name.clone()],
@@ -298,7 +313,9 @@ pub fn score(req: &ScoreRequest) -> Result<SweepOutcome> {
         for w in 0..windows {
             let dump = by_unit[&(n, w)];
             let shape = [dump.info.heads, n, dump.info.head_dim];
-            let [q, k, v] = ["q", "k", "v"].map(|key| load_tensor(&dump.path, key, &shape));
+            let kv_shape = [dump.info.kv_heads(), n, dump.info.head_dim];
+            let q = load_tensor(&dump.path, "q", &shape);
+            let [k, v] = ["k", "v"].map(|key| load_tensor(&dump.path, key, &kv_shape));
             let (q, k, v) = (q?, k?, v?);
             let q = q.to_dtype(cfg.inputs.candle_dtype())?;
             let k = k.to_dtype(cfg.inputs.candle_dtype())?;
@@ -308,7 +325,13 @@ pub fn score(req: &ScoreRequest) -> Result<SweepOutcome> {
                 .map(|d| load_tensor(&approx[&(n, w, *d)], "o_hat", &shape))
                 .collect::<Result<_>>()?;
             for h in 0..dump.info.heads {
-                let head = HeadInputs::new(q.get(h)?, k.get(h)?, v.get(h)?)?;
+                let kv_head = h * dump.info.kv_heads() / dump.info.heads;
+                let head = HeadInputs::masked(
+                    q.get(h)?,
+                    k.get(kv_head)?,
+                    v.get(kv_head)?,
+                    dump.info.mask,
+                )?;
                 let exact64 = head.target_output(req.target)?;
                 let exact_norm = spectral::matrix_norms(&exact64)?.spectral;
                 for (&d, o) in features.iter().zip(&outs) {
@@ -348,8 +371,8 @@ pub fn score(req: &ScoreRequest) -> Result<SweepOutcome> {
                         macs: f64::NAN,
                         seconds: f64::NAN,
                         target: req.target,
-                        mask: Default::default(),
-                        kv_head: Some(h),
+                        mask: dump.info.mask,
+                        kv_head: Some(kv_head),
                         mass: None,
                         keys: None,
                     };

@@ -195,7 +195,7 @@ fn initialized_bert_base_cased_qkv_have_the_hf_init_distribution() {
     let (q, _k, v) = qkv::window_qkv(
         &w,
         &cfg,
-        c.window(512, 0).unwrap(),
+        &c.window(512, 0).unwrap(),
         EmbeddingPolicy::WordPos,
         DType::F64,
     )

@@ -261,6 +261,11 @@ fn sweep(
         );
         extra.push(Box::new(user_method::PyMethod::new(&name, func)));
     }
+    if opts.mask.is_none() {
+        // The model's own mask (causal for a decoder), as the CLI chooses it.
+        let inputs = InputConfig::new(&opts.inputs).map_err(err)?;
+        opts.mask = Some(approx_bench::inputs::decoder::native_mask(&inputs).map_err(err)?);
+    }
     let cfg = RunConfig::new(&opts).map_err(err)?;
     let sweep_opts = approx_bench::sweep::SweepOptions {
         out: out.clone(),

@@ -107,6 +107,9 @@ pub fn run_options(kw: &Bound<'_, PyDict>, methods: Vec<String>) -> PyResult<Run
     if let Some(v) = take("target")? {
         o.target = choice("target", &v)?;
     }
+    if let Some(v) = take("mask")? {
+        o.mask = Some(choice("mask", &v)?);
+    }
     if let Some(v) = take("figure")? {
         o.figure = Some(choice("figure", &v)?);
     }

@@ -8,7 +8,7 @@ use numpy::ndarray::Array2;
 use numpy::{IntoPyArray, PyReadonlyArray2, PyUntypedArrayMethods};
 use pyo3::prelude::*;
 
-use approx_bench::attention::{Approximation, HeadInputs, Method};
+use approx_bench::attention::{Approximation, HeadInputs, Mask, Method};
 use approx_bench::numerics::sampling::TrialRng;
 
 pub struct PyMethod {
@@ -59,6 +59,9 @@ impl Method for PyMethod {
     fn is_random(&self) -> bool {
         true
     }
+    fn masks(&self) -> &'static [Mask] {
+        &[Mask::None, Mask::Causal]
+    }
     fn macs(&self, _n: usize, _p: usize, _d: usize) -> f64 {
         f64::NAN
     }
@@ -86,7 +89,24 @@ impl Method for PyMethod {
                 d,
                 rng,
             );
-            let result = self.func.call1(py, args).map_err(|e| py_error(py, e))?;
+            // Under the causal mask the function is told so (`mask="causal"`), and must take
+            // that keyword: an estimate of bidirectional attention would be scored against the
+            // causal target without anyone noticing. Unmasked runs call f(q, k, v, d, rng) as before.
+            let result = if head.mask == Mask::Causal {
+                let kw = pyo3::types::PyDict::new(py);
+                kw.set_item("mask", "causal").map_err(|e| py_error(py, e))?;
+                self.func.call(py, args, Some(&kw)).map_err(|e| {
+                    let hint = if e.is_instance_of::<pyo3::exceptions::PyTypeError>(py) {
+                        " (under mask=\"causal\" the function is called as f(q, k, v, d, rng, mask=\"causal\"); \
+                         add a `mask=None` parameter and compute attention over keys j ≤ i when it is \"causal\")"
+                    } else {
+                        ""
+                    };
+                    anyhow!("{}{hint}", py_error(py, e))
+                })?
+            } else {
+                self.func.call1(py, args).map_err(|e| py_error(py, e))?
+            };
             // numpy.asarray accepts torch (CPU) and JAX arrays as well as numpy's own.
             let arr = np
                 .call_method1("asarray", (result.bind(py), "float64"))

@@ -65,6 +65,23 @@ fn single_gguf(dir: &Path) -> Result<Option<PathBuf>> {
     }
 }
 
+/// A config.json's `model_type` that is neither BERT nor a decoder family: a usage error naming
+/// it and what is supported (instead of a BERT parse error about missing fields).
+fn check_model_type(text: &str, file: &Path) -> Result<()> {
+    let v: serde_json::Value = match serde_json::from_str(text) {
+        Ok(v) => v,
+        Err(_) => return Ok(()), // the loader reports a malformed config with its own error
+    };
+    match v.get("model_type").and_then(|t| t.as_str()) {
+        Some(t) if t != "bert" && models::decoder_family(text).is_none() => Err(usage!(
+            "config {}: model_type {t} is not supported; encoders: bert; decoders: {}",
+            file.display(),
+            models::SUPPORTED_FAMILIES
+        )),
+        _ => Ok(()),
+    }
+}
+
 /// Resolves the decoder's files when `source` is a decoder (a .gguf, or a config.json whose
 /// `model_type` is a decoder family); None for anything else (BERT keeps its own path).
 pub fn resolve(
@@ -96,7 +113,11 @@ pub fn resolve(
             } else {
                 None
             };
-            let is_decoder = read(&config)
+            let text = read(&config);
+            if let Some(t) = &text {
+                check_model_type(t, &config)?;
+            }
+            let is_decoder = text
                 .map(|t| models::decoder_family(&t).is_some())
                 .unwrap_or(false);
             if !is_decoder && !(gguf.is_some() && !config.is_file()) {
@@ -147,10 +168,9 @@ pub fn resolve(
             let hub = hub()?;
             let repo = Repo::with_revision(id.clone(), RepoType::Model, revision.clone());
             let config = hub.file(&repo, "config.json")?;
-            if read(&config)
-                .and_then(|t| models::decoder_family(&t))
-                .is_none()
-            {
+            let text = read(&config).unwrap_or_default();
+            check_model_type(&text, &config)?;
+            if models::decoder_family(&text).is_none() {
                 return Ok(None);
             }
             let tokenizer = hub.file(&repo, "tokenizer.json")?;

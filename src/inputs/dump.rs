@@ -10,7 +10,8 @@ use crate::config::InputConfig;
 use crate::inputs;
 use crate::usage;
 
-/// Writes one window's Q, K, V ([heads, n, p], f32) and token ids to a safetensors file.
+/// Writes one window's Q ([H, n, p]), K and V ([H_kv, n, p]), f32, and token ids to a safetensors
+/// file; the sidecar JSON says H_kv and the model's mask.
 pub fn dump_qkv(inputs_cfg: &InputConfig, n: usize, window: usize, out: &Path) -> Result<()> {
     let prepared = inputs::prepare(inputs_cfg)?;
     let ids = prepared.corpus.window(n, window)?;
@@ -41,6 +42,8 @@ pub fn dump_qkv(inputs_cfg: &InputConfig, n: usize, window: usize, out: &Path) -
         window,
         heads: prepared.heads(),
         head_dim: prepared.head_dim(),
+        kv_heads: Some(prepared.kv_heads()),
+        mask: prepared.native_mask(),
     };
     let side = crate::score::sidecar(out);
     std::fs::write(&side, serde_json::to_string_pretty(&info)? + "\n")

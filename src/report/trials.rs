@@ -274,22 +274,30 @@ mod tests {
     fn a_file_from_before_the_target_column_reads_as_softmax_and_is_upgraded_on_resume() {
         let dir = tempfile::tempdir().unwrap();
         let p = dir.path().join("trials.csv");
-        let old_header = HEADER[..HEADER.len() - 1].join(",");
+        // The header before `target` and the decoder columns (mask, kv_head, mass, keys).
+        let old_header = HEADER[..HEADER.len() - 5].join(",");
         std::fs::write(
             &p,
             format!("{old_header}\ninitialized,m,0,8,0,0,vmean,4,1,0.5,0.1,0.7,5.0,0,32.0,0.001\n"),
         )
         .unwrap();
-        assert_eq!(read_rows(&p).unwrap(), vec![row(0)]);
+        let old_row = TrialRow {
+            kv_head: None,
+            ..row(0)
+        };
+        assert_eq!(read_rows(&p).unwrap(), vec![old_row.clone()]);
         let (mut w, old) = TrialWriter::open(&p).unwrap();
-        assert_eq!(old, vec![row(0)]);
+        assert_eq!(old, vec![old_row.clone()]);
         let mut kernelized = row(1);
         kernelized.target = crate::attention::Target::Kernelized;
         w.append(&kernelized).unwrap();
         let text = std::fs::read_to_string(&p).unwrap();
         assert!(text.starts_with(&HEADER.join(",")), "{text}");
-        assert!(text.lines().nth(1).unwrap().ends_with(",softmax"), "{text}");
-        assert_eq!(read_rows(&p).unwrap(), vec![row(0), kernelized]);
+        assert!(
+            text.lines().nth(1).unwrap().ends_with(",softmax,none,,,"),
+            "{text}"
+        );
+        assert_eq!(read_rows(&p).unwrap(), vec![old_row, kernelized]);
     }
 
     #[test]

@@ -48,6 +48,22 @@ impl GgufFile {
         let content = Content::read(&mut reader).map_err(|e| {
             usage!("GGUF {shown}: not a readable GGUF file ({e}); it may be truncated or corrupt: download it again")
         })?;
+        // A file cut short still parses (the header and tensor table come first), and the
+        // tensors of the first layers may lie before the cut: every tensor's extent is checked
+        // against the file's length, so a truncated download is an error whatever layer is read.
+        let len = std::fs::metadata(path)
+            .map_err(|e| usage!("GGUF {shown}: cannot read its size ({e})"))?
+            .len();
+        for (name, info) in &content.tensor_infos {
+            let dt = info.ggml_dtype;
+            let bytes = (info.shape.elem_count() / dt.block_size() * dt.type_size()) as u64;
+            let end = content.tensor_data_offset + info.offset + bytes;
+            if end > len {
+                return Err(usage!(
+                    "GGUF {shown}: truncated: tensor {name} ends at byte {end} but the file has {len} bytes; download it again"
+                ));
+            }
+        }
         Ok(Self {
             content,
             reader,

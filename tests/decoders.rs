@@ -1,0 +1,357 @@
+//! Decoder LLMs end to end (METHODS.md §7.1–7.4) on the tiny random models of
+//! `fixtures/decoders` (made by transformers, tests/reference/generate_decoder_fixtures.py): the
+//! CLI's defaults for a decoder, BOS-led windows, grouped-query heads in the rows and in
+//! `dump-qkv`, bad decoder inputs, and a sharded checkpoint through a hub that fetches only the
+//! shards the layer needs. No ../shared, no network.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+
+use common::mock_hub::MockHub;
+use common::*;
+
+fn fixtures() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures/decoders")
+}
+
+/// The tiny llama (4 query heads over 2 K/V heads, llama3 RoPE, 3 layers sharded over 4 files)
+/// with a tokenizer that adds BOS or one that does not, in a directory of its own.
+fn llama_dir(dir: &Path, with_bos: bool) -> PathBuf {
+    std::fs::create_dir_all(dir).unwrap();
+    for e in std::fs::read_dir(fixtures().join("llama")).unwrap() {
+        let p = e.unwrap().path();
+        let name = p.file_name().unwrap();
+        if name != "expected.safetensors" {
+            std::fs::copy(&p, dir.join(name)).unwrap();
+        }
+    }
+    let tok = if with_bos { "with_bos" } else { "without_bos" };
+    std::fs::copy(
+        fixtures()
+            .join("tokenizers")
+            .join(tok)
+            .join("tokenizer.json"),
+        dir.join("tokenizer.json"),
+    )
+    .unwrap();
+    dir.to_path_buf()
+}
+
+/// A corpus of the tokenizers' words (a, b, c), 600 tokens in 20 rows.
+fn corpus(dir: &Path) -> PathBuf {
+    let p = dir.join("abc.txt");
+    let row: String = (0..30).map(|i| ["a ", "b ", "c ", "b "][i % 4]).collect();
+    std::fs::write(&p, format!("{}\n", row.trim()).repeat(20)).unwrap();
+    p
+}
+
+fn column(path: &Path, name: &str) -> Vec<String> {
+    let mut rdr = csv::Reader::from_path(path).unwrap();
+    let i = rdr
+        .headers()
+        .unwrap()
+        .iter()
+        .position(|h| h == name)
+        .unwrap();
+    rdr.records().map(|r| r.unwrap()[i].to_string()).collect()
+}
+
+#[test]
+fn a_decoder_runs_causal_by_default_with_its_causal_methods_and_grouped_heads() {
+    let tmp = tempfile::tempdir().unwrap();
+    let model = llama_dir(&tmp.path().join("llama"), true);
+    let c = corpus(tmp.path());
+    let out = tmp.path().join("out");
+    let o = run(
+        &[
+            "--model",
+            "pretrained",
+            "--model-dir",
+            model.to_str().unwrap(),
+            "--corpus",
+            c.to_str().unwrap(),
+            "--lengths",
+            "32,64",
+            "--windows",
+            "2",
+            "--features",
+            "4,16",
+            "--layer",
+            "1",
+            "--out",
+            out.to_str().unwrap(),
+            "--quiet",
+        ],
+        &[],
+    );
+    assert!(o.status.success(), "{}", stderr(&o));
+    let trials = out.join("trials.csv");
+    assert!(column(&trials, "mask").iter().all(|m| m == "causal"));
+    let heads = column(&trials, "head");
+    let kv = column(&trials, "kv_head");
+    for (h, g) in heads.iter().zip(&kv) {
+        let h: usize = h.parse().unwrap();
+        assert_eq!(g.parse::<usize>().unwrap(), h * 2 / 4, "query head {h}");
+    }
+    let mut methods = column(&trials, "method");
+    methods.dedup();
+    let mut seen: Vec<String> = Vec::new();
+    for m in methods {
+        if !seen.contains(&m) {
+            seen.push(m);
+        }
+    }
+    assert_eq!(
+        seen,
+        ["vmean", "performer_favor", "svd_optimal", "window", "topk"]
+    );
+    // 2 lengths × 2 windows × 4 heads × 5 methods × 2 d.
+    assert_eq!(heads.len(), 160);
+    let manifest = std::fs::read_to_string(out.join("manifest.json")).unwrap();
+    assert!(manifest.contains("\"mask\": \"causal\""));
+    // The needed shards and the index are hashed, the one with only layer 2 and the head is not.
+    assert!(manifest.contains("model-00003-of-00004.safetensors"));
+    assert!(
+        !manifest.contains("model-00004-of-00004.safetensors"),
+        "{manifest}"
+    );
+}
+
+/// `dump-qkv` writes Q [H, n, p] and K, V [H_kv, n, p], and a window starts with BOS exactly when
+/// the tokenizer adds one (METHODS.md §7.1).
+#[test]
+fn dump_qkv_writes_kv_heads_and_windows_lead_with_bos_only_when_the_tokenizer_adds_it() {
+    let tmp = tempfile::tempdir().unwrap();
+    let c = corpus(tmp.path());
+    for with_bos in [true, false] {
+        let model = llama_dir(&tmp.path().join(format!("m{with_bos}")), with_bos);
+        let f = tmp.path().join(format!("w{with_bos}.safetensors"));
+        let o = run(
+            &[
+                "dump-qkv",
+                "--model",
+                "pretrained",
+                "--model-dir",
+                model.to_str().unwrap(),
+                "--corpus",
+                c.to_str().unwrap(),
+                "--length",
+                "32",
+                "--window",
+                "1",
+                "--layer",
+                "1",
+                "--out",
+                f.to_str().unwrap(),
+            ],
+            &[],
+        );
+        assert!(o.status.success(), "{}", stderr(&o));
+        let t = candle_core::safetensors::load(&f, &candle_core::Device::Cpu).unwrap();
+        assert_eq!(t["q"].dims(), [4, 32, 16]);
+        assert_eq!(t["k"].dims(), [2, 32, 16]);
+        assert_eq!(t["v"].dims(), [2, 32, 16]);
+        let ids: Vec<u32> = t["token_ids"].to_vec1().unwrap();
+        // The stream is a b c b a b c b …: ids 3 4 5 4 …; BOS is 1.
+        if with_bos {
+            assert_eq!(ids[0], 1, "{ids:?}");
+            assert!(ids[1..].iter().all(|&i| i != 1));
+        } else {
+            assert!(ids.iter().all(|&i| i != 1), "{ids:?}");
+        }
+    }
+}
+
+#[test]
+fn bad_decoder_inputs_are_usage_errors_naming_what_is_wrong() {
+    let tmp = tempfile::tempdir().unwrap();
+    let c = corpus(tmp.path());
+    let with_config = |name: &str, edit: &dyn Fn(&mut serde_json::Value)| {
+        let dir = llama_dir(&tmp.path().join(name), true);
+        let p = dir.join("config.json");
+        let mut v: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(&p).unwrap()).unwrap();
+        edit(&mut v);
+        std::fs::write(&p, v.to_string()).unwrap();
+        dir
+    };
+    let sweep = |dir: &Path| {
+        run(
+            &[
+                "--model",
+                "pretrained",
+                "--model-dir",
+                dir.to_str().unwrap(),
+                "--corpus",
+                c.to_str().unwrap(),
+                "--lengths",
+                "32",
+                "--windows",
+                "1",
+                "--features",
+                "4",
+                "--out",
+                tmp.path().join("o").to_str().unwrap(),
+                "--force",
+                "--quiet",
+            ],
+            &[],
+        )
+    };
+    let yarn = with_config("yarn", &|v| {
+        v["rope_scaling"] = serde_json::json!({"rope_type": "yarn", "factor": 4.0});
+    });
+    let o = sweep(&yarn);
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    assert!(stderr(&o).contains("yarn"), "{}", stderr(&o));
+    let gpt2 = with_config("gpt2", &|v| v["model_type"] = "gpt_neox".into());
+    let o = sweep(&gpt2);
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    let err = stderr(&o);
+    assert!(err.contains("gpt_neox") && err.contains("llama"), "{err}");
+    // A truncated GGUF: an error naming the file, never a panic.
+    let dir = tmp.path().join("gguf");
+    std::fs::create_dir_all(&dir).unwrap();
+    let bytes = std::fs::read(fixtures().join("llama_gguf.gguf")).unwrap();
+    let cut = dir.join("model.gguf");
+    std::fs::write(&cut, &bytes[..bytes.len() / 2]).unwrap();
+    std::fs::copy(
+        fixtures().join("tokenizers/with_bos/tokenizer.json"),
+        dir.join("tokenizer.json"),
+    )
+    .unwrap();
+    let o = sweep(&cut);
+    let err = stderr(&o);
+    assert!(matches!(o.status.code(), Some(1) | Some(2)), "{err}");
+    assert!(
+        err.contains("model.gguf") && !err.contains("panicked"),
+        "{err}"
+    );
+    // Under the causal mask a method without a causal form is refused with those that have one.
+    let model = llama_dir(&tmp.path().join("ok"), true);
+    let o = run(
+        &[
+            "--model-dir",
+            model.to_str().unwrap(),
+            "--corpus",
+            c.to_str().unwrap(),
+            "--lengths",
+            "32",
+            "--windows",
+            "1",
+            "--features",
+            "4",
+            "--methods",
+            "nystromformer",
+            "--out",
+            tmp.path().join("n").to_str().unwrap(),
+        ],
+        &[],
+    );
+    assert_eq!(o.status.code(), Some(2));
+    assert!(stderr(&o).contains("vmean, performer_favor, svd_optimal, window, topk"));
+    // More windows than the corpus holds: the count it holds (600 tokens, n − 1 = 63 each: 9).
+    let o = run(
+        &[
+            "--model-dir",
+            model.to_str().unwrap(),
+            "--corpus",
+            c.to_str().unwrap(),
+            "--lengths",
+            "64",
+            "--windows",
+            "10",
+            "--features",
+            "4",
+            "--out",
+            tmp.path().join("w").to_str().unwrap(),
+        ],
+        &[],
+    );
+    assert_eq!(o.status.code(), Some(2));
+    assert!(
+        stderr(&o).contains("only 9 windows of n = 64 fit"),
+        "{}",
+        stderr(&o)
+    );
+}
+
+/// A layer-1 run of the checkpoint sharded over four files, through a hub: the shard that holds
+/// only layer 2 and the output head is never downloaded, and the rows equal the local run's.
+#[test]
+fn a_sharded_checkpoint_through_a_hub_fetches_only_the_shards_the_layer_needs() {
+    let tmp = tempfile::tempdir().unwrap();
+    let model = llama_dir(&tmp.path().join("llama"), true);
+    let c = corpus(tmp.path());
+    let hub = MockHub::start();
+    const REPO: &str = "org/tiny-llama";
+    for e in std::fs::read_dir(&model).unwrap() {
+        let p = e.unwrap().path();
+        let name = p.file_name().unwrap().to_str().unwrap().to_string();
+        let lfs = name.ends_with(".safetensors");
+        hub.add(REPO, &name, std::fs::read(&p).unwrap(), lfs);
+    }
+    let args = |out: &Path, source: [&str; 2]| {
+        vec![
+            "--model".to_string(),
+            "pretrained".into(),
+            source[0].into(),
+            source[1].into(),
+            "--corpus".into(),
+            c.display().to_string(),
+            "--lengths".into(),
+            "32".into(),
+            "--windows".into(),
+            "2".into(),
+            "--features".into(),
+            "4,8".into(),
+            "--layer".into(),
+            "1".into(),
+            "--out".into(),
+            out.display().to_string(),
+            "--quiet".into(),
+        ]
+    };
+    let home = tmp.path().join("hf");
+    let via_hub = tmp.path().join("hub-run");
+    let a = args(&via_hub, ["--model-id", REPO]);
+    let a: Vec<&str> = a.iter().map(|s| s.as_str()).collect();
+    let endpoint = hub.endpoint();
+    let o = run(
+        &a,
+        &[
+            ("HF_ENDPOINT", &endpoint),
+            ("HF_HOME", home.to_str().unwrap()),
+        ],
+    );
+    assert!(o.status.success(), "{}", stderr(&o));
+    let later =
+        hub.count("GET", "model-00004-of-00004") + hub.count("HEAD", "model-00004-of-00004");
+    assert_eq!(later, 0, "the shard with only later layers was requested");
+    assert!(hub.count("GET", "model-00003-of-00004") > 0);
+    let local = tmp.path().join("local-run");
+    let b = args(&local, ["--model-dir", model.to_str().unwrap()]);
+    let b: Vec<&str> = b.iter().map(|s| s.as_str()).collect();
+    let o = run(&b, &[]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let strip = |p: &Path| -> Vec<String> {
+        lines_without_column(&std::fs::read_to_string(p).unwrap(), "seconds")
+            .into_iter()
+            .map(|l| {
+                l.split_once(',')
+                    .unwrap()
+                    .1
+                    .split_once(',')
+                    .unwrap()
+                    .1
+                    .to_string()
+            })
+            .collect()
+    };
+    // Same rows apart from the model id (hub id or directory name) and timing.
+    assert_eq!(
+        strip(&via_hub.join("trials.csv")),
+        strip(&local.join("trials.csv"))
+    );
+}
