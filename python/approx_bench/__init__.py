@@ -53,11 +53,12 @@ def _qkv(q, k, v):
     return q.astype(dtype, copy=False), k.astype(dtype, copy=False), v.astype(dtype, copy=False)
 
 
-def exact(q, k, v, target: str = "softmax") -> np.ndarray:
+def exact(q, k, v, target: str = "softmax", mask: str = "none") -> np.ndarray:
     """One head's target, computed as the benchmark computes it: O = softmax(QKᵀ/√p)V in the
-    inputs' dtype, or with ``target="kernelized"`` C·V, C_ij = exp(−‖q̃_i − k̃_j‖²/2),
-    q̃ = q·p^-1/4, in float64 (METHODS.md §6.4.1)."""
-    return _core.exact(*_qkv(q, k, v), target)
+    inputs' dtype (over the keys j ≤ i with ``mask="causal"``, METHODS.md §7.2), or with
+    ``target="kernelized"`` C·V, C_ij = exp(−‖q̃_i − k̃_j‖²/2), q̃ = q·p^-1/4, in float64
+    (METHODS.md §6.4.1)."""
+    return _core.exact(*_qkv(q, k, v), target, mask)
 
 
 def spectral_error(o, o_hat) -> tuple[float, float, float]:
@@ -67,15 +68,16 @@ def spectral_error(o, o_hat) -> tuple[float, float, float]:
     return _core.spectral_error(o.astype(dtype, copy=False), o_hat.astype(dtype, copy=False))
 
 
-def approximate(method: str, q, k, v, d: int, seed: int) -> np.ndarray:
-    """Ô of built-in method ``method`` with budget ``d`` for one head.
+def approximate(method: str, q, k, v, d: int, seed: int, mask: str = "none") -> np.ndarray:
+    """Ô of built-in method ``method`` with budget ``d`` for one head (its causal form with
+    ``mask="causal"``, METHODS.md §7.4; a method without one raises ValueError).
 
     ``seed`` is the trial's derived seed (the ``seed`` column of trials.csv, or
     :func:`trial_seed`); with the same Q, K, V the result equals the CLI's trial bit for bit.
     """
     if int(d) < 1:
         raise ValueError(f"d = {d}: the budget must be a positive integer")
-    return _core.approximate(method, *_qkv(q, k, v), int(d), int(seed))
+    return _core.approximate(method, *_qkv(q, k, v), int(d), int(seed), mask)
 
 
 def trial_seed(seed: int, n: int, window: int, head: int, method: str, d: int) -> int:
@@ -89,7 +91,9 @@ def methods() -> list[tuple[str, str, bool]]:
 
 
 def inputs(n: int, window: int = 0, **options):
-    """Q, K, V of window ``window`` (tokens [window·n, (window+1)·n)) as arrays [heads, n, p].
+    """Q, K, V of window ``window`` (tokens [window·n, (window+1)·n)) as arrays: Q [heads, n, p],
+    K and V [kv_heads, n, p] (a decoder with grouped-query heads: query head h reads K/V head
+    ⌊h·kv_heads/heads⌋; a window then starts with BOS when the tokenizer adds one).
 
     Options are the CLI's long flags with underscores and mean the same: ``model``
     ("pretrained" | "initialized"), ``model_id``, ``revision``, ``model_dir``, ``corpus``,

@@ -12,7 +12,7 @@ use pyo3::exceptions::{PyRuntimeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
 
-use approx_bench::attention::{self, HeadInputs, Target};
+use approx_bench::attention::{self, HeadInputs, Mask, Target};
 use approx_bench::config::{InputConfig, RunConfig, UserMethod};
 use approx_bench::numerics::{sampling, spectral};
 
@@ -98,21 +98,36 @@ fn head(q: &Bound<'_, PyAny>, k: &Bound<'_, PyAny>, v: &Bound<'_, PyAny>) -> PyR
     HeadInputs::new(q, k, v).map_err(err)
 }
 
+/// `mask` ("none" or "causal") as the library's Mask.
+fn parse_mask(mask: &str) -> PyResult<Mask> {
+    mask.parse()
+        .map_err(|e: approx_bench::UsageError| PyValueError::new_err(format!("mask {e}")))
+}
+
 /// The target of one head as the benchmark computes it: exact softmax attention
-/// O = softmax(QKᵀ/√p)V in the inputs' dtype, or (`target = "kernelized"`) C·V in float64.
+/// O = softmax(QKᵀ/√p)V in the inputs' dtype (over keys j ≤ i with `mask = "causal"`), or
+/// (`target = "kernelized"`) C·V in float64.
 #[pyfunction]
-#[pyo3(signature = (q, k, v, target = "softmax"))]
+#[pyo3(signature = (q, k, v, target = "softmax", mask = "none"))]
 fn exact<'py>(
     py: Python<'py>,
     q: &Bound<'py, PyAny>,
     k: &Bound<'py, PyAny>,
     v: &Bound<'py, PyAny>,
     target: &str,
+    mask: &str,
 ) -> PyResult<Bound<'py, PyAny>> {
     let target: Target = target
         .parse()
         .map_err(|e: approx_bench::UsageError| PyValueError::new_err(format!("target {e}")))?;
+    let mask = parse_mask(mask)?;
+    if mask == Mask::Causal && target == Target::Kernelized {
+        return Err(PyValueError::new_err(
+            "the kernelized target has no causal form (METHODS.md §7.2)",
+        ));
+    }
     let h = head(q, k, v)?;
+    let h = HeadInputs::masked(h.q.clone(), h.k.clone(), h.v.clone(), mask).map_err(err)?;
     match target {
         Target::Softmax => array(py, &h.exact().map_err(err)?.output),
         Target::Kernelized => array(py, h.kernelized().map_err(err)?),
@@ -137,8 +152,10 @@ fn spectral_error(o: &Bound<'_, PyAny>, o_hat: &Bound<'_, PyAny>) -> PyResult<(f
 }
 
 /// Ô of a built-in method for one head, with the trial generator of derived seed `seed`
-/// (trials.csv's `seed` column, or `trial_seed(...)`): bit-identical to the CLI's trial.
+/// (trials.csv's `seed` column, or `trial_seed(...)`): bit-identical to the CLI's trial. With
+/// `mask = "causal"` the method's causal form (METHODS.md §7.4).
 #[pyfunction]
+#[pyo3(signature = (method, q, k, v, d, seed, mask = "none"))]
 fn approximate<'py>(
     py: Python<'py>,
     method: &str,
@@ -147,9 +164,18 @@ fn approximate<'py>(
     v: &Bound<'py, PyAny>,
     d: usize,
     seed: u64,
+    mask: &str,
 ) -> PyResult<Bound<'py, PyAny>> {
     let m = attention::by_id(method).map_err(PyValueError::new_err)?;
+    let mask = parse_mask(mask)?;
+    if !m.masks().contains(&mask) {
+        return Err(PyValueError::new_err(format!(
+            "{method} has no {mask} form; methods for mask {mask}: {}",
+            attention::mask_method_ids(Target::Softmax, mask).join(", ")
+        )));
+    }
     let h = head(q, k, v)?;
+    let h = HeadInputs::masked(h.q.clone(), h.k.clone(), h.v.clone(), mask).map_err(err)?;
     m.check(h.n(), d)
         .map_err(|e| PyValueError::new_err(format!("{method} at n = {}, d = {d}: {e}", h.n())))?;
     let mut rng = sampling::rng_from_seed(seed);

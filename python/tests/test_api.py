@@ -85,3 +85,35 @@ def test_methods_lists_the_registry():
     ids = [m[0] for m in ab.methods()]
     for m in ["skyformer", "nystromformer", "performer", "informer", "skeinformer", "vmean", "linformer"]:
         assert m in ids
+
+
+def causal_attention(q, k, v):
+    q, k, v = (np.asarray(x, dtype=np.float64) for x in (q, k, v))
+    n = q.shape[0]
+    s = q @ k.T / np.sqrt(q.shape[1])
+    s[np.triu_indices(n, 1)] = -np.inf
+    s -= s.max(axis=1, keepdims=True)
+    e = np.exp(s)
+    return (e / e.sum(axis=1, keepdims=True)) @ v
+
+
+def test_the_causal_target_and_causal_forms_against_numpy():
+    q, k, v = head(n=200, p=16, dtype=np.float64, scale=1.5)
+    o = ab.exact(q, k, v, mask="causal")
+    assert np.abs(o - causal_attention(q, k, v)).max() < 1e-12
+    # The causal window of d keys and the prefix mean, from their definitions (METHODS.md §7.4).
+    d = 7
+    w = ab.approximate("window", q, k, v, d, 0, mask="causal")
+    want = np.stack([_window_row(q, k, v, i, d) for i in range(len(q))])
+    assert np.abs(w - want).max() < 1e-12
+    vm = ab.approximate("vmean", q, k, v, d, 0, mask="causal")
+    assert np.abs(vm - np.cumsum(v, 0) / np.arange(1, len(v) + 1)[:, None]).max() < 1e-12
+    with pytest.raises(ValueError, match="no causal form"):
+        ab.approximate("nystromformer", q, k, v, 8, 0, mask="causal")
+
+
+def _window_row(q, k, v, i, d):
+    lo = max(0, i - d + 1)
+    s = k[lo:i + 1] @ q[i] / np.sqrt(q.shape[1])
+    e = np.exp(s - s.max())
+    return (e / e.sum()) @ v[lo:i + 1]

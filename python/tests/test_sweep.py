@@ -206,3 +206,34 @@ def test_a_kernelized_sweep_scores_every_method_against_c_v(tiny, tmp_path):
     # A softmax method with the kernelized target is refused, naming the methods that fit.
     with pytest.raises(ValueError, match="vmean does not approximate the kernelized target"):
         ab.sweep(["vmean"], out=tmp_path / "bad", target="kernelized", **tiny, **GRID)
+
+
+def causal_window(q, k, v, d, rng, mask=None):
+    """The d most recent keys j ≤ i (METHODS.md §7.4), dense, in float64: told the mask."""
+    assert mask == "causal"
+    n, p = q.shape
+    s = q.astype(np.float64) @ k.T.astype(np.float64) / np.sqrt(p)
+    i = np.arange(n)
+    lag = i[:, None] - i[None, :]
+    s[(lag < 0) | (lag >= d)] = -np.inf
+    s -= s.max(axis=1, keepdims=True)
+    e = np.exp(s)
+    return (e / e.sum(axis=1, keepdims=True)) @ v.astype(np.float64)
+
+
+def test_a_causal_sweep_tells_a_users_function_the_mask_and_scores_it_like_the_builtin(tiny, tmp_path):
+    out = tmp_path / "causal"
+    ab.sweep(["window", causal_window], out=out, mask="causal", **tiny, **GRID)
+    got = rows(out)
+    assert {r["mask"] for r in got} == {"causal"}
+    builtin = {(r["n"], r["window"], r["head"], r["d"]): float(r["error"]) for r in got if r["method"] == "window"}
+    mine = {(r["n"], r["window"], r["head"], r["d"]): float(r["error"]) for r in got if r["method"] == "causal_window"}
+    assert builtin.keys() == mine.keys() and builtin
+    for key, e in builtin.items():
+        assert mine[key] == pytest.approx(e, rel=1e-4, abs=1e-7), key
+
+    def unaware(q, k, v, d, rng):
+        return v
+
+    with pytest.raises(RuntimeError, match="mask=None"):
+        ab.sweep([unaware], out=tmp_path / "u", mask="causal", **tiny, **GRID)
