@@ -82,10 +82,20 @@ pub fn run(cfg: &RunConfig, reps: usize) -> Result<()> {
             k.get(0)?.contiguous()?,
             v.get(0)?.contiguous()?,
         );
+        let mask = cfg.mask;
         let t_exact = time(dev, reps, || {
-            attention::exact::ExactAttention::compute(&qh, &kh, &vh)
+            attention::exact::ExactAttention::compute_masked(&qh, &kh, &vh, mask)
         })?;
-        let flops = 4.0 * (n * n * p) as f64;
+        // The window's heads in one computation batched over heads (what a sweep on a non-CPU
+        // device runs, K/V shared by grouped query heads).
+        let t_batched = time(dev, reps, || {
+            attention::exact::ExactAttention::compute_heads_masked(&q, &k, &v, mask)
+        })?;
+        // Causal: the key blocks above the diagonal are skipped, half the products.
+        let flops = match mask {
+            attention::Mask::None => 4.0 * (n * n * p) as f64,
+            attention::Mask::Causal => 2.0 * (n * (n + 1) * p) as f64,
+        };
         let peak = matmul_peak(dev, &qh, &kh, &vh)?;
         println!(
             "\nn = {n}: Q/K/V of one window (all heads) {:.2} ms",
@@ -98,6 +108,16 @@ pub fn run(cfg: &RunConfig, reps: usize) -> Result<()> {
             peak,
             100.0 * flops / t_exact / 1e9 / peak
         );
+        let heads = q.dim(0)?;
+        println!(
+            "  exact attention of all {heads} heads batched over heads {:.2} ms = {:.2} ms per head = {:.1} GFLOP/s",
+            t_batched * 1e3,
+            t_batched * 1e3 / heads as f64,
+            heads as f64 * flops / t_batched / 1e9
+        );
+        if mask == attention::Mask::Causal {
+            println!("  (mask causal: exact attention is n(n+1)p MACs per head)");
+        }
         if cfg.target == attention::Target::Kernelized {
             let t_target = time(dev, reps, || {
                 attention::target::kernelized_output(&qh, &kh, &vh, candle_core::DType::F64)
@@ -107,7 +127,7 @@ pub fn run(cfg: &RunConfig, reps: usize) -> Result<()> {
                 t_target * 1e3
             );
         }
-        let head = HeadInputs::new(qh, kh, vh)?;
+        let head = HeadInputs::masked(qh, kh, vh, mask)?;
         // The target is the sweep's per-head reference, computed before any method's clock.
         head.target_output(cfg.target)?;
         let mut shown = None;
@@ -133,7 +153,7 @@ pub fn run(cfg: &RunConfig, reps: usize) -> Result<()> {
                 let t = time(dev, reps, || {
                     method.approximate(&head.with_empty_memo(), d, &mut key.rng())
                 })?;
-                let macs = method.macs(n, p, d);
+                let macs = method.macs_masked(n, p, d, mask);
                 println!(
                     "  {:<18} {:>5} {:>10.3} {:>12.2}",
                     m,
