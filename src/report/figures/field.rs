@@ -36,7 +36,7 @@ fn is_oracle(method: &str) -> bool {
 
 /// One hue per family, shades and markers for its members; references grey; a user's method
 /// black (it is what the figure is about).
-fn field_style(method: &str, methods: &[String]) -> SeriesStyle {
+pub(super) fn field_style(method: &str, methods: &[String]) -> SeriesStyle {
     const MARKS: [Marker; 6] = [
         Marker::Dot,
         Marker::Square,
@@ -99,7 +99,7 @@ fn field_style(method: &str, methods: &[String]) -> SeriesStyle {
 
 /// The methods present for `model`, ordered by family then registry order, references last
 /// in the legend (drawn first, under the others).
-fn ordered_methods(rows: &[SummaryRow], model: &str) -> (Vec<String>, Vec<String>) {
+pub(super) fn ordered_methods(rows: &[SummaryRow], model: &str) -> (Vec<String>, Vec<String>) {
     let mut ms: Vec<(bool, Family, usize, String)> = vec![];
     for r in rows.iter().filter(|r| r.model == model) {
         if ms.iter().any(|m| m.3 == r.method) {

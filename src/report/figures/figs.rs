@@ -19,6 +19,8 @@ pub(super) enum XOf {
     Features,
     Seconds,
     Macs,
+    /// Realised keys per query (restrict-and-renormalise methods), else d (METHODS.md §7.6).
+    Keys,
 }
 
 impl XOf {
@@ -27,6 +29,7 @@ impl XOf {
             XOf::Features => r.d as f64,
             XOf::Seconds => r.seconds_mean,
             XOf::Macs => r.macs,
+            XOf::Keys => r.keys_mean.unwrap_or(r.d as f64),
         }
     }
 }

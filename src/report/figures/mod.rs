@@ -24,6 +24,7 @@ use super::summary::{self, SummaryRow};
 use crate::config::{choice, Choice, SKEINFORMER_FIGURE, SKYFORMER_FIGURE};
 
 mod axis;
+mod decoder;
 mod draw;
 mod field;
 mod figs;
@@ -77,10 +78,13 @@ pub fn load_run(dir: &Path) -> Result<RunData> {
     };
     let (model_id, embeddings_from) = if manifest_dir.join("manifest.json").is_file() {
         let m = Manifest::read(manifest_dir)?;
-        (
-            m.model_id,
-            Some(m.config.inputs.embeddings_from.name().to_string()),
-        )
+        // Runs of one model at two layers (the decoder reproduction: layers 0 and 15) are two
+        // models in a figure, not duplicates of one.
+        let id = match m.config.inputs.layer {
+            0 => m.model_id,
+            l => format!("{} layer {l}", m.model_id),
+        };
+        (id, Some(m.config.inputs.embeddings_from.name().to_string()))
     } else {
         ("unknown".to_string(), None)
     };
@@ -150,13 +154,18 @@ impl Statistic {
 /// earlier run wins. `stat` picks what the points show (median figures get a `-median` suffix).
 pub fn draw_all(runs: &[RunData], out_dir: &Path, stat: Statistic) -> Result<Vec<PathBuf>> {
     // Causal rows (decoder attention) belong to no encoder figure; the decoder figure is their own.
-    let (kernelized, rows): (Vec<SummaryRow>, Vec<SummaryRow>) = combine(runs)
+    let (causal, rows): (Vec<SummaryRow>, Vec<SummaryRow>) = combine(runs)
         .into_iter()
-        .filter(|r| r.mask == crate::attention::Mask::None)
+        .partition(|r| r.mask == crate::attention::Mask::Causal);
+    let (kernelized, rows): (Vec<SummaryRow>, Vec<SummaryRow>) = rows
+        .into_iter()
         .partition(|r| r.target == crate::attention::Target::Kernelized);
     let rows = stat.apply(rows);
     let sfx = stat.suffix();
     let mut figures: Vec<(String, Figure)> = vec![];
+    if let Some(f) = decoder::decoder(&stat.apply(causal), stat) {
+        figures.push((format!("decoder{sfx}.png"), f));
+    }
     if let Some(f) = field::field(&rows, stat) {
         figures.push((format!("field{sfx}.png"), f));
     }
