@@ -355,3 +355,110 @@ fn a_sharded_checkpoint_through_a_hub_fetches_only_the_shards_the_layer_needs() 
         strip(&local.join("trials.csv"))
     );
 }
+
+/// `score` on a decoder's dump: K/V heads and the causal mask come from the dump's sidecar, and a
+/// user's outputs equal to the built-in causal `window` score exactly as the sweep's window rows.
+#[test]
+fn score_takes_the_kv_heads_and_the_causal_mask_from_a_decoders_dump() {
+    use approx_bench::attention::{self, HeadInputs, Mask};
+    let tmp = tempfile::tempdir().unwrap();
+    let model = llama_dir(&tmp.path().join("llama"), true);
+    let c = corpus(tmp.path());
+    let qkv = tmp.path().join("qkv");
+    let approx = tmp.path().join("approx");
+    std::fs::create_dir_all(&approx).unwrap();
+    let common = |extra: &[&str]| -> Vec<String> {
+        let mut a: Vec<String> = ["--model", "pretrained", "--model-dir"]
+            .iter()
+            .map(|s| s.to_string())
+            .collect();
+        a.push(model.display().to_string());
+        a.extend([
+            "--corpus".to_string(),
+            c.display().to_string(),
+            "--layer".into(),
+            "1".into(),
+        ]);
+        a.extend(extra.iter().map(|s| s.to_string()));
+        a
+    };
+    let dumped = qkv.join("w0.safetensors");
+    let mut a = vec!["dump-qkv".to_string()];
+    a.extend(common(&[
+        "--length",
+        "32",
+        "--window",
+        "0",
+        "--out",
+        dumped.to_str().unwrap(),
+    ]));
+    let o = run(&a.iter().map(|s| s.as_str()).collect::<Vec<_>>(), &[]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let side = std::fs::read_to_string(qkv.join("w0.safetensors.json")).unwrap();
+    assert!(
+        side.contains("\"kv_heads\": 2") && side.contains("\"mask\": \"causal\""),
+        "{side}"
+    );
+    let t = candle_core::safetensors::load(&dumped, &candle_core::Device::Cpu).unwrap();
+    let window = attention::by_id("window").unwrap();
+    let outs: Vec<candle_core::Tensor> = (0..4)
+        .map(|h| {
+            let g = h * 2 / 4;
+            let head = HeadInputs::masked(
+                t["q"].get(h).unwrap(),
+                t["k"].get(g).unwrap(),
+                t["v"].get(g).unwrap(),
+                Mask::Causal,
+            )
+            .unwrap();
+            let mut rng = approx_bench::numerics::sampling::rng_from_seed(0);
+            window.approximate(&head, 4, &mut rng).unwrap().output
+        })
+        .collect();
+    let o_hat = candle_core::Tensor::stack(&outs, 0).unwrap();
+    candle_core::safetensors::save(
+        &std::collections::HashMap::from([("o_hat".to_string(), o_hat)]),
+        approx.join("mine-n32-w0-d4.safetensors"),
+    )
+    .unwrap();
+    let scored = tmp.path().join("scored");
+    let o = run(
+        &[
+            "score",
+            "--qkv",
+            qkv.to_str().unwrap(),
+            "--approx",
+            approx.to_str().unwrap(),
+            "--name",
+            "mine",
+            "--out",
+            scored.to_str().unwrap(),
+        ],
+        &[],
+    );
+    assert!(o.status.success(), "{}", stderr(&o));
+    let swept = tmp.path().join("swept");
+    let mut a = common(&[
+        "--lengths",
+        "32",
+        "--windows",
+        "1",
+        "--features",
+        "4",
+        "--methods",
+        "window",
+        "--quiet",
+        "--out",
+        swept.to_str().unwrap(),
+    ]);
+    a.extend(["--dtype".to_string(), "f32".to_string()]);
+    let o = run(&a.iter().map(|s| s.as_str()).collect::<Vec<_>>(), &[]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let mine = scored.join("trials.csv");
+    let theirs = swept.join("trials.csv");
+    assert_eq!(column(&mine, "mask"), column(&theirs, "mask"));
+    assert_eq!(column(&mine, "kv_head"), column(&theirs, "kv_head"));
+    assert_eq!(column(&mine, "exact_norm"), column(&theirs, "exact_norm"));
+    // The dump holds f32 Q/K/V, as the sweep's working dtype: the same bits, the same errors.
+    assert_eq!(column(&mine, "error"), column(&theirs, "error"));
+}
