@@ -23,8 +23,8 @@
 use anyhow::Result;
 
 use super::select::{
-    block_count, block_groups, block_means, block_pattern, block_visited_pairs, causal_filter,
-    host_f64, require_causal, restricted, scored_count,
+    block_count, block_means, block_pattern, block_visited_pairs, host_f64, merged_block_groups,
+    require_causal, restricted, scored_count, BlockFilter,
 };
 use crate::attention::sparse::pair_macs;
 use crate::attention::{Approximation, Family, HeadInputs, Mask, Method};
@@ -77,7 +77,9 @@ impl Method for BlockSparse {
             host_f64(&qbar.matmul(&kbar.t()?)?)?
         };
         let kept = block_pattern(nb, d, &score);
-        restricted(head, &block_groups(n, &kept), Some(&causal_filter))
+        let filter = BlockFilter::new(&kept);
+        let visits = |i: usize, j: usize| filter.visits(i, j);
+        restricted(head, &merged_block_groups(n, &kept), Some(&visits))
     }
 }
 

@@ -20,7 +20,7 @@ use anyhow::Result;
 
 use super::quest::scored_pairs;
 use super::select::{
-    block_means, host_f64, page_sets, page_visited_pairs, require_causal, restricted_rows,
+    block_means, host_f64, merged_rows, page_sets, page_visited_pairs, require_causal, restricted,
     scored_count, B,
 };
 use crate::attention::sparse::pair_macs;
@@ -70,7 +70,7 @@ impl Method for Moba {
         } else {
             None
         };
-        let sets = page_sets(n, d, |start, len, pages| {
+        let (sets, filter) = page_sets(n, d, |start, len, pages| {
             let kbar = means
                 .as_ref()
                 .expect("pages are scored only when one is complete");
@@ -80,7 +80,8 @@ impl Method for Moba {
                 .matmul(&kbar.narrow(0, 0, pages)?.t()?)?;
             host_f64(&g)
         })?;
-        restricted_rows(head, sets)
+        let visits = |i: usize, j: usize| filter.visits(i, j);
+        restricted(head, &merged_rows(sets), Some(&visits))
     }
 }
 

@@ -23,7 +23,7 @@
 use anyhow::Result;
 
 use super::select::{
-    block_bounds, host_f64, page_sets, page_visited_pairs, require_causal, restricted_rows,
+    block_bounds, host_f64, merged_rows, page_sets, page_visited_pairs, require_causal, restricted,
     scored_count, B,
 };
 use crate::attention::sparse::pair_macs;
@@ -78,7 +78,7 @@ impl Method for Quest {
         } else {
             None
         };
-        let sets = page_sets(n, d, |start, len, pages| {
+        let (sets, filter) = page_sets(n, d, |start, len, pages| {
             let (lo, hi) = bounds
                 .as_ref()
                 .expect("pages are scored only when one is complete");
@@ -88,7 +88,8 @@ impl Method for Quest {
                 + qn.matmul(&lo.narrow(0, 0, pages)?.t()?)?)?;
             host_f64(&u)
         })?;
-        restricted_rows(head, sets)
+        let visits = |i: usize, j: usize| filter.visits(i, j);
+        restricted(head, &merged_rows(sets), Some(&visits))
     }
 }
 

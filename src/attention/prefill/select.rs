@@ -77,18 +77,38 @@ pub fn top_indices(scores: &[f64], m: usize) -> Vec<usize> {
     top_keys(scores, m.min(scores.len()))
 }
 
+/// Which past pages each row of the page selector kept (a bit matrix rows × ⌊n/b⌋), for the
+/// filter of merged groups: query i visits key j iff j ≤ i and j lies in i's own page or a kept one.
+pub struct PageFilter {
+    words: usize,
+    bits: Vec<u64>,
+}
+
+impl PageFilter {
+    pub fn visits(&self, i: usize, j: usize) -> bool {
+        let t = j / B;
+        j <= i && (t == i / B || self.bits[i * self.words + t / 64] >> (t % 64) & 1 == 1)
+    }
+}
+
 /// The page selector (§7.5.3, §7.5.4): per row i, the keys ⌊i/b⌋b..=i of the page holding i and
 /// every key of the m = ⌈d/b⌉ − 1 complete past pages t < ⌊i/b⌋ with the largest score(i, t), ties
 /// to the lower page. `scores(start, len, pages)` gives the scores of query rows
 /// [start, start+len) against pages 0..pages as a row-major [len, pages] host vector (only the
 /// past pages of each row are read). Row blocks keep the score matrix to 256 rows at a time.
+/// Returns the sets and the same choice as a filter.
 pub fn page_sets(
     n: usize,
     d: usize,
     scores: impl Fn(usize, usize, usize) -> Result<Vec<f64>>,
-) -> Result<Vec<Vec<usize>>> {
+) -> Result<(Vec<Vec<usize>>, PageFilter)> {
     const ROWS: usize = 256;
     let m = scored_count(d, 1);
+    let words = (n / B).div_ceil(64).max(1);
+    let mut filter = PageFilter {
+        words,
+        bits: vec![0; n * words],
+    };
     let mut sets = Vec::with_capacity(n);
     for start in (0..n).step_by(ROWS) {
         let len = ROWS.min(n - start);
@@ -111,12 +131,13 @@ pub fn page_sets(
             let mut keys: Vec<usize> = Vec::with_capacity(kept.len() * B + B);
             for t in kept {
                 keys.extend(block_span(t, n));
+                filter.bits[i * words + t / 64] |= 1 << (t % 64);
             }
             keys.extend(own * B..=i);
             sets.push(keys);
         }
     }
-    Ok(sets)
+    Ok((sets, filter))
 }
 
 /// The block selector (§7.5.5, §7.5.7): per query block a, key block 0 and the diagonal block a
@@ -225,6 +246,105 @@ pub fn restricted_rows(head: &HeadInputs, sets: Vec<Vec<usize>>) -> Result<Appro
     restricted(head, &per_row_groups(sets), None)
 }
 
+/// Consecutive units (a query row with its set, or a query block with its kept keys) merged
+/// into one key group — the rows together, the union of their keys — while the merged group's
+/// work |rows|·|union| stays within `slack` × the pairs its rows really visit (`pairs` per unit)
+/// and it has at most `max_rows` rows; a unit that would break either starts the next group.
+/// The caller's filter then restores each row's own set inside a group. Why: a batched product
+/// over a group of rows runs several times faster than per-row loops, and neighbouring queries
+/// of these patterns mostly pick the same pages, blocks or diagonals, so the padding is small;
+/// where they do not, the groups stay small and nothing is lost.
+pub fn merged_groups(
+    units: Vec<(Vec<usize>, Vec<usize>, usize)>,
+    n_keys: usize,
+    slack: f64,
+    max_rows: usize,
+) -> Vec<KeyGroup> {
+    let mut stamp = vec![usize::MAX; n_keys];
+    let mut groups: Vec<KeyGroup> = Vec::new();
+    let mut pairs = 0usize;
+    for (rows, keys, unit_pairs) in units {
+        let id = groups.len().wrapping_sub(1);
+        if let Some(g) = groups.last_mut() {
+            let fresh = keys.iter().filter(|&&j| stamp[j] != id).count();
+            let (r, l) = (g.rows.len() + rows.len(), g.keys.len() + fresh);
+            if r <= max_rows && (r * l) as f64 <= slack * (pairs + unit_pairs) as f64 {
+                for &j in &keys {
+                    if stamp[j] != id {
+                        stamp[j] = id;
+                        g.keys.push(j);
+                    }
+                }
+                g.rows.extend(rows);
+                pairs += unit_pairs;
+                continue;
+            }
+        }
+        let id = groups.len();
+        for &j in &keys {
+            stamp[j] = id;
+        }
+        groups.push(KeyGroup { rows, keys });
+        pairs = unit_pairs;
+    }
+    groups
+}
+
+/// Per-row sets as merged groups ([`merged_groups`]: slack 2, up to 64 rows); run them with a
+/// filter that is true exactly on each row's set.
+pub fn merged_rows(sets: Vec<Vec<usize>>) -> Vec<KeyGroup> {
+    let n = sets.len();
+    let units = sets
+        .into_iter()
+        .enumerate()
+        .map(|(i, s)| {
+            let l = s.len();
+            (vec![i], s, l)
+        })
+        .collect();
+    merged_groups(units, n, 2.0, 64)
+}
+
+/// A block pattern's query blocks as merged groups (slack 1.25, up to 64 rows); run them with
+/// [`BlockFilter`].
+pub fn merged_block_groups(n: usize, kept: &[Vec<usize>]) -> Vec<KeyGroup> {
+    let units = block_groups(n, kept)
+        .into_iter()
+        .map(|g| {
+            let pairs = g
+                .rows
+                .iter()
+                .map(|&i| g.keys.iter().filter(|&&j| j <= i).count())
+                .sum();
+            (g.rows, g.keys, pairs)
+        })
+        .collect();
+    merged_groups(units, n, 1.25, 64)
+}
+
+/// Whether query i visits key j under a block pattern: j ≤ i and key block ⌊j/b⌋ kept for
+/// query block ⌊i/b⌋ (a bit matrix over (query block, key block)).
+pub struct BlockFilter {
+    nb: usize,
+    bits: Vec<bool>,
+}
+
+impl BlockFilter {
+    pub fn new(kept: &[Vec<usize>]) -> Self {
+        let nb = kept.len();
+        let mut bits = vec![false; nb * nb];
+        for (a, blocks) in kept.iter().enumerate() {
+            for &c in blocks {
+                bits[a * nb + c] = true;
+            }
+        }
+        Self { nb, bits }
+    }
+    pub fn visits(&self, i: usize, j: usize) -> bool {
+        j <= i && self.bits[(i / B) * self.nb + j / B]
+    }
+}
+
 /// The causal filter of block groups.
 pub fn causal_filter(i: usize, j: usize) -> bool {
     j <= i
@@ -287,12 +407,18 @@ mod tests {
         // d = 16: the two fixed blocks only.
         assert_eq!(block_pattern(4, 16, &s)[3], vec![0, 3]);
         // Pages: n = 40, d = 32 → one scored page; row 35 (page 2) prefers page 1.
-        let sets = page_sets(40, 32, |start, len, pages| {
+        let (sets, filter) = page_sets(40, 32, |start, len, pages| {
             Ok((0..len * pages)
                 .map(|x| ((start + x / pages == 35) && x % pages == 1) as u8 as f64)
                 .collect())
         })
         .unwrap();
+        for (i, s) in sets.iter().enumerate() {
+            assert_eq!(
+                *s,
+                (0..40).filter(|&j| filter.visits(i, j)).collect::<Vec<_>>()
+            );
+        }
         assert_eq!(sets[35], (16..32).chain(32..36).collect::<Vec<_>>());
         assert_eq!(sets[34], (0..16).chain(32..35).collect::<Vec<_>>());
         assert_eq!(sets[3], vec![0, 1, 2, 3]);

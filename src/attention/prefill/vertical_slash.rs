@@ -22,7 +22,7 @@
 use anyhow::Result;
 use candle_core::DType;
 
-use super::select::{budget_pairs, require_causal, restricted_rows, top_indices, SINKS};
+use super::select::{budget_pairs, merged_rows, require_causal, restricted, top_indices, SINKS};
 use crate::attention::exact::{causal_scores, scaled_operands};
 use crate::attention::sparse::pair_macs;
 use crate::attention::{Approximation, Family, HeadInputs, Mask, Method};
@@ -134,7 +134,12 @@ impl Method for VerticalSlash {
             let a = candle_nn::ops::softmax_last_dim(&s)?.to_dtype(DType::F64)?;
             Ok(a.flatten_all()?.to_vec1::<f64>()?)
         })?;
-        restricted_rows(head, key_sets(n, &pattern(&pat, n, d)))
+        let pat = pattern(&pat, n, d);
+        let (mut is_col, mut is_off) = (vec![false; n], vec![false; n]);
+        pat.columns.iter().for_each(|&j| is_col[j] = true);
+        pat.offsets.iter().for_each(|&o| is_off[o] = true);
+        let visits = |i: usize, j: usize| j <= i && (is_col[j] || is_off[i - j]);
+        restricted(head, &merged_rows(key_sets(n, &pat)), Some(&visits))
     }
 }
 

@@ -28,8 +28,8 @@ use anyhow::Result;
 use candle_core::{Tensor, D};
 
 use super::select::{
-    block_count, block_groups, block_pattern, block_visited_pairs, causal_filter, host_f64,
-    require_causal, restricted, scored_count, B,
+    block_count, block_pattern, block_visited_pairs, host_f64, merged_block_groups, require_causal,
+    restricted, scored_count, BlockFilter, B,
 };
 use crate::attention::exact::map_masked_score_blocks;
 use crate::attention::sparse::pair_macs;
@@ -127,7 +127,9 @@ impl Method for XAttention {
             antidiagonal_scores(&head.q, &head.k)?
         };
         let kept = block_pattern(nb, d, &score);
-        restricted(head, &block_groups(n, &kept), Some(&causal_filter))
+        let filter = BlockFilter::new(&kept);
+        let visits = |i: usize, j: usize| filter.visits(i, j);
+        restricted(head, &merged_block_groups(n, &kept), Some(&visits))
     }
 }
 
