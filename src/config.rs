@@ -635,7 +635,20 @@ mod tests {
         assert_eq!(cfg.mask, Mask::Causal);
         assert_eq!(
             cfg.methods,
-            ["vmean", "performer_favor", "svd_optimal", "window", "topk"]
+            [
+                "vmean",
+                "performer_favor",
+                "svd_optimal",
+                "window",
+                "topk",
+                "streaming",
+                "h2o",
+                "quest",
+                "moba",
+                "block_sparse",
+                "xattention",
+                "vertical_slash"
+            ]
         );
         assert_eq!(cfg.lengths, [2048, 8192]);
         assert_eq!(cfg.features, [16, 32, 64, 128, 256, 512, 1024, 2048]);

@@ -19,6 +19,7 @@ pub mod exact_kernelized;
 pub mod features;
 pub mod hybrid;
 pub mod lowrank;
+pub mod prefill;
 pub mod sampling;
 pub mod sparse;
 pub mod target;
@@ -232,6 +233,9 @@ pub enum Family {
     Sparse,
     /// Sparse + low-rank combinations (METHODS.md §6.2.2).
     Hybrid,
+    /// The LLM-era causal prefill patterns (METHODS.md §7.5): restrict-and-renormalise on sinks,
+    /// pages, blocks, columns and diagonals.
+    Prefill,
     /// A method defined outside the registry (a user's own, e.g. from Python); never a
     /// built-in one (a test checks).
     User,
@@ -247,6 +251,7 @@ impl Family {
             Family::Sampling => "sampling",
             Family::Sparse => "sparse",
             Family::Hybrid => "hybrid",
+            Family::Prefill => "prefill",
             Family::User => "user",
         }
     }
@@ -348,6 +353,14 @@ pub fn registry() -> Vec<Box<dyn Method>> {
         Box::new(kdeformer::KdeFormer::reference()),
         Box::new(scatterbrain::Scatterbrain::smyrf()),
         Box::new(scatterbrain::Scatterbrain::local()),
+        // The causal prefill methods (METHODS.md §7.5).
+        Box::new(prefill::streaming::Streaming),
+        Box::new(prefill::h2o::H2o),
+        Box::new(prefill::quest::Quest),
+        Box::new(prefill::moba::Moba),
+        Box::new(prefill::block_sparse::BlockSparse),
+        Box::new(prefill::xattention::XAttention),
+        Box::new(prefill::vertical_slash::VerticalSlash),
         // The kernelized target's methods (METHODS.md §6.4).
         Box::new(exact_kernelized::ExactKernelized),
         Box::new(zero::Zero),
@@ -391,9 +404,10 @@ pub fn mask_method_ids(target: Target, mask: Mask) -> Vec<&'static str> {
 }
 
 /// The `field` preset (issue 13: every method of the field on one d axis): every registered
-/// method whose target is softmax attention, in registry order.
+/// method whose target is softmax attention and that has a bidirectional form, in registry order
+/// (the causal-only prefill methods of METHODS.md §7.5 join it under `--mask causal`).
 pub fn field_method_ids() -> Vec<&'static str> {
-    target_method_ids(Target::Softmax)
+    mask_method_ids(Target::Softmax, Mask::None)
 }
 
 /// The ids of the registered methods of one family, in registry order.
@@ -688,7 +702,10 @@ mod tests {
             .filter(|m| m.is_oracle())
             .map(|m| m.id())
             .collect();
-        assert_eq!(oracles, vec!["svd_optimal", "topk", "exact_kernelized"]);
+        assert_eq!(
+            oracles,
+            vec!["svd_optimal", "topk", "h2o", "exact_kernelized"]
+        );
         assert_eq!(Family::LowRank.name(), "lowrank");
     }
 
@@ -696,10 +713,11 @@ mod tests {
     fn field_preset_is_every_registered_softmax_method_in_registry_order() {
         let softmax: Vec<&str> = registry()
             .iter()
-            .filter(|m| m.targets() == [Target::Softmax])
+            .filter(|m| m.targets() == [Target::Softmax] && m.masks().contains(&Mask::None))
             .map(|m| m.id())
             .collect();
         assert_eq!(field_method_ids(), softmax);
+        let causal_only = family_method_ids(Family::Prefill);
         // Every registered method has exactly one target; together they are the registry.
         let kernelized = target_method_ids(Target::Kernelized);
         assert_eq!(
@@ -713,7 +731,10 @@ mod tests {
                 "rff_gauss"
             ]
         );
-        assert_eq!(softmax.len() + kernelized.len(), method_ids().len());
+        assert_eq!(
+            softmax.len() + causal_only.len() + kernelized.len(),
+            method_ids().len()
+        );
         // The Figure-1 methods keep their registry positions (legend order, baselines).
         assert_eq!(
             &method_ids()[..7],

@@ -70,6 +70,12 @@ pub(super) fn field_style(method: &str, methods: &[String]) -> SeriesStyle {
                 RGBColor(200, 130, 230),
             ],
             Family::Hybrid => &[RGBColor(230, 130, 0), RGBColor(170, 90, 0)],
+            Family::Prefill => &[
+                RGBColor(23, 190, 207),
+                RGBColor(0, 120, 140),
+                RGBColor(140, 86, 75),
+                RGBColor(188, 189, 34),
+            ],
             Family::Reference => &[RGBColor(150, 150, 150)],
             Family::User => &[RGBColor(0, 0, 0)],
         }

@@ -1,0 +1,164 @@
+//! `block_sparse`: mean-pooled block selection (METHODS.md §7.5.5) — MInference's block-sparse
+//! pattern (Jiang et al., NeurIPS 2024, "MInference 1.0", §3.2 "Block-Sparse", the estimate
+//! softmax(pool(Q)·pool(K)ᵀ); code `microsoft/MInference`) and the Sparse Frontier's
+//! "Block-Sparse" (Nawrot et al. 2025):
+//!
+//!   blocks of b = 16 queries and keys; Q̄_a, K̄_c = the mean q (k) row of block a (c);
+//!   query block a keeps the diagonal block a (causal inside) and key block 0, then the
+//!   ⌈d/b⌉ − 2 blocks 0 < c < a with the largest Q̄_a·K̄_c (ties to the lower block);
+//!   every query of block a visits the kept blocks' keys j ≤ i.
+//!
+//! The block selector is [`super::select::block_pattern`], shared with `xattention`, which
+//! differs only in the estimator. A ragged last block (b ∤ n) is a query block whose mean is over
+//! the rows it has; it is never a past key block. Ranking by Q̄·K̄ is the ranking of MInference's
+//! softmax over the pooled logits (monotone per query block).
+//!
+//! What d means: keys per query (§7.3), in whole blocks: a row of block a > 0 visits
+//! b·(1 + min(⌈d/b⌉ − 2, a − 1)) + (i − ab + 1) keys — at d = 16 the two fixed blocks
+//! (≈ 24.5 keys), more than d. Deterministic; exact once d ≥ n.
+//!
+//! Cost: (n/b)²·p/2 for the block scores + 2p per visited pair. The product runs one key group per
+//! query block (the 16 rows share the gathered keys; the causal filter masks the diagonal block).
+
+use anyhow::Result;
+
+use super::select::{
+    block_count, block_means, block_pattern, block_visited_pairs, host_f64, merged_block_groups,
+    require_causal, restricted, scored_count, BlockFilter,
+};
+use crate::attention::sparse::pair_macs;
+use crate::attention::{Approximation, Family, HeadInputs, Mask, Method};
+use crate::numerics::sampling::TrialRng;
+
+pub struct BlockSparse;
+
+impl Method for BlockSparse {
+    fn id(&self) -> &'static str {
+        "block_sparse"
+    }
+    fn family(&self) -> Family {
+        Family::Prefill
+    }
+    fn feature_meaning(&self) -> &'static str {
+        "keys per query in blocks of 16: diagonal + first block + ⌈d/16⌉ − 2 blocks by mean-pooled Q̄·K̄ (MInference block-sparse)"
+    }
+    fn is_random(&self) -> bool {
+        false
+    }
+    fn masks(&self) -> &'static [Mask] {
+        &[Mask::Causal]
+    }
+    fn macs(&self, n: usize, p: usize, d: usize) -> f64 {
+        self.macs_masked(n, p, d, Mask::Causal)
+    }
+    fn macs_masked(&self, n: usize, p: usize, d: usize, _mask: Mask) -> f64 {
+        let nb = block_count(n) as f64;
+        let scores = if scored_count(d, 2) == 0 {
+            0.0
+        } else {
+            nb * nb * p as f64 / 2.0
+        };
+        scores + pair_macs(block_visited_pairs(n, d), p)
+    }
+    fn approximate(
+        &self,
+        head: &HeadInputs,
+        d: usize,
+        _rng: &mut TrialRng,
+    ) -> Result<Approximation> {
+        require_causal(head, self.id())?;
+        self.check(head.n(), d).map_err(anyhow::Error::msg)?;
+        let n = head.n();
+        let nb = block_count(n);
+        let score = if scored_count(d, 2) == 0 || nb < 3 {
+            vec![0.0; nb * nb] // nothing is chosen by score
+        } else {
+            let (qbar, kbar) = (block_means(&head.q)?, block_means(&head.k)?);
+            host_f64(&qbar.matmul(&kbar.t()?)?)?
+        };
+        let kept = block_pattern(nb, d, &score);
+        let filter = BlockFilter::new(&kept);
+        let visits = |i: usize, j: usize| filter.visits(i, j);
+        restricted(head, &merged_block_groups(n, &kept), Some(&visits))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::attention::prefill::test_util::{
+        assert_covering_is_exact, blocks_to_visits, stable_top, support_and_weights, tied_head,
+    };
+    use crate::attention::test_util::{assert_causal_restricted, host_rows, random_head};
+    use candle_core::DType;
+
+    /// §7.5.5 entry by entry: block means in loops (the ragged block over its own rows), the
+    /// dot products, a stable sort of 0 < c < a.
+    fn blocks_by_definition(q: &[Vec<f64>], k: &[Vec<f64>], d: usize) -> Vec<Vec<usize>> {
+        let (n, p) = (q.len(), q[0].len());
+        let nb = n.div_ceil(16);
+        let mean = |x: &[Vec<f64>], a: usize| -> Vec<f64> {
+            let rows = 16 * a..(16 * a + 16).min(n);
+            let len = rows.len() as f64;
+            (0..p)
+                .map(|c| rows.clone().map(|j| x[j][c]).sum::<f64>() / len)
+                .collect()
+        };
+        let m = ((d + 15) / 16).saturating_sub(2);
+        (0..nb)
+            .map(|a| {
+                let qa = mean(q, a);
+                let s: Vec<f64> = (1..a)
+                    .map(|c| qa.iter().zip(mean(k, c)).map(|(x, y)| x * y).sum())
+                    .collect();
+                let mut kept: Vec<usize> = stable_top(&s, m).iter().map(|c| c + 1).collect();
+                kept.push(0);
+                kept.push(a);
+                kept
+            })
+            .collect()
+    }
+
+    #[test]
+    fn equals_the_dense_masked_softmax_over_the_mean_selected_blocks() {
+        // n = 203: a ragged last block of 11 rows.
+        let h = random_head(203, 16, 41, DType::F64);
+        let [q, k, _] = host_rows(&h);
+        let ds = [1, 16, 32, 33, 48, 100, 203];
+        let blocks: Vec<_> = ds
+            .iter()
+            .map(|&d| blocks_by_definition(&q, &k, d))
+            .collect();
+        let by_d: Vec<_> = blocks.iter().map(|b| blocks_to_visits(b)).collect();
+        assert_causal_restricted(&BlockSparse, &h, &ds, |i, j, d| {
+            by_d[ds.iter().position(|&x| x == d).unwrap()](i, j)
+        });
+    }
+
+    #[test]
+    fn covering_budget_is_exact_causal_attention() {
+        assert_covering_is_exact(&BlockSparse, 70, &[70, 80, 500]);
+    }
+
+    /// Ties (q = 0) go to the lowest blocks; the two fixed blocks exceed d = 16; n = 50 ends with
+    /// a block of 2 rows.
+    #[test]
+    fn fixed_blocks_ties_and_a_ragged_block_by_hand() {
+        let n = 50;
+        let h = tied_head(n, 8);
+        let (sets, mass, keys) = support_and_weights(&BlockSparse, &h, 16);
+        assert_eq!(sets[40], (0..16).chain(32..41).collect::<Vec<_>>());
+        assert_eq!(sets[49], (0..16).chain(48..50).collect::<Vec<_>>());
+        assert_eq!(sets[20], (0..21).collect::<Vec<_>>());
+        let want: Vec<usize> = (0..n)
+            .map(|i| i % 16 + 1 + if i >= 16 { 16 } else { 0 })
+            .collect();
+        assert_eq!(sets.iter().map(|s| s.len()).collect::<Vec<_>>(), want);
+        assert_eq!(keys, block_visited_pairs(n, 16) / n as f64);
+        let m = (0..n).map(|i| want[i] as f64 / (i + 1) as f64).sum::<f64>() / n as f64;
+        assert!((mass - m).abs() < 1e-12);
+        // d = 48: one scored block, the lowest c > 0 on ties.
+        let (sets, _, _) = support_and_weights(&BlockSparse, &h, 48);
+        assert_eq!(sets[49], (0..32).chain(48..50).collect::<Vec<_>>());
+    }
+}

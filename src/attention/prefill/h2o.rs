@@ -1,0 +1,233 @@
+//! `h2o`: heavy hitters + a recent window (METHODS.md §7.5.2) — an **oracle**: it reads exact
+//! causal attention rows. H2O (Zhang et al., NeurIPS 2023, "H₂O: Heavy-Hitter Oracle for Efficient
+//! Generative Inference of Large Language Models", §3–4), in the prefill simulation of its own
+//! evaluation (`FMInference/H2O`, `h2o_hf/utils_lm_eval/modify_llama.py`,
+//! `local_heavy_hitter_mask`). Heavy budget h = ⌊d/2⌋, recent budget r = d − h:
+//!
+//! - rows i < h: S_i = {0..i} (dense);
+//! - an accumulator a over keys starts as the column sums of the exact causal rows P_0..P_{h−1};
+//! - for i = h, …, n−1: H_i = the h − 1 keys with the largest a (ties to the lower index) ∪ {i};
+//!   then a ← (a + P_i) ⊙ 1[H_i] (a key dropped from the heavy set is zeroed);
+//! - S_i = H_i ∪ {j : max(0, i − r + 1) ≤ j ≤ i}.
+//!
+//! What d means: keys per query (§7.3), |S_i| ≤ min(d, i+1) (heavy and recent keys may overlap:
+//! the realised count is reported). Deterministic. A covering budget is d ≥ 2n − 1 (r ≥ n), not
+//! d ≥ n: at d = n the recent window has n − ⌊n/2⌋ keys and the heavy set need not hold the
+//! rest.
+//!
+//! H_i reads a before P_i is added, so it ranks the keys < i only: key i has a = 0 then and every
+//! key > i too, and i ≥ h > h − 1 keys lie below it, so with ties to the lower index no key ≥ i
+//! can be among the h − 1 (the selection runs over a[0..i], which is the same set).
+//! [P≠C] the code's recent window is `triu(diagonal=−r)`, r + 1 keys; here it is r keys so that
+//! |S_i| ≤ d. `torch.topk` leaves ties unspecified; here they go to the lower index.
+//!
+//! Cost: n²p for the exact rows (an oracle, like `topk`) + 2p per visited pair, counted at the
+//! budget Σ_i min(d, i+1). The rows are formed in blocks of 256 queries (causal_scores, softmax,
+//! host f64), never the whole n×n P; the accumulator runs row by row on the host.
+
+use anyhow::Result;
+use candle_core::DType;
+
+use super::select::{budget_pairs, require_causal, restricted_rows, top_indices};
+use crate::attention::exact::{causal_scores, scaled_operands};
+use crate::attention::sparse::pair_macs;
+use crate::attention::{Approximation, Family, HeadInputs, Mask, Method};
+use crate::numerics::sampling::TrialRng;
+
+pub struct H2o;
+
+/// Query rows per block of exact rows.
+const ROWS: usize = 256;
+
+/// The (heavy, recent) budgets h = ⌊d/2⌋, r = d − h.
+pub fn budgets(d: usize) -> (usize, usize) {
+    (d / 2, d - d / 2)
+}
+
+/// The sets S_i of §7.5.2 from the exact causal rows, delivered in order by `rows` as
+/// (first row index, rows of P over keys 0..first+len) blocks.
+pub fn key_sets(
+    n: usize,
+    d: usize,
+    mut rows: impl FnMut(&mut dyn FnMut(usize, &[f64], usize) -> Result<()>) -> Result<()>,
+) -> Result<Vec<Vec<usize>>> {
+    let (h, r) = budgets(d);
+    let heavy_count = h.saturating_sub(1);
+    let mut a = vec![0f64; n];
+    // The keys where a may be non-zero (the previous heavy set, or 0..h at the start).
+    let mut live: Vec<usize> = (0..h.min(n)).collect();
+    let mut sets: Vec<Vec<usize>> = Vec::with_capacity(n);
+    rows(&mut |start: usize, block: &[f64], width: usize| {
+        for (off, p) in block.chunks(width).enumerate() {
+            let i = start + off;
+            if i < h {
+                for j in 0..=i {
+                    a[j] += p[j];
+                }
+                sets.push((0..=i).collect());
+                continue;
+            }
+            let mut heavy = top_indices(&a[..i], heavy_count);
+            heavy.push(i);
+            let vals: Vec<f64> = heavy.iter().map(|&j| a[j] + p[j]).collect();
+            for &j in &live {
+                a[j] = 0.0;
+            }
+            for (&j, &x) in heavy.iter().zip(&vals) {
+                a[j] = x;
+            }
+            // S_i = H_i ∪ recent, each key once (heavy keys ≥ lo are in the window).
+            let lo = (i + 1).saturating_sub(r);
+            let mut s: Vec<usize> = heavy.iter().copied().filter(|&j| j < lo).collect();
+            s.extend(lo..=i);
+            sets.push(s);
+            live = heavy;
+        }
+        Ok(())
+    })?;
+    Ok(sets)
+}
+
+impl Method for H2o {
+    fn id(&self) -> &'static str {
+        "h2o"
+    }
+    fn family(&self) -> Family {
+        Family::Prefill
+    }
+    fn is_oracle(&self) -> bool {
+        true
+    }
+    fn feature_meaning(&self) -> &'static str {
+        "keys per query: ⌊d/2⌋ heavy hitters by accumulated exact attention + ⌈d/2⌉ recent keys (H2O; an oracle)"
+    }
+    fn is_random(&self) -> bool {
+        false
+    }
+    fn masks(&self) -> &'static [Mask] {
+        &[Mask::Causal]
+    }
+    fn macs(&self, n: usize, p: usize, d: usize) -> f64 {
+        self.macs_masked(n, p, d, Mask::Causal)
+    }
+    fn macs_masked(&self, n: usize, p: usize, d: usize, _mask: Mask) -> f64 {
+        (n * n * p) as f64 + pair_macs(budget_pairs(n, d), p)
+    }
+    fn approximate(
+        &self,
+        head: &HeadInputs,
+        d: usize,
+        _rng: &mut TrialRng,
+    ) -> Result<Approximation> {
+        require_causal(head, self.id())?;
+        self.check(head.n(), d).map_err(anyhow::Error::msg)?;
+        let n = head.n();
+        let (qs, kt) = scaled_operands(&head.q, &head.k)?;
+        let sets = key_sets(n, d, |sink| {
+            for start in (0..n).step_by(ROWS) {
+                let len = ROWS.min(n - start);
+                let s = causal_scores(&qs.narrow(0, start, len)?, &kt, start)?;
+                let p = candle_nn::ops::softmax_last_dim(&s)?.to_dtype(DType::F64)?;
+                let flat: Vec<f64> = p.flatten_all()?.to_vec1()?;
+                sink(start, &flat, start + len)?;
+            }
+            Ok(())
+        })?;
+        restricted_rows(head, sets)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::attention::prefill::test_util::{
+        assert_covering_is_exact, causal_p, stable_top, support_and_weights, tied_head,
+    };
+    use crate::attention::test_util::{assert_causal_restricted, random_head};
+
+    /// §7.5.2 written out on the dense f64 P: a vector accumulator over all n keys, the top h − 1
+    /// by a stable sort over all n keys, the update (a + P_i)·1[H_i].
+    fn sets_by_definition(p: &[Vec<f64>], d: usize) -> Vec<Vec<bool>> {
+        let n = p.len();
+        let (h, r) = (d / 2, d - d / 2);
+        let mut a = vec![0f64; n];
+        for row in p.iter().take(h) {
+            for j in 0..n {
+                a[j] += row[j];
+            }
+        }
+        (0..n)
+            .map(|i| {
+                let mut s = vec![false; n];
+                if i < h {
+                    s[..=i].iter_mut().for_each(|x| *x = true);
+                    return s;
+                }
+                let mut heavy = stable_top(&a, h.saturating_sub(1));
+                heavy.push(i);
+                let mut next = vec![0f64; n];
+                for &j in &heavy {
+                    next[j] = a[j] + p[i][j];
+                    s[j] = true;
+                }
+                a = next;
+                for j in (i + 1).saturating_sub(r)..=i {
+                    s[j] = true;
+                }
+                s
+            })
+            .collect()
+    }
+
+    #[test]
+    fn equals_the_dense_masked_softmax_of_heavy_and_recent_keys() {
+        let h = random_head(203, 16, 21, DType::F64);
+        let p = causal_p(&crate::attention::test_util::causal(&h));
+        let ds = [1, 2, 3, 8, 17, 40, 203];
+        let by_d: Vec<Vec<Vec<bool>>> = ds.iter().map(|&d| sets_by_definition(&p, d)).collect();
+        assert_causal_restricted(&H2o, &h, &ds, |i, j, d| {
+            by_d[ds.iter().position(|&x| x == d).unwrap()][i][j]
+        });
+    }
+
+    #[test]
+    fn covering_budget_is_exact_causal_attention() {
+        // r = ⌈d/2⌉ ≥ n covers every row; so do dense rows i < h = ⌊d/2⌋.
+        assert_covering_is_exact(&H2o, 70, &[139, 140, 500]);
+    }
+
+    /// Hand-built with q = 0: P_i is uniform on 0..=i, a ties everywhere it is equal; d = 8
+    /// (h = 4: 3 heavy + i, r = 4 recent). Rows 0..3 are dense; the accumulator after rows 0..3
+    /// is a = (1 + 1/2 + 1/3 + 1/4, 1/2 + 1/3 + 1/4, 1/3 + 1/4, 1/4): row 4 keeps 0, 1, 2 and 4,
+    /// and key 3 is dropped for good — from row 4 on the heavy set is {0, 1, 2} (their a only
+    /// grows), so S_i = {0, 1, 2} ∪ {i−3..i}: H_i and the window share i, so |S_i| = min(i+1, 7),
+    /// never the budget 8.
+    #[test]
+    fn the_accumulator_and_set_sizes_by_hand() {
+        let (n, d) = (37, 8);
+        let h = tied_head(n, 8);
+        let (sets, mass, keys) = support_and_weights(&H2o, &h, d);
+        for i in 0..4 {
+            assert_eq!(sets[i], (0..=i).collect::<Vec<_>>());
+        }
+        assert_eq!(sets[4], vec![0, 1, 2, 3, 4]);
+        assert_eq!(sets[5], vec![0, 1, 2, 3, 4, 5]);
+        assert_eq!(sets[7], vec![0, 1, 2, 4, 5, 6, 7]);
+        assert_eq!(sets[20], vec![0, 1, 2, 17, 18, 19, 20]);
+        let sizes: Vec<usize> = sets.iter().map(|s| s.len()).collect();
+        let want: Vec<usize> = (0..n).map(|i| if i < 7 { i + 1 } else { 7 }).collect();
+        assert_eq!(sizes, want);
+        assert_eq!(keys, want.iter().sum::<usize>() as f64 / n as f64);
+        let m = (0..n).map(|i| want[i] as f64 / (i + 1) as f64).sum::<f64>() / n as f64;
+        assert!((mass - m).abs() < 1e-12);
+    }
+
+    #[test]
+    fn is_an_oracle_with_quadratic_cost() {
+        assert!(H2o.is_oracle());
+        assert_eq!(
+            H2o.macs_masked(100, 8, 10, Mask::Causal),
+            100.0 * 100.0 * 8.0 + 2.0 * 8.0 * (55.0 + 90.0 * 10.0)
+        );
+    }
+}

@@ -1,0 +1,151 @@
+//! `moba`: block gating by mean keys (METHODS.md §7.5.4) — MoBA (Lu et al. 2025, "MoBA: Mixture of
+//! Block Attention for Long-Context LLMs", §2.2, the gate s_i = ⟨q, mean_pool(K[I_i])⟩; code
+//! `MoonshotAI/MoBA`), applied as a training-free mask (as MInference's `moba.py` applies it):
+//!
+//!   g(q, t) = q · mean_{j∈t} k_j over pages of b = 16 keys;
+//!   S_i = keys ⌊i/b⌋b..=i of the page holding i ∪ the keys of the ⌈d/b⌉ − 1 complete past pages
+//!         with the largest g(q_i, t), ties to the lower page.
+//!
+//! `quest`'s page selector ([`super::select::page_sets`]) with the mean instead of the bound: the
+//! two differ only in the estimator. [P≠C] MoBA's blocks are 512–4096 tokens and its model is
+//! trained with the gate; here it is a mask on a pretrained model with b = 16.
+//!
+//! What d means: keys per query (§7.3), in whole pages, as `quest`. Deterministic; exact once
+//! d ≥ n.
+//!
+//! Cost: p per (row, past page) for the gate, Σ_i ⌊i/b⌋·p ≈ n²p/(2b) (one product against the
+//! mean key, half of `quest`'s two bound products), + n·p for the page means + 2p per visited pair.
+
+use anyhow::Result;
+
+use super::quest::scored_pairs;
+use super::select::{
+    block_means, host_f64, merged_rows, page_sets, page_visited_pairs, require_causal, restricted,
+    scored_count, B,
+};
+use crate::attention::sparse::pair_macs;
+use crate::attention::{Approximation, Family, HeadInputs, Mask, Method};
+use crate::numerics::sampling::TrialRng;
+
+pub struct Moba;
+
+impl Method for Moba {
+    fn id(&self) -> &'static str {
+        "moba"
+    }
+    fn family(&self) -> Family {
+        Family::Prefill
+    }
+    fn feature_meaning(&self) -> &'static str {
+        "keys per query in pages of 16: the own page + ⌈d/16⌉ − 1 past pages by q·(mean key) (MoBA's gate)"
+    }
+    fn is_random(&self) -> bool {
+        false
+    }
+    fn masks(&self) -> &'static [Mask] {
+        &[Mask::Causal]
+    }
+    fn macs(&self, n: usize, p: usize, d: usize) -> f64 {
+        self.macs_masked(n, p, d, Mask::Causal)
+    }
+    fn macs_masked(&self, n: usize, p: usize, d: usize, _mask: Mask) -> f64 {
+        let scores = if scored_count(d, 1) == 0 {
+            0.0
+        } else {
+            p as f64 * (scored_pairs(n) + n as f64)
+        };
+        scores + pair_macs(page_visited_pairs(n, d), p)
+    }
+    fn approximate(
+        &self,
+        head: &HeadInputs,
+        d: usize,
+        _rng: &mut TrialRng,
+    ) -> Result<Approximation> {
+        require_causal(head, self.id())?;
+        self.check(head.n(), d).map_err(anyhow::Error::msg)?;
+        let n = head.n();
+        let means = if n >= B {
+            Some(block_means(&head.k)?)
+        } else {
+            None
+        };
+        let (sets, filter) = page_sets(n, d, |start, len, pages| {
+            let kbar = means
+                .as_ref()
+                .expect("pages are scored only when one is complete");
+            let g = head
+                .q
+                .narrow(0, start, len)?
+                .matmul(&kbar.narrow(0, 0, pages)?.t()?)?;
+            host_f64(&g)
+        })?;
+        let visits = |i: usize, j: usize| filter.visits(i, j);
+        restricted(head, &merged_rows(sets), Some(&visits))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::attention::prefill::test_util::{
+        assert_covering_is_exact, stable_top, support_and_weights, tied_head,
+    };
+    use crate::attention::test_util::{assert_causal_restricted, host_rows, random_head};
+    use candle_core::DType;
+
+    /// §7.5.4 entry by entry: page means in loops, g = q·mean, a stable sort of the past pages.
+    fn sets_by_definition(q: &[Vec<f64>], k: &[Vec<f64>], d: usize) -> Vec<Vec<bool>> {
+        let (n, p) = (q.len(), q[0].len());
+        let means: Vec<Vec<f64>> = (0..n / 16)
+            .map(|t| {
+                (0..p)
+                    .map(|c| (16 * t..16 * t + 16).map(|j| k[j][c]).sum::<f64>() / 16.0)
+                    .collect()
+            })
+            .collect();
+        let m = (d + 15) / 16 - 1;
+        (0..n)
+            .map(|i| {
+                let own = i / 16;
+                let g: Vec<f64> = (0..own)
+                    .map(|t| (0..p).map(|c| q[i][c] * means[t][c]).sum())
+                    .collect();
+                let kept = stable_top(&g, m);
+                (0..n)
+                    .map(|j| (j / 16 == own && j <= i) || kept.contains(&(j / 16)))
+                    .collect()
+            })
+            .collect()
+    }
+
+    #[test]
+    fn equals_the_dense_masked_softmax_over_the_mean_selected_pages() {
+        let h = random_head(203, 16, 32, DType::F64);
+        let [q, k, _] = host_rows(&h);
+        let ds = [1, 16, 17, 40, 64, 150];
+        let by_d: Vec<_> = ds.iter().map(|&d| sets_by_definition(&q, &k, d)).collect();
+        assert_causal_restricted(&Moba, &h, &ds, |i, j, d| {
+            by_d[ds.iter().position(|&x| x == d).unwrap()][i][j]
+        });
+    }
+
+    #[test]
+    fn covering_budget_is_exact_causal_attention() {
+        assert_covering_is_exact(&Moba, 70, &[70, 80, 500]);
+    }
+
+    /// Ties (q = 0) go to the lowest pages: n = 50, d = 48 keeps pages 0 and 1 for row 49.
+    #[test]
+    fn ties_go_to_the_lowest_pages() {
+        let (n, d) = (50, 48);
+        let (sets, mass, keys) = support_and_weights(&Moba, &tied_head(n, 8), d);
+        assert_eq!(sets[49], (0..32).chain(48..50).collect::<Vec<_>>());
+        assert_eq!(sets[40], (0..41).collect::<Vec<_>>());
+        let want: Vec<usize> = (0..n).map(|i| i % 16 + 1 + 16 * (i / 16).min(2)).collect();
+        assert_eq!(sets.iter().map(|s| s.len()).collect::<Vec<_>>(), want);
+        assert_eq!(keys, page_visited_pairs(n, d) / n as f64);
+        let m = (0..n).map(|i| want[i] as f64 / (i + 1) as f64).sum::<f64>() / n as f64;
+        assert!((mass - m).abs() < 1e-12);
+    }
+}

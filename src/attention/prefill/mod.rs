@@ -1,0 +1,32 @@
+//! LLM-era sparse prefill methods (METHODS.md §7.5), each a causal restrict-and-renormalise
+//! pattern on one axis — d = keys per query (§7.3):
+//!
+//! - `streaming` (§7.5.1): 4 attention sinks + a recent window (StreamingLLM; MInference's A-shape);
+//! - `h2o` (§7.5.2, an **oracle**: it reads exact causal rows): heavy hitters + a recent window;
+//! - `quest`, `moba` (§7.5.3, §7.5.4): one page selector ([`select::page_sets`]) with two scores;
+//! - `block_sparse`, `xattention` (§7.5.5, §7.5.7): one block selector ([`select::block_pattern`])
+//!   with two estimators;
+//! - `vertical_slash` (§7.5.6): columns and diagonals estimated from the last 64 queries.
+//!
+//! Common form (§7.5): S_i ⊆ {0..i}, i ∈ S_i, Ô_i = softmax over S_i of s_ij = q_i·k_j/√p times V,
+//! computed by the shared [`crate::numerics::key_sets::key_set_softmax`]; every method returns its
+//! realised mean |S_i| and its log-normaliser ([`crate::attention::Approximation::restricted`]) so that
+//! trials.csv gets `keys` and `mass`. All are causal-only (`masks() = [Causal]`); under `Mask::None`
+//! `approximate` is an error. Cost: 2p MACs per visited pair plus the estimator (§7.5 per method).
+//! Blocks and pages have b = 16 keys ([`select::B`]). GQA changes only which K and V a head reads
+//! (the sweep hands each query head its K/V head ⌊h·H_kv/H⌋).
+
+pub mod block_sparse;
+pub mod h2o;
+pub mod moba;
+pub mod quest;
+pub mod select;
+pub mod streaming;
+pub mod vertical_slash;
+pub mod xattention;
+
+#[cfg(test)]
+pub(crate) mod test_util;
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,167 @@
+//! What the prefill methods' tests check alike.
+
+use candle_core::{DType, Tensor};
+
+use crate::attention::test_util::{causal, random_head, run_seeded};
+use crate::attention::{HeadInputs, Mask, Method};
+use crate::numerics::key_sets::tests::max_rel;
+
+/// A causal head whose queries are all zero: every logit ties (s_ij = 0), so exact attention is
+/// the prefix mean, a restricted row is uniform on S_i, and every score-based choice falls to
+/// the tie rule. K and V are iid N(0, 1).
+pub fn tied_head(n: usize, p: usize) -> HeadInputs {
+    let h = random_head(n, p, 7, DType::F64);
+    let q = h.q.zeros_like().unwrap();
+    HeadInputs::masked(q, h.k.clone(), h.v.clone(), Mask::Causal).unwrap()
+}
+
+/// The method on `h` (causal) with V = I_n: its weight rows W (Ô = W·I), their supports, the
+/// mass it reports (from the head's exact log D) and its realised keys. Every row of W must be a
+/// distribution on its support; with a tied head (q = 0) the weights are also uniform there.
+pub fn support_and_weights(
+    m: &dyn Method,
+    h: &HeadInputs,
+    d: usize,
+) -> (Vec<Vec<usize>>, f64, f64) {
+    let n = h.n();
+    let eye = Tensor::eye(n, h.dtype(), h.device()).unwrap();
+    let hw = HeadInputs::masked(h.q.clone(), h.k.clone(), eye, Mask::Causal).unwrap();
+    let got = run_seeded(m, &hw, d, 0);
+    let w: Vec<Vec<f64>> = got.output.to_dtype(DType::F64).unwrap().to_vec2().unwrap();
+    let tied =
+        h.q.abs()
+            .unwrap()
+            .max_all()
+            .unwrap()
+            .to_dtype(DType::F64)
+            .unwrap()
+            .to_scalar::<f64>()
+            .unwrap()
+            == 0.0;
+    let sets: Vec<Vec<usize>> = w
+        .iter()
+        .enumerate()
+        .map(|(i, row)| {
+            let s: Vec<usize> = (0..n).filter(|&j| row[j] > 0.0).collect();
+            assert!(s.contains(&i), "{}: row {i} misses its own key", m.id());
+            assert!(
+                s.iter().all(|&j| j <= i),
+                "{}: row {i} sees the future",
+                m.id()
+            );
+            let sum: f64 = row.iter().sum();
+            assert!(
+                (sum - 1.0).abs() < 1e-12,
+                "{}: row {i} sums to {sum}",
+                m.id()
+            );
+            if tied {
+                for &j in &s {
+                    assert!((row[j] * s.len() as f64 - 1.0).abs() < 1e-12);
+                }
+            }
+            s
+        })
+        .collect();
+    let mass = got
+        .mass(hw.exact().unwrap().log_rowsum().unwrap())
+        .unwrap()
+        .unwrap();
+    let keys = got.support.as_ref().unwrap().keys;
+    (sets, mass, keys)
+}
+
+/// At every d of `ds` the method is exact causal attention on a random f64 head of length n
+/// (1e-12 relative), with every key visited (keys = (n+1)/2) and mass 1; on the f32 copy it is
+/// f32 exact attention to 1e-6.
+pub fn assert_covering_is_exact(m: &dyn Method, n: usize, ds: &[usize]) {
+    let h = causal(&random_head(n, 16, 11, DType::F64));
+    let rows = |t: &Tensor| -> Vec<Vec<f64>> { t.to_dtype(DType::F64).unwrap().to_vec2().unwrap() };
+    let exact = rows(&h.exact().unwrap().output);
+    for &d in ds {
+        let got = run_seeded(m, &h, d, 0);
+        let err = max_rel(&rows(&got.output), &exact);
+        assert!(err < 1e-12, "{} d = {d}: {err}", m.id());
+        let s = got.support.as_ref().unwrap();
+        assert_eq!(s.keys, (n + 1) as f64 / 2.0, "{} d = {d}", m.id());
+        let mass = got
+            .mass(h.exact().unwrap().log_rowsum().unwrap())
+            .unwrap()
+            .unwrap();
+        assert!(
+            (mass - 1.0).abs() < 1e-12,
+            "{} d = {d}: mass {mass}",
+            m.id()
+        );
+    }
+    let f = |t: &Tensor| t.to_dtype(DType::F32).unwrap();
+    let h32 = HeadInputs::masked(f(&h.q), f(&h.k), f(&h.v), Mask::Causal).unwrap();
+    let got = rows(&run_seeded(m, &h32, ds[0], 0).output);
+    let err = max_rel(&got, &rows(&h32.exact().unwrap().output));
+    assert!(err < 1e-6, "{} f32: {err}", m.id());
+}
+
+/// Host f64 rows of q, k of a head, and its logits s_ij = q_i·k_j/√p entry by entry (for the
+/// tests' own selections, written from the definitions).
+pub fn logits(h: &HeadInputs) -> Vec<Vec<f64>> {
+    let [q, k, _] = crate::attention::test_util::host_rows(h);
+    let p = q[0].len() as f64;
+    q.iter()
+        .map(|qi| {
+            k.iter()
+                .map(|kj| qi.iter().zip(kj).map(|(a, b)| a * b).sum::<f64>() / p.sqrt())
+                .collect()
+        })
+        .collect()
+}
+
+/// Exact causal attention rows P_i (j ≤ i) in f64, from the definition.
+pub fn causal_p(h: &HeadInputs) -> Vec<Vec<f64>> {
+    logits(h)
+        .iter()
+        .enumerate()
+        .map(|(i, s)| {
+            let m = s[..=i].iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+            let e: Vec<f64> = s[..=i].iter().map(|x| (x - m).exp()).collect();
+            let z: f64 = e.iter().sum();
+            let mut row = vec![0.0; s.len()];
+            for (j, x) in e.iter().enumerate() {
+                row[j] = x / z;
+            }
+            row
+        })
+        .collect()
+}
+
+/// The indices of the m largest values by a stable sort (ties keep index order), in index order.
+pub fn stable_top(values: &[f64], m: usize) -> Vec<usize> {
+    let mut idx: Vec<usize> = (0..values.len()).collect();
+    idx.sort_by(|&a, &b| values[b].partial_cmp(&values[a]).unwrap());
+    idx.truncate(m);
+    idx.sort_unstable();
+    idx
+}
+
+/// n = 48, p = 2, q_i = (1, 0) for every row; page 0's keys are 0 but key 5 = (10, 0), page 1's
+/// keys are all (1, 0), page 2's (0, 0); V iid N(0, 1). Quest's bound prefers page 0 (10 > 1),
+/// MoBA's mean page 1 (1 > 10/16).
+pub fn page_head() -> HeadInputs {
+    let n = 48;
+    let q: Vec<f64> = (0..n).flat_map(|_| [1.0, 0.0]).collect();
+    let k: Vec<f64> = (0..n)
+        .flat_map(|j| match j {
+            5 => [10.0, 0.0],
+            16..=31 => [1.0, 0.0],
+            _ => [0.0, 0.0],
+        })
+        .collect();
+    let dev = crate::tensor_util::test_device();
+    let t = |x: Vec<f64>| Tensor::from_vec(x, (n, 2), &dev).unwrap();
+    let v = random_head(n, 2, 3, DType::F64).v;
+    HeadInputs::masked(t(q), t(k), v, Mask::Causal).unwrap()
+}
+
+/// `visits(i, j)` of a block pattern: key block ⌊j/16⌋ kept for query block ⌊i/16⌋, and j ≤ i.
+pub fn blocks_to_visits(kept: &[Vec<usize>]) -> impl Fn(usize, usize) -> bool + '_ {
+    move |i, j| j <= i && kept[i / 16].contains(&(j / 16))
+}
