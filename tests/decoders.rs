@@ -76,7 +76,7 @@ fn a_decoder_runs_causal_by_default_with_its_causal_methods_and_grouped_heads() 
             "--windows",
             "2",
             "--features",
-            "4,16",
+            "8,16",
             "--layer",
             "1",
             "--out",
@@ -102,12 +102,18 @@ fn a_decoder_runs_causal_by_default_with_its_causal_methods_and_grouped_heads() 
             seen.push(m);
         }
     }
-    assert_eq!(
-        seen,
-        ["vmean", "performer_favor", "svd_optimal", "window", "topk"]
+    // Every method with a causal form (METHODS.md §7.4–7.5), in registry order.
+    let causal = approx_bench::attention::mask_method_ids(
+        approx_bench::attention::Target::Softmax,
+        approx_bench::attention::Mask::Causal,
     );
-    // 2 lengths × 2 windows × 4 heads × 5 methods × 2 d.
-    assert_eq!(heads.len(), 160);
+    assert_eq!(seen, causal);
+    assert!(
+        causal.len() == 12
+            && causal[..5] == ["vmean", "performer_favor", "svd_optimal", "window", "topk"]
+    );
+    // 2 lengths × 2 windows × 4 heads × 12 methods × 2 d.
+    assert_eq!(heads.len(), 2 * 2 * 4 * 12 * 2);
     let manifest = std::fs::read_to_string(out.join("manifest.json")).unwrap();
     assert!(manifest.contains("\"mask\": \"causal\""));
     // The needed shards and the index are hashed, the one with only layer 2 and the head is not.
@@ -190,7 +196,7 @@ fn bad_decoder_inputs_are_usage_errors_naming_what_is_wrong() {
                 "--windows",
                 "1",
                 "--features",
-                "4",
+                "8",
                 "--out",
                 tmp.path().join("o").to_str().unwrap(),
                 "--force",
@@ -241,7 +247,7 @@ fn bad_decoder_inputs_are_usage_errors_naming_what_is_wrong() {
             "--windows",
             "1",
             "--features",
-            "4",
+            "8",
             "--methods",
             "nystromformer",
             "--out",
@@ -263,7 +269,7 @@ fn bad_decoder_inputs_are_usage_errors_naming_what_is_wrong() {
             "--windows",
             "10",
             "--features",
-            "4",
+            "8",
             "--out",
             tmp.path().join("w").to_str().unwrap(),
         ],
@@ -305,7 +311,7 @@ fn a_sharded_checkpoint_through_a_hub_fetches_only_the_shards_the_layer_needs() 
             "--windows".into(),
             "2".into(),
             "--features".into(),
-            "4,8".into(),
+            "8,16".into(),
             "--layer".into(),
             "1".into(),
             "--out".into(),
