@@ -5,34 +5,25 @@
 
 use anyhow::Result;
 
-use super::{target, Approximation, Family, HeadInputs, Method, Target};
+use super::{target, Approximation, Family, HeadInputs, Method, MethodInfo};
 use crate::numerics::sampling::TrialRng;
 
 pub struct ExactKernelized;
 
+const EXACT_KERNELIZED: MethodInfo = MethodInfo {
+    id: "exact_kernelized",
+    family: Family::Reference,
+    meaning: "ignored: the exact O(n²) product C·V in the run's dtype",
+    random: false,
+    // Not an approximation: the exact product, a yardstick of cost and rounding.
+    oracle: true,
+    targets: MethodInfo::KERNELIZED,
+    ..MethodInfo::BASE
+};
+
 impl Method for ExactKernelized {
-    fn id(&self) -> &'static str {
-        "exact_kernelized"
-    }
-    fn family(&self) -> Family {
-        Family::Reference
-    }
-    /// Not an approximation: the exact product, a yardstick of cost and rounding.
-    fn is_oracle(&self) -> bool {
-        true
-    }
-    fn targets(&self) -> &'static [Target] {
-        &[Target::Kernelized]
-    }
-    fn feature_meaning(&self) -> &'static str {
-        "ignored: the exact O(n²) product C·V in the run's dtype"
-    }
-    fn is_random(&self) -> bool {
-        false
-    }
-    /// METHODS.md §6.4 summary: 2n²p (the n² exp are not MACs).
-    fn macs(&self, n: usize, p: usize, _d: usize) -> f64 {
-        2.0 * (n * n * p) as f64
+    fn info(&self) -> Option<&'static MethodInfo> {
+        Some(&EXACT_KERNELIZED)
     }
     fn approximate(
         &self,
@@ -46,6 +37,10 @@ impl Method for ExactKernelized {
             &head.v,
             head.dtype(),
         )?))
+    }
+    /// METHODS.md §6.4 summary: 2n²p (the n² exp are not MACs).
+    fn macs(&self, n: usize, p: usize, _d: usize) -> f64 {
+        2.0 * (n * n * p) as f64
     }
 }
 

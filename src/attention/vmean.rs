@@ -8,29 +8,23 @@ use anyhow::Result;
 
 use candle_core::{DType, Tensor};
 
-use super::{Approximation, HeadInputs, Mask, Method};
+use super::{Approximation, Family, HeadInputs, Mask, Method, MethodInfo};
 use crate::numerics::sampling::TrialRng;
 
 pub struct VMean;
 
+const V_MEAN: MethodInfo = MethodInfo {
+    id: "vmean",
+    family: Family::Reference,
+    meaning: "ignored: every row of Ô is mean(V)",
+    random: false,
+    masks: MethodInfo::BOTH_MASKS,
+    ..MethodInfo::BASE
+};
+
 impl Method for VMean {
-    fn family(&self) -> crate::attention::Family {
-        crate::attention::Family::Reference
-    }
-    fn id(&self) -> &'static str {
-        "vmean"
-    }
-    fn feature_meaning(&self) -> &'static str {
-        "ignored: every row of Ô is mean(V)"
-    }
-    fn is_random(&self) -> bool {
-        false
-    }
-    fn masks(&self) -> &'static [Mask] {
-        &[Mask::None, Mask::Causal]
-    }
-    fn macs(&self, n: usize, p: usize, _d: usize) -> f64 {
-        (n * p) as f64
+    fn info(&self) -> Option<&'static MethodInfo> {
+        Some(&V_MEAN)
     }
     fn approximate(
         &self,
@@ -52,6 +46,9 @@ impl Method for VMean {
         Ok(Approximation::plain(
             mean.broadcast_as(v.shape())?.contiguous()?,
         ))
+    }
+    fn macs(&self, n: usize, p: usize, _d: usize) -> f64 {
+        (n * p) as f64
     }
 }
 

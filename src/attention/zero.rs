@@ -5,29 +5,23 @@
 use anyhow::Result;
 use candle_core::Tensor;
 
-use super::{Approximation, Family, HeadInputs, Method, Target};
+use super::{Approximation, Family, HeadInputs, Method, MethodInfo};
 use crate::numerics::sampling::TrialRng;
 
 pub struct Zero;
 
+const ZERO: MethodInfo = MethodInfo {
+    id: "zero",
+    family: Family::Reference,
+    meaning: "ignored: Ô = 0 (relative error exactly 1)",
+    random: false,
+    targets: MethodInfo::KERNELIZED,
+    ..MethodInfo::BASE
+};
+
 impl Method for Zero {
-    fn id(&self) -> &'static str {
-        "zero"
-    }
-    fn family(&self) -> Family {
-        Family::Reference
-    }
-    fn targets(&self) -> &'static [Target] {
-        &[Target::Kernelized]
-    }
-    fn feature_meaning(&self) -> &'static str {
-        "ignored: Ô = 0 (relative error exactly 1)"
-    }
-    fn is_random(&self) -> bool {
-        false
-    }
-    fn macs(&self, _n: usize, _p: usize, _d: usize) -> f64 {
-        0.0
+    fn info(&self) -> Option<&'static MethodInfo> {
+        Some(&ZERO)
     }
     fn approximate(
         &self,
@@ -40,6 +34,9 @@ impl Method for Zero {
             head.dtype(),
             head.device(),
         )?))
+    }
+    fn macs(&self, _n: usize, _p: usize, _d: usize) -> f64 {
+        0.0
     }
 }
 

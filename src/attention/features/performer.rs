@@ -36,7 +36,7 @@ use anyhow::Result;
 use candle_core::{DType, Tensor, D};
 use nalgebra::DMatrix;
 
-use crate::attention::{Approximation, HeadInputs, Mask, Method};
+use crate::attention::{Approximation, Family, HeadInputs, Mask, Method, MethodInfo};
 use crate::numerics::sampling::{normal_values, TrialRng};
 
 /// Additive stabiliser of the feature map (METHODS.md §2.5).
@@ -181,46 +181,29 @@ impl Operands {
     }
 }
 
+const PERFORMER: MethodInfo = MethodInfo {
+    id: "performer",
+    family: Family::Features,
+    meaning: "number of positive orthogonal random features m (inputs scaled by p^-1/2: estimates softmax(QKᵀ/p)V)",
+    random: true,
+    ..MethodInfo::BASE
+};
+const FAVOR: MethodInfo = MethodInfo {
+    id: "performer_favor",
+    family: Family::Features,
+    meaning: "number of positive orthogonal random features m (FAVOR+ for softmax(QKᵀ/√p)V)",
+    random: true,
+    masks: MethodInfo::BOTH_MASKS,
+    ..MethodInfo::BASE
+};
+
 impl Method for Performer {
-    fn family(&self) -> crate::attention::Family {
-        crate::attention::Family::Features
-    }
-    fn id(&self) -> &'static str {
-        if self.double_scaled {
-            "performer"
+    fn info(&self) -> Option<&'static MethodInfo> {
+        Some(if self.double_scaled {
+            &PERFORMER
         } else {
-            "performer_favor"
-        }
-    }
-    fn feature_meaning(&self) -> &'static str {
-        if self.double_scaled {
-            "number of positive orthogonal random features m (inputs scaled by p^-1/2: estimates softmax(QKᵀ/p)V)"
-        } else {
-            "number of positive orthogonal random features m (FAVOR+ for softmax(QKᵀ/√p)V)"
-        }
-    }
-    fn is_random(&self) -> bool {
-        true
-    }
-    /// METHODS.md §2.11: 4ndp, plus ⌈d/p⌉p³ for the QR blocks of Ω.
-    fn macs(&self, n: usize, p: usize, d: usize) -> f64 {
-        4.0 * (n * d * p) as f64 + (d.div_ceil(p) * p * p * p) as f64
-    }
-    fn masks(&self) -> &'static [Mask] {
-        if self.double_scaled {
-            &[Mask::None]
-        } else {
-            &[Mask::None, Mask::Causal]
-        }
-    }
-    /// Causal: the bidirectional count plus the prefix sums, n·m·p (METHODS.md §7.4), and the
-    /// chunks' masked products n·c·m (c = CAUSAL_CHUNK rows).
-    fn macs_masked(&self, n: usize, p: usize, d: usize, mask: Mask) -> f64 {
-        let base = self.macs(n, p, d);
-        match mask {
-            Mask::None => base,
-            Mask::Causal => base + (n * d * p) as f64 + (n * CAUSAL_CHUNK.min(n) * d) as f64,
-        }
+            &FAVOR
+        })
     }
     fn approximate(
         &self,
@@ -250,6 +233,19 @@ impl Method for Performer {
             normalizer: Some(den.squeeze(1)?.to_dtype(DType::F64)?),
             support: None,
         })
+    }
+    /// METHODS.md §2.11: 4ndp, plus ⌈d/p⌉p³ for the QR blocks of Ω.
+    fn macs(&self, n: usize, p: usize, d: usize) -> f64 {
+        4.0 * (n * d * p) as f64 + (d.div_ceil(p) * p * p * p) as f64
+    }
+    /// Causal: the bidirectional count plus the prefix sums, n·m·p (METHODS.md §7.4), and the
+    /// chunks' masked products n·c·m (c = CAUSAL_CHUNK rows).
+    fn macs_masked(&self, n: usize, p: usize, d: usize, mask: Mask) -> f64 {
+        let base = self.macs(n, p, d);
+        match mask {
+            Mask::None => base,
+            Mask::Causal => base + (n * d * p) as f64 + (n * CAUSAL_CHUNK.min(n) * d) as f64,
+        }
     }
 }
 

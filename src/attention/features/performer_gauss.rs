@@ -17,7 +17,7 @@ use anyhow::Result;
 use candle_core::{Tensor, D};
 
 use super::performer::{orthogonal_gaussian, shifted_feature_map, Shift};
-use crate::attention::{Approximation, Family, HeadInputs, Method, Target};
+use crate::attention::{Approximation, Family, HeadInputs, Method, MethodInfo};
 use crate::numerics::sampling::TrialRng;
 use crate::tensor_util::from_dmatrix;
 
@@ -51,24 +51,18 @@ fn gaussian_features(xt: &Tensor, sq_norms: &Tensor, omega: &Tensor) -> Result<T
     Ok(shifted_feature_map(xt, sq_norms, omega, Shift::None, 0.0)?.0)
 }
 
+const PERFORMER_GAUSS: MethodInfo = MethodInfo {
+    id: "performer_gauss",
+    family: Family::Features,
+    meaning: "number of positive orthogonal random features m of the Gaussian kernel (unbiased for C·V, unnormalised)",
+    random: true,
+    targets: MethodInfo::KERNELIZED,
+    ..MethodInfo::BASE
+};
+
 impl Method for PerformerGauss {
-    fn id(&self) -> &'static str {
-        "performer_gauss"
-    }
-    fn family(&self) -> Family {
-        Family::Features
-    }
-    fn targets(&self) -> &'static [Target] {
-        &[Target::Kernelized]
-    }
-    fn feature_meaning(&self) -> &'static str {
-        "number of positive orthogonal random features m of the Gaussian kernel (unbiased for C·V, unnormalised)"
-    }
-    fn is_random(&self) -> bool {
-        true
-    }
-    fn macs(&self, n: usize, p: usize, d: usize) -> f64 {
-        4.0 * (n * d * p) as f64 + (d.div_ceil(p) * p * p * p) as f64
+    fn info(&self) -> Option<&'static MethodInfo> {
+        Some(&PERFORMER_GAUSS)
     }
     fn approximate(
         &self,
@@ -85,6 +79,9 @@ impl Method for PerformerGauss {
         let out = psi_q.matmul(&psi_k.t()?.matmul(&head.v)?)?;
         Ok(Approximation::plain(out))
     }
+    fn macs(&self, n: usize, p: usize, d: usize) -> f64 {
+        4.0 * (n * d * p) as f64 + (d.div_ceil(p) * p * p * p) as f64
+    }
 }
 
 #[cfg(test)]
@@ -95,6 +92,7 @@ mod tests {
     };
     use crate::attention::sampling::hyperattention::tests::synthetic;
     use crate::attention::test_util::{assert_seed_determines_output, random_head};
+    use crate::attention::Target;
     use candle_core::DType;
 
     #[test]

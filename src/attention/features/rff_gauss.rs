@@ -16,33 +16,24 @@ use candle_core::Tensor;
 
 use super::performer::orthogonal_gaussian;
 use super::performer_trig::{check_trig, frequencies, trig_features, trig_macs};
-use crate::attention::{Approximation, Family, HeadInputs, Method, Target};
+use crate::attention::{Approximation, Family, HeadInputs, Method, MethodInfo};
 use crate::numerics::sampling::TrialRng;
 use crate::tensor_util::from_dmatrix;
 
 pub struct RffGauss;
 
+const RFF_GAUSS: MethodInfo = MethodInfo {
+    id: "rff_gauss",
+    family: Family::Features,
+    meaning: "feature dimension: ⌊d/2⌋ orthogonal random frequencies, each a cos and a sin column (random Fourier features of the Gaussian kernel)",
+    random: true,
+    targets: MethodInfo::KERNELIZED,
+    ..MethodInfo::BASE
+};
+
 impl Method for RffGauss {
-    fn id(&self) -> &'static str {
-        "rff_gauss"
-    }
-    fn family(&self) -> Family {
-        Family::Features
-    }
-    fn targets(&self) -> &'static [Target] {
-        &[Target::Kernelized]
-    }
-    fn feature_meaning(&self) -> &'static str {
-        "feature dimension: ⌊d/2⌋ orthogonal random frequencies, each a cos and a sin column (random Fourier features of the Gaussian kernel)"
-    }
-    fn is_random(&self) -> bool {
-        true
-    }
-    fn macs(&self, n: usize, p: usize, d: usize) -> f64 {
-        trig_macs(n, p, d)
-    }
-    fn check(&self, _n: usize, d: usize) -> std::result::Result<(), String> {
-        check_trig(self.id(), d)
+    fn info(&self) -> Option<&'static MethodInfo> {
+        Some(&RFF_GAUSS)
     }
     fn approximate(
         &self,
@@ -62,6 +53,12 @@ impl Method for RffGauss {
         let out = (psi_q.matmul(&psi_k.t()?.matmul(&head.v)?)? / m as f64)?;
         Ok(Approximation::plain(out))
     }
+    fn macs(&self, n: usize, p: usize, d: usize) -> f64 {
+        trig_macs(n, p, d)
+    }
+    fn check(&self, _n: usize, d: usize) -> std::result::Result<(), String> {
+        check_trig(self.id(), d)
+    }
 }
 
 #[cfg(test)]
@@ -69,6 +66,7 @@ pub(crate) mod tests {
     use super::*;
     use crate::attention::sampling::hyperattention::tests::synthetic;
     use crate::attention::test_util::{assert_seed_determines_output, random_head, run_seeded};
+    use crate::attention::Target;
     use crate::numerics::spectral::error_norms;
     use candle_core::DType;
 

@@ -41,7 +41,9 @@ use rayon::prelude::*;
 use crate::attention::features::performer::{
     half_squared_norms, orthogonal_gaussian, shifted_feature_map, Shift,
 };
-use crate::attention::{ones_col, quarter_scale, Approximation, Family, HeadInputs, Method};
+use crate::attention::{
+    ones_col, quarter_scale, Approximation, Family, HeadInputs, Method, MethodInfo,
+};
 use crate::numerics::key_sets::{key_set_softmax, KeyGroup};
 use crate::numerics::sampling::{normal_values, TrialRng};
 use crate::tensor_util::{from_dmatrix, from_f64, index_tensor, to_vec_f64};
@@ -170,45 +172,28 @@ fn padded_gather(x: &Tensor, lists: &[&[usize]], cmax: usize) -> Result<Tensor> 
     Ok(g.broadcast_mul(&keep)?.reshape((b, cmax, width))?)
 }
 
+const SMYRF: MethodInfo = MethodInfo {
+    id: "scatterbrain",
+    family: Family::Hybrid,
+    meaning: "⌊d/2⌋ FAVOR+ features + exact logits on d keys per query (one SMYRF XBOX+ hash round, balanced clusters of d)",
+    random: true,
+    ..MethodInfo::BASE
+};
+const LOCAL: MethodInfo = MethodInfo {
+    id: "scatterbrain_local",
+    family: Family::Hybrid,
+    meaning:
+        "⌊d/2⌋ FAVOR+ features + exact logits on the query's position block of d keys (diagnostic)",
+    random: true,
+    ..MethodInfo::BASE
+};
+
 impl Method for Scatterbrain {
-    fn id(&self) -> &'static str {
-        match self.support {
-            Support::Smyrf => "scatterbrain",
-            Support::Local => "scatterbrain_local",
-        }
-    }
-    fn family(&self) -> Family {
-        Family::Hybrid
-    }
-    fn feature_meaning(&self) -> &'static str {
-        match self.support {
-            Support::Smyrf => "⌊d/2⌋ FAVOR+ features + exact logits on d keys per query (one SMYRF XBOX+ hash round, balanced clusters of d)",
-            Support::Local => "⌊d/2⌋ FAVOR+ features + exact logits on the query's position block of d keys (diagnostic)",
-        }
-    }
-    fn is_random(&self) -> bool {
-        true
-    }
-    fn check(&self, n: usize, d: usize) -> std::result::Result<(), String> {
-        let _ = n;
-        if d < 2 {
-            return Err(format!("{} needs d ≥ 2 (⌊d/2⌋ features)", self.id()));
-        }
-        Ok(())
-    }
-    fn macs(&self, n: usize, p: usize, d: usize) -> f64 {
-        let (m, c) = (features(d), cluster_size(n, d));
-        let pairs: usize = array_split(n, c).iter().map(|r| r.len() * r.len()).sum();
-        let (nf, mf, pf) = (n as f64, m as f64, p as f64);
-        let hash = match self.support {
-            Support::Smyrf => 2.0 * nf * (pf + 2.0),
-            Support::Local => 0.0,
-        };
-        2.0 * nf * mf * pf
-            + 2.0 * nf * mf * (pf + 1.0)
-            + 2.0 * pf * pairs as f64
-            + hash
-            + (m.div_ceil(p) * p * p * p) as f64
+    fn info(&self) -> Option<&'static MethodInfo> {
+        Some(match self.support {
+            Support::Smyrf => &SMYRF,
+            Support::Local => &LOCAL,
+        })
     }
     fn approximate(
         &self,
@@ -308,6 +293,27 @@ impl Method for Scatterbrain {
             normalizer: Some(Tensor::from_vec(den, n, dev)?.to_dtype(DType::F64)?),
             support: None,
         })
+    }
+    fn check(&self, n: usize, d: usize) -> std::result::Result<(), String> {
+        let _ = n;
+        if d < 2 {
+            return Err(format!("{} needs d ≥ 2 (⌊d/2⌋ features)", self.id()));
+        }
+        Ok(())
+    }
+    fn macs(&self, n: usize, p: usize, d: usize) -> f64 {
+        let (m, c) = (features(d), cluster_size(n, d));
+        let pairs: usize = array_split(n, c).iter().map(|r| r.len() * r.len()).sum();
+        let (nf, mf, pf) = (n as f64, m as f64, p as f64);
+        let hash = match self.support {
+            Support::Smyrf => 2.0 * nf * (pf + 2.0),
+            Support::Local => 0.0,
+        };
+        2.0 * nf * mf * pf
+            + 2.0 * nf * mf * (pf + 1.0)
+            + 2.0 * pf * pairs as f64
+            + hash
+            + (m.div_ceil(p) * p * p * p) as f64
     }
 }
 

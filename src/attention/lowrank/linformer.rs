@@ -10,7 +10,7 @@ use anyhow::Result;
 use candle_core::{DType, Device, Tensor};
 
 use crate::attention::exact::{map_score_blocks, scaled_operands};
-use crate::attention::{Approximation, HeadInputs, Method};
+use crate::attention::{Approximation, Family, HeadInputs, Method, MethodInfo};
 use crate::numerics::sampling::{normal_values, TrialRng};
 use crate::tensor_util::from_f64;
 
@@ -89,36 +89,24 @@ pub fn with_sketch(
     })
 }
 
+const LINFORMER: MethodInfo = MethodInfo {
+    id: "linformer",
+    family: Family::LowRank,
+    meaning: "projected sequence length k: E is d×n with N(0, 0.02²) entries",
+    random: true,
+    ..MethodInfo::BASE
+};
+const LINFORMER_JLT: MethodInfo = MethodInfo {
+    id: "linformer_jlt",
+    family: Family::LowRank,
+    meaning: "sketch width: S is n×d with N(0, 1/d) entries, Ô = P·S·SᵀV",
+    random: true,
+    ..MethodInfo::BASE
+};
+
 impl Method for Linformer {
-    fn family(&self) -> crate::attention::Family {
-        crate::attention::Family::LowRank
-    }
-    fn id(&self) -> &'static str {
-        if self.jlt {
-            "linformer_jlt"
-        } else {
-            "linformer"
-        }
-    }
-    fn feature_meaning(&self) -> &'static str {
-        if self.jlt {
-            "sketch width: S is n×d with N(0, 1/d) entries, Ô = P·S·SᵀV"
-        } else {
-            "projected sequence length k: E is d×n with N(0, 0.02²) entries"
-        }
-    }
-    fn is_random(&self) -> bool {
-        true
-    }
-    fn macs(&self, n: usize, p: usize, d: usize) -> f64 {
-        let (n, p, d) = (n as f64, p as f64, d as f64);
-        if self.jlt {
-            // n²(p + d) + 2ndp (METHODS.md §2.11).
-            n * n * (p + d) + 2.0 * n * d * p
-        } else {
-            // EK, EV, Q(EK)ᵀ, attention·(EV): 4ndp.
-            4.0 * n * d * p
-        }
+    fn info(&self) -> Option<&'static MethodInfo> {
+        Some(if self.jlt { &LINFORMER_JLT } else { &LINFORMER })
     }
     fn approximate(
         &self,
@@ -136,6 +124,16 @@ impl Method for Linformer {
             with_projection(&head.q, &head.k, &head.v, &e)?
         };
         Ok(Approximation::plain(out))
+    }
+    fn macs(&self, n: usize, p: usize, d: usize) -> f64 {
+        let (n, p, d) = (n as f64, p as f64, d as f64);
+        if self.jlt {
+            // n²(p + d) + 2ndp (METHODS.md §2.11).
+            n * n * (p + d) + 2.0 * n * d * p
+        } else {
+            // EK, EV, Q(EK)ᵀ, attention·(EV): 4ndp.
+            4.0 * n * d * p
+        }
     }
 }
 

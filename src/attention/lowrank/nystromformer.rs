@@ -14,7 +14,9 @@
 use anyhow::Result;
 use candle_core::Tensor;
 
-use crate::attention::{quarter_scale, row_softmax, Approximation, HeadInputs, Method};
+use crate::attention::{
+    quarter_scale, row_softmax, Approximation, Family, HeadInputs, Method, MethodInfo,
+};
 use crate::numerics::inverse::iterative_inverse;
 use crate::numerics::sampling::TrialRng;
 
@@ -48,23 +50,17 @@ pub(crate) fn segment_means(x: &Tensor, d: usize) -> Result<Tensor> {
     Ok(s.matmul(x)?)
 }
 
+const NYSTROMFORMER: MethodInfo = MethodInfo {
+    id: "nystromformer",
+    family: Family::LowRank,
+    meaning: "number of segment-means landmarks, used for both Q and K (d ≥ n: exact)",
+    random: false,
+    ..MethodInfo::BASE
+};
+
 impl Method for Nystromformer {
-    fn family(&self) -> crate::attention::Family {
-        crate::attention::Family::LowRank
-    }
-    fn id(&self) -> &'static str {
-        "nystromformer"
-    }
-    fn feature_meaning(&self) -> &'static str {
-        "number of segment-means landmarks, used for both Q and K (d ≥ n: exact)"
-    }
-    fn is_random(&self) -> bool {
-        false
-    }
-    /// METHODS.md §2.11: 4ndp + 24d³, plus np for the landmarks.
-    fn macs(&self, n: usize, p: usize, d: usize) -> f64 {
-        let (n, p, d) = (n as f64, p as f64, d as f64);
-        4.0 * n * d * p + 24.0 * d * d * d + n * p
+    fn info(&self) -> Option<&'static MethodInfo> {
+        Some(&NYSTROMFORMER)
     }
     fn approximate(
         &self,
@@ -89,6 +85,11 @@ impl Method for Nystromformer {
         let z = iterative_inverse(&a_s, ITER_STEPS)?;
         let out = f.matmul(&z.matmul(&b.matmul(&head.v)?)?)?;
         Ok(Approximation::plain(out))
+    }
+    /// METHODS.md §2.11: 4ndp + 24d³, plus np for the landmarks.
+    fn macs(&self, n: usize, p: usize, d: usize) -> f64 {
+        let (n, p, d) = (n as f64, p as f64, d as f64);
+        4.0 * n * d * p + 24.0 * d * d * d + n * p
     }
 }
 

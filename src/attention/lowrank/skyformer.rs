@@ -28,7 +28,7 @@
 use anyhow::Result;
 use candle_core::{DType, Tensor, D};
 
-use crate::attention::{Approximation, HeadInputs, Method};
+use crate::attention::{Approximation, Family, HeadInputs, Method, MethodInfo};
 use crate::numerics::inverse::{iterative_inverse, symmetric_pinv_tensor, PINV_REL_CUTOFF};
 use crate::numerics::sampling::{uniform_with_replacement, TrialRng};
 use crate::numerics::shifted_exp::exp_minus;
@@ -204,28 +204,28 @@ pub(crate) fn skyformer_core(
     Ok((out, den.squeeze(D::Minus1)?))
 }
 
+const SKYFORMER: MethodInfo = MethodInfo {
+    id: "skyformer",
+    family: Family::LowRank,
+    meaning: "total landmarks of the 2n×2n completion: ⌈d/2⌉ rows of Q̃ and ⌊d/2⌋ rows of K̃, uniform with replacement",
+    random: true,
+    ..MethodInfo::BASE
+};
+const SKYFORMER_ITER: MethodInfo = MethodInfo {
+    id: "skyformer_iter",
+    family: Family::LowRank,
+    meaning: "total landmarks of the 2n×2n completion: ⌈d/2⌉ rows of Q̃ and ⌊d/2⌋ rows of K̃, uniform with replacement",
+    random: true,
+    ..MethodInfo::BASE
+};
+
 impl Method for Skyformer {
-    fn family(&self) -> crate::attention::Family {
-        crate::attention::Family::LowRank
-    }
-    fn id(&self) -> &'static str {
-        if self.iterative {
-            "skyformer_iter"
+    fn info(&self) -> Option<&'static MethodInfo> {
+        Some(if self.iterative {
+            &SKYFORMER_ITER
         } else {
-            "skyformer"
-        }
-    }
-    fn feature_meaning(&self) -> &'static str {
-        "total landmarks of the 2n×2n completion: ⌈d/2⌉ rows of Q̃ and ⌊d/2⌋ rows of K̃, uniform with replacement"
-    }
-    fn is_random(&self) -> bool {
-        true
-    }
-    /// METHODS.md §2.11: 4ndp + 24d³ (the table's one formula for both inverses; the
-    /// pseudo-inverse's eigendecomposition is also O(d³)).
-    fn macs(&self, n: usize, p: usize, d: usize) -> f64 {
-        let (n, p, d) = (n as f64, p as f64, d as f64);
-        4.0 * n * d * p + 24.0 * d * d * d
+            &SKYFORMER
+        })
     }
     fn approximate(
         &self,
@@ -254,6 +254,12 @@ impl Method for Skyformer {
             normalizer: Some(den),
             support: None,
         })
+    }
+    /// METHODS.md §2.11: 4ndp + 24d³ (the table's one formula for both inverses; the
+    /// pseudo-inverse's eigendecomposition is also O(d³)).
+    fn macs(&self, n: usize, p: usize, d: usize) -> f64 {
+        let (n, p, d) = (n as f64, p as f64, d as f64);
+        4.0 * n * d * p + 24.0 * d * d * d
     }
 }
 

@@ -40,7 +40,7 @@ use nalgebra::DMatrix;
 use rand::SeedableRng;
 
 use crate::attention::exact::ExactAttention;
-use crate::attention::{Approximation, HeadInputs, Mask, Method};
+use crate::attention::{Approximation, Family, HeadInputs, Method, MethodInfo};
 use crate::numerics::sampling::{normal_values, TrialRng};
 use crate::tensor_util::{from_dmatrix, from_f64, to_dmatrix};
 
@@ -231,40 +231,21 @@ fn attention_matrix(head: &HeadInputs) -> Result<Tensor> {
     )
 }
 
+const SVD_OPTIMAL: MethodInfo = MethodInfo {
+    id: "svd_optimal",
+    family: Family::LowRank,
+    meaning:
+        "rank of the truncated SVD of the attention matrix P (Eckart–Young reference; d ≥ n: exact)",
+    random: false,
+    // The Eckart–Young floor needs the SVD of the full P: a reference curve.
+    oracle: true,
+    masks: MethodInfo::BOTH_MASKS,
+    ..MethodInfo::BASE
+};
+
 impl Method for SvdOptimal {
-    fn family(&self) -> crate::attention::Family {
-        crate::attention::Family::LowRank
-    }
-    /// The Eckart–Young floor needs the SVD of the full P: a reference curve.
-    fn is_oracle(&self) -> bool {
-        true
-    }
-    fn id(&self) -> &'static str {
-        "svd_optimal"
-    }
-    fn feature_meaning(&self) -> &'static str {
-        "rank of the truncated SVD of the attention matrix P (Eckart–Young reference; d ≥ n: exact)"
-    }
-    fn is_random(&self) -> bool {
-        false
-    }
-    fn masks(&self) -> &'static [Mask] {
-        &[Mask::None, Mask::Causal]
-    }
-    /// One-off per-head cost (memoised across d): n²p for P, then ≈ 11n³ for the Golub–Reinsch
-    /// SVD with U and V (exact path) or, for the Krylov factor with block b and m = b(q+1)
-    /// columns, (2q+1)·n²b for the products with P and Pᵀ, n²m for B = QᵀP, and ≈ 3nm² for the
-    /// orthogonalisation and BBᵀ; plus ndp per d for the truncated product.
-    fn macs(&self, n: usize, p: usize, d: usize) -> f64 {
-        let (nf, pf, df) = (n as f64, p as f64, d as f64);
-        let d_max = d.max(MIN_RANK);
-        let factor = if uses_exact_svd(n, d_max) {
-            11.0 * nf * nf * nf
-        } else {
-            let (b, m) = (krylov_block(d_max) as f64, krylov_dim(d_max) as f64);
-            (2 * KRYLOV_DEPTH + 1) as f64 * nf * nf * b + nf * nf * m + 3.0 * nf * m * m
-        };
-        nf * nf * pf + factor + nf * df * pf
+    fn info(&self) -> Option<&'static MethodInfo> {
+        Some(&SVD_OPTIMAL)
     }
     fn approximate(
         &self,
@@ -300,6 +281,21 @@ impl Method for SvdOptimal {
         Ok(Approximation::plain(
             factor.output(d)?.to_dtype(head.dtype())?,
         ))
+    }
+    /// One-off per-head cost (memoised across d): n²p for P, then ≈ 11n³ for the Golub–Reinsch
+    /// SVD with U and V (exact path) or, for the Krylov factor with block b and m = b(q+1)
+    /// columns, (2q+1)·n²b for the products with P and Pᵀ, n²m for B = QᵀP, and ≈ 3nm² for the
+    /// orthogonalisation and BBᵀ; plus ndp per d for the truncated product.
+    fn macs(&self, n: usize, p: usize, d: usize) -> f64 {
+        let (nf, pf, df) = (n as f64, p as f64, d as f64);
+        let d_max = d.max(MIN_RANK);
+        let factor = if uses_exact_svd(n, d_max) {
+            11.0 * nf * nf * nf
+        } else {
+            let (b, m) = (krylov_block(d_max) as f64, krylov_dim(d_max) as f64);
+            (2 * KRYLOV_DEPTH + 1) as f64 * nf * nf * b + nf * nf * m + 3.0 * nf * m * m
+        };
+        nf * nf * pf + factor + nf * df * pf
     }
 }
 

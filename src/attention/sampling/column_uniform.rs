@@ -6,7 +6,7 @@
 use anyhow::Result;
 use candle_core::Tensor;
 
-use crate::attention::{Approximation, HeadInputs, Method};
+use crate::attention::{Approximation, Family, HeadInputs, Method, MethodInfo};
 use crate::numerics::sampling::{uniform_without_replacement, TrialRng};
 use crate::tensor_util::index_tensor;
 
@@ -21,22 +21,18 @@ pub fn with_columns(q: &Tensor, k: &Tensor, v: &Tensor, cols: &[usize]) -> Resul
     Ok(crate::attention::row_softmax(&s)?.matmul(&vj)?)
 }
 
+const COLUMN_UNIFORM: MethodInfo = MethodInfo {
+    id: "column_uniform",
+    family: Family::Sampling,
+    meaning:
+        "keys sampled uniformly without replacement (min(d, n)); softmax over the sampled keys only",
+    random: true,
+    ..MethodInfo::BASE
+};
+
 impl Method for ColumnUniform {
-    fn family(&self) -> crate::attention::Family {
-        crate::attention::Family::Sampling
-    }
-    fn id(&self) -> &'static str {
-        "column_uniform"
-    }
-    fn feature_meaning(&self) -> &'static str {
-        "keys sampled uniformly without replacement (min(d, n)); softmax over the sampled keys only"
-    }
-    fn is_random(&self) -> bool {
-        true
-    }
-    fn macs(&self, n: usize, p: usize, d: usize) -> f64 {
-        // Q K_Jᵀ and softmax·V_J: 2ndp.
-        2.0 * (n * d.min(n) * p) as f64
+    fn info(&self) -> Option<&'static MethodInfo> {
+        Some(&COLUMN_UNIFORM)
     }
     fn approximate(
         &self,
@@ -50,6 +46,10 @@ impl Method for ColumnUniform {
         Ok(Approximation::plain(with_columns(
             &head.q, &head.k, &head.v, &cols,
         )?))
+    }
+    fn macs(&self, n: usize, p: usize, d: usize) -> f64 {
+        // Q K_Jᵀ and softmax·V_J: 2ndp.
+        2.0 * (n * d.min(n) * p) as f64
     }
 }
 

@@ -37,7 +37,7 @@ use anyhow::{ensure, Result};
 use candle_core::Tensor;
 use rayon::prelude::*;
 
-use crate::attention::{Approximation, Family, HeadInputs, Method};
+use crate::attention::{Approximation, Family, HeadInputs, Method, MethodInfo};
 use crate::numerics::key_sets::key_set_softmax;
 use crate::numerics::lsh::{sort_lsh_blocks, BucketOrder, SortLshBlocks, SORT_LSH_BITS};
 use crate::numerics::sampling::{normal_values, uniform_with_replacement, TrialRng};
@@ -199,21 +199,17 @@ impl HyperAttention {
     }
 }
 
+const HYPER_ATTENTION: MethodInfo = MethodInfo {
+    id: "hyperattention",
+    family: Family::Sampling,
+    meaning: "sortLSH block size b = d (r = 7 sign bits) + m = d uniform key samples shared by all queries (n/m weights, own block masked): ≈ 2d keys per query",
+    random: true,
+    ..MethodInfo::BASE
+};
+
 impl Method for HyperAttention {
-    fn id(&self) -> &'static str {
-        "hyperattention"
-    }
-    fn family(&self) -> Family {
-        Family::Sampling
-    }
-    fn feature_meaning(&self) -> &'static str {
-        "sortLSH block size b = d (r = 7 sign bits) + m = d uniform key samples shared by all queries (n/m weights, own block masked): ≈ 2d keys per query"
-    }
-    fn is_random(&self) -> bool {
-        true
-    }
-    fn macs(&self, n: usize, p: usize, d: usize) -> f64 {
-        block_and_sample_macs(n, p, d)
+    fn info(&self) -> Option<&'static MethodInfo> {
+        Some(&HYPER_ATTENTION)
     }
     fn approximate(
         &self,
@@ -224,6 +220,9 @@ impl Method for HyperAttention {
         // Plain: D̃ ≥ the block sum > 0 by construction, and D̃ itself (held as ln D̃) would
         // overflow f32 if returned as the normaliser.
         Ok(Approximation::plain(self.estimate(head, d, rng)?.output))
+    }
+    fn macs(&self, n: usize, p: usize, d: usize) -> f64 {
+        block_and_sample_macs(n, p, d)
     }
 }
 

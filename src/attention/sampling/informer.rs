@@ -12,7 +12,7 @@
 use anyhow::Result;
 use candle_core::{Tensor, D};
 
-use crate::attention::{Approximation, HeadInputs, Method};
+use crate::attention::{Approximation, Family, HeadInputs, Method, MethodInfo};
 use crate::numerics::sampling::{uniform_with_replacement, TrialRng};
 use crate::tensor_util::{index_tensor, to_vec_f64};
 
@@ -136,26 +136,42 @@ pub fn with_samples(
     Ok((replace_rows(&lazy, &top, &exact)?, top))
 }
 
+const INFORMER: MethodInfo = MethodInfo {
+    id: "informer",
+    family: Family::Sampling,
+    meaning: "factor c = ⌈d/ln n⌉; u = U = min(c·⌈ln n⌉, n) exact rows and sampled keys per query",
+    random: true,
+    ..MethodInfo::BASE
+};
+const INFORMER_MASK: MethodInfo = MethodInfo {
+    id: "informer_mask",
+    family: Family::Sampling,
+    meaning: "u = U = min(d, n): exact rows and sampled keys per query",
+    random: true,
+    ..MethodInfo::BASE
+};
+
 impl Method for Informer {
-    fn family(&self) -> crate::attention::Family {
-        crate::attention::Family::Sampling
-    }
-    fn id(&self) -> &'static str {
-        if self.direct {
-            "informer_mask"
+    fn info(&self) -> Option<&'static MethodInfo> {
+        Some(if self.direct {
+            &INFORMER_MASK
         } else {
-            "informer"
-        }
+            &INFORMER
+        })
     }
-    fn feature_meaning(&self) -> &'static str {
-        if self.direct {
-            "u = U = min(d, n): exact rows and sampled keys per query"
-        } else {
-            "factor c = ⌈d/ln n⌉; u = U = min(c·⌈ln n⌉, n) exact rows and sampled keys per query"
-        }
-    }
-    fn is_random(&self) -> bool {
-        true
+    fn approximate(
+        &self,
+        head: &HeadInputs,
+        d: usize,
+        rng: &mut TrialRng,
+    ) -> Result<Approximation> {
+        self.check(head.n(), d).map_err(anyhow::Error::msg)?;
+        let n = head.n();
+        let (big_u, u) = self.sizes(n, d);
+        // Per query, U keys iid uniform with replacement (independent across queries).
+        let samples = uniform_with_replacement(rng, n, n * big_u);
+        let (out, _) = with_samples(&head.q, &head.k, &head.v, &samples, big_u, u)?;
+        Ok(Approximation::plain(out))
     }
     fn macs(&self, n: usize, p: usize, d: usize) -> f64 {
         // nUp (sampled logits) + 2unp (exact rows) (METHODS.md §2.11).
@@ -176,20 +192,6 @@ impl Method for Informer {
             return Err("n must be at least 1".into());
         }
         Ok(())
-    }
-    fn approximate(
-        &self,
-        head: &HeadInputs,
-        d: usize,
-        rng: &mut TrialRng,
-    ) -> Result<Approximation> {
-        self.check(head.n(), d).map_err(anyhow::Error::msg)?;
-        let n = head.n();
-        let (big_u, u) = self.sizes(n, d);
-        // Per query, U keys iid uniform with replacement (independent across queries).
-        let samples = uniform_with_replacement(rng, n, n * big_u);
-        let (out, _) = with_samples(&head.q, &head.k, &head.v, &samples, big_u, u)?;
-        Ok(Approximation::plain(out))
     }
 }
 

@@ -37,7 +37,7 @@ use candle_core::{Tensor, D};
 use super::hyperattention::{
     block_and_sample_macs, block_size, blocks_plus_samples, draw_omega, BlockSampleOutput, Samples,
 };
-use crate::attention::{ones_col, Approximation, Family, HeadInputs, Method};
+use crate::attention::{ones_col, Approximation, Family, HeadInputs, Method, MethodInfo};
 use crate::numerics::lsh::{sort_lsh_blocks, BucketOrder};
 use crate::numerics::sampling::{weighted_with_replacement, TrialRng};
 use crate::numerics::spectral::exact_lambda_max;
@@ -97,22 +97,17 @@ impl KdeFormer {
     }
 }
 
+const KDE_FORMER: MethodInfo = MethodInfo {
+    id: "kdeformer",
+    family: Family::Sampling,
+    meaning: "sortLSH block size b = d (r = 7) + m = d key samples from π_j ∝ ‖v'_j‖/‖V'‖₂² + 1/n shared by all queries (1/(mπ) weights, own block masked): ≈ 2d keys per query",
+    random: true,
+    ..MethodInfo::BASE
+};
+
 impl Method for KdeFormer {
-    fn id(&self) -> &'static str {
-        "kdeformer"
-    }
-    fn family(&self) -> Family {
-        Family::Sampling
-    }
-    fn feature_meaning(&self) -> &'static str {
-        "sortLSH block size b = d (r = 7) + m = d key samples from π_j ∝ ‖v'_j‖/‖V'‖₂² + 1/n shared by all queries (1/(mπ) weights, own block masked): ≈ 2d keys per query"
-    }
-    fn is_random(&self) -> bool {
-        true
-    }
-    fn macs(&self, n: usize, p: usize, d: usize) -> f64 {
-        let (nf, p1) = (n as f64, (p + 1) as f64);
-        block_and_sample_macs(n, p, d) + nf * p1 * p1 + nf * p1
+    fn info(&self) -> Option<&'static MethodInfo> {
+        Some(&KDE_FORMER)
     }
     fn approximate(
         &self,
@@ -121,6 +116,10 @@ impl Method for KdeFormer {
         rng: &mut TrialRng,
     ) -> Result<Approximation> {
         Ok(Approximation::plain(self.estimate(head, d, rng)?.output))
+    }
+    fn macs(&self, n: usize, p: usize, d: usize) -> f64 {
+        let (nf, p1) = (n as f64, (p + 1) as f64);
+        block_and_sample_macs(n, p, d) + nf * p1 * p1 + nf * p1
     }
 }
 

@@ -19,7 +19,7 @@ use anyhow::Result;
 use candle_core::{Tensor, D};
 
 use super::informer::replace_rows;
-use crate::attention::{Approximation, HeadInputs, Method};
+use crate::attention::{Approximation, Family, HeadInputs, Method, MethodInfo};
 use crate::numerics::sampling::{
     uniform_with_replacement, uniform_without_replacement, weighted_without_replacement, TrialRng,
 };
@@ -175,27 +175,71 @@ impl Skeinformer {
     }
 }
 
+const FULL: MethodInfo = MethodInfo {
+    id: "skeinformer",
+    family: Family::Sampling,
+    meaning: "pilot rows = importance-sampled columns = min(d, n − 1)",
+    random: true,
+    ..MethodInfo::BASE
+};
+const UNIFORM: MethodInfo = MethodInfo {
+    id: "skein_uniform",
+    family: Family::Sampling,
+    meaning: "uniformly sampled columns (no pilot), capped at n − 1",
+    random: true,
+    ..MethodInfo::BASE
+};
+const NO_NORM: MethodInfo = MethodInfo {
+    id: "skein_nonorm",
+    family: Family::Sampling,
+    meaning: "pilot rows = importance-sampled columns = min(d, n − 1)",
+    random: true,
+    ..MethodInfo::BASE
+};
+const SIMPLE_NORM: MethodInfo = MethodInfo {
+    id: "skein_simplenorm",
+    family: Family::Sampling,
+    meaning: "pilot rows = importance-sampled columns = min(d, n − 1)",
+    random: true,
+    ..MethodInfo::BASE
+};
+const NO_PILOT: MethodInfo = MethodInfo {
+    id: "skein_nopilot",
+    family: Family::Sampling,
+    meaning: "pilot rows = importance-sampled columns = min(d, n − 1)",
+    random: true,
+    ..MethodInfo::BASE
+};
+
 impl Method for Skeinformer {
-    fn family(&self) -> crate::attention::Family {
-        crate::attention::Family::Sampling
+    fn info(&self) -> Option<&'static MethodInfo> {
+        Some(match self.variant {
+            SkeinVariant::Full => &FULL,
+            SkeinVariant::Uniform => &UNIFORM,
+            SkeinVariant::NoNorm => &NO_NORM,
+            SkeinVariant::SimpleNorm => &SIMPLE_NORM,
+            SkeinVariant::NoPilot => &NO_PILOT,
+        })
     }
-    fn id(&self) -> &'static str {
-        match self.variant {
-            SkeinVariant::Full => "skeinformer",
-            SkeinVariant::Uniform => "skein_uniform",
-            SkeinVariant::NoNorm => "skein_nonorm",
-            SkeinVariant::SimpleNorm => "skein_simplenorm",
-            SkeinVariant::NoPilot => "skein_nopilot",
-        }
-    }
-    fn feature_meaning(&self) -> &'static str {
-        match self.variant {
-            SkeinVariant::Uniform => "uniformly sampled columns (no pilot), capped at n − 1",
-            _ => "pilot rows = importance-sampled columns = min(d, n − 1)",
-        }
-    }
-    fn is_random(&self) -> bool {
-        true
+    fn approximate(
+        &self,
+        head: &HeadInputs,
+        d: usize,
+        rng: &mut TrialRng,
+    ) -> Result<Approximation> {
+        self.check(head.n(), d).map_err(anyhow::Error::msg)?;
+        // log D costs a pass over QKᵀ: computed (once per head) only for the variant that needs it.
+        let log_rowsum = if self.variant == SkeinVariant::NoNorm {
+            head.exact()?.log_rowsum()?.clone()
+        } else {
+            Tensor::zeros(0, head.dtype(), head.device())?
+        };
+        let run = self.run(&head.q, &head.k, &head.v, &log_rowsum, d, rng)?;
+        Ok(Approximation {
+            output: run.output,
+            normalizer: run.normalizer,
+            support: None,
+        })
     }
     fn macs(&self, n: usize, p: usize, d: usize) -> f64 {
         let ndp = (n * effective_d(n, d) * p) as f64;
@@ -221,26 +265,6 @@ impl Method for Skeinformer {
             ));
         }
         Ok(())
-    }
-    fn approximate(
-        &self,
-        head: &HeadInputs,
-        d: usize,
-        rng: &mut TrialRng,
-    ) -> Result<Approximation> {
-        self.check(head.n(), d).map_err(anyhow::Error::msg)?;
-        // log D costs a pass over QKᵀ: computed (once per head) only for the variant that needs it.
-        let log_rowsum = if self.variant == SkeinVariant::NoNorm {
-            head.exact()?.log_rowsum()?.clone()
-        } else {
-            Tensor::zeros(0, head.dtype(), head.device())?
-        };
-        let run = self.run(&head.q, &head.k, &head.v, &log_rowsum, d, rng)?;
-        Ok(Approximation {
-            output: run.output,
-            normalizer: run.normalizer,
-            support: None,
-        })
     }
 }
 

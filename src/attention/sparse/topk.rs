@@ -32,7 +32,7 @@ use anyhow::Result;
 use candle_core::{DType, Tensor};
 
 use crate::attention::exact::{map_masked_score_blocks, scaled_operands};
-use crate::attention::{Approximation, Family, HeadInputs, Mask, Method};
+use crate::attention::{Approximation, Family, HeadInputs, Mask, Method, MethodInfo};
 use crate::numerics::key_sets::{key_set_softmax, per_row_groups};
 use crate::numerics::sampling::TrialRng;
 
@@ -151,38 +151,19 @@ pub fn key_sets(q: &Tensor, k: &Tensor, d: usize) -> Result<Vec<Vec<usize>>> {
 /// The d a head's ranking is first built for, so that the default grid (8–256) ranks once.
 const RANK_FOR_D: usize = 256;
 
+const TOP_K: MethodInfo = MethodInfo {
+    id: "topk",
+    family: Family::Sparse,
+    meaning: "oracle (quadratic): keeps the 2d largest logits per query (min(2d, n)), ties to the lower key index",
+    random: false,
+    oracle: true,
+    masks: MethodInfo::BOTH_MASKS,
+    ..MethodInfo::BASE
+};
+
 impl Method for TopK {
-    fn id(&self) -> &'static str {
-        "topk"
-    }
-    fn family(&self) -> Family {
-        Family::Sparse
-    }
-    fn is_oracle(&self) -> bool {
-        true
-    }
-    fn feature_meaning(&self) -> &'static str {
-        "oracle (quadratic): keeps the 2d largest logits per query (min(2d, n)), ties to the lower key index"
-    }
-    fn is_random(&self) -> bool {
-        false
-    }
-    fn macs(&self, n: usize, p: usize, d: usize) -> f64 {
-        let (nf, pf) = (n as f64, p as f64);
-        nf * nf * pf + nf * kept(n, d) as f64 * pf
-    }
-    fn masks(&self) -> &'static [Mask] {
-        &[Mask::None, Mask::Causal]
-    }
-    fn macs_masked(&self, n: usize, p: usize, d: usize, mask: Mask) -> f64 {
-        match mask {
-            Mask::None => self.macs(n, p, d),
-            Mask::Causal => {
-                let nf = n as f64;
-                nf * nf * p as f64 / 2.0
-                    + super::pair_macs(super::window::causal_visited_pairs(n, d), p)
-            }
-        }
+    fn info(&self) -> Option<&'static MethodInfo> {
+        Some(&TOP_K)
     }
     fn approximate(
         &self,
@@ -214,6 +195,20 @@ impl Method for TopK {
         let groups = per_row_groups(sets);
         let out = key_set_softmax(&head.q, &head.k, &head.v, &groups, None, true)?;
         Approximation::restricted(out, keys)
+    }
+    fn macs(&self, n: usize, p: usize, d: usize) -> f64 {
+        let (nf, pf) = (n as f64, p as f64);
+        nf * nf * pf + nf * kept(n, d) as f64 * pf
+    }
+    fn macs_masked(&self, n: usize, p: usize, d: usize, mask: Mask) -> f64 {
+        match mask {
+            Mask::None => self.macs(n, p, d),
+            Mask::Causal => {
+                let nf = n as f64;
+                nf * nf * p as f64 / 2.0
+                    + super::pair_macs(super::window::causal_visited_pairs(n, d), p)
+            }
+        }
     }
 }
 

@@ -19,7 +19,7 @@
 
 use anyhow::Result;
 
-use crate::attention::{Approximation, Family, HeadInputs, Mask, Method};
+use crate::attention::{Approximation, Family, HeadInputs, Mask, Method, MethodInfo};
 use crate::numerics::key_sets::{key_set_softmax, KeyGroup};
 use crate::numerics::sampling::TrialRng;
 
@@ -87,30 +87,18 @@ pub fn causal_visited_pairs(n: usize, d: usize) -> f64 {
     w * (w + 1.0) / 2.0 + (n - w) * w
 }
 
+const WINDOW: MethodInfo = MethodInfo {
+    id: "window",
+    family: Family::Sparse,
+    meaning: "one-sided half-width of a token-centred window, |i − j| ≤ d (2d+1 keys inside, d+1 at the ends)",
+    random: false,
+    masks: MethodInfo::BOTH_MASKS,
+    ..MethodInfo::BASE
+};
+
 impl Method for Window {
-    fn id(&self) -> &'static str {
-        "window"
-    }
-    fn family(&self) -> Family {
-        Family::Sparse
-    }
-    fn feature_meaning(&self) -> &'static str {
-        "one-sided half-width of a token-centred window, |i − j| ≤ d (2d+1 keys inside, d+1 at the ends)"
-    }
-    fn is_random(&self) -> bool {
-        false
-    }
-    fn macs(&self, n: usize, p: usize, d: usize) -> f64 {
-        super::pair_macs(visited_pairs(n, d), p)
-    }
-    fn masks(&self) -> &'static [Mask] {
-        &[Mask::None, Mask::Causal]
-    }
-    fn macs_masked(&self, n: usize, p: usize, d: usize, mask: Mask) -> f64 {
-        match mask {
-            Mask::None => self.macs(n, p, d),
-            Mask::Causal => super::pair_macs(causal_visited_pairs(n, d), p),
-        }
+    fn info(&self) -> Option<&'static MethodInfo> {
+        Some(&WINDOW)
     }
     fn approximate(
         &self,
@@ -130,6 +118,15 @@ impl Method for Window {
         };
         let out = key_set_softmax(&head.q, &head.k, &head.v, &groups, Some(&filter), true)?;
         Approximation::restricted(out, pairs / n as f64)
+    }
+    fn macs(&self, n: usize, p: usize, d: usize) -> f64 {
+        super::pair_macs(visited_pairs(n, d), p)
+    }
+    fn macs_masked(&self, n: usize, p: usize, d: usize, mask: Mask) -> f64 {
+        match mask {
+            Mask::None => self.macs(n, p, d),
+            Mask::Causal => super::pair_macs(causal_visited_pairs(n, d), p),
+        }
     }
 }
 

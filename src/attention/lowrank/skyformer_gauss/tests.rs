@@ -1,6 +1,7 @@
 use super::*;
 use crate::attention::sampling::hyperattention::tests::synthetic;
 use crate::attention::test_util::{assert_seed_determines_output, gauss, random_head, run_seeded};
+use crate::attention::Target;
 use crate::numerics::spectral::error_norms;
 use crate::tensor_util::{from_dmatrix, test_device, to_dmatrix};
 use candle_core::{DType, Tensor};
