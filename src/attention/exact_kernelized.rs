@@ -22,15 +22,7 @@ const EXACT_KERNELIZED: MethodInfo = MethodInfo {
 };
 
 impl Method for ExactKernelized {
-    fn info(&self) -> Option<&'static MethodInfo> {
-        Some(&EXACT_KERNELIZED)
-    }
-    fn approximate(
-        &self,
-        head: &HeadInputs,
-        _d: usize,
-        _rng: &mut TrialRng,
-    ) -> Result<Approximation> {
+    fn approximate(&self, head: &HeadInputs, _: usize, _: &mut TrialRng) -> Result<Approximation> {
         Ok(Approximation::plain(target::kernelized_output(
             &head.q,
             &head.k,
@@ -41,6 +33,9 @@ impl Method for ExactKernelized {
     /// METHODS.md §6.4 summary: 2n²p (the n² exp are not MACs).
     fn macs(&self, n: usize, p: usize, _d: usize) -> f64 {
         2.0 * (n * n * p) as f64
+    }
+    fn info(&self) -> Option<&'static MethodInfo> {
+        Some(&EXACT_KERNELIZED)
     }
 }
 

@@ -23,15 +23,7 @@ const V_MEAN: MethodInfo = MethodInfo {
 };
 
 impl Method for VMean {
-    fn info(&self) -> Option<&'static MethodInfo> {
-        Some(&V_MEAN)
-    }
-    fn approximate(
-        &self,
-        head: &HeadInputs,
-        _d: usize,
-        _rng: &mut TrialRng,
-    ) -> Result<Approximation> {
+    fn approximate(&self, head: &HeadInputs, _: usize, _: &mut TrialRng) -> Result<Approximation> {
         let v = &head.v;
         if head.mask == Mask::Causal {
             // Prefix sums in f64 (a long prefix summed in f32 drifts), then / (i + 1).
@@ -49,6 +41,9 @@ impl Method for VMean {
     }
     fn macs(&self, n: usize, p: usize, _d: usize) -> f64 {
         (n * p) as f64
+    }
+    fn info(&self) -> Option<&'static MethodInfo> {
+        Some(&V_MEAN)
     }
 }
 

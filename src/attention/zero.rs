@@ -20,15 +20,7 @@ const ZERO: MethodInfo = MethodInfo {
 };
 
 impl Method for Zero {
-    fn info(&self) -> Option<&'static MethodInfo> {
-        Some(&ZERO)
-    }
-    fn approximate(
-        &self,
-        head: &HeadInputs,
-        _d: usize,
-        _rng: &mut TrialRng,
-    ) -> Result<Approximation> {
+    fn approximate(&self, head: &HeadInputs, _: usize, _: &mut TrialRng) -> Result<Approximation> {
         Ok(Approximation::plain(Tensor::zeros(
             head.v.shape(),
             head.dtype(),
@@ -37,6 +29,9 @@ impl Method for Zero {
     }
     fn macs(&self, _n: usize, _p: usize, _d: usize) -> f64 {
         0.0
+    }
+    fn info(&self) -> Option<&'static MethodInfo> {
+        Some(&ZERO)
     }
 }
 

@@ -198,20 +198,13 @@ const FAVOR: MethodInfo = MethodInfo {
 };
 
 impl Method for Performer {
-    fn info(&self) -> Option<&'static MethodInfo> {
-        Some(if self.double_scaled {
-            &PERFORMER
-        } else {
-            &FAVOR
-        })
-    }
     fn approximate(
         &self,
         head: &HeadInputs,
         d: usize,
         rng: &mut TrialRng,
     ) -> Result<Approximation> {
-        anyhow::ensure!(d >= 1, "performer needs at least one random feature");
+        self.check(head.n(), d).map_err(anyhow::Error::msg)?;
         let p = head.p();
         let (dt, dev) = (head.dtype(), head.device());
         let omega = orthogonal_gaussian(rng, d, p);
@@ -237,6 +230,13 @@ impl Method for Performer {
     /// METHODS.md §2.11: 4ndp, plus ⌈d/p⌉p³ for the QR blocks of Ω.
     fn macs(&self, n: usize, p: usize, d: usize) -> f64 {
         4.0 * (n * d * p) as f64 + (d.div_ceil(p) * p * p * p) as f64
+    }
+    fn info(&self) -> Option<&'static MethodInfo> {
+        Some(if self.double_scaled {
+            &PERFORMER
+        } else {
+            &FAVOR
+        })
     }
     /// Causal: the bidirectional count plus the prefix sums, n·m·p (METHODS.md §7.4), and the
     /// chunks' masked products n·c·m (c = CAUSAL_CHUNK rows).

@@ -52,25 +52,22 @@ fn gaussian_features(xt: &Tensor, sq_norms: &Tensor, omega: &Tensor) -> Result<T
 }
 
 const PERFORMER_GAUSS: MethodInfo = MethodInfo {
-    id: "performer_gauss",
-    family: Family::Features,
-    meaning: "number of positive orthogonal random features m of the Gaussian kernel (unbiased for C·V, unnormalised)",
-    random: true,
-    targets: MethodInfo::KERNELIZED,
-    ..MethodInfo::BASE
+        id: "performer_gauss",
+        family: Family::Features,
+        meaning: "number of positive orthogonal random features m of the Gaussian kernel (unbiased for C·V, unnormalised)",
+        random: true,
+        targets: MethodInfo::KERNELIZED,
+        ..MethodInfo::BASE
 };
 
 impl Method for PerformerGauss {
-    fn info(&self) -> Option<&'static MethodInfo> {
-        Some(&PERFORMER_GAUSS)
-    }
     fn approximate(
         &self,
         head: &HeadInputs,
         d: usize,
         rng: &mut TrialRng,
     ) -> Result<Approximation> {
-        anyhow::ensure!(d >= 1, "performer_gauss needs at least one random feature");
+        self.check(head.n(), d).map_err(anyhow::Error::msg)?;
         let omega = orthogonal_gaussian(rng, d, head.p());
         let omega = from_dmatrix(&omega, head.device(), head.dtype())?;
         let ops = Operands::of(head)?;
@@ -81,6 +78,9 @@ impl Method for PerformerGauss {
     }
     fn macs(&self, n: usize, p: usize, d: usize) -> f64 {
         4.0 * (n * d * p) as f64 + (d.div_ceil(p) * p * p * p) as f64
+    }
+    fn info(&self) -> Option<&'static MethodInfo> {
+        Some(&PERFORMER_GAUSS)
     }
 }
 

@@ -100,17 +100,14 @@ fn with_omega(ops: &Operands, omega: &Tensor) -> Result<(Tensor, Tensor)> {
 }
 
 const PERFORMER_TRIG: MethodInfo = MethodInfo {
-    id: "performer_trig",
-    family: Family::Features,
-    meaning: "feature dimension: ⌊d/2⌋ orthogonal random frequencies, each a cos and a sin column (trigonometric softmax features)",
-    random: true,
-    ..MethodInfo::BASE
+        id: "performer_trig",
+        family: Family::Features,
+        meaning: "feature dimension: ⌊d/2⌋ orthogonal random frequencies, each a cos and a sin column (trigonometric softmax features)",
+        random: true,
+        ..MethodInfo::BASE
 };
 
 impl Method for PerformerTrig {
-    fn info(&self) -> Option<&'static MethodInfo> {
-        Some(&PERFORMER_TRIG)
-    }
     fn approximate(
         &self,
         head: &HeadInputs,
@@ -129,6 +126,9 @@ impl Method for PerformerTrig {
     }
     fn macs(&self, n: usize, p: usize, d: usize) -> f64 {
         trig_macs(n, p, d)
+    }
+    fn info(&self) -> Option<&'static MethodInfo> {
+        Some(&PERFORMER_TRIG)
     }
     fn check(&self, _n: usize, d: usize) -> std::result::Result<(), String> {
         check_trig(self.id(), d)

@@ -23,18 +23,15 @@ use crate::tensor_util::from_dmatrix;
 pub struct RffGauss;
 
 const RFF_GAUSS: MethodInfo = MethodInfo {
-    id: "rff_gauss",
-    family: Family::Features,
-    meaning: "feature dimension: ⌊d/2⌋ orthogonal random frequencies, each a cos and a sin column (random Fourier features of the Gaussian kernel)",
-    random: true,
-    targets: MethodInfo::KERNELIZED,
-    ..MethodInfo::BASE
+        id: "rff_gauss",
+        family: Family::Features,
+        meaning: "feature dimension: ⌊d/2⌋ orthogonal random frequencies, each a cos and a sin column (random Fourier features of the Gaussian kernel)",
+        random: true,
+        targets: MethodInfo::KERNELIZED,
+        ..MethodInfo::BASE
 };
 
 impl Method for RffGauss {
-    fn info(&self) -> Option<&'static MethodInfo> {
-        Some(&RFF_GAUSS)
-    }
     fn approximate(
         &self,
         head: &HeadInputs,
@@ -55,6 +52,9 @@ impl Method for RffGauss {
     }
     fn macs(&self, n: usize, p: usize, d: usize) -> f64 {
         trig_macs(n, p, d)
+    }
+    fn info(&self) -> Option<&'static MethodInfo> {
+        Some(&RFF_GAUSS)
     }
     fn check(&self, _n: usize, d: usize) -> std::result::Result<(), String> {
         check_trig(self.id(), d)

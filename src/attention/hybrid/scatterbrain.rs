@@ -189,12 +189,6 @@ const LOCAL: MethodInfo = MethodInfo {
 };
 
 impl Method for Scatterbrain {
-    fn info(&self) -> Option<&'static MethodInfo> {
-        Some(match self.support {
-            Support::Smyrf => &SMYRF,
-            Support::Local => &LOCAL,
-        })
-    }
     fn approximate(
         &self,
         head: &HeadInputs,
@@ -294,13 +288,6 @@ impl Method for Scatterbrain {
             support: None,
         })
     }
-    fn check(&self, n: usize, d: usize) -> std::result::Result<(), String> {
-        let _ = n;
-        if d < 2 {
-            return Err(format!("{} needs d ≥ 2 (⌊d/2⌋ features)", self.id()));
-        }
-        Ok(())
-    }
     fn macs(&self, n: usize, p: usize, d: usize) -> f64 {
         let (m, c) = (features(d), cluster_size(n, d));
         let pairs: usize = array_split(n, c).iter().map(|r| r.len() * r.len()).sum();
@@ -314,6 +301,19 @@ impl Method for Scatterbrain {
             + 2.0 * pf * pairs as f64
             + hash
             + (m.div_ceil(p) * p * p * p) as f64
+    }
+    fn info(&self) -> Option<&'static MethodInfo> {
+        Some(match self.support {
+            Support::Smyrf => &SMYRF,
+            Support::Local => &LOCAL,
+        })
+    }
+    fn check(&self, n: usize, d: usize) -> std::result::Result<(), String> {
+        let _ = n;
+        if d < 2 {
+            return Err(format!("{} needs d ≥ 2 (⌊d/2⌋ features)", self.id()));
+        }
+        Ok(())
     }
 }
 

@@ -105,9 +105,6 @@ const LINFORMER_JLT: MethodInfo = MethodInfo {
 };
 
 impl Method for Linformer {
-    fn info(&self) -> Option<&'static MethodInfo> {
-        Some(if self.jlt { &LINFORMER_JLT } else { &LINFORMER })
-    }
     fn approximate(
         &self,
         head: &HeadInputs,
@@ -134,6 +131,9 @@ impl Method for Linformer {
             // EK, EV, Q(EK)ᵀ, attention·(EV): 4ndp.
             4.0 * n * d * p
         }
+    }
+    fn info(&self) -> Option<&'static MethodInfo> {
+        Some(if self.jlt { &LINFORMER_JLT } else { &LINFORMER })
     }
 }
 

@@ -59,17 +59,9 @@ const NYSTROMFORMER: MethodInfo = MethodInfo {
 };
 
 impl Method for Nystromformer {
-    fn info(&self) -> Option<&'static MethodInfo> {
-        Some(&NYSTROMFORMER)
-    }
-    fn approximate(
-        &self,
-        head: &HeadInputs,
-        d: usize,
-        _rng: &mut TrialRng,
-    ) -> Result<Approximation> {
+    fn approximate(&self, head: &HeadInputs, d: usize, _: &mut TrialRng) -> Result<Approximation> {
         let n = head.n();
-        anyhow::ensure!(d >= 1, "nystromformer needs d ≥ 1");
+        self.check(head.n(), d).map_err(anyhow::Error::msg)?;
         if d >= n {
             return Ok(Approximation::plain(head.exact()?.output.clone()));
         }
@@ -90,6 +82,9 @@ impl Method for Nystromformer {
     fn macs(&self, n: usize, p: usize, d: usize) -> f64 {
         let (n, p, d) = (n as f64, p as f64, d as f64);
         4.0 * n * d * p + 24.0 * d * d * d + n * p
+    }
+    fn info(&self) -> Option<&'static MethodInfo> {
+        Some(&NYSTROMFORMER)
     }
 }
 

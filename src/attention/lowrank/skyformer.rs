@@ -220,13 +220,6 @@ const SKYFORMER_ITER: MethodInfo = MethodInfo {
 };
 
 impl Method for Skyformer {
-    fn info(&self) -> Option<&'static MethodInfo> {
-        Some(if self.iterative {
-            &SKYFORMER_ITER
-        } else {
-            &SKYFORMER
-        })
-    }
     fn approximate(
         &self,
         head: &HeadInputs,
@@ -260,6 +253,13 @@ impl Method for Skyformer {
     fn macs(&self, n: usize, p: usize, d: usize) -> f64 {
         let (n, p, d) = (n as f64, p as f64, d as f64);
         4.0 * n * d * p + 24.0 * d * d * d
+    }
+    fn info(&self) -> Option<&'static MethodInfo> {
+        Some(if self.iterative {
+            &SKYFORMER_ITER
+        } else {
+            &SKYFORMER
+        })
     }
 }
 

@@ -74,13 +74,6 @@ const ITERATIVE: MethodInfo = MethodInfo {
 };
 
 impl Method for SkyformerGauss {
-    fn info(&self) -> Option<&'static MethodInfo> {
-        Some(if self.iterative {
-            &ITERATIVE
-        } else {
-            &PSEUDO_INVERSE
-        })
-    }
     fn approximate(
         &self,
         head: &HeadInputs,
@@ -111,6 +104,13 @@ impl Method for SkyformerGauss {
     fn macs(&self, n: usize, p: usize, d: usize) -> f64 {
         let (n, p, d) = (n as f64, p as f64, d as f64);
         4.0 * n * d * p + 24.0 * d * d * d
+    }
+    fn info(&self) -> Option<&'static MethodInfo> {
+        Some(if self.iterative {
+            &ITERATIVE
+        } else {
+            &PSEUDO_INVERSE
+        })
     }
     fn check(&self, _n: usize, d: usize) -> std::result::Result<(), String> {
         if d < 2 {

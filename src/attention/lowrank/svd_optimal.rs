@@ -244,16 +244,8 @@ const SVD_OPTIMAL: MethodInfo = MethodInfo {
 };
 
 impl Method for SvdOptimal {
-    fn info(&self) -> Option<&'static MethodInfo> {
-        Some(&SVD_OPTIMAL)
-    }
-    fn approximate(
-        &self,
-        head: &HeadInputs,
-        d: usize,
-        _rng: &mut TrialRng,
-    ) -> Result<Approximation> {
-        anyhow::ensure!(d >= 1, "svd_optimal needs d ≥ 1");
+    fn approximate(&self, head: &HeadInputs, d: usize, _: &mut TrialRng) -> Result<Approximation> {
+        self.check(head.n(), d).map_err(anyhow::Error::msg)?;
         let n = head.n();
         if d >= n {
             return Ok(Approximation::plain(head.exact()?.output.clone()));
@@ -296,6 +288,9 @@ impl Method for SvdOptimal {
             (2 * KRYLOV_DEPTH + 1) as f64 * nf * nf * b + nf * nf * m + 3.0 * nf * m * m
         };
         nf * nf * pf + factor + nf * df * pf
+    }
+    fn info(&self) -> Option<&'static MethodInfo> {
+        Some(&SVD_OPTIMAL)
     }
 }
 

@@ -31,9 +31,6 @@ const COLUMN_UNIFORM: MethodInfo = MethodInfo {
 };
 
 impl Method for ColumnUniform {
-    fn info(&self) -> Option<&'static MethodInfo> {
-        Some(&COLUMN_UNIFORM)
-    }
     fn approximate(
         &self,
         head: &HeadInputs,
@@ -50,6 +47,9 @@ impl Method for ColumnUniform {
     fn macs(&self, n: usize, p: usize, d: usize) -> f64 {
         // Q K_Jᵀ and softmax·V_J: 2ndp.
         2.0 * (n * d.min(n) * p) as f64
+    }
+    fn info(&self) -> Option<&'static MethodInfo> {
+        Some(&COLUMN_UNIFORM)
     }
 }
 

@@ -200,17 +200,14 @@ impl HyperAttention {
 }
 
 const HYPER_ATTENTION: MethodInfo = MethodInfo {
-    id: "hyperattention",
-    family: Family::Sampling,
-    meaning: "sortLSH block size b = d (r = 7 sign bits) + m = d uniform key samples shared by all queries (n/m weights, own block masked): ≈ 2d keys per query",
-    random: true,
-    ..MethodInfo::BASE
+        id: "hyperattention",
+        family: Family::Sampling,
+        meaning: "sortLSH block size b = d (r = 7 sign bits) + m = d uniform key samples shared by all queries (n/m weights, own block masked): ≈ 2d keys per query",
+        random: true,
+        ..MethodInfo::BASE
 };
 
 impl Method for HyperAttention {
-    fn info(&self) -> Option<&'static MethodInfo> {
-        Some(&HYPER_ATTENTION)
-    }
     fn approximate(
         &self,
         head: &HeadInputs,
@@ -223,6 +220,9 @@ impl Method for HyperAttention {
     }
     fn macs(&self, n: usize, p: usize, d: usize) -> f64 {
         block_and_sample_macs(n, p, d)
+    }
+    fn info(&self) -> Option<&'static MethodInfo> {
+        Some(&HYPER_ATTENTION)
     }
 }
 

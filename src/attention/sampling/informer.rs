@@ -152,13 +152,6 @@ const INFORMER_MASK: MethodInfo = MethodInfo {
 };
 
 impl Method for Informer {
-    fn info(&self) -> Option<&'static MethodInfo> {
-        Some(if self.direct {
-            &INFORMER_MASK
-        } else {
-            &INFORMER
-        })
-    }
     fn approximate(
         &self,
         head: &HeadInputs,
@@ -177,6 +170,13 @@ impl Method for Informer {
         // nUp (sampled logits) + 2unp (exact rows) (METHODS.md §2.11).
         let (big_u, u) = self.sizes(n, d);
         ((big_u + 2 * u) * n * p) as f64
+    }
+    fn info(&self) -> Option<&'static MethodInfo> {
+        Some(if self.direct {
+            &INFORMER_MASK
+        } else {
+            &INFORMER
+        })
     }
     fn check(&self, n: usize, d: usize) -> std::result::Result<(), String> {
         if d == 0 {

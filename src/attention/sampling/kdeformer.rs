@@ -98,17 +98,14 @@ impl KdeFormer {
 }
 
 const KDE_FORMER: MethodInfo = MethodInfo {
-    id: "kdeformer",
-    family: Family::Sampling,
-    meaning: "sortLSH block size b = d (r = 7) + m = d key samples from π_j ∝ ‖v'_j‖/‖V'‖₂² + 1/n shared by all queries (1/(mπ) weights, own block masked): ≈ 2d keys per query",
-    random: true,
-    ..MethodInfo::BASE
+        id: "kdeformer",
+        family: Family::Sampling,
+        meaning: "sortLSH block size b = d (r = 7) + m = d key samples from π_j ∝ ‖v'_j‖/‖V'‖₂² + 1/n shared by all queries (1/(mπ) weights, own block masked): ≈ 2d keys per query",
+        random: true,
+        ..MethodInfo::BASE
 };
 
 impl Method for KdeFormer {
-    fn info(&self) -> Option<&'static MethodInfo> {
-        Some(&KDE_FORMER)
-    }
     fn approximate(
         &self,
         head: &HeadInputs,
@@ -120,6 +117,9 @@ impl Method for KdeFormer {
     fn macs(&self, n: usize, p: usize, d: usize) -> f64 {
         let (nf, p1) = (n as f64, (p + 1) as f64);
         block_and_sample_macs(n, p, d) + nf * p1 * p1 + nf * p1
+    }
+    fn info(&self) -> Option<&'static MethodInfo> {
+        Some(&KDE_FORMER)
     }
 }
 

@@ -212,15 +212,6 @@ const NO_PILOT: MethodInfo = MethodInfo {
 };
 
 impl Method for Skeinformer {
-    fn info(&self) -> Option<&'static MethodInfo> {
-        Some(match self.variant {
-            SkeinVariant::Full => &FULL,
-            SkeinVariant::Uniform => &UNIFORM,
-            SkeinVariant::NoNorm => &NO_NORM,
-            SkeinVariant::SimpleNorm => &SIMPLE_NORM,
-            SkeinVariant::NoPilot => &NO_PILOT,
-        })
-    }
     fn approximate(
         &self,
         head: &HeadInputs,
@@ -253,6 +244,15 @@ impl Method for Skeinformer {
             // No pilot at all.
             SkeinVariant::Uniform => 2.0 * ndp,
         }
+    }
+    fn info(&self) -> Option<&'static MethodInfo> {
+        Some(match self.variant {
+            SkeinVariant::Full => &FULL,
+            SkeinVariant::Uniform => &UNIFORM,
+            SkeinVariant::NoNorm => &NO_NORM,
+            SkeinVariant::SimpleNorm => &SIMPLE_NORM,
+            SkeinVariant::NoPilot => &NO_PILOT,
+        })
     }
     fn check(&self, n: usize, d: usize) -> std::result::Result<(), String> {
         if d == 0 {

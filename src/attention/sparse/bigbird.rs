@@ -107,17 +107,14 @@ pub fn visited_pairs(n: usize, d: usize) -> f64 {
 }
 
 const BIG_BIRD: MethodInfo = MethodInfo {
-    id: "bigbird",
-    family: Family::Sparse,
-    meaning: "block size b = max(1, ⌊d/4⌋): 2 global + 3 window + 3 random blocks, 8b = 2d keys per middle row",
-    random: true,
-    ..MethodInfo::BASE
+        id: "bigbird",
+        family: Family::Sparse,
+        meaning: "block size b = max(1, ⌊d/4⌋): 2 global + 3 window + 3 random blocks, 8b = 2d keys per middle row",
+        random: true,
+        ..MethodInfo::BASE
 };
 
 impl Method for BigBird {
-    fn info(&self) -> Option<&'static MethodInfo> {
-        Some(&BIG_BIRD)
-    }
     fn approximate(
         &self,
         head: &HeadInputs,
@@ -130,6 +127,9 @@ impl Method for BigBird {
     }
     fn macs(&self, n: usize, p: usize, d: usize) -> f64 {
         super::pair_macs(visited_pairs(n, d), p)
+    }
+    fn info(&self) -> Option<&'static MethodInfo> {
+        Some(&BIG_BIRD)
     }
 }
 

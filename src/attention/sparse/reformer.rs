@@ -207,17 +207,14 @@ fn union_from_rounds(
 }
 
 const REFORMER: MethodInfo = MethodInfo {
-    id: "reformer",
-    family: Family::Sparse,
-    meaning: "chunk length c = ⌊d/2⌋ of 2 angular-LSH rounds (chunk + previous chunk): d keys per round, d…2d in the union",
-    random: true,
-    ..MethodInfo::BASE
+        id: "reformer",
+        family: Family::Sparse,
+        meaning: "chunk length c = ⌊d/2⌋ of 2 angular-LSH rounds (chunk + previous chunk): d keys per round, d…2d in the union",
+        random: true,
+        ..MethodInfo::BASE
 };
 
 impl Method for Reformer {
-    fn info(&self) -> Option<&'static MethodInfo> {
-        Some(&REFORMER)
-    }
     fn approximate(
         &self,
         head: &HeadInputs,
@@ -245,6 +242,9 @@ impl Method for Reformer {
         let attention = h * super::pair_macs(nf * (2 * c).min(n) as f64, p);
         let hashing = h * 2.0 * nf * pf * (buckets(n, c) / 2) as f64;
         attention + hashing
+    }
+    fn info(&self) -> Option<&'static MethodInfo> {
+        Some(&REFORMER)
     }
 }
 

@@ -152,25 +152,17 @@ pub fn key_sets(q: &Tensor, k: &Tensor, d: usize) -> Result<Vec<Vec<usize>>> {
 const RANK_FOR_D: usize = 256;
 
 const TOP_K: MethodInfo = MethodInfo {
-    id: "topk",
-    family: Family::Sparse,
-    meaning: "oracle (quadratic): keeps the 2d largest logits per query (min(2d, n)), ties to the lower key index",
-    random: false,
-    oracle: true,
-    masks: MethodInfo::BOTH_MASKS,
-    ..MethodInfo::BASE
+        id: "topk",
+        family: Family::Sparse,
+        meaning: "oracle (quadratic): keeps the 2d largest logits per query (min(2d, n)), ties to the lower key index",
+        random: false,
+        oracle: true,
+        masks: MethodInfo::BOTH_MASKS,
+        ..MethodInfo::BASE
 };
 
 impl Method for TopK {
-    fn info(&self) -> Option<&'static MethodInfo> {
-        Some(&TOP_K)
-    }
-    fn approximate(
-        &self,
-        head: &HeadInputs,
-        d: usize,
-        _rng: &mut TrialRng,
-    ) -> Result<Approximation> {
+    fn approximate(&self, head: &HeadInputs, d: usize, _: &mut TrialRng) -> Result<Approximation> {
         self.check(head.n(), d).map_err(anyhow::Error::msg)?;
         // kk keys per query: 2d bidirectionally (§6.1.3), d under the causal mask (§7.3).
         let kk = match head.mask {
@@ -199,6 +191,9 @@ impl Method for TopK {
     fn macs(&self, n: usize, p: usize, d: usize) -> f64 {
         let (nf, pf) = (n as f64, p as f64);
         nf * nf * pf + nf * kept(n, d) as f64 * pf
+    }
+    fn info(&self) -> Option<&'static MethodInfo> {
+        Some(&TOP_K)
     }
     fn macs_masked(&self, n: usize, p: usize, d: usize, mask: Mask) -> f64 {
         match mask {

@@ -88,24 +88,16 @@ pub fn causal_visited_pairs(n: usize, d: usize) -> f64 {
 }
 
 const WINDOW: MethodInfo = MethodInfo {
-    id: "window",
-    family: Family::Sparse,
-    meaning: "one-sided half-width of a token-centred window, |i − j| ≤ d (2d+1 keys inside, d+1 at the ends)",
-    random: false,
-    masks: MethodInfo::BOTH_MASKS,
-    ..MethodInfo::BASE
+        id: "window",
+        family: Family::Sparse,
+        meaning: "one-sided half-width of a token-centred window, |i − j| ≤ d (2d+1 keys inside, d+1 at the ends)",
+        random: false,
+        masks: MethodInfo::BOTH_MASKS,
+        ..MethodInfo::BASE
 };
 
 impl Method for Window {
-    fn info(&self) -> Option<&'static MethodInfo> {
-        Some(&WINDOW)
-    }
-    fn approximate(
-        &self,
-        head: &HeadInputs,
-        d: usize,
-        _rng: &mut TrialRng,
-    ) -> Result<Approximation> {
+    fn approximate(&self, head: &HeadInputs, d: usize, _: &mut TrialRng) -> Result<Approximation> {
         let n = head.n();
         let (groups, pairs) = match head.mask {
             Mask::None => (key_groups(n, d), visited_pairs(n, d)),
@@ -121,6 +113,9 @@ impl Method for Window {
     }
     fn macs(&self, n: usize, p: usize, d: usize) -> f64 {
         super::pair_macs(visited_pairs(n, d), p)
+    }
+    fn info(&self) -> Option<&'static MethodInfo> {
+        Some(&WINDOW)
     }
     fn macs_masked(&self, n: usize, p: usize, d: usize, mask: Mask) -> f64 {
         match mask {
