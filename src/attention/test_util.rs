@@ -30,6 +30,17 @@ pub fn run_seeded(m: &dyn Method, h: &HeadInputs, d: usize, seed: u64) -> Approx
         .unwrap()
 }
 
+/// Ô of `m` on `h` at d with the trial generator of `seed`, as f64 rows.
+pub fn out_rows(m: &dyn Method, h: &HeadInputs, d: usize, seed: u64) -> Vec<Vec<f64>> {
+    let o = run_seeded(m, h, d, seed).output;
+    o.to_dtype(DType::F64).unwrap().to_vec2().unwrap()
+}
+
+/// Ô of `m` on `h` at d with the trial generator of `seed`, as an f64 matrix.
+pub fn out_matrix(m: &dyn Method, h: &HeadInputs, d: usize, seed: u64) -> DMatrix<f64> {
+    crate::tensor_util::to_dmatrix(&run_seeded(m, h, d, seed).output).unwrap()
+}
+
 /// A randomized method is a function of its seed: `seed` twice gives the same Ô, `seed + 1`
 /// another. Returns the run for `seed`.
 pub fn assert_seed_determines_output(

@@ -293,7 +293,7 @@ mod tests {
     use crate::tensor_util::{from_dmatrix, to_dmatrix};
     use rand::SeedableRng;
 
-    use crate::attention::test_util::gauss;
+    use crate::attention::test_util::{gauss, out_matrix};
     fn t64(m: &DMatrix<f64>) -> Tensor {
         from_dmatrix(m, &test_device(), DType::F64).unwrap()
     }
@@ -460,20 +460,8 @@ mod tests {
         let h32 = HeadInputs::new(t32(&q), t32(&k), t32(&v)).unwrap();
         for method in [Performer::reference(), Performer::favor()] {
             for d in [1, 16, 70, 256] {
-                let a = to_dmatrix(
-                    &method
-                        .approximate(&h64, d, &mut TrialRng::seed_from_u64(9))
-                        .unwrap()
-                        .output,
-                )
-                .unwrap();
-                let b = to_dmatrix(
-                    &method
-                        .approximate(&h64, d, &mut TrialRng::seed_from_u64(9))
-                        .unwrap()
-                        .output,
-                )
-                .unwrap();
+                let a = out_matrix(&method, &h64, d, 9);
+                let b = out_matrix(&method, &h64, d, 9);
                 assert_eq!(a, b);
                 assert!(a.iter().all(|x| x.is_finite()));
                 let c = method
@@ -484,20 +472,8 @@ mod tests {
                 let rel = (&c - &a).abs().max() / a.abs().max();
                 assert!(rel < 1e-3, "{} d={d}: {rel}", method.id());
             }
-            let x = to_dmatrix(
-                &method
-                    .approximate(&h64, 16, &mut TrialRng::seed_from_u64(1))
-                    .unwrap()
-                    .output,
-            )
-            .unwrap();
-            let y = to_dmatrix(
-                &method
-                    .approximate(&h64, 16, &mut TrialRng::seed_from_u64(2))
-                    .unwrap()
-                    .output,
-            )
-            .unwrap();
+            let x = out_matrix(&method, &h64, 16, 1);
+            let y = out_matrix(&method, &h64, 16, 2);
             assert_ne!(x, y);
         }
         assert_eq!(Performer::reference().id(), "performer");

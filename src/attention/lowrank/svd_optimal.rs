@@ -300,7 +300,7 @@ mod tests {
     use crate::numerics::spectral::error_norms;
     use crate::tensor_util::test_device;
 
-    use crate::attention::test_util::gauss;
+    use crate::attention::test_util::{gauss, out_matrix};
 
     /// BERT-like head: rows share a common component (as embeddings do), logits of order 1.
     fn bert_like(rng: &mut TrialRng, n: usize, p: usize, scale: f64, dt: DType) -> HeadInputs {
@@ -427,13 +427,7 @@ mod tests {
         let a = to_dmatrix(&a).unwrap();
         assert!(a.iter().all(|x| x.is_finite()));
         // Deterministic and independent of the generator; a second d reuses the memo.
-        let b = to_dmatrix(
-            &SvdOptimal
-                .approximate(&h32, 16, &mut TrialRng::seed_from_u64(9))
-                .unwrap()
-                .output,
-        )
-        .unwrap();
+        let b = out_matrix(&SvdOptimal, &h32, 16, 9);
         assert_eq!(a, b);
         let _ = SvdOptimal
             .approximate(&h32, 64, &mut TrialRng::seed_from_u64(0))

@@ -23,15 +23,11 @@ pub(crate) fn pair_macs(pairs: f64, p: usize) -> f64 {
 pub(crate) mod test_util {
     use candle_core::DType;
 
-    use crate::attention::test_util::{assert_close_per_entry, in_f32, run_seeded};
+    use crate::attention::test_util::{assert_close_per_entry, in_f32};
     use crate::attention::{HeadInputs, Method};
     use crate::numerics::key_sets::tests::{dense_masked_softmax, max_rel};
 
-    /// Ô of `m` on `h` with budget d and the trial generator of `seed`, as f64 rows.
-    pub(crate) fn out_rows(m: &dyn Method, h: &HeadInputs, d: usize, seed: u64) -> Vec<Vec<f64>> {
-        let o = run_seeded(m, h, d, seed).output;
-        o.to_dtype(DType::F64).unwrap().to_vec2().unwrap()
-    }
+    pub(crate) use crate::attention::test_util::out_rows;
 
     /// The rows of a head's exact attention, in f64.
     fn exact_rows(h: &HeadInputs) -> Vec<Vec<f64>> {

@@ -211,15 +211,15 @@ impl Method for TopK {
 mod tests {
     use super::*;
 
-    use crate::attention::test_util::{
-        assert_close_per_entry, assert_rows_are_distributions, host_rows, in_f32, random_head,
-        run_seeded, weight_matrix,
+    use crate::attention::sparse::test_util::{
+        self, assert_covering_budget_is_exact, assert_is_masked_softmax_of_its_sets,
     };
-    use crate::numerics::key_sets::tests::{dense_masked_softmax, max_rel};
+    use crate::attention::test_util::{
+        assert_rows_are_distributions, host_rows, random_head, weight_matrix,
+    };
 
     fn out_rows(h: &HeadInputs, d: usize) -> Vec<Vec<f64>> {
-        let o = run_seeded(&TopK, h, d, 0).output;
-        o.to_dtype(DType::F64).unwrap().to_vec2().unwrap()
+        test_util::out_rows(&TopK, h, d, 0)
     }
 
     /// The oracle's sets straight from the definition: stable sort of j by (−s_ij, j) on f64
@@ -244,17 +244,10 @@ mod tests {
     #[test]
     fn equals_the_dense_masked_softmax_in_float64() {
         let h = random_head(240, 16, 1, DType::F64);
-        let [q, k, v] = host_rows(&h);
-        for d in [1, 4, 16, 50, 119] {
-            let sets = stable_sort_sets(&q, &k, 2 * d);
-            let (want, _) = dense_masked_softmax(&q, &k, &v, |i, j| sets[i].contains(&j));
-            assert_close_per_entry(&out_rows(&h, d), &want, 1e-6);
-            assert!(max_rel(&out_rows(&h, d), &want) < 1e-12, "d = {d}");
-            assert!(
-                max_rel(&out_rows(&in_f32(&h), d), &want) < 1e-5,
-                "f32, d = {d}"
-            );
-        }
+        let [q, k, _] = host_rows(&h);
+        assert_is_masked_softmax_of_its_sets(&TopK, &h, &[1, 4, 16, 50, 119], 0, |d| {
+            stable_sort_sets(&q, &k, 2 * d)
+        });
     }
 
     /// Integer logits tie often: ties must go to the lower key index, as a stable sort does.
@@ -320,21 +313,7 @@ mod tests {
     #[test]
     fn covering_budget_is_exact_attention() {
         let h = random_head(150, 32, 2, DType::F64);
-        let exact = h.exact().unwrap().output.to_vec2::<f64>().unwrap();
-        for d in [75, 76, 400] {
-            assert_close_per_entry(&out_rows(&h, d), &exact, 1e-6);
-            assert!(max_rel(&out_rows(&h, d), &exact) < 1e-12);
-        }
-        let h32 = in_f32(&h);
-        let exact32 = h32
-            .exact()
-            .unwrap()
-            .output
-            .to_dtype(DType::F64)
-            .unwrap()
-            .to_vec2()
-            .unwrap();
-        assert!(max_rel(&out_rows(&h32, 75), &exact32) < 1e-6);
+        assert_covering_budget_is_exact(&TopK, &h, &[75, 76, 400], &[0]);
     }
 
     /// Weights are a distribution on exactly the kk largest logits, and no other kk-set keeps

@@ -130,15 +130,14 @@ mod tests {
     use super::*;
     use candle_core::DType;
 
-    use crate::attention::test_util::{
-        assert_close_per_entry, assert_rows_are_distributions, host_rows, in_f32, random_head,
-        run_seeded, weight_matrix,
+    use crate::attention::sparse::test_util::{
+        self, assert_covering_budget_is_exact, assert_is_masked_softmax_of_its_sets,
     };
-    use crate::numerics::key_sets::tests::{dense_masked_softmax, max_rel};
+    use crate::attention::test_util::{assert_rows_are_distributions, random_head, weight_matrix};
+    use crate::numerics::key_sets::tests::max_rel;
 
     fn out_rows(h: &HeadInputs, d: usize) -> Vec<Vec<f64>> {
-        let o = run_seeded(&Window, h, d, 0).output;
-        o.to_dtype(DType::F64).unwrap().to_vec2().unwrap()
+        test_util::out_rows(&Window, h, d, 0)
     }
 
     /// The dense float64 masked softmax over |i − j| ≤ d, entry by entry; the f32 run agrees
@@ -146,37 +145,18 @@ mod tests {
     #[test]
     fn equals_the_dense_masked_softmax_in_float64() {
         let h = random_head(300, 16, 1, DType::F64);
-        let [q, k, v] = host_rows(&h);
-        for d in [0, 1, 7, 16, 40, 150, 298] {
-            let (want, _) = dense_masked_softmax(&q, &k, &v, |i, j| i.abs_diff(j) <= d);
-            assert_close_per_entry(&out_rows(&h, d), &want, 1e-6);
-            assert!(max_rel(&out_rows(&h, d), &want) < 1e-12, "d = {d}");
-            assert!(
-                max_rel(&out_rows(&in_f32(&h), d), &want) < 1e-5,
-                "f32, d = {d}"
-            );
-        }
+        let ds = [0, 1, 7, 16, 40, 150, 298];
+        assert_is_masked_softmax_of_its_sets(&Window, &h, &ds, 0, |d| {
+            (0..h.n())
+                .map(|i| (0..h.n()).filter(|&j| i.abs_diff(j) <= d).collect())
+                .collect()
+        });
     }
 
     #[test]
     fn covering_window_is_exact_attention() {
         let h = random_head(200, 32, 2, DType::F64);
-        let exact = h.exact().unwrap().output.to_vec2::<f64>().unwrap();
-        for d in [199, 200, 1000] {
-            assert_close_per_entry(&out_rows(&h, d), &exact, 1e-6);
-            assert!(max_rel(&out_rows(&h, d), &exact) < 1e-12);
-        }
-        // In f32 against exact attention's own f32 path.
-        let h32 = in_f32(&h);
-        let exact32 = h32
-            .exact()
-            .unwrap()
-            .output
-            .to_dtype(DType::F64)
-            .unwrap()
-            .to_vec2()
-            .unwrap();
-        assert!(max_rel(&out_rows(&h32, 199), &exact32) < 1e-6);
+        assert_covering_budget_is_exact(&Window, &h, &[199, 200, 1000], &[0]);
         // d = 0: each query sees only its own key.
         assert!(max_rel(&out_rows(&h, 0), &h.v.to_vec2::<f64>().unwrap()) < 1e-15);
     }
