@@ -52,12 +52,12 @@ fn gaussian_features(xt: &Tensor, sq_norms: &Tensor, omega: &Tensor) -> Result<T
 }
 
 const PERFORMER_GAUSS: MethodInfo = MethodInfo {
-        id: "performer_gauss",
-        family: Family::Features,
-        meaning: "number of positive orthogonal random features m of the Gaussian kernel (unbiased for C·V, unnormalised)",
-        random: true,
-        targets: MethodInfo::KERNELIZED,
-        ..MethodInfo::BASE
+    id: "performer_gauss",
+    family: Family::Features,
+    meaning: "number of positive orthogonal random features m of the Gaussian kernel (unbiased for C·V, unnormalised)",
+    random: true,
+    targets: MethodInfo::KERNELIZED,
+    ..MethodInfo::BASE
 };
 
 impl Method for PerformerGauss {

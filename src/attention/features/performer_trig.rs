@@ -100,11 +100,11 @@ fn with_omega(ops: &Operands, omega: &Tensor) -> Result<(Tensor, Tensor)> {
 }
 
 const PERFORMER_TRIG: MethodInfo = MethodInfo {
-        id: "performer_trig",
-        family: Family::Features,
-        meaning: "feature dimension: ⌊d/2⌋ orthogonal random frequencies, each a cos and a sin column (trigonometric softmax features)",
-        random: true,
-        ..MethodInfo::BASE
+    id: "performer_trig",
+    family: Family::Features,
+    meaning: "feature dimension: ⌊d/2⌋ orthogonal random frequencies, each a cos and a sin column (trigonometric softmax features)",
+    random: true,
+    ..MethodInfo::BASE
 };
 
 impl Method for PerformerTrig {

@@ -23,12 +23,12 @@ use crate::tensor_util::from_dmatrix;
 pub struct RffGauss;
 
 const RFF_GAUSS: MethodInfo = MethodInfo {
-        id: "rff_gauss",
-        family: Family::Features,
-        meaning: "feature dimension: ⌊d/2⌋ orthogonal random frequencies, each a cos and a sin column (random Fourier features of the Gaussian kernel)",
-        random: true,
-        targets: MethodInfo::KERNELIZED,
-        ..MethodInfo::BASE
+    id: "rff_gauss",
+    family: Family::Features,
+    meaning: "feature dimension: ⌊d/2⌋ orthogonal random frequencies, each a cos and a sin column (random Fourier features of the Gaussian kernel)",
+    random: true,
+    targets: MethodInfo::KERNELIZED,
+    ..MethodInfo::BASE
 };
 
 impl Method for RffGauss {

@@ -77,6 +77,18 @@ pub(crate) fn draw_omega(rng: &mut TrialRng, head: &HeadInputs) -> Result<Tensor
     )
 }
 
+/// Ω (one draw from `rng`), then the sortLSH blocks of size b = [`block_size`] for the head's
+/// Q and K: step 1 of both §6.3 methods.
+pub(crate) fn draw_blocks(
+    rng: &mut TrialRng,
+    head: &HeadInputs,
+    d: usize,
+    order: BucketOrder,
+) -> Result<SortLshBlocks> {
+    let omega = draw_omega(rng, head)?;
+    sort_lsh_blocks(&head.q, &head.k, &omega, block_size(head.n(), d), order)
+}
+
 /// MACs of the block part and the sampled part with weights [v, 1], plus the hashing.
 pub(crate) fn block_and_sample_macs(n: usize, p: usize, d: usize) -> f64 {
     let b = block_size(n, d);
@@ -188,8 +200,7 @@ impl HyperAttention {
         rng: &mut TrialRng,
     ) -> Result<BlockSampleOutput> {
         let n = head.n();
-        let omega = draw_omega(rng, head)?;
-        let blocks = sort_lsh_blocks(&head.q, &head.k, &omega, block_size(n, d), self.order)?;
+        let blocks = draw_blocks(rng, head, d, self.order)?;
         let m = d.max(1);
         let samples = Samples {
             keys: uniform_with_replacement(rng, n, m),
@@ -200,11 +211,11 @@ impl HyperAttention {
 }
 
 const HYPER_ATTENTION: MethodInfo = MethodInfo {
-        id: "hyperattention",
-        family: Family::Sampling,
-        meaning: "sortLSH block size b = d (r = 7 sign bits) + m = d uniform key samples shared by all queries (n/m weights, own block masked): ≈ 2d keys per query",
-        random: true,
-        ..MethodInfo::BASE
+    id: "hyperattention",
+    family: Family::Sampling,
+    meaning: "sortLSH block size b = d (r = 7 sign bits) + m = d uniform key samples shared by all queries (n/m weights, own block masked): ≈ 2d keys per query",
+    random: true,
+    ..MethodInfo::BASE
 };
 
 impl Method for HyperAttention {
@@ -334,7 +345,7 @@ pub(crate) mod tests {
 
     /// At every d of `ds` (a budget whose blocks and samples cover every key), `m` is exact
     /// attention to 1e-12 on a §6.3.4 head.
-    pub(crate) fn assert_covering_budget_is_exact(m: &dyn Method, ds: &[usize]) {
+    fn assert_covering_budget_is_exact(m: &dyn Method, ds: &[usize]) {
         let h = synthetic(128, 16, 0.5, 1);
         for &d in ds {
             let e = err(&h, &run_seeded(m, &h, d, 2).output);
@@ -344,7 +355,7 @@ pub(crate) mod tests {
 
     /// Every row of `m`'s weights is a distribution (n = 96), and f32 on a ragged n = 300
     /// (b = 64) stays finite.
-    pub(crate) fn assert_weights_are_distributions_and_f32_is_finite(m: &dyn Method) {
+    fn assert_weights_are_distributions_and_f32_is_finite(m: &dyn Method) {
         let h = synthetic(96, 8, 1.0, 4);
         assert_rows_are_distributions(&weight_matrix(m, &h, 16, 5), 1e-12);
         let h32 = in_f32(&synthetic(300, 16, 0.5, 6));
@@ -352,10 +363,18 @@ pub(crate) mod tests {
     }
 
     /// `m` is a function of its seed, and its error at seed 11 (n = 256, d = 16) is `pinned`.
-    pub(crate) fn assert_seeded_with_pinned_error(m: &dyn Method, pinned: f64) {
+    fn assert_seeded_with_pinned_error(m: &dyn Method, pinned: f64) {
         let h = synthetic(256, 16, 0.5, 8);
         let e = err(&h, &assert_seed_determines_output(m, &h, 16, 11).output);
         assert!((e - pinned).abs() < 1e-9 * pinned, "{} {e}", m.id());
+    }
+
+    /// The basic checks of a sortLSH-blocks-plus-samples method: exact attention at the
+    /// covering budgets `covering`, weights and f32, and the error `pinned` at seed 11.
+    pub(crate) fn assert_sort_lsh_basics(m: &dyn Method, covering: &[usize], pinned: f64) {
+        assert_covering_budget_is_exact(m, covering);
+        assert_weights_are_distributions_and_f32_is_finite(m);
+        assert_seeded_with_pinned_error(m, pinned);
     }
 
     /// With Ω (hence the blocks) fixed, fresh samples from `draw` each trial: the mean of
@@ -414,21 +433,12 @@ pub(crate) mod tests {
         }
     }
 
+    /// Exact at a covering budget, weights that are distributions, finite in f32, and a
+    /// function of the seed with its pinned error.
     #[test]
-    fn covering_budget_is_exact_attention() {
-        assert_covering_budget_is_exact(&HyperAttention::reference(), &[128, 500]);
+    fn covering_budget_weights_and_seed() {
+        assert_sort_lsh_basics(&HyperAttention::reference(), &[128, 500], 6.411626894300392);
     }
-
-    #[test]
-    fn rows_of_weights_are_distributions_and_f32_is_finite() {
-        assert_weights_are_distributions_and_f32_is_finite(&HyperAttention::reference());
-    }
-
-    #[test]
-    fn seeded_and_reproducible() {
-        assert_seeded_with_pinned_error(&HyperAttention::reference(), PINNED_ERR);
-    }
-    const PINNED_ERR: f64 = 6.411626894300392;
 
     #[test]
     fn denominator_is_unbiased_given_the_blocks() {

@@ -35,10 +35,10 @@ use anyhow::{ensure, Result};
 use candle_core::{Tensor, D};
 
 use super::hyperattention::{
-    block_and_sample_macs, block_size, blocks_plus_samples, draw_omega, BlockSampleOutput, Samples,
+    block_and_sample_macs, blocks_plus_samples, draw_blocks, BlockSampleOutput, Samples,
 };
 use crate::attention::{ones_col, Approximation, Family, HeadInputs, Method, MethodInfo};
-use crate::numerics::lsh::{sort_lsh_blocks, BucketOrder};
+use crate::numerics::lsh::BucketOrder;
 use crate::numerics::sampling::{weighted_with_replacement, TrialRng};
 use crate::numerics::spectral::exact_lambda_max;
 use crate::tensor_util::{to_dmatrix, to_vec_f64};
@@ -82,10 +82,8 @@ impl KdeFormer {
         d: usize,
         rng: &mut TrialRng,
     ) -> Result<BlockSampleOutput> {
-        let n = head.n();
         let w = head.memo("kdeformer_weights", || value_norm_weights(&head.v))?;
-        let omega = draw_omega(rng, head)?;
-        let blocks = sort_lsh_blocks(&head.q, &head.k, &omega, block_size(n, d), self.order)?;
+        let blocks = draw_blocks(rng, head, d, self.order)?;
         let m = d.max(1);
         let total: f64 = w.iter().sum();
         let keys = weighted_with_replacement(rng, &w, m);
@@ -98,11 +96,11 @@ impl KdeFormer {
 }
 
 const KDE_FORMER: MethodInfo = MethodInfo {
-        id: "kdeformer",
-        family: Family::Sampling,
-        meaning: "sortLSH block size b = d (r = 7) + m = d key samples from π_j ∝ ‖v'_j‖/‖V'‖₂² + 1/n shared by all queries (1/(mπ) weights, own block masked): ≈ 2d keys per query",
-        random: true,
-        ..MethodInfo::BASE
+    id: "kdeformer",
+    family: Family::Sampling,
+    meaning: "sortLSH block size b = d (r = 7) + m = d key samples from π_j ∝ ‖v'_j‖/‖V'‖₂² + 1/n shared by all queries (1/(mπ) weights, own block masked): ≈ 2d keys per query",
+    random: true,
+    ..MethodInfo::BASE
 };
 
 impl Method for KdeFormer {
@@ -167,21 +165,12 @@ mod tests {
         assert_close_per_entry(&got, &want, 1e-10);
     }
 
+    /// Exact at a covering budget, weights that are distributions, finite in f32, and a
+    /// function of the seed with its pinned error.
     #[test]
-    fn covering_budget_is_exact_attention() {
-        assert_covering_budget_is_exact(&KdeFormer::reference(), &[128, 300]);
+    fn covering_budget_weights_and_seed() {
+        assert_sort_lsh_basics(&KdeFormer::reference(), &[128, 300], 8.419469267656595);
     }
-
-    #[test]
-    fn rows_of_weights_are_distributions_and_f32_is_finite() {
-        assert_weights_are_distributions_and_f32_is_finite(&KdeFormer::reference());
-    }
-
-    #[test]
-    fn seeded_and_reproducible() {
-        assert_seeded_with_pinned_error(&KdeFormer::reference(), PINNED_ERR);
-    }
-    const PINNED_ERR: f64 = 8.419469267656595;
 
     #[test]
     fn denominator_is_unbiased_given_the_blocks() {

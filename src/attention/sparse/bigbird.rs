@@ -107,11 +107,11 @@ pub fn visited_pairs(n: usize, d: usize) -> f64 {
 }
 
 const BIG_BIRD: MethodInfo = MethodInfo {
-        id: "bigbird",
-        family: Family::Sparse,
-        meaning: "block size b = max(1, ⌊d/4⌋): 2 global + 3 window + 3 random blocks, 8b = 2d keys per middle row",
-        random: true,
-        ..MethodInfo::BASE
+    id: "bigbird",
+    family: Family::Sparse,
+    meaning: "block size b = max(1, ⌊d/4⌋): 2 global + 3 window + 3 random blocks, 8b = 2d keys per middle row",
+    random: true,
+    ..MethodInfo::BASE
 };
 
 impl Method for BigBird {

@@ -207,11 +207,11 @@ fn union_from_rounds(
 }
 
 const REFORMER: MethodInfo = MethodInfo {
-        id: "reformer",
-        family: Family::Sparse,
-        meaning: "chunk length c = ⌊d/2⌋ of 2 angular-LSH rounds (chunk + previous chunk): d keys per round, d…2d in the union",
-        random: true,
-        ..MethodInfo::BASE
+    id: "reformer",
+    family: Family::Sparse,
+    meaning: "chunk length c = ⌊d/2⌋ of 2 angular-LSH rounds (chunk + previous chunk): d keys per round, d…2d in the union",
+    random: true,
+    ..MethodInfo::BASE
 };
 
 impl Method for Reformer {

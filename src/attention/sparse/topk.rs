@@ -152,13 +152,13 @@ pub fn key_sets(q: &Tensor, k: &Tensor, d: usize) -> Result<Vec<Vec<usize>>> {
 const RANK_FOR_D: usize = 256;
 
 const TOP_K: MethodInfo = MethodInfo {
-        id: "topk",
-        family: Family::Sparse,
-        meaning: "oracle (quadratic): keeps the 2d largest logits per query (min(2d, n)), ties to the lower key index",
-        random: false,
-        oracle: true,
-        masks: MethodInfo::BOTH_MASKS,
-        ..MethodInfo::BASE
+    id: "topk",
+    family: Family::Sparse,
+    meaning: "oracle (quadratic): keeps the 2d largest logits per query (min(2d, n)), ties to the lower key index",
+    random: false,
+    oracle: true,
+    masks: MethodInfo::BOTH_MASKS,
+    ..MethodInfo::BASE
 };
 
 impl Method for TopK {

@@ -88,12 +88,12 @@ pub fn causal_visited_pairs(n: usize, d: usize) -> f64 {
 }
 
 const WINDOW: MethodInfo = MethodInfo {
-        id: "window",
-        family: Family::Sparse,
-        meaning: "one-sided half-width of a token-centred window, |i − j| ≤ d (2d+1 keys inside, d+1 at the ends)",
-        random: false,
-        masks: MethodInfo::BOTH_MASKS,
-        ..MethodInfo::BASE
+    id: "window",
+    family: Family::Sparse,
+    meaning: "one-sided half-width of a token-centred window, |i − j| ≤ d (2d+1 keys inside, d+1 at the ends)",
+    random: false,
+    masks: MethodInfo::BOTH_MASKS,
+    ..MethodInfo::BASE
 };
 
 impl Method for Window {
