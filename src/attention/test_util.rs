@@ -72,6 +72,13 @@ pub fn assert_seed_determines_output(
     a
 }
 
+/// ‖O − Ô‖₂: the spectral error of `o` against the head's exact attention.
+pub fn exact_error(h: &HeadInputs, o: &candle_core::Tensor) -> f64 {
+    crate::numerics::spectral::error_norms(&h.exact().unwrap().output, o)
+        .unwrap()
+        .spectral
+}
+
 /// Every entry of `t` is finite.
 pub fn assert_all_finite(t: &candle_core::Tensor) {
     let v = t.flatten_all().unwrap().to_dtype(DType::F64).unwrap();

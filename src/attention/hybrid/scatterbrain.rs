@@ -322,12 +322,7 @@ mod tests {
     use super::*;
     use crate::attention::sampling::hyperattention::tests::synthetic;
     use crate::attention::test_util::*;
-    use crate::numerics::spectral::error_norms;
     use rand::SeedableRng;
-
-    fn err(h: &HeadInputs, o: &Tensor) -> f64 {
-        error_norms(&h.exact().unwrap().output, o).unwrap().spectral
-    }
 
     /// The paper's dense formula in f64 with an n×n support mask (test only): Â = A on 𝒮 and
     /// φ(q̃_i)·φ(k̃_j) (unshifted, ε = 0) off 𝒮, Ô = diag(Â1)⁻¹ÂV; the support rebuilt here
@@ -438,7 +433,7 @@ mod tests {
         for m in [Scatterbrain::smyrf(), Scatterbrain::local()] {
             for d in [128, 300] {
                 let o = run_seeded(&m, &h, d, 2).output;
-                assert!(err(&h, &o) < 1e-12, "{} d = {d}", m.id());
+                assert!(exact_error(&h, &o) < 1e-12, "{} d = {d}", m.id());
             }
         }
     }
@@ -472,7 +467,7 @@ mod tests {
     fn seeded_and_reproducible() {
         let h = synthetic(256, 16, 0.5, 8);
         let a = assert_seed_determines_output(&Scatterbrain::smyrf(), &h, 16, 11);
-        let e = err(&h, &a.output);
+        let e = exact_error(&h, &a.output);
         assert!((e - PINNED_ERR).abs() < 1e-9 * PINNED_ERR, "{e}");
         assert!(Scatterbrain::smyrf().check(512, 1).is_err());
     }
@@ -492,7 +487,7 @@ mod tests {
             let mut total = 0.0;
             for (hi, h) in heads.iter().enumerate() {
                 for s in 0..4 {
-                    total += err(h, &run_seeded(&m, h, d, (10 * hi + s) as u64).output);
+                    total += exact_error(h, &run_seeded(&m, h, d, (10 * hi + s) as u64).output);
                 }
             }
             total / 16.0

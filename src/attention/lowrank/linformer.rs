@@ -140,6 +140,7 @@ impl Method for Linformer {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::attention::test_util::exact_error;
     use crate::numerics::spectral::error_norms;
     use crate::tensor_util::test_device;
     use rand::SeedableRng;
@@ -154,12 +155,7 @@ mod tests {
         let h = head(48, 8, 1, DType::F64);
         let eye = Tensor::eye(48, DType::F64, &test_device()).unwrap();
         let out = with_projection(&h.q, &h.k, &h.v, &eye).unwrap();
-        assert!(
-            error_norms(&h.exact().unwrap().output, &out)
-                .unwrap()
-                .spectral
-                < 1e-12
-        );
+        assert!(exact_error(&h, &out) < 1e-12);
         // The unreduced JLT with S = I (d = n) is P·V = O as well.
         let out = with_sketch(
             &h.q,
@@ -169,12 +165,7 @@ mod tests {
             &eye,
         )
         .unwrap();
-        assert!(
-            error_norms(&h.exact().unwrap().output, &out)
-                .unwrap()
-                .spectral
-                < 1e-12
-        );
+        assert!(exact_error(&h, &out) < 1e-12);
     }
 
     #[test]
@@ -214,9 +205,7 @@ mod tests {
             acc = (acc + m.approximate(&h, 4, &mut rng).unwrap().output).unwrap();
         }
         let mean = (acc / trials as f64).unwrap();
-        let bias = error_norms(&h.exact().unwrap().output, &mean)
-            .unwrap()
-            .spectral;
+        let bias = exact_error(&h, &mean);
         let single = error_norms(
             &h.exact().unwrap().output,
             &m.approximate(&h, 4, &mut rng).unwrap().output,

@@ -91,6 +91,7 @@ impl Method for Nystromformer {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::attention::test_util::exact_error;
     use crate::tensor_util::test_device;
     use crate::tensor_util::{from_dmatrix, to_dmatrix};
     use candle_core::DType;
@@ -234,9 +235,7 @@ mod tests {
                 .approximate(&h, d, &mut TrialRng::seed_from_u64(0))
                 .unwrap()
                 .output;
-            crate::numerics::spectral::error_norms(&h.exact().unwrap().output, &o)
-                .unwrap()
-                .spectral
+            exact_error(&h, &o)
         };
         assert!(err(n / 2) > 0.0 && err(n / 2) < err(1));
     }

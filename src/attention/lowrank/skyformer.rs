@@ -264,7 +264,7 @@ impl Method for Skyformer {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use crate::tensor_util::test_device;
     use crate::tensor_util::{from_dmatrix, to_dmatrix};
@@ -277,23 +277,24 @@ mod tests {
         from_dmatrix(m, &test_device(), dtype).unwrap()
     }
 
-    /// Independent dense construction: Ā = exp(XXᵀ) (no shift), Ā̃ = ĀS·core·SᵀĀ with
-    /// core = (SᵀĀS)^† (nalgebra SVD) or (SᵀĀS + γI)⁻¹ (LU), Ã its upper-right block.
-    fn dense(
+    /// The upper-right n×n block of the dense Nyström completion K̄S·core·SᵀK̄ of a 2n×2n kernel
+    /// matrix K̄ = `kernel(X)` on X = [Q̃; K̃] (x̃ = x·p^{-1/4}) with the landmark columns `sel`,
+    /// core = (SᵀK̄S)^† (nalgebra SVD) or (SᵀK̄S + γI)⁻¹ (LU): Eq. (5) built independently.
+    pub(crate) fn dense_completion(
         q: &DMatrix<f64>,
         k: &DMatrix<f64>,
-        v: &DMatrix<f64>,
         sel: &[usize],
         gamma: Option<f64>,
-    ) -> (DMatrix<f64>, Vec<f64>) {
+        kernel: impl Fn(&DMatrix<f64>) -> DMatrix<f64>,
+    ) -> DMatrix<f64> {
         let (n, p) = q.shape();
         let s = (p as f64).powf(-0.25);
         let mut x = DMatrix::zeros(2 * n, p);
         x.rows_mut(0, n).copy_from(&(q * s));
         x.rows_mut(n, n).copy_from(&(k * s));
-        let abar = (&x * x.transpose()).map(f64::exp);
-        let cols = abar.select_columns(sel); // ĀS
-        let core = cols.select_rows(sel); // SᵀĀS
+        let kbar = kernel(&x);
+        let cols = kbar.select_columns(sel); // K̄S
+        let core = cols.select_rows(sel); // SᵀK̄S
         let w = match gamma {
             None => core.pseudo_inverse(1e-12).unwrap(),
             Some(g) => (core + DMatrix::identity(sel.len(), sel.len()) * g)
@@ -301,7 +302,20 @@ mod tests {
                 .unwrap(),
         };
         let full = &cols * w * cols.transpose();
-        let a = full.view((0, n), (n, n)).into_owned();
+        full.view((0, n), (n, n)).into_owned()
+    }
+
+    /// Independent dense construction: Ā = exp(XXᵀ) (no shift), Ā̃ = ĀS·core·SᵀĀ, Ã its
+    /// upper-right block; Ô = D̃⁻¹ÃV with D̃ = Ã1.
+    fn dense(
+        q: &DMatrix<f64>,
+        k: &DMatrix<f64>,
+        v: &DMatrix<f64>,
+        sel: &[usize],
+        gamma: Option<f64>,
+    ) -> (DMatrix<f64>, Vec<f64>) {
+        let a = dense_completion(q, k, sel, gamma, |x| (x * x.transpose()).map(f64::exp));
+        let n = a.nrows();
         let den: Vec<f64> = (0..n).map(|i| a.row(i).sum()).collect();
         let mut out = &a * v;
         for (mut row, &di) in out.row_iter_mut().zip(&den) {
@@ -310,7 +324,30 @@ mod tests {
         (out, den)
     }
 
-    fn max_rel(a: &DMatrix<f64>, b: &DMatrix<f64>) -> f64 {
+    /// The core with every row of X as a landmark (S = I₂ₙ), under the pseudo-inverse.
+    pub(crate) fn core_on_every_landmark(h: &HeadInputs, kernel: CoreKernel) -> (Tensor, Tensor) {
+        let all: Vec<usize> = (0..h.n()).collect();
+        let ops = Operands::of(h).unwrap();
+        skyformer_core(&ops, &all, &all, CoreInverse::Pinv, kernel).unwrap()
+    }
+
+    /// From `seed`, `draw` splits d landmarks of n rows as `(d, (from Q̃, from K̃))` says, every
+    /// index below n.
+    pub(crate) fn assert_landmark_split(
+        draw: impl Fn(&mut TrialRng, usize, usize) -> (Vec<usize>, Vec<usize>),
+        seed: u64,
+        n: usize,
+        cases: &[(usize, (usize, usize))],
+    ) {
+        let mut rng = TrialRng::seed_from_u64(seed);
+        for &(d, split) in cases {
+            let (iq, ik) = draw(&mut rng, n, d);
+            assert_eq!((iq.len(), ik.len()), split, "d = {d}");
+            assert!(iq.iter().chain(&ik).all(|&i| i < n));
+        }
+    }
+
+    pub(crate) fn max_rel(a: &DMatrix<f64>, b: &DMatrix<f64>) -> f64 {
         (a - b).abs().max() / b.abs().max()
     }
 
@@ -402,15 +439,7 @@ mod tests {
             tensor(&v, DType::F64),
         )
         .unwrap();
-        let all: Vec<usize> = (0..n).collect();
-        let (out, den) = skyformer_core(
-            &Operands::of(&head).unwrap(),
-            &all,
-            &all,
-            CoreInverse::Pinv,
-            CoreKernel::Softmax,
-        )
-        .unwrap();
+        let (out, den) = core_on_every_landmark(&head, CoreKernel::Softmax);
         let exact = to_dmatrix(&head.exact().unwrap().output).unwrap();
         assert!(max_rel(&to_dmatrix(&out).unwrap(), &exact) < 1e-7);
         assert!(den.to_vec1::<f64>().unwrap().iter().all(|&x| x > 0.0));
@@ -530,12 +559,7 @@ mod tests {
 
     #[test]
     fn landmark_split_and_metadata() {
-        let mut rng = TrialRng::seed_from_u64(7);
-        let (iq, ik) = draw_landmarks(&mut rng, 10, 7);
-        assert_eq!((iq.len(), ik.len()), (4, 3));
-        assert!(iq.iter().chain(&ik).all(|&i| i < 10));
-        let (iq, ik) = draw_landmarks(&mut rng, 10, 1);
-        assert_eq!((iq.len(), ik.len()), (1, 0));
+        assert_landmark_split(draw_landmarks, 7, 10, &[(7, (4, 3)), (1, (1, 0))]);
         assert_eq!(Skyformer::pseudo_inverse().id(), "skyformer");
         assert_eq!(Skyformer::iterative().id(), "skyformer_iter");
         assert_eq!(

@@ -297,7 +297,7 @@ impl Method for SvdOptimal {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::numerics::spectral::error_norms;
+    use crate::attention::test_util::exact_error;
     use crate::tensor_util::test_device;
 
     use crate::attention::test_util::{gauss, out_matrix};
@@ -321,9 +321,7 @@ mod tests {
             .approximate(head, d, &mut TrialRng::seed_from_u64(0))
             .unwrap()
             .output;
-        error_norms(&head.exact().unwrap().output, &o)
-            .unwrap()
-            .spectral
+        exact_error(&head, &o)
     }
 
     #[test]
@@ -337,12 +335,7 @@ mod tests {
         assert!(errs[95] == 0.0 && err(&head, 500) == 0.0); // d ≥ n returns O
                                                             // The full factor itself reproduces O = PV to rounding.
         let f = exact_factor(&attention_matrix(&head).unwrap(), &head.v).unwrap();
-        assert!(
-            error_norms(&head.exact().unwrap().output, &f.output(96).unwrap())
-                .unwrap()
-                .spectral
-                < 1e-12
-        );
+        assert!(exact_error(&head, &f.output(96).unwrap()) < 1e-12);
     }
 
     #[test]
@@ -384,9 +377,7 @@ mod tests {
             let kf = krylov_factor(&p, &head.v, 64).unwrap();
             assert_eq!(kf.max_d, 64);
             for d in [1, 8, 16, 32, 64] {
-                let er = error_norms(&head.exact().unwrap().output, &kf.output(d).unwrap())
-                    .unwrap()
-                    .spectral;
+                let er = exact_error(&head, &kf.output(d).unwrap());
                 let ee = err(&head, d);
                 assert!(
                     (er - ee).abs() <= 1e-6 * ee,
@@ -409,9 +400,7 @@ mod tests {
         // Through the method, such an n gets the exact SVD: errors equal the exact factor's.
         let ex = exact_factor(&p, &head.v).unwrap();
         for d in [8, 40] {
-            let ee = error_norms(&head.exact().unwrap().output, &ex.output(d).unwrap())
-                .unwrap()
-                .spectral;
+            let ee = exact_error(&head, &ex.output(d).unwrap());
             assert_eq!(err(&head, d), ee, "d={d}");
         }
     }

@@ -242,14 +242,8 @@ pub(crate) mod tests {
     use super::*;
     use crate::attention::test_util::*;
     use crate::numerics::lsh::gray_code;
-    use crate::numerics::spectral::error_norms;
     use candle_core::DType;
     use rand::SeedableRng;
-
-    /// ‖O − Ô‖₂ against the head's exact attention.
-    pub(crate) fn err(h: &HeadInputs, o: &Tensor) -> f64 {
-        error_norms(&h.exact().unwrap().output, o).unwrap().spectral
-    }
 
     /// A head with iid N(0, std²) entries (§6.3.4's synthetic data: std = 0.5).
     pub(crate) fn synthetic(n: usize, p: usize, std: f64, seed: u64) -> HeadInputs {
@@ -348,7 +342,7 @@ pub(crate) mod tests {
     fn assert_covering_budget_is_exact(m: &dyn Method, ds: &[usize]) {
         let h = synthetic(128, 16, 0.5, 1);
         for &d in ds {
-            let e = err(&h, &run_seeded(m, &h, d, 2).output);
+            let e = exact_error(&h, &run_seeded(m, &h, d, 2).output);
             assert!(e < 1e-12, "{} d = {d}: {e}", m.id());
         }
     }
@@ -365,7 +359,7 @@ pub(crate) mod tests {
     /// `m` is a function of its seed, and its error at seed 11 (n = 256, d = 16) is `pinned`.
     fn assert_seeded_with_pinned_error(m: &dyn Method, pinned: f64) {
         let h = synthetic(256, 16, 0.5, 8);
-        let e = err(&h, &assert_seed_determines_output(m, &h, 16, 11).output);
+        let e = exact_error(&h, &assert_seed_determines_output(m, &h, 16, 11).output);
         assert!((e - pinned).abs() < 1e-9 * pinned, "{} {e}", m.id());
     }
 
@@ -419,7 +413,7 @@ pub(crate) mod tests {
             let mut total = 0.0;
             for (hi, h) in heads.iter().enumerate() {
                 for s in 0..2 {
-                    total += err(h, &run_seeded(m, h, d, (10 * hi + s) as u64).output);
+                    total += exact_error(h, &run_seeded(m, h, d, (10 * hi + s) as u64).output);
                 }
             }
             let mean = total / 4.0;

@@ -271,6 +271,7 @@ impl Method for Skeinformer {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::attention::test_util::exact_error;
     use crate::attention::test_util::{
         assert_all_finite, assert_seed_determines_output, in_f32, run_seeded, vmean_error,
     };
@@ -387,12 +388,7 @@ mod tests {
         let k = from_f64(kv, (n, p), &test_device(), DType::F64).unwrap();
         let h = HeadInputs::new(h0.q.clone(), k, h0.v.clone()).unwrap();
         let (r, _) = rows_from_columns(&h.q, &h.k, &h.v, &[0, 1], RowNorm::Adaptive).unwrap();
-        assert!(
-            error_norms(&h.exact().unwrap().output, &r)
-                .unwrap()
-                .spectral
-                < 1e-12
-        );
+        assert!(exact_error(&h, &r) < 1e-12);
     }
 
     #[test]
@@ -526,9 +522,7 @@ mod tests {
                 )
                 .unwrap();
             assert_eq!(run.cols.len(), 127);
-            let err = error_norms(&h64.exact().unwrap().output, &run.output)
-                .unwrap()
-                .spectral;
+            let err = exact_error(&h64, &run.output);
             if variant == SkeinVariant::NoNorm {
                 // The only error is the missing column: E = P[:, j*]·v_{j*}ᵀ, of norm ‖P[:, j*]‖·‖v_{j*}‖.
                 let j = (0..128).find(|j| !run.cols.contains(j)).unwrap();
