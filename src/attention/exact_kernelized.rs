@@ -42,20 +42,18 @@ impl Method for ExactKernelized {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::attention::test_util::{random_head, run_seeded};
-    use crate::numerics::spectral::{error_norms, matrix_norms};
+    use crate::attention::test_util::{in_f32, random_head, relative_errors, run_seeded};
     use candle_core::DType;
 
     #[test]
     fn equals_the_f64_target_in_f64_and_carries_f32_rounding_only_in_f32() {
         let h = random_head(200, 16, 1, DType::F64);
         let target = h.kernelized().unwrap();
-        let out = run_seeded(&ExactKernelized, &h, 8, 0).output;
-        assert_eq!(error_norms(target, &out).unwrap().spectral, 0.0);
-        let h32 = crate::attention::test_util::in_f32(&h);
-        let out32 = run_seeded(&ExactKernelized, &h32, 8, 0).output;
-        let rel =
-            error_norms(target, &out32).unwrap().spectral / matrix_norms(target).unwrap().spectral;
-        assert!(rel > 0.0 && rel < 1e-6, "{rel}");
+        let rel = |head: &HeadInputs| {
+            relative_errors(target, &run_seeded(&ExactKernelized, head, 8, 0).output)[0]
+        };
+        assert_eq!(rel(&h), 0.0);
+        let rel32 = rel(&in_f32(&h));
+        assert!(rel32 > 0.0 && rel32 < 1e-6, "{rel32}");
     }
 }

@@ -79,6 +79,31 @@ pub fn exact_error(h: &HeadInputs, o: &candle_core::Tensor) -> f64 {
         .spectral
 }
 
+/// ‖target − out‖ / ‖target‖ in the spectral and the Frobenius norm.
+pub fn relative_errors(target: &candle_core::Tensor, out: &candle_core::Tensor) -> [f64; 2] {
+    use crate::numerics::spectral::{error_norms, matrix_norms};
+    let (err, norm) = (
+        error_norms(target, out).unwrap(),
+        matrix_norms(target).unwrap(),
+    );
+    [err.spectral / norm.spectral, err.frobenius / norm.frobenius]
+}
+
+/// One row of a dense host reference: Σ_j a_j·v_j / Σ_j a_j over the row's `(a_j, j)` terms,
+/// accumulated in their order.
+pub fn weighted_mean_row(
+    v: &[Vec<f64>],
+    terms: impl IntoIterator<Item = (f64, usize)>,
+) -> Vec<f64> {
+    let mut num = vec![0.0; v[0].len()];
+    let mut den = 0.0;
+    for (a, j) in terms {
+        den += a;
+        num.iter_mut().zip(&v[j]).for_each(|(x, y)| *x += a * y);
+    }
+    num.iter().map(|x| x / den).collect()
+}
+
 /// Every entry of `t` is finite.
 pub fn assert_all_finite(t: &candle_core::Tensor) {
     let v = t.flatten_all().unwrap().to_dtype(DType::F64).unwrap();

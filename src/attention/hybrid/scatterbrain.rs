@@ -388,25 +388,18 @@ mod tests {
             r.clone().for_each(|t| gq[qo[t]] = b);
             r.for_each(|t| gk[ko[t]] = b);
         }
+        let dot = |a: &[f64], b: &[f64]| a.iter().zip(b).map(|(x, y)| x * y).sum::<f64>();
         (0..n)
             .map(|i| {
-                let mut num = vec![0.0; v[0].len()];
-                let mut den = 0.0;
-                for j in 0..n {
+                let terms = (0..n).map(|j| {
                     let a = if gq[i] == gk[j] {
-                        qt[i]
-                            .iter()
-                            .zip(&kt[j])
-                            .map(|(x, y)| x * y)
-                            .sum::<f64>()
-                            .exp()
+                        dot(&qt[i], &kt[j]).exp()
                     } else {
-                        pq[i].iter().zip(&pk[j]).map(|(x, y)| x * y).sum::<f64>()
+                        dot(&pq[i], &pk[j])
                     };
-                    den += a;
-                    num.iter_mut().zip(&v[j]).for_each(|(x, y)| *x += a * y);
-                }
-                num.iter().map(|x| x / den).collect()
+                    (a, j)
+                });
+                weighted_mean_row(&v, terms)
             })
             .collect()
     }

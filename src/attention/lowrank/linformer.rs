@@ -140,15 +140,12 @@ impl Method for Linformer {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::attention::test_util::exact_error;
     use crate::numerics::spectral::error_norms;
     use crate::tensor_util::test_device;
     use rand::SeedableRng;
 
     use crate::attention::test_util::random_head as head;
-    use crate::attention::test_util::{
-        assert_all_finite, assert_seed_determines_output, in_f32, run_seeded,
-    };
+    use crate::attention::test_util::*;
 
     #[test]
     fn identity_projection_is_exact() {

@@ -56,7 +56,6 @@ impl Method for ColumnUniform {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::attention::test_util::exact_error;
 
     use crate::numerics::spectral::error_norms;
 
@@ -64,9 +63,7 @@ mod tests {
     use rand::SeedableRng;
 
     use crate::attention::test_util::random_head as head;
-    use crate::attention::test_util::{
-        assert_all_finite, assert_seed_determines_output, in_f32, run_seeded,
-    };
+    use crate::attention::test_util::*;
 
     #[test]
     fn all_keys_is_exact() {

@@ -299,22 +299,14 @@ pub(crate) mod tests {
         let sc = 1.0 / (p as f64).sqrt();
         (0..n)
             .map(|i| {
-                let mut num = vec![0.0; v[0].len()];
-                let mut den = 0.0;
-                for j in (0..n).filter(|&j| bk[j] == bq[i]) {
-                    let a = (dot(&q[i], &k[j]) * sc).exp();
-                    den += a;
-                    num.iter_mut().zip(&v[j]).for_each(|(x, y)| *x += a * y);
-                }
-                for (&j, &w) in keys.iter().zip(weights) {
-                    if mask && bk[j] == bq[i] {
-                        continue;
-                    }
-                    let a = w * (dot(&q[i], &k[j]) * sc).exp();
-                    den += a;
-                    num.iter_mut().zip(&v[j]).for_each(|(x, y)| *x += a * y);
-                }
-                num.iter().map(|x| x / den).collect()
+                let a = |j: usize| (dot(&q[i], &k[j]) * sc).exp(); // e^{q_i·k_j/√p}
+                let block = (0..n).filter(|&j| bk[j] == bq[i]).map(|j| (a(j), j));
+                let sampled = keys
+                    .iter()
+                    .zip(weights)
+                    .filter(|&(&j, _)| !(mask && bk[j] == bq[i]))
+                    .map(|(&j, &w)| (w * a(j), j));
+                weighted_mean_row(&v, block.chain(sampled))
             })
             .collect()
     }
