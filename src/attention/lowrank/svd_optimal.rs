@@ -321,7 +321,7 @@ mod tests {
             .approximate(head, d, &mut TrialRng::seed_from_u64(0))
             .unwrap()
             .output;
-        exact_error(&head, &o)
+        exact_error(head, &o)
     }
 
     #[test]

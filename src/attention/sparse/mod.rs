@@ -141,7 +141,7 @@ mod tests {
                     .map(|(s, h)| {
                         let mut rng = TrialRng::seed_from_u64(s as u64);
                         let o = m.approximate(h, d, &mut rng).unwrap().output;
-                        exact_error(&h, &o)
+                        exact_error(h, &o)
                     })
                     .sum::<f64>()
                     / heads as f64;
