@@ -63,6 +63,21 @@ pub(crate) enum CoreInverse {
     Iterative { gamma: f64, steps: usize },
 }
 
+impl CoreInverse {
+    /// The paper's iterative inverse (γ = GAMMA, ITER_STEPS steps) or the pseudo-inverse: the
+    /// core of the `_iter` variants and of the others.
+    pub(crate) fn of_variant(iterative: bool) -> Self {
+        if iterative {
+            CoreInverse::Iterative {
+                gamma: GAMMA,
+                steps: ITER_STEPS,
+            }
+        } else {
+            CoreInverse::Pinv
+        }
+    }
+}
+
 /// Landmark rows: ⌈d/2⌉ from Q̃, ⌊d/2⌋ from K̃, iid uniform with replacement (Q indices drawn first).
 pub(crate) fn draw_landmarks(rng: &mut TrialRng, n: usize, d: usize) -> (Vec<usize>, Vec<usize>) {
     let iq = uniform_with_replacement(rng, n, d.div_ceil(2));
@@ -227,14 +242,7 @@ impl Method for Skyformer {
         rng: &mut TrialRng,
     ) -> Result<Approximation> {
         let (iq, ik) = draw_landmarks(rng, head.n(), d);
-        let inverse = if self.iterative {
-            CoreInverse::Iterative {
-                gamma: GAMMA,
-                steps: ITER_STEPS,
-            }
-        } else {
-            CoreInverse::Pinv
-        };
+        let inverse = CoreInverse::of_variant(self.iterative);
         let (out, den) = skyformer_core(
             &*Operands::of(head)?,
             &iq,
@@ -400,10 +408,7 @@ pub(crate) mod tests {
             tensor(&k, DType::F64),
             tensor(&v, DType::F64),
         );
-        let it = CoreInverse::Iterative {
-            gamma: GAMMA,
-            steps: ITER_STEPS,
-        };
+        let it = CoreInverse::of_variant(true);
         let ops = Operands::new(&tq, &tk, &tv).unwrap();
         let got = to_dmatrix(
             &skyformer_core(&ops, &iq, &ik, it, CoreKernel::Softmax)

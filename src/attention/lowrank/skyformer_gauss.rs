@@ -26,7 +26,7 @@
 
 use anyhow::Result;
 
-use super::skyformer::{skyformer_core, CoreInverse, CoreKernel, Operands, GAMMA, ITER_STEPS};
+use super::skyformer::{skyformer_core, CoreInverse, CoreKernel, Operands};
 use crate::attention::{Approximation, Family, HeadInputs, Method, MethodInfo};
 use crate::numerics::sampling::{uniform_with_replacement, TrialRng};
 
@@ -82,14 +82,7 @@ impl Method for SkyformerGauss {
     ) -> Result<Approximation> {
         self.check(head.n(), d).map_err(anyhow::Error::msg)?;
         let (iq, ik) = draw_gauss_landmarks(rng, head.n(), d);
-        let inverse = if self.iterative {
-            CoreInverse::Iterative {
-                gamma: GAMMA,
-                steps: ITER_STEPS,
-            }
-        } else {
-            CoreInverse::Pinv
-        };
+        let inverse = CoreInverse::of_variant(self.iterative);
         let (out, _) = skyformer_core(
             &*Operands::of(head)?,
             &iq,

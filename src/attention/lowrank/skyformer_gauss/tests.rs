@@ -2,6 +2,7 @@ use super::*;
 use crate::attention::lowrank::skyformer::tests::{
     assert_landmark_split, core_on_every_landmark, dense_completion, max_rel,
 };
+use crate::attention::lowrank::skyformer::GAMMA;
 use crate::attention::sampling::hyperattention::tests::synthetic;
 use crate::attention::test_util::{assert_seed_determines_output, gauss, random_head, run_seeded};
 use crate::attention::Target;
@@ -51,10 +52,7 @@ fn iterative_path_matches_the_dense_ridge_inverse() {
     let [q, k, v] = qkv(40, 16, 2);
     let (iq, ik) = (vec![0, 5, 9], vec![2, 17, 33, 39]);
     let ops = Operands::new(&tensor(&q), &tensor(&k), &tensor(&v)).unwrap();
-    let it = CoreInverse::Iterative {
-        gamma: GAMMA,
-        steps: ITER_STEPS,
-    };
+    let it = CoreInverse::of_variant(true);
     let (out, _) = skyformer_core(&ops, &iq, &ik, it, CoreKernel::Gaussian).unwrap();
     let sel: Vec<usize> = iq
         .iter()
