@@ -5,41 +5,24 @@
 
 use anyhow::Result;
 
-use super::{target, Approximation, Family, HeadInputs, Method, Target};
+use super::{target, Approximation, Family, HeadInputs, Method, MethodInfo};
 use crate::numerics::sampling::TrialRng;
 
 pub struct ExactKernelized;
 
+const EXACT_KERNELIZED: MethodInfo = MethodInfo {
+    id: "exact_kernelized",
+    family: Family::Reference,
+    meaning: "ignored: the exact O(n²) product C·V in the run's dtype",
+    random: false,
+    // Not an approximation: the exact product, a yardstick of cost and rounding.
+    oracle: true,
+    targets: MethodInfo::KERNELIZED,
+    ..MethodInfo::BASE
+};
+
 impl Method for ExactKernelized {
-    fn id(&self) -> &'static str {
-        "exact_kernelized"
-    }
-    fn family(&self) -> Family {
-        Family::Reference
-    }
-    /// Not an approximation: the exact product, a yardstick of cost and rounding.
-    fn is_oracle(&self) -> bool {
-        true
-    }
-    fn targets(&self) -> &'static [Target] {
-        &[Target::Kernelized]
-    }
-    fn feature_meaning(&self) -> &'static str {
-        "ignored: the exact O(n²) product C·V in the run's dtype"
-    }
-    fn is_random(&self) -> bool {
-        false
-    }
-    /// METHODS.md §6.4 summary: 2n²p (the n² exp are not MACs).
-    fn macs(&self, n: usize, p: usize, _d: usize) -> f64 {
-        2.0 * (n * n * p) as f64
-    }
-    fn approximate(
-        &self,
-        head: &HeadInputs,
-        _d: usize,
-        _rng: &mut TrialRng,
-    ) -> Result<Approximation> {
+    fn approximate(&self, head: &HeadInputs, _: usize, _: &mut TrialRng) -> Result<Approximation> {
         Ok(Approximation::plain(target::kernelized_output(
             &head.q,
             &head.k,
@@ -47,25 +30,30 @@ impl Method for ExactKernelized {
             head.dtype(),
         )?))
     }
+    /// METHODS.md §6.4 summary: 2n²p (the n² exp are not MACs).
+    fn macs(&self, n: usize, p: usize, _d: usize) -> f64 {
+        2.0 * (n * n * p) as f64
+    }
+    fn info(&self) -> Option<&'static MethodInfo> {
+        Some(&EXACT_KERNELIZED)
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::attention::test_util::{random_head, run_seeded};
-    use crate::numerics::spectral::{error_norms, matrix_norms};
+    use crate::attention::test_util::{in_f32, random_head, relative_errors, run_seeded};
     use candle_core::DType;
 
     #[test]
     fn equals_the_f64_target_in_f64_and_carries_f32_rounding_only_in_f32() {
         let h = random_head(200, 16, 1, DType::F64);
         let target = h.kernelized().unwrap();
-        let out = run_seeded(&ExactKernelized, &h, 8, 0).output;
-        assert_eq!(error_norms(target, &out).unwrap().spectral, 0.0);
-        let h32 = crate::attention::test_util::in_f32(&h);
-        let out32 = run_seeded(&ExactKernelized, &h32, 8, 0).output;
-        let rel =
-            error_norms(target, &out32).unwrap().spectral / matrix_norms(target).unwrap().spectral;
-        assert!(rel > 0.0 && rel < 1e-6, "{rel}");
+        let rel = |head: &HeadInputs| {
+            relative_errors(target, &run_seeded(&ExactKernelized, head, 8, 0).output)[0]
+        };
+        assert_eq!(rel(&h), 0.0);
+        let rel32 = rel(&in_f32(&h));
+        assert!(rel32 > 0.0 && rel32 < 1e-6, "{rel32}");
     }
 }

@@ -23,6 +23,8 @@ pub mod prefill;
 pub mod sampling;
 pub mod sparse;
 pub mod target;
+#[cfg(test)]
+pub(crate) mod test_util;
 pub mod vmean;
 pub mod zero;
 
@@ -257,23 +259,75 @@ impl Family {
     }
 }
 
-/// An attention approximation scored by the benchmark.
-pub trait Method: Send + Sync {
+/// What a method is, declared once beside it: the descriptive methods of [`Method`] (`id`,
+/// `family`, `is_oracle`, `feature_meaning`, `is_random`, `masks`, `targets`) read it through
+/// [`Method::info`]. A method without one (a user's own, or one written before this existed)
+/// implements those methods one by one instead.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MethodInfo {
     /// The CLI and CSV id.
-    fn id(&self) -> &'static str;
+    pub id: &'static str,
+    pub family: Family,
+    /// One line: what the feature count d means for this method.
+    pub meaning: &'static str,
+    /// Whether Ô depends on the random generator.
+    pub random: bool,
+    /// A quadratic oracle drawn as a reference curve (see [`Method::is_oracle`]).
+    pub oracle: bool,
+    /// The masks the method has a form for (see [`Method::masks`]).
+    pub masks: &'static [Mask],
+    /// The targets the method estimates (see [`Method::targets`]).
+    pub targets: &'static [Target],
+}
+
+impl MethodInfo {
+    /// The common case, to complete with `..`: not an oracle, bidirectional only, estimating
+    /// softmax attention (id, family, meaning and randomness are each method's own).
+    pub const BASE: MethodInfo = MethodInfo {
+        id: "",
+        family: Family::User,
+        meaning: "",
+        random: false,
+        oracle: false,
+        masks: &[Mask::None],
+        targets: &[Target::Softmax],
+    };
+    /// Both masks: a method with a causal form (METHODS.md §7.4).
+    pub const BOTH_MASKS: &'static [Mask] = &[Mask::None, Mask::Causal];
+    /// The kernelized target C·V only (METHODS.md §6.4).
+    pub const KERNELIZED: &'static [Target] = &[Target::Kernelized];
+}
+
+/// An attention approximation scored by the benchmark.
+///
+/// A registered method declares what it is in a [`MethodInfo`] ([`Method::info`]) and implements
+/// `macs` and `approximate`; the descriptive methods below read the info unless overridden.
+pub trait Method: Send + Sync {
+    /// What the method is, declared once; None for a method that implements the descriptive
+    /// methods itself (which it must then do: `id`, `feature_meaning` and `is_random` have no
+    /// answer without one).
+    fn info(&self) -> Option<&'static MethodInfo> {
+        None
+    }
+    /// The CLI and CSV id.
+    fn id(&self) -> &'static str {
+        required_info(self, "id").id
+    }
     /// The family the method belongs to. The default, `User`, is for methods defined outside
-    /// the crate (so that they need not know the taxonomy); every registered method overrides
-    /// it, which a test checks.
+    /// the crate (so that they need not know the taxonomy); every registered method declares
+    /// one, which a test checks.
     fn family(&self) -> Family {
-        Family::User
+        self.info().map_or(Family::User, |i| i.family)
     }
     /// Whether the method is a quadratic oracle drawn as a reference curve (`svd_optimal`,
     /// `topk`) rather than an efficient approximation; its d is a size, not a cost.
     fn is_oracle(&self) -> bool {
-        false
+        self.info().is_some_and(|i| i.oracle)
     }
     /// One line: what the feature count d means for this method.
-    fn feature_meaning(&self) -> &'static str;
+    fn feature_meaning(&self) -> &'static str {
+        required_info(self, "feature_meaning").meaning
+    }
     /// The targets the method estimates (METHODS.md §6.4.1: a method that row-normalises or is
     /// built from softmax blocks estimates softmax attention, not C·V). A user's own method
     /// (the default `Family::User`) is scored against whichever target the run has.
@@ -281,7 +335,9 @@ pub trait Method: Send + Sync {
     /// form is refused under the causal mask). A user's own method is told the run's mask
     /// (`HeadInputs::mask`) and may serve both.
     fn masks(&self) -> &'static [Mask] {
-        if self.family() == Family::User {
+        if let Some(info) = self.info() {
+            info.masks
+        } else if self.family() == Family::User {
             &[Mask::None, Mask::Causal]
         } else {
             &[Mask::None]
@@ -294,14 +350,18 @@ pub trait Method: Send + Sync {
         self.macs(n, p, d)
     }
     fn targets(&self) -> &'static [Target] {
-        if self.family() == Family::User {
+        if let Some(info) = self.info() {
+            info.targets
+        } else if self.family() == Family::User {
             &[Target::Softmax, Target::Kernelized]
         } else {
             &[Target::Softmax]
         }
     }
     /// Whether Ô depends on the random generator (deterministic methods give one value per head).
-    fn is_random(&self) -> bool;
+    fn is_random(&self) -> bool {
+        required_info(self, "is_random").random
+    }
     /// Leading multiply-add count (METHODS.md §2.11).
     fn macs(&self, n: usize, p: usize, d: usize) -> f64;
     /// Why (n, d) cannot be run, if it cannot.
@@ -321,6 +381,12 @@ pub trait Method: Send + Sync {
     fn approximate_trial(&self, head: &HeadInputs, d: usize, seed: u64) -> Result<Approximation> {
         self.approximate(head, d, &mut crate::numerics::sampling::rng_from_seed(seed))
     }
+}
+
+/// `m`'s info, for a descriptive method (`what`) that has no answer without it.
+fn required_info<M: Method + ?Sized>(m: &M, what: &str) -> &'static MethodInfo {
+    m.info()
+        .unwrap_or_else(|| panic!("a Method implements `info` or `{what}` (see MethodInfo)"))
 }
 
 /// Every method, in the order figures and tables list them.
@@ -450,220 +516,6 @@ pub fn quarter_scale(x: &Tensor, p: usize) -> Result<Tensor> {
 /// Ones column of length n, [n, 1].
 pub fn ones_col(n: usize, dtype: DType, device: &Device) -> Result<Tensor> {
     Ok(Tensor::ones((n, 1), dtype, device)?)
-}
-
-/// Helpers shared by the methods' tests.
-#[cfg(test)]
-pub(crate) mod test_util {
-    use crate::tensor_util::test_device;
-    use candle_core::DType;
-    use nalgebra::DMatrix;
-    use rand::SeedableRng;
-    use rand_distr::{Distribution, StandardNormal};
-
-    use super::{Approximation, HeadInputs, Method};
-    use crate::numerics::sampling::{normal_values, TrialRng};
-    use crate::tensor_util::from_f64;
-
-    /// An r×c matrix of iid N(0, std²) values.
-    pub fn gauss(rng: &mut TrialRng, r: usize, c: usize, std: f64) -> DMatrix<f64> {
-        DMatrix::from_fn(r, c, |_, _| {
-            let z: f64 = StandardNormal.sample(rng);
-            z * std
-        })
-    }
-
-    /// The same head with Q, K, V in f32 (its exact target recomputed in f32).
-    pub fn in_f32(h: &HeadInputs) -> HeadInputs {
-        let f = |t: &candle_core::Tensor| t.to_dtype(DType::F32).unwrap();
-        HeadInputs::new(f(&h.q), f(&h.k), f(&h.v)).unwrap()
-    }
-
-    /// `m` at d with the trial generator seeded by `seed`.
-    pub fn run_seeded(m: &dyn Method, h: &HeadInputs, d: usize, seed: u64) -> Approximation {
-        m.approximate(h, d, &mut TrialRng::seed_from_u64(seed))
-            .unwrap()
-    }
-
-    /// A randomized method is a function of its seed: `seed` twice gives the same Ô, `seed + 1`
-    /// another. Returns the run for `seed`.
-    pub fn assert_seed_determines_output(
-        m: &dyn Method,
-        h: &HeadInputs,
-        d: usize,
-        seed: u64,
-    ) -> Approximation {
-        let rows = |a: &Approximation| {
-            a.output
-                .to_dtype(DType::F64)
-                .unwrap()
-                .to_vec2::<f64>()
-                .unwrap()
-        };
-        let a = run_seeded(m, h, d, seed);
-        assert_eq!(
-            rows(&a),
-            rows(&run_seeded(m, h, d, seed)),
-            "{} not reproducible",
-            m.id()
-        );
-        assert_ne!(
-            rows(&a),
-            rows(&run_seeded(m, h, d, seed + 1)),
-            "{} ignores the seed",
-            m.id()
-        );
-        a
-    }
-
-    /// Every entry of `t` is finite.
-    pub fn assert_all_finite(t: &candle_core::Tensor) {
-        let v = t.flatten_all().unwrap().to_dtype(DType::F64).unwrap();
-        assert!(v.to_vec1::<f64>().unwrap().iter().all(|x| x.is_finite()));
-    }
-
-    /// ‖O − Ô_V-Mean‖₂ of a head (every row of Ô the mean of V).
-    pub fn vmean_error(h: &HeadInputs) -> f64 {
-        let mean =
-            h.v.mean_keepdim(0)
-                .unwrap()
-                .broadcast_as(h.v.shape())
-                .unwrap();
-        crate::numerics::spectral::error_norms(&h.exact().unwrap().output, &mean)
-            .unwrap()
-            .spectral
-    }
-
-    /// Q, K, V of a head as host f64 rows.
-    pub fn host_rows(h: &HeadInputs) -> [Vec<Vec<f64>>; 3] {
-        let r = |t: &candle_core::Tensor| -> Vec<Vec<f64>> {
-            t.to_dtype(DType::F64).unwrap().to_vec2().unwrap()
-        };
-        [r(&h.q), r(&h.k), r(&h.v)]
-    }
-
-    /// The weight matrix W (n×n) a restrict-and-renormalise method puts on the keys of `h`:
-    /// the method run on the same Q, K with V = I_n (so Ô = W·I = W), in `h`'s dtype.
-    pub fn weight_matrix(m: &dyn Method, h: &HeadInputs, d: usize, seed: u64) -> Vec<Vec<f64>> {
-        let n = h.n();
-        let eye = candle_core::Tensor::eye(n, h.dtype(), h.device()).unwrap();
-        let hw = HeadInputs::new(h.q.clone(), h.k.clone(), eye).unwrap();
-        let out = run_seeded(m, &hw, d, seed).output;
-        out.to_dtype(DType::F64).unwrap().to_vec2().unwrap()
-    }
-
-    /// Every row of W is a distribution: non-negative, summing to 1 within `tol`.
-    pub fn assert_rows_are_distributions(w: &[Vec<f64>], tol: f64) {
-        for (i, row) in w.iter().enumerate() {
-            assert!(
-                row.iter().all(|&x| x >= 0.0),
-                "row {i} has a negative weight"
-            );
-            let sum: f64 = row.iter().sum();
-            assert!((sum - 1.0).abs() < tol, "row {i} sums to {sum}");
-        }
-    }
-
-    /// Entry by entry, |got − want| ≤ rel·|want|.
-    pub fn assert_close_per_entry(got: &[Vec<f64>], want: &[Vec<f64>], rel: f64) {
-        assert_eq!(got.len(), want.len());
-        for (i, (g, w)) in got.iter().zip(want).enumerate() {
-            for (c, (a, b)) in g.iter().zip(w).enumerate() {
-                assert!(
-                    (a - b).abs() <= rel * b.abs(),
-                    "entry ({i}, {c}): {a} vs {b}"
-                );
-            }
-        }
-    }
-
-    /// The same head under the causal mask.
-    pub fn causal(h: &HeadInputs) -> HeadInputs {
-        HeadInputs::masked(
-            h.q.clone(),
-            h.k.clone(),
-            h.v.clone(),
-            crate::attention::Mask::Causal,
-        )
-        .unwrap()
-    }
-
-    /// A restrict-and-renormalise method under the causal mask against the dense float64 masked
-    /// softmax over the sets its definition gives, `visits(i, j, d)` (which must imply j ≤ i), for
-    /// each d: Ô entry by entry, the realised keys mean_i |S_i|, and the mass captured
-    /// mean_i Σ_{j∈S_i} P_ij with P the exact causal attention — all to 1e-10 in f64.
-    pub fn assert_causal_restricted(
-        m: &dyn Method,
-        h: &HeadInputs,
-        ds: &[usize],
-        visits: impl Fn(usize, usize, usize) -> bool,
-    ) {
-        use crate::numerics::key_sets::tests::dense_masked_softmax;
-        let h = causal(h);
-        let [q, k, v] = host_rows(&h);
-        let n = q.len();
-        let (_, log_d) = dense_masked_softmax(&q, &k, &v, |i, j| j <= i);
-        for &d in ds {
-            for i in 0..n {
-                for j in i + 1..n {
-                    assert!(!visits(i, j, d), "the definition visits a future key");
-                }
-            }
-            let (want, log_s) = dense_masked_softmax(&q, &k, &v, |i, j| visits(i, j, d));
-            let got = run_seeded(m, &h, d, 0);
-            let rows: Vec<Vec<f64>> = got.output.to_dtype(DType::F64).unwrap().to_vec2().unwrap();
-            let scale = want.iter().flatten().fold(0.0f64, |a, x| a.max(x.abs()));
-            for (i, (a, b)) in rows.iter().zip(&want).enumerate() {
-                for (x, y) in a.iter().zip(b) {
-                    assert!(
-                        (x - y).abs() <= 1e-10 * scale,
-                        "{} d = {d}, row {i}: {x} vs {y}",
-                        m.id()
-                    );
-                }
-            }
-            let keys = (0..n)
-                .map(|i| (0..n).filter(|&j| visits(i, j, d)).count())
-                .sum::<usize>() as f64
-                / n as f64;
-            let support = got
-                .support
-                .as_ref()
-                .expect("a restricted method reports its keys");
-            assert!(
-                (support.keys - keys).abs() < 1e-12,
-                "{} d = {d}: keys {} vs {keys}",
-                m.id(),
-                support.keys
-            );
-            let mass = (0..n).map(|i| (log_s[i] - log_d[i]).exp()).sum::<f64>() / n as f64;
-            let got_mass = got
-                .mass(h.exact().unwrap().log_rowsum().unwrap())
-                .unwrap()
-                .unwrap();
-            assert!(
-                (got_mass - mass).abs() < 1e-10,
-                "{} d = {d}: mass {got_mass} vs {mass}",
-                m.id()
-            );
-        }
-    }
-
-    /// A head with iid N(0, 1) Q, K, V of shape [n, p] from `seed`.
-    pub fn random_head(n: usize, p: usize, seed: u64, dtype: DType) -> HeadInputs {
-        let mut rng = TrialRng::seed_from_u64(seed);
-        let mut mk = || {
-            from_f64(
-                normal_values(&mut rng, n, p, 1.0),
-                (n, p),
-                &test_device(),
-                dtype,
-            )
-            .unwrap()
-        };
-        let (q, k, v) = (mk(), mk(), mk());
-        HeadInputs::new(q, k, v).unwrap()
-    }
 }
 
 #[cfg(test)]

@@ -8,36 +8,22 @@ use anyhow::Result;
 
 use candle_core::{DType, Tensor};
 
-use super::{Approximation, HeadInputs, Mask, Method};
+use super::{Approximation, Family, HeadInputs, Mask, Method, MethodInfo};
 use crate::numerics::sampling::TrialRng;
 
 pub struct VMean;
 
+const V_MEAN: MethodInfo = MethodInfo {
+    id: "vmean",
+    family: Family::Reference,
+    meaning: "ignored: every row of Ô is mean(V)",
+    random: false,
+    masks: MethodInfo::BOTH_MASKS,
+    ..MethodInfo::BASE
+};
+
 impl Method for VMean {
-    fn family(&self) -> crate::attention::Family {
-        crate::attention::Family::Reference
-    }
-    fn id(&self) -> &'static str {
-        "vmean"
-    }
-    fn feature_meaning(&self) -> &'static str {
-        "ignored: every row of Ô is mean(V)"
-    }
-    fn is_random(&self) -> bool {
-        false
-    }
-    fn masks(&self) -> &'static [Mask] {
-        &[Mask::None, Mask::Causal]
-    }
-    fn macs(&self, n: usize, p: usize, _d: usize) -> f64 {
-        (n * p) as f64
-    }
-    fn approximate(
-        &self,
-        head: &HeadInputs,
-        _d: usize,
-        _rng: &mut TrialRng,
-    ) -> Result<Approximation> {
+    fn approximate(&self, head: &HeadInputs, _: usize, _: &mut TrialRng) -> Result<Approximation> {
         let v = &head.v;
         if head.mask == Mask::Causal {
             // Prefix sums in f64 (a long prefix summed in f32 drifts), then / (i + 1).
@@ -52,6 +38,12 @@ impl Method for VMean {
         Ok(Approximation::plain(
             mean.broadcast_as(v.shape())?.contiguous()?,
         ))
+    }
+    fn macs(&self, n: usize, p: usize, _d: usize) -> f64 {
+        (n * p) as f64
+    }
+    fn info(&self) -> Option<&'static MethodInfo> {
+        Some(&V_MEAN)
     }
 }
 
@@ -87,14 +79,7 @@ mod tests {
         let v =
             crate::tensor_util::from_f64(vals.clone(), (n, p), &test_device(), DType::F32).unwrap();
         let head = HeadInputs::masked(v.clone(), v.clone(), v, Mask::Causal).unwrap();
-        let got: Vec<Vec<f64>> = VMean
-            .approximate(&head, 8, &mut rng)
-            .unwrap()
-            .output
-            .to_dtype(DType::F64)
-            .unwrap()
-            .to_vec2()
-            .unwrap();
+        let got = crate::attention::test_util::out_rows(&VMean, &head, 8, 0);
         for i in [0, 1, 17, n - 1] {
             for c in 0..p {
                 let want = (0..=i).map(|j| vals[j * p + c]).sum::<f64>() / (i + 1) as f64;

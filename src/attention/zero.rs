@@ -5,59 +5,49 @@
 use anyhow::Result;
 use candle_core::Tensor;
 
-use super::{Approximation, Family, HeadInputs, Method, Target};
+use super::{Approximation, Family, HeadInputs, Method, MethodInfo};
 use crate::numerics::sampling::TrialRng;
 
 pub struct Zero;
 
+const ZERO: MethodInfo = MethodInfo {
+    id: "zero",
+    family: Family::Reference,
+    meaning: "ignored: Ô = 0 (relative error exactly 1)",
+    random: false,
+    targets: MethodInfo::KERNELIZED,
+    ..MethodInfo::BASE
+};
+
 impl Method for Zero {
-    fn id(&self) -> &'static str {
-        "zero"
-    }
-    fn family(&self) -> Family {
-        Family::Reference
-    }
-    fn targets(&self) -> &'static [Target] {
-        &[Target::Kernelized]
-    }
-    fn feature_meaning(&self) -> &'static str {
-        "ignored: Ô = 0 (relative error exactly 1)"
-    }
-    fn is_random(&self) -> bool {
-        false
-    }
-    fn macs(&self, _n: usize, _p: usize, _d: usize) -> f64 {
-        0.0
-    }
-    fn approximate(
-        &self,
-        head: &HeadInputs,
-        _d: usize,
-        _rng: &mut TrialRng,
-    ) -> Result<Approximation> {
+    fn approximate(&self, head: &HeadInputs, _: usize, _: &mut TrialRng) -> Result<Approximation> {
         Ok(Approximation::plain(Tensor::zeros(
             head.v.shape(),
             head.dtype(),
             head.device(),
         )?))
     }
+    fn macs(&self, _n: usize, _p: usize, _d: usize) -> f64 {
+        0.0
+    }
+    fn info(&self) -> Option<&'static MethodInfo> {
+        Some(&ZERO)
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::attention::test_util::{random_head, run_seeded};
-    use crate::numerics::spectral::{error_norms, matrix_norms};
+    use crate::attention::test_util::{random_head, relative_errors, run_seeded};
     use candle_core::DType;
 
+    /// ‖C·V − 0‖ = ‖C·V‖: relative error 1 in both norms.
     #[test]
     fn error_is_the_norm_of_the_target() {
         let h = random_head(64, 8, 2, DType::F64);
-        let target = h.kernelized().unwrap();
         let out = run_seeded(&Zero, &h, 8, 0).output;
-        let err = error_norms(target, &out).unwrap();
-        let norm = matrix_norms(target).unwrap();
-        assert!((err.spectral / norm.spectral - 1.0).abs() < 1e-12);
-        assert!((err.frobenius / norm.frobenius - 1.0).abs() < 1e-12);
+        for rel in relative_errors(h.kernelized().unwrap(), &out) {
+            assert!((rel - 1.0).abs() < 1e-12);
+        }
     }
 }

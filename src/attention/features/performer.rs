@@ -36,7 +36,7 @@ use anyhow::Result;
 use candle_core::{DType, Tensor, D};
 use nalgebra::DMatrix;
 
-use crate::attention::{Approximation, HeadInputs, Mask, Method};
+use crate::attention::{Approximation, Family, HeadInputs, Mask, Method, MethodInfo};
 use crate::numerics::sampling::{normal_values, TrialRng};
 
 /// Additive stabiliser of the feature map (METHODS.md §2.5).
@@ -181,54 +181,30 @@ impl Operands {
     }
 }
 
+const PERFORMER: MethodInfo = MethodInfo {
+    id: "performer",
+    family: Family::Features,
+    meaning: "number of positive orthogonal random features m (inputs scaled by p^-1/2: estimates softmax(QKᵀ/p)V)",
+    random: true,
+    ..MethodInfo::BASE
+};
+const FAVOR: MethodInfo = MethodInfo {
+    id: "performer_favor",
+    family: Family::Features,
+    meaning: "number of positive orthogonal random features m (FAVOR+ for softmax(QKᵀ/√p)V)",
+    random: true,
+    masks: MethodInfo::BOTH_MASKS,
+    ..MethodInfo::BASE
+};
+
 impl Method for Performer {
-    fn family(&self) -> crate::attention::Family {
-        crate::attention::Family::Features
-    }
-    fn id(&self) -> &'static str {
-        if self.double_scaled {
-            "performer"
-        } else {
-            "performer_favor"
-        }
-    }
-    fn feature_meaning(&self) -> &'static str {
-        if self.double_scaled {
-            "number of positive orthogonal random features m (inputs scaled by p^-1/2: estimates softmax(QKᵀ/p)V)"
-        } else {
-            "number of positive orthogonal random features m (FAVOR+ for softmax(QKᵀ/√p)V)"
-        }
-    }
-    fn is_random(&self) -> bool {
-        true
-    }
-    /// METHODS.md §2.11: 4ndp, plus ⌈d/p⌉p³ for the QR blocks of Ω.
-    fn macs(&self, n: usize, p: usize, d: usize) -> f64 {
-        4.0 * (n * d * p) as f64 + (d.div_ceil(p) * p * p * p) as f64
-    }
-    fn masks(&self) -> &'static [Mask] {
-        if self.double_scaled {
-            &[Mask::None]
-        } else {
-            &[Mask::None, Mask::Causal]
-        }
-    }
-    /// Causal: the bidirectional count plus the prefix sums, n·m·p (METHODS.md §7.4), and the
-    /// chunks' masked products n·c·m (c = CAUSAL_CHUNK rows).
-    fn macs_masked(&self, n: usize, p: usize, d: usize, mask: Mask) -> f64 {
-        let base = self.macs(n, p, d);
-        match mask {
-            Mask::None => base,
-            Mask::Causal => base + (n * d * p) as f64 + (n * CAUSAL_CHUNK.min(n) * d) as f64,
-        }
-    }
     fn approximate(
         &self,
         head: &HeadInputs,
         d: usize,
         rng: &mut TrialRng,
     ) -> Result<Approximation> {
-        anyhow::ensure!(d >= 1, "performer needs at least one random feature");
+        self.check(head.n(), d).map_err(anyhow::Error::msg)?;
         let p = head.p();
         let (dt, dev) = (head.dtype(), head.device());
         let omega = orthogonal_gaussian(rng, d, p);
@@ -250,6 +226,26 @@ impl Method for Performer {
             normalizer: Some(den.squeeze(1)?.to_dtype(DType::F64)?),
             support: None,
         })
+    }
+    /// METHODS.md §2.11: 4ndp, plus ⌈d/p⌉p³ for the QR blocks of Ω.
+    fn macs(&self, n: usize, p: usize, d: usize) -> f64 {
+        4.0 * (n * d * p) as f64 + (d.div_ceil(p) * p * p * p) as f64
+    }
+    fn info(&self) -> Option<&'static MethodInfo> {
+        Some(if self.double_scaled {
+            &PERFORMER
+        } else {
+            &FAVOR
+        })
+    }
+    /// Causal: the bidirectional count plus the prefix sums, n·m·p (METHODS.md §7.4), and the
+    /// chunks' masked products n·c·m (c = CAUSAL_CHUNK rows).
+    fn macs_masked(&self, n: usize, p: usize, d: usize, mask: Mask) -> f64 {
+        let base = self.macs(n, p, d);
+        match mask {
+            Mask::None => base,
+            Mask::Causal => base + (n * d * p) as f64 + (n * CAUSAL_CHUNK.min(n) * d) as f64,
+        }
     }
 }
 
@@ -297,24 +293,19 @@ mod tests {
     use crate::tensor_util::{from_dmatrix, to_dmatrix};
     use rand::SeedableRng;
 
-    use crate::attention::test_util::gauss;
+    use crate::attention::test_util::{gauss, out_matrix};
     fn t64(m: &DMatrix<f64>) -> Tensor {
         from_dmatrix(m, &test_device(), DType::F64).unwrap()
     }
-    fn softmax_attention(
-        q: &DMatrix<f64>,
-        k: &DMatrix<f64>,
-        v: &DMatrix<f64>,
-        scale: f64,
-    ) -> DMatrix<f64> {
-        let mut a = q * k.transpose() * scale;
+    /// The row-wise max-shifted softmax of a logits matrix, on the host.
+    fn row_softmax(mut a: DMatrix<f64>) -> DMatrix<f64> {
         for mut r in a.row_iter_mut() {
             let mx = r.max();
             r.apply(|x| *x = (*x - mx).exp());
             let s = r.sum();
             r.apply(|x| *x /= s);
         }
-        a * v
+        a
     }
 
     #[test]
@@ -409,8 +400,8 @@ mod tests {
             gauss(&mut rng, n, p, 1.0),
         );
         let head = HeadInputs::new(t64(&q), t64(&k), t64(&v)).unwrap();
-        let flat = softmax_attention(&q, &k, &v, 1.0 / p as f64); // softmax(QKᵀ/p)V
-        let sharp = softmax_attention(&q, &k, &v, 1.0 / (p as f64).sqrt()); // the real target
+        let flat = row_softmax(&q * k.transpose() * (1.0 / p as f64)) * &v; // softmax(QKᵀ/p)V
+        let sharp = row_softmax(&q * k.transpose() * (1.0 / (p as f64).sqrt())) * &v; // the real target
         assert!(
             (&sharp - to_dmatrix(&head.exact().unwrap().output).unwrap())
                 .abs()
@@ -464,20 +455,8 @@ mod tests {
         let h32 = HeadInputs::new(t32(&q), t32(&k), t32(&v)).unwrap();
         for method in [Performer::reference(), Performer::favor()] {
             for d in [1, 16, 70, 256] {
-                let a = to_dmatrix(
-                    &method
-                        .approximate(&h64, d, &mut TrialRng::seed_from_u64(9))
-                        .unwrap()
-                        .output,
-                )
-                .unwrap();
-                let b = to_dmatrix(
-                    &method
-                        .approximate(&h64, d, &mut TrialRng::seed_from_u64(9))
-                        .unwrap()
-                        .output,
-                )
-                .unwrap();
+                let a = out_matrix(&method, &h64, d, 9);
+                let b = out_matrix(&method, &h64, d, 9);
                 assert_eq!(a, b);
                 assert!(a.iter().all(|x| x.is_finite()));
                 let c = method
@@ -488,20 +467,8 @@ mod tests {
                 let rel = (&c - &a).abs().max() / a.abs().max();
                 assert!(rel < 1e-3, "{} d={d}: {rel}", method.id());
             }
-            let x = to_dmatrix(
-                &method
-                    .approximate(&h64, 16, &mut TrialRng::seed_from_u64(1))
-                    .unwrap()
-                    .output,
-            )
-            .unwrap();
-            let y = to_dmatrix(
-                &method
-                    .approximate(&h64, 16, &mut TrialRng::seed_from_u64(2))
-                    .unwrap()
-                    .output,
-            )
-            .unwrap();
+            let x = out_matrix(&method, &h64, 16, 1);
+            let y = out_matrix(&method, &h64, 16, 2);
             assert_ne!(x, y);
         }
         assert_eq!(Performer::reference().id(), "performer");

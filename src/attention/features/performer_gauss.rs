@@ -17,7 +17,7 @@ use anyhow::Result;
 use candle_core::{Tensor, D};
 
 use super::performer::{orthogonal_gaussian, shifted_feature_map, Shift};
-use crate::attention::{Approximation, Family, HeadInputs, Method, Target};
+use crate::attention::{Approximation, Family, HeadInputs, Method, MethodInfo};
 use crate::numerics::sampling::TrialRng;
 use crate::tensor_util::from_dmatrix;
 
@@ -51,32 +51,23 @@ fn gaussian_features(xt: &Tensor, sq_norms: &Tensor, omega: &Tensor) -> Result<T
     Ok(shifted_feature_map(xt, sq_norms, omega, Shift::None, 0.0)?.0)
 }
 
+const PERFORMER_GAUSS: MethodInfo = MethodInfo {
+    id: "performer_gauss",
+    family: Family::Features,
+    meaning: "number of positive orthogonal random features m of the Gaussian kernel (unbiased for C·V, unnormalised)",
+    random: true,
+    targets: MethodInfo::KERNELIZED,
+    ..MethodInfo::BASE
+};
+
 impl Method for PerformerGauss {
-    fn id(&self) -> &'static str {
-        "performer_gauss"
-    }
-    fn family(&self) -> Family {
-        Family::Features
-    }
-    fn targets(&self) -> &'static [Target] {
-        &[Target::Kernelized]
-    }
-    fn feature_meaning(&self) -> &'static str {
-        "number of positive orthogonal random features m of the Gaussian kernel (unbiased for C·V, unnormalised)"
-    }
-    fn is_random(&self) -> bool {
-        true
-    }
-    fn macs(&self, n: usize, p: usize, d: usize) -> f64 {
-        4.0 * (n * d * p) as f64 + (d.div_ceil(p) * p * p * p) as f64
-    }
     fn approximate(
         &self,
         head: &HeadInputs,
         d: usize,
         rng: &mut TrialRng,
     ) -> Result<Approximation> {
-        anyhow::ensure!(d >= 1, "performer_gauss needs at least one random feature");
+        self.check(head.n(), d).map_err(anyhow::Error::msg)?;
         let omega = orthogonal_gaussian(rng, d, head.p());
         let omega = from_dmatrix(&omega, head.device(), head.dtype())?;
         let ops = Operands::of(head)?;
@@ -85,28 +76,25 @@ impl Method for PerformerGauss {
         let out = psi_q.matmul(&psi_k.t()?.matmul(&head.v)?)?;
         Ok(Approximation::plain(out))
     }
+    fn macs(&self, n: usize, p: usize, d: usize) -> f64 {
+        4.0 * (n * d * p) as f64 + (d.div_ceil(p) * p * p * p) as f64
+    }
+    fn info(&self) -> Option<&'static MethodInfo> {
+        Some(&PERFORMER_GAUSS)
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::attention::features::rff_gauss::tests::{
-        assert_unbiased_for_the_kernel, synthetic_mean,
+        assert_synthetic_errors_match, assert_unbiased_seeded_and_kernelized, synthetic_mean,
     };
     use crate::attention::sampling::hyperattention::tests::synthetic;
-    use crate::attention::test_util::{assert_seed_determines_output, random_head};
-    use candle_core::DType;
 
     #[test]
-    fn unbiased_for_every_kernel_entry() {
-        assert_unbiased_for_the_kernel(&PerformerGauss, 8);
-    }
-
-    #[test]
-    fn seeded_and_kernelized_only() {
-        let h = random_head(32, 8, 1, DType::F64);
-        assert_seed_determines_output(&PerformerGauss, &h, 16, 3);
-        assert_eq!(PerformerGauss.targets(), &[Target::Kernelized]);
+    fn unbiased_seeded_and_kernelized_only() {
+        assert_unbiased_seeded_and_kernelized(&PerformerGauss);
         assert_eq!(
             PerformerGauss.macs(4096, 64, 64),
             4.0 * 4096.0 * 64.0 * 64.0 + 64f64.powi(3)
@@ -123,17 +111,15 @@ mod tests {
         let zero = crate::numerics::spectral::matrix_norms(h.kernelized().unwrap())
             .unwrap()
             .spectral;
-        let mut last = f64::INFINITY;
-        for (d, want, want_se) in [(16, 371.2, 18.66), (64, 154.0, 5.68), (256, 73.5, 2.92)] {
-            let (got, se) = synthetic_mean(&PerformerGauss, d);
-            let z = (got - want) / (se * se + want_se * want_se).sqrt();
-            assert!(z.abs() < 3.0, "d = {d}: {got} ± {se} vs {want} ± {want_se}");
-            assert!(got < last, "falls with d");
-            last = got;
+        let table = [(16, 371.2, 18.66), (64, 154.0, 5.68), (256, 73.5, 2.92)];
+        let means = assert_synthetic_errors_match(&PerformerGauss, &table);
+        for (&(d, _, _), &got) in table.iter().zip(&means) {
             assert!(got > synthetic_mean(&crate::attention::rff_gauss::RffGauss, d).0);
-            if d == 16 {
-                assert!(got > zero, "worse than Ô = 0 at d = 16: {got} vs {zero}");
-            }
         }
+        assert!(
+            means[0] > zero,
+            "worse than Ô = 0 at d = 16: {} vs {zero}",
+            means[0]
+        );
     }
 }

@@ -29,7 +29,7 @@ use anyhow::Result;
 use candle_core::{DType, Tensor, D};
 
 use super::performer::orthogonal_gaussian;
-use crate::attention::{Approximation, Family, HeadInputs, Method};
+use crate::attention::{Approximation, Family, HeadInputs, Method, MethodInfo};
 use crate::numerics::sampling::TrialRng;
 use crate::tensor_util::from_dmatrix;
 
@@ -99,25 +99,15 @@ fn with_omega(ops: &Operands, omega: &Tensor) -> Result<(Tensor, Tensor)> {
     Ok((out, den.squeeze(1)?.to_dtype(DType::F64)?))
 }
 
+const PERFORMER_TRIG: MethodInfo = MethodInfo {
+    id: "performer_trig",
+    family: Family::Features,
+    meaning: "feature dimension: ⌊d/2⌋ orthogonal random frequencies, each a cos and a sin column (trigonometric softmax features)",
+    random: true,
+    ..MethodInfo::BASE
+};
+
 impl Method for PerformerTrig {
-    fn id(&self) -> &'static str {
-        "performer_trig"
-    }
-    fn family(&self) -> Family {
-        Family::Features
-    }
-    fn feature_meaning(&self) -> &'static str {
-        "feature dimension: ⌊d/2⌋ orthogonal random frequencies, each a cos and a sin column (trigonometric softmax features)"
-    }
-    fn is_random(&self) -> bool {
-        true
-    }
-    fn macs(&self, n: usize, p: usize, d: usize) -> f64 {
-        trig_macs(n, p, d)
-    }
-    fn check(&self, _n: usize, d: usize) -> std::result::Result<(), String> {
-        check_trig(self.id(), d)
-    }
     fn approximate(
         &self,
         head: &HeadInputs,
@@ -133,6 +123,15 @@ impl Method for PerformerTrig {
             normalizer: Some(den),
             support: None,
         })
+    }
+    fn macs(&self, n: usize, p: usize, d: usize) -> f64 {
+        trig_macs(n, p, d)
+    }
+    fn info(&self) -> Option<&'static MethodInfo> {
+        Some(&PERFORMER_TRIG)
+    }
+    fn check(&self, _n: usize, d: usize) -> std::result::Result<(), String> {
+        check_trig(self.id(), d)
     }
 }
 

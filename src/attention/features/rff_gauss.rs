@@ -16,34 +16,22 @@ use candle_core::Tensor;
 
 use super::performer::orthogonal_gaussian;
 use super::performer_trig::{check_trig, frequencies, trig_features, trig_macs};
-use crate::attention::{Approximation, Family, HeadInputs, Method, Target};
+use crate::attention::{Approximation, Family, HeadInputs, Method, MethodInfo};
 use crate::numerics::sampling::TrialRng;
 use crate::tensor_util::from_dmatrix;
 
 pub struct RffGauss;
 
+const RFF_GAUSS: MethodInfo = MethodInfo {
+    id: "rff_gauss",
+    family: Family::Features,
+    meaning: "feature dimension: ⌊d/2⌋ orthogonal random frequencies, each a cos and a sin column (random Fourier features of the Gaussian kernel)",
+    random: true,
+    targets: MethodInfo::KERNELIZED,
+    ..MethodInfo::BASE
+};
+
 impl Method for RffGauss {
-    fn id(&self) -> &'static str {
-        "rff_gauss"
-    }
-    fn family(&self) -> Family {
-        Family::Features
-    }
-    fn targets(&self) -> &'static [Target] {
-        &[Target::Kernelized]
-    }
-    fn feature_meaning(&self) -> &'static str {
-        "feature dimension: ⌊d/2⌋ orthogonal random frequencies, each a cos and a sin column (random Fourier features of the Gaussian kernel)"
-    }
-    fn is_random(&self) -> bool {
-        true
-    }
-    fn macs(&self, n: usize, p: usize, d: usize) -> f64 {
-        trig_macs(n, p, d)
-    }
-    fn check(&self, _n: usize, d: usize) -> std::result::Result<(), String> {
-        check_trig(self.id(), d)
-    }
     fn approximate(
         &self,
         head: &HeadInputs,
@@ -62,6 +50,15 @@ impl Method for RffGauss {
         let out = (psi_q.matmul(&psi_k.t()?.matmul(&head.v)?)? / m as f64)?;
         Ok(Approximation::plain(out))
     }
+    fn macs(&self, n: usize, p: usize, d: usize) -> f64 {
+        trig_macs(n, p, d)
+    }
+    fn info(&self) -> Option<&'static MethodInfo> {
+        Some(&RFF_GAUSS)
+    }
+    fn check(&self, _n: usize, d: usize) -> std::result::Result<(), String> {
+        check_trig(self.id(), d)
+    }
 }
 
 #[cfg(test)]
@@ -69,6 +66,7 @@ pub(crate) mod tests {
     use super::*;
     use crate::attention::sampling::hyperattention::tests::synthetic;
     use crate::attention::test_util::{assert_seed_determines_output, random_head, run_seeded};
+    use crate::attention::Target;
     use crate::numerics::spectral::error_norms;
     use candle_core::DType;
 
@@ -127,16 +125,39 @@ pub(crate) mod tests {
         (mean, (var / k).sqrt())
     }
 
-    #[test]
-    fn unbiased_for_every_kernel_entry() {
-        assert_unbiased_for_the_kernel(&RffGauss, 8);
+    /// Unbiased for every kernel entry (d = 8), a function of its seed, kernelized target only.
+    pub(crate) fn assert_unbiased_seeded_and_kernelized(m: &dyn Method) {
+        assert_unbiased_for_the_kernel(m, 8);
+        let h = random_head(32, 8, 1, DType::F64);
+        assert_seed_determines_output(m, &h, 16, 3);
+        assert_eq!(m.targets(), &[Target::Kernelized]);
+    }
+
+    /// Over §6's synthetic heads, the mean error at each `(d, want, want_se)` agrees with an
+    /// independent implementation's within 3 combined standard errors and falls with d; returns
+    /// the means.
+    pub(crate) fn assert_synthetic_errors_match(
+        m: &dyn Method,
+        table: &[(usize, f64, f64)],
+    ) -> Vec<f64> {
+        let mut means: Vec<f64> = Vec::new();
+        for &(d, want, want_se) in table {
+            let (got, se) = synthetic_mean(m, d);
+            let z = (got - want) / (se * se + want_se * want_se).sqrt();
+            assert!(
+                z.abs() < 3.0,
+                "{} d = {d}: {got} ± {se} vs {want} ± {want_se}",
+                m.id()
+            );
+            assert!(means.last().is_none_or(|&last| got < last), "falls with d");
+            means.push(got);
+        }
+        means
     }
 
     #[test]
-    fn seeded_and_kernelized_only() {
-        let h = random_head(32, 8, 1, DType::F64);
-        assert_seed_determines_output(&RffGauss, &h, 16, 3);
-        assert_eq!(RffGauss.targets(), &[Target::Kernelized]);
+    fn unbiased_seeded_and_kernelized_only() {
+        assert_unbiased_seeded_and_kernelized(&RffGauss);
         assert!(RffGauss.check(32, 1).is_err());
     }
 
@@ -146,13 +167,7 @@ pub(crate) mod tests {
     /// 220 / 76.4 / 28.1 are 8-draw means; its d = 64 value sits 9 % below both implementations.)
     #[test]
     fn synthetic_errors_match_an_independent_implementation() {
-        let mut last = f64::INFINITY;
-        for (d, want, want_se) in [(16, 218.8, 1.98), (64, 83.5, 0.67), (256, 29.6, 0.29)] {
-            let (got, se) = synthetic_mean(&RffGauss, d);
-            let z = (got - want) / (se * se + want_se * want_se).sqrt();
-            assert!(z.abs() < 3.0, "d = {d}: {got} ± {se} vs {want} ± {want_se}");
-            assert!(got < last, "falls with d");
-            last = got;
-        }
+        let table = [(16, 218.8, 1.98), (64, 83.5, 0.67), (256, 29.6, 0.29)];
+        assert_synthetic_errors_match(&RffGauss, &table);
     }
 }

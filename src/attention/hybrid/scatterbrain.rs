@@ -41,7 +41,9 @@ use rayon::prelude::*;
 use crate::attention::features::performer::{
     half_squared_norms, orthogonal_gaussian, shifted_feature_map, Shift,
 };
-use crate::attention::{ones_col, quarter_scale, Approximation, Family, HeadInputs, Method};
+use crate::attention::{
+    ones_col, quarter_scale, Approximation, Family, HeadInputs, Method, MethodInfo,
+};
 use crate::numerics::key_sets::{key_set_softmax, KeyGroup};
 use crate::numerics::sampling::{normal_values, TrialRng};
 use crate::tensor_util::{from_dmatrix, from_f64, index_tensor, to_vec_f64};
@@ -170,46 +172,23 @@ fn padded_gather(x: &Tensor, lists: &[&[usize]], cmax: usize) -> Result<Tensor> 
     Ok(g.broadcast_mul(&keep)?.reshape((b, cmax, width))?)
 }
 
+const SMYRF: MethodInfo = MethodInfo {
+    id: "scatterbrain",
+    family: Family::Hybrid,
+    meaning: "⌊d/2⌋ FAVOR+ features + exact logits on d keys per query (one SMYRF XBOX+ hash round, balanced clusters of d)",
+    random: true,
+    ..MethodInfo::BASE
+};
+const LOCAL: MethodInfo = MethodInfo {
+    id: "scatterbrain_local",
+    family: Family::Hybrid,
+    meaning:
+        "⌊d/2⌋ FAVOR+ features + exact logits on the query's position block of d keys (diagnostic)",
+    random: true,
+    ..MethodInfo::BASE
+};
+
 impl Method for Scatterbrain {
-    fn id(&self) -> &'static str {
-        match self.support {
-            Support::Smyrf => "scatterbrain",
-            Support::Local => "scatterbrain_local",
-        }
-    }
-    fn family(&self) -> Family {
-        Family::Hybrid
-    }
-    fn feature_meaning(&self) -> &'static str {
-        match self.support {
-            Support::Smyrf => "⌊d/2⌋ FAVOR+ features + exact logits on d keys per query (one SMYRF XBOX+ hash round, balanced clusters of d)",
-            Support::Local => "⌊d/2⌋ FAVOR+ features + exact logits on the query's position block of d keys (diagnostic)",
-        }
-    }
-    fn is_random(&self) -> bool {
-        true
-    }
-    fn check(&self, n: usize, d: usize) -> std::result::Result<(), String> {
-        let _ = n;
-        if d < 2 {
-            return Err(format!("{} needs d ≥ 2 (⌊d/2⌋ features)", self.id()));
-        }
-        Ok(())
-    }
-    fn macs(&self, n: usize, p: usize, d: usize) -> f64 {
-        let (m, c) = (features(d), cluster_size(n, d));
-        let pairs: usize = array_split(n, c).iter().map(|r| r.len() * r.len()).sum();
-        let (nf, mf, pf) = (n as f64, m as f64, p as f64);
-        let hash = match self.support {
-            Support::Smyrf => 2.0 * nf * (pf + 2.0),
-            Support::Local => 0.0,
-        };
-        2.0 * nf * mf * pf
-            + 2.0 * nf * mf * (pf + 1.0)
-            + 2.0 * pf * pairs as f64
-            + hash
-            + (m.div_ceil(p) * p * p * p) as f64
-    }
     fn approximate(
         &self,
         head: &HeadInputs,
@@ -309,6 +288,33 @@ impl Method for Scatterbrain {
             support: None,
         })
     }
+    fn macs(&self, n: usize, p: usize, d: usize) -> f64 {
+        let (m, c) = (features(d), cluster_size(n, d));
+        let pairs: usize = array_split(n, c).iter().map(|r| r.len() * r.len()).sum();
+        let (nf, mf, pf) = (n as f64, m as f64, p as f64);
+        let hash = match self.support {
+            Support::Smyrf => 2.0 * nf * (pf + 2.0),
+            Support::Local => 0.0,
+        };
+        2.0 * nf * mf * pf
+            + 2.0 * nf * mf * (pf + 1.0)
+            + 2.0 * pf * pairs as f64
+            + hash
+            + (m.div_ceil(p) * p * p * p) as f64
+    }
+    fn info(&self) -> Option<&'static MethodInfo> {
+        Some(match self.support {
+            Support::Smyrf => &SMYRF,
+            Support::Local => &LOCAL,
+        })
+    }
+    fn check(&self, n: usize, d: usize) -> std::result::Result<(), String> {
+        let _ = n;
+        if d < 2 {
+            return Err(format!("{} needs d ≥ 2 (⌊d/2⌋ features)", self.id()));
+        }
+        Ok(())
+    }
 }
 
 #[cfg(test)]
@@ -316,12 +322,7 @@ mod tests {
     use super::*;
     use crate::attention::sampling::hyperattention::tests::synthetic;
     use crate::attention::test_util::*;
-    use crate::numerics::spectral::error_norms;
     use rand::SeedableRng;
-
-    fn err(h: &HeadInputs, o: &Tensor) -> f64 {
-        error_norms(&h.exact().unwrap().output, o).unwrap().spectral
-    }
 
     /// The paper's dense formula in f64 with an n×n support mask (test only): Â = A on 𝒮 and
     /// φ(q̃_i)·φ(k̃_j) (unshifted, ε = 0) off 𝒮, Ô = diag(Â1)⁻¹ÂV; the support rebuilt here
@@ -387,25 +388,18 @@ mod tests {
             r.clone().for_each(|t| gq[qo[t]] = b);
             r.for_each(|t| gk[ko[t]] = b);
         }
+        let dot = |a: &[f64], b: &[f64]| a.iter().zip(b).map(|(x, y)| x * y).sum::<f64>();
         (0..n)
             .map(|i| {
-                let mut num = vec![0.0; v[0].len()];
-                let mut den = 0.0;
-                for j in 0..n {
+                let terms = (0..n).map(|j| {
                     let a = if gq[i] == gk[j] {
-                        qt[i]
-                            .iter()
-                            .zip(&kt[j])
-                            .map(|(x, y)| x * y)
-                            .sum::<f64>()
-                            .exp()
+                        dot(&qt[i], &kt[j]).exp()
                     } else {
-                        pq[i].iter().zip(&pk[j]).map(|(x, y)| x * y).sum::<f64>()
+                        dot(&pq[i], &pk[j])
                     };
-                    den += a;
-                    num.iter_mut().zip(&v[j]).for_each(|(x, y)| *x += a * y);
-                }
-                num.iter().map(|x| x / den).collect()
+                    (a, j)
+                });
+                weighted_mean_row(&v, terms)
             })
             .collect()
     }
@@ -432,7 +426,7 @@ mod tests {
         for m in [Scatterbrain::smyrf(), Scatterbrain::local()] {
             for d in [128, 300] {
                 let o = run_seeded(&m, &h, d, 2).output;
-                assert!(err(&h, &o) < 1e-12, "{} d = {d}", m.id());
+                assert!(exact_error(&h, &o) < 1e-12, "{} d = {d}", m.id());
             }
         }
     }
@@ -466,7 +460,7 @@ mod tests {
     fn seeded_and_reproducible() {
         let h = synthetic(256, 16, 0.5, 8);
         let a = assert_seed_determines_output(&Scatterbrain::smyrf(), &h, 16, 11);
-        let e = err(&h, &a.output);
+        let e = exact_error(&h, &a.output);
         assert!((e - PINNED_ERR).abs() < 1e-9 * PINNED_ERR, "{e}");
         assert!(Scatterbrain::smyrf().check(512, 1).is_err());
     }
@@ -486,7 +480,7 @@ mod tests {
             let mut total = 0.0;
             for (hi, h) in heads.iter().enumerate() {
                 for s in 0..4 {
-                    total += err(h, &run_seeded(&m, h, d, (10 * hi + s) as u64).output);
+                    total += exact_error(h, &run_seeded(&m, h, d, (10 * hi + s) as u64).output);
                 }
             }
             total / 16.0

@@ -10,7 +10,7 @@ use anyhow::Result;
 use candle_core::{DType, Device, Tensor};
 
 use crate::attention::exact::{map_score_blocks, scaled_operands};
-use crate::attention::{Approximation, HeadInputs, Method};
+use crate::attention::{Approximation, Family, HeadInputs, Method, MethodInfo};
 use crate::numerics::sampling::{normal_values, TrialRng};
 use crate::tensor_util::from_f64;
 
@@ -89,37 +89,22 @@ pub fn with_sketch(
     })
 }
 
+const LINFORMER: MethodInfo = MethodInfo {
+    id: "linformer",
+    family: Family::LowRank,
+    meaning: "projected sequence length k: E is d×n with N(0, 0.02²) entries",
+    random: true,
+    ..MethodInfo::BASE
+};
+const LINFORMER_JLT: MethodInfo = MethodInfo {
+    id: "linformer_jlt",
+    family: Family::LowRank,
+    meaning: "sketch width: S is n×d with N(0, 1/d) entries, Ô = P·S·SᵀV",
+    random: true,
+    ..MethodInfo::BASE
+};
+
 impl Method for Linformer {
-    fn family(&self) -> crate::attention::Family {
-        crate::attention::Family::LowRank
-    }
-    fn id(&self) -> &'static str {
-        if self.jlt {
-            "linformer_jlt"
-        } else {
-            "linformer"
-        }
-    }
-    fn feature_meaning(&self) -> &'static str {
-        if self.jlt {
-            "sketch width: S is n×d with N(0, 1/d) entries, Ô = P·S·SᵀV"
-        } else {
-            "projected sequence length k: E is d×n with N(0, 0.02²) entries"
-        }
-    }
-    fn is_random(&self) -> bool {
-        true
-    }
-    fn macs(&self, n: usize, p: usize, d: usize) -> f64 {
-        let (n, p, d) = (n as f64, p as f64, d as f64);
-        if self.jlt {
-            // n²(p + d) + 2ndp (METHODS.md §2.11).
-            n * n * (p + d) + 2.0 * n * d * p
-        } else {
-            // EK, EV, Q(EK)ᵀ, attention·(EV): 4ndp.
-            4.0 * n * d * p
-        }
-    }
     fn approximate(
         &self,
         head: &HeadInputs,
@@ -137,6 +122,19 @@ impl Method for Linformer {
         };
         Ok(Approximation::plain(out))
     }
+    fn macs(&self, n: usize, p: usize, d: usize) -> f64 {
+        let (n, p, d) = (n as f64, p as f64, d as f64);
+        if self.jlt {
+            // n²(p + d) + 2ndp (METHODS.md §2.11).
+            n * n * (p + d) + 2.0 * n * d * p
+        } else {
+            // EK, EV, Q(EK)ᵀ, attention·(EV): 4ndp.
+            4.0 * n * d * p
+        }
+    }
+    fn info(&self) -> Option<&'static MethodInfo> {
+        Some(if self.jlt { &LINFORMER_JLT } else { &LINFORMER })
+    }
 }
 
 #[cfg(test)]
@@ -147,21 +145,14 @@ mod tests {
     use rand::SeedableRng;
 
     use crate::attention::test_util::random_head as head;
-    use crate::attention::test_util::{
-        assert_all_finite, assert_seed_determines_output, in_f32, run_seeded,
-    };
+    use crate::attention::test_util::*;
 
     #[test]
     fn identity_projection_is_exact() {
         let h = head(48, 8, 1, DType::F64);
         let eye = Tensor::eye(48, DType::F64, &test_device()).unwrap();
         let out = with_projection(&h.q, &h.k, &h.v, &eye).unwrap();
-        assert!(
-            error_norms(&h.exact().unwrap().output, &out)
-                .unwrap()
-                .spectral
-                < 1e-12
-        );
+        assert!(exact_error(&h, &out) < 1e-12);
         // The unreduced JLT with S = I (d = n) is P·V = O as well.
         let out = with_sketch(
             &h.q,
@@ -171,12 +162,7 @@ mod tests {
             &eye,
         )
         .unwrap();
-        assert!(
-            error_norms(&h.exact().unwrap().output, &out)
-                .unwrap()
-                .spectral
-                < 1e-12
-        );
+        assert!(exact_error(&h, &out) < 1e-12);
     }
 
     #[test]
@@ -216,9 +202,7 @@ mod tests {
             acc = (acc + m.approximate(&h, 4, &mut rng).unwrap().output).unwrap();
         }
         let mean = (acc / trials as f64).unwrap();
-        let bias = error_norms(&h.exact().unwrap().output, &mean)
-            .unwrap()
-            .spectral;
+        let bias = exact_error(&h, &mean);
         let single = error_norms(
             &h.exact().unwrap().output,
             &m.approximate(&h, 4, &mut rng).unwrap().output,

@@ -14,7 +14,9 @@
 use anyhow::Result;
 use candle_core::Tensor;
 
-use crate::attention::{quarter_scale, row_softmax, Approximation, HeadInputs, Method};
+use crate::attention::{
+    quarter_scale, row_softmax, Approximation, Family, HeadInputs, Method, MethodInfo,
+};
 use crate::numerics::inverse::iterative_inverse;
 use crate::numerics::sampling::TrialRng;
 
@@ -48,32 +50,18 @@ pub(crate) fn segment_means(x: &Tensor, d: usize) -> Result<Tensor> {
     Ok(s.matmul(x)?)
 }
 
+const NYSTROMFORMER: MethodInfo = MethodInfo {
+    id: "nystromformer",
+    family: Family::LowRank,
+    meaning: "number of segment-means landmarks, used for both Q and K (d ≥ n: exact)",
+    random: false,
+    ..MethodInfo::BASE
+};
+
 impl Method for Nystromformer {
-    fn family(&self) -> crate::attention::Family {
-        crate::attention::Family::LowRank
-    }
-    fn id(&self) -> &'static str {
-        "nystromformer"
-    }
-    fn feature_meaning(&self) -> &'static str {
-        "number of segment-means landmarks, used for both Q and K (d ≥ n: exact)"
-    }
-    fn is_random(&self) -> bool {
-        false
-    }
-    /// METHODS.md §2.11: 4ndp + 24d³, plus np for the landmarks.
-    fn macs(&self, n: usize, p: usize, d: usize) -> f64 {
-        let (n, p, d) = (n as f64, p as f64, d as f64);
-        4.0 * n * d * p + 24.0 * d * d * d + n * p
-    }
-    fn approximate(
-        &self,
-        head: &HeadInputs,
-        d: usize,
-        _rng: &mut TrialRng,
-    ) -> Result<Approximation> {
+    fn approximate(&self, head: &HeadInputs, d: usize, _: &mut TrialRng) -> Result<Approximation> {
         let n = head.n();
-        anyhow::ensure!(d >= 1, "nystromformer needs d ≥ 1");
+        self.check(head.n(), d).map_err(anyhow::Error::msg)?;
         if d >= n {
             return Ok(Approximation::plain(head.exact()?.output.clone()));
         }
@@ -90,18 +78,27 @@ impl Method for Nystromformer {
         let out = f.matmul(&z.matmul(&b.matmul(&head.v)?)?)?;
         Ok(Approximation::plain(out))
     }
+    /// METHODS.md §2.11: 4ndp + 24d³, plus np for the landmarks.
+    fn macs(&self, n: usize, p: usize, d: usize) -> f64 {
+        let (n, p, d) = (n as f64, p as f64, d as f64);
+        4.0 * n * d * p + 24.0 * d * d * d + n * p
+    }
+    fn info(&self) -> Option<&'static MethodInfo> {
+        Some(&NYSTROMFORMER)
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::attention::test_util::exact_error;
     use crate::tensor_util::test_device;
     use crate::tensor_util::{from_dmatrix, to_dmatrix};
     use candle_core::DType;
     use nalgebra::DMatrix;
     use rand::SeedableRng;
 
-    use crate::attention::test_util::gauss;
+    use crate::attention::test_util::{gauss, out_matrix};
     fn head(q: &DMatrix<f64>, k: &DMatrix<f64>, v: &DMatrix<f64>, dt: DType) -> HeadInputs {
         let t = |m: &DMatrix<f64>| from_dmatrix(m, &test_device(), dt).unwrap();
         HeadInputs::new(t(q), t(k), t(v)).unwrap()
@@ -186,13 +183,7 @@ mod tests {
         );
         let h = head(&q, &k, &v, DType::F64);
         for d in [1, 4, 7, 12, 13, 59] {
-            let got = to_dmatrix(
-                &Nystromformer
-                    .approximate(&h, d, &mut TrialRng::seed_from_u64(0))
-                    .unwrap()
-                    .output,
-            )
-            .unwrap();
+            let got = out_matrix(&Nystromformer, &h, d, 0);
             let want = host_reference(&q, &k, &v, d);
             assert!(
                 max_rel(&got, &want) < 1e-9,
@@ -213,13 +204,7 @@ mod tests {
             gauss(&mut rng, n, p, 1.0),
         );
         let h = head(&q, &k, &v, DType::F64);
-        let got = to_dmatrix(
-            &Nystromformer
-                .approximate(&h, 1, &mut TrialRng::seed_from_u64(0))
-                .unwrap()
-                .output,
-        )
-        .unwrap();
+        let got = out_matrix(&Nystromformer, &h, 1, 0);
         let s = (p as f64).powf(-0.25);
         let qm = (q * s).row_mean();
         let qbar = DMatrix::from_row_slice(1, p, qm.as_slice());
@@ -241,13 +226,7 @@ mod tests {
         let h = head(&q, &k, &v, DType::F64);
         let exact = to_dmatrix(&h.exact().unwrap().output).unwrap();
         for d in [n, n + 1, 4 * n] {
-            let got = to_dmatrix(
-                &Nystromformer
-                    .approximate(&h, d, &mut TrialRng::seed_from_u64(0))
-                    .unwrap()
-                    .output,
-            )
-            .unwrap();
+            let got = out_matrix(&Nystromformer, &h, d, 0);
             assert!(max_rel(&got, &exact) < 1e-14, "d={d}");
         }
         // And the error shrinks towards it: d = n/2 is worse than exact but still beats d = 1.
@@ -256,9 +235,7 @@ mod tests {
                 .approximate(&h, d, &mut TrialRng::seed_from_u64(0))
                 .unwrap()
                 .output;
-            crate::numerics::spectral::error_norms(&h.exact().unwrap().output, &o)
-                .unwrap()
-                .spectral
+            exact_error(&h, &o)
         };
         assert!(err(n / 2) > 0.0 && err(n / 2) < err(1));
     }

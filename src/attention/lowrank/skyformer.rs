@@ -28,7 +28,7 @@
 use anyhow::Result;
 use candle_core::{DType, Tensor, D};
 
-use crate::attention::{Approximation, HeadInputs, Method};
+use crate::attention::{Approximation, Family, HeadInputs, Method, MethodInfo};
 use crate::numerics::inverse::{iterative_inverse, symmetric_pinv_tensor, PINV_REL_CUTOFF};
 use crate::numerics::sampling::{uniform_with_replacement, TrialRng};
 use crate::numerics::shifted_exp::exp_minus;
@@ -61,6 +61,21 @@ pub(crate) enum CoreInverse {
     Pinv,
     /// (M + γI)⁻¹ by the D_M-normalised iterative inverse with the given steps.
     Iterative { gamma: f64, steps: usize },
+}
+
+impl CoreInverse {
+    /// The paper's iterative inverse (γ = GAMMA, ITER_STEPS steps) or the pseudo-inverse: the
+    /// core of the `_iter` variants and of the others.
+    pub(crate) fn of_variant(iterative: bool) -> Self {
+        if iterative {
+            CoreInverse::Iterative {
+                gamma: GAMMA,
+                steps: ITER_STEPS,
+            }
+        } else {
+            CoreInverse::Pinv
+        }
+    }
 }
 
 /// Landmark rows: ⌈d/2⌉ from Q̃, ⌊d/2⌋ from K̃, iid uniform with replacement (Q indices drawn first).
@@ -204,29 +219,22 @@ pub(crate) fn skyformer_core(
     Ok((out, den.squeeze(D::Minus1)?))
 }
 
+const SKYFORMER: MethodInfo = MethodInfo {
+    id: "skyformer",
+    family: Family::LowRank,
+    meaning: "total landmarks of the 2n×2n completion: ⌈d/2⌉ rows of Q̃ and ⌊d/2⌋ rows of K̃, uniform with replacement",
+    random: true,
+    ..MethodInfo::BASE
+};
+const SKYFORMER_ITER: MethodInfo = MethodInfo {
+    id: "skyformer_iter",
+    family: Family::LowRank,
+    meaning: "total landmarks of the 2n×2n completion: ⌈d/2⌉ rows of Q̃ and ⌊d/2⌋ rows of K̃, uniform with replacement",
+    random: true,
+    ..MethodInfo::BASE
+};
+
 impl Method for Skyformer {
-    fn family(&self) -> crate::attention::Family {
-        crate::attention::Family::LowRank
-    }
-    fn id(&self) -> &'static str {
-        if self.iterative {
-            "skyformer_iter"
-        } else {
-            "skyformer"
-        }
-    }
-    fn feature_meaning(&self) -> &'static str {
-        "total landmarks of the 2n×2n completion: ⌈d/2⌉ rows of Q̃ and ⌊d/2⌋ rows of K̃, uniform with replacement"
-    }
-    fn is_random(&self) -> bool {
-        true
-    }
-    /// METHODS.md §2.11: 4ndp + 24d³ (the table's one formula for both inverses; the
-    /// pseudo-inverse's eigendecomposition is also O(d³)).
-    fn macs(&self, n: usize, p: usize, d: usize) -> f64 {
-        let (n, p, d) = (n as f64, p as f64, d as f64);
-        4.0 * n * d * p + 24.0 * d * d * d
-    }
     fn approximate(
         &self,
         head: &HeadInputs,
@@ -234,14 +242,7 @@ impl Method for Skyformer {
         rng: &mut TrialRng,
     ) -> Result<Approximation> {
         let (iq, ik) = draw_landmarks(rng, head.n(), d);
-        let inverse = if self.iterative {
-            CoreInverse::Iterative {
-                gamma: GAMMA,
-                steps: ITER_STEPS,
-            }
-        } else {
-            CoreInverse::Pinv
-        };
+        let inverse = CoreInverse::of_variant(self.iterative);
         let (out, den) = skyformer_core(
             &*Operands::of(head)?,
             &iq,
@@ -255,10 +256,23 @@ impl Method for Skyformer {
             support: None,
         })
     }
+    /// METHODS.md §2.11: 4ndp + 24d³ (the table's one formula for both inverses; the
+    /// pseudo-inverse's eigendecomposition is also O(d³)).
+    fn macs(&self, n: usize, p: usize, d: usize) -> f64 {
+        let (n, p, d) = (n as f64, p as f64, d as f64);
+        4.0 * n * d * p + 24.0 * d * d * d
+    }
+    fn info(&self) -> Option<&'static MethodInfo> {
+        Some(if self.iterative {
+            &SKYFORMER_ITER
+        } else {
+            &SKYFORMER
+        })
+    }
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use crate::tensor_util::test_device;
     use crate::tensor_util::{from_dmatrix, to_dmatrix};
@@ -271,23 +285,24 @@ mod tests {
         from_dmatrix(m, &test_device(), dtype).unwrap()
     }
 
-    /// Independent dense construction: Ā = exp(XXᵀ) (no shift), Ā̃ = ĀS·core·SᵀĀ with
-    /// core = (SᵀĀS)^† (nalgebra SVD) or (SᵀĀS + γI)⁻¹ (LU), Ã its upper-right block.
-    fn dense(
+    /// The upper-right n×n block of the dense Nyström completion K̄S·core·SᵀK̄ of a 2n×2n kernel
+    /// matrix K̄ = `kernel(X)` on X = [Q̃; K̃] (x̃ = x·p^{-1/4}) with the landmark columns `sel`,
+    /// core = (SᵀK̄S)^† (nalgebra SVD) or (SᵀK̄S + γI)⁻¹ (LU): Eq. (5) built independently.
+    pub(crate) fn dense_completion(
         q: &DMatrix<f64>,
         k: &DMatrix<f64>,
-        v: &DMatrix<f64>,
         sel: &[usize],
         gamma: Option<f64>,
-    ) -> (DMatrix<f64>, Vec<f64>) {
+        kernel: impl Fn(&DMatrix<f64>) -> DMatrix<f64>,
+    ) -> DMatrix<f64> {
         let (n, p) = q.shape();
         let s = (p as f64).powf(-0.25);
         let mut x = DMatrix::zeros(2 * n, p);
         x.rows_mut(0, n).copy_from(&(q * s));
         x.rows_mut(n, n).copy_from(&(k * s));
-        let abar = (&x * x.transpose()).map(f64::exp);
-        let cols = abar.select_columns(sel); // ĀS
-        let core = cols.select_rows(sel); // SᵀĀS
+        let kbar = kernel(&x);
+        let cols = kbar.select_columns(sel); // K̄S
+        let core = cols.select_rows(sel); // SᵀK̄S
         let w = match gamma {
             None => core.pseudo_inverse(1e-12).unwrap(),
             Some(g) => (core + DMatrix::identity(sel.len(), sel.len()) * g)
@@ -295,7 +310,20 @@ mod tests {
                 .unwrap(),
         };
         let full = &cols * w * cols.transpose();
-        let a = full.view((0, n), (n, n)).into_owned();
+        full.view((0, n), (n, n)).into_owned()
+    }
+
+    /// Independent dense construction: Ā = exp(XXᵀ) (no shift), Ā̃ = ĀS·core·SᵀĀ, Ã its
+    /// upper-right block; Ô = D̃⁻¹ÃV with D̃ = Ã1.
+    fn dense(
+        q: &DMatrix<f64>,
+        k: &DMatrix<f64>,
+        v: &DMatrix<f64>,
+        sel: &[usize],
+        gamma: Option<f64>,
+    ) -> (DMatrix<f64>, Vec<f64>) {
+        let a = dense_completion(q, k, sel, gamma, |x| (x * x.transpose()).map(f64::exp));
+        let n = a.nrows();
         let den: Vec<f64> = (0..n).map(|i| a.row(i).sum()).collect();
         let mut out = &a * v;
         for (mut row, &di) in out.row_iter_mut().zip(&den) {
@@ -304,7 +332,30 @@ mod tests {
         (out, den)
     }
 
-    fn max_rel(a: &DMatrix<f64>, b: &DMatrix<f64>) -> f64 {
+    /// The core with every row of X as a landmark (S = I₂ₙ), under the pseudo-inverse.
+    pub(crate) fn core_on_every_landmark(h: &HeadInputs, kernel: CoreKernel) -> (Tensor, Tensor) {
+        let all: Vec<usize> = (0..h.n()).collect();
+        let ops = Operands::of(h).unwrap();
+        skyformer_core(&ops, &all, &all, CoreInverse::Pinv, kernel).unwrap()
+    }
+
+    /// From `seed`, `draw` splits d landmarks of n rows as `(d, (from Q̃, from K̃))` says, every
+    /// index below n.
+    pub(crate) fn assert_landmark_split(
+        draw: impl Fn(&mut TrialRng, usize, usize) -> (Vec<usize>, Vec<usize>),
+        seed: u64,
+        n: usize,
+        cases: &[(usize, (usize, usize))],
+    ) {
+        let mut rng = TrialRng::seed_from_u64(seed);
+        for &(d, split) in cases {
+            let (iq, ik) = draw(&mut rng, n, d);
+            assert_eq!((iq.len(), ik.len()), split, "d = {d}");
+            assert!(iq.iter().chain(&ik).all(|&i| i < n));
+        }
+    }
+
+    pub(crate) fn max_rel(a: &DMatrix<f64>, b: &DMatrix<f64>) -> f64 {
         (a - b).abs().max() / b.abs().max()
     }
 
@@ -357,10 +408,7 @@ mod tests {
             tensor(&k, DType::F64),
             tensor(&v, DType::F64),
         );
-        let it = CoreInverse::Iterative {
-            gamma: GAMMA,
-            steps: ITER_STEPS,
-        };
+        let it = CoreInverse::of_variant(true);
         let ops = Operands::new(&tq, &tk, &tv).unwrap();
         let got = to_dmatrix(
             &skyformer_core(&ops, &iq, &ik, it, CoreKernel::Softmax)
@@ -396,15 +444,7 @@ mod tests {
             tensor(&v, DType::F64),
         )
         .unwrap();
-        let all: Vec<usize> = (0..n).collect();
-        let (out, den) = skyformer_core(
-            &Operands::of(&head).unwrap(),
-            &all,
-            &all,
-            CoreInverse::Pinv,
-            CoreKernel::Softmax,
-        )
-        .unwrap();
+        let (out, den) = core_on_every_landmark(&head, CoreKernel::Softmax);
         let exact = to_dmatrix(&head.exact().unwrap().output).unwrap();
         assert!(max_rel(&to_dmatrix(&out).unwrap(), &exact) < 1e-7);
         assert!(den.to_vec1::<f64>().unwrap().iter().all(|&x| x > 0.0));
@@ -524,12 +564,7 @@ mod tests {
 
     #[test]
     fn landmark_split_and_metadata() {
-        let mut rng = TrialRng::seed_from_u64(7);
-        let (iq, ik) = draw_landmarks(&mut rng, 10, 7);
-        assert_eq!((iq.len(), ik.len()), (4, 3));
-        assert!(iq.iter().chain(&ik).all(|&i| i < 10));
-        let (iq, ik) = draw_landmarks(&mut rng, 10, 1);
-        assert_eq!((iq.len(), ik.len()), (1, 0));
+        assert_landmark_split(draw_landmarks, 7, 10, &[(7, (4, 3)), (1, (1, 0))]);
         assert_eq!(Skyformer::pseudo_inverse().id(), "skyformer");
         assert_eq!(Skyformer::iterative().id(), "skyformer_iter");
         assert_eq!(

@@ -26,8 +26,8 @@
 
 use anyhow::Result;
 
-use super::skyformer::{skyformer_core, CoreInverse, CoreKernel, Operands, GAMMA, ITER_STEPS};
-use crate::attention::{Approximation, Family, HeadInputs, Method, Target};
+use super::skyformer::{skyformer_core, CoreInverse, CoreKernel, Operands};
+use crate::attention::{Approximation, Family, HeadInputs, Method, MethodInfo};
 use crate::numerics::sampling::{uniform_with_replacement, TrialRng};
 
 pub struct SkyformerGauss {
@@ -56,35 +56,54 @@ pub(crate) fn draw_gauss_landmarks(
     (iq, ik)
 }
 
+const PSEUDO_INVERSE: MethodInfo = MethodInfo {
+    id: "skyformer_gauss",
+    family: Family::LowRank,
+    meaning: "total landmarks of the 2n×2n Gaussian-kernel completion (⌊d/2⌋ rows of Q̃, the rest of K̃); pseudo-inverse core",
+    random: true,
+    targets: MethodInfo::KERNELIZED,
+    ..MethodInfo::BASE
+};
+const ITERATIVE: MethodInfo = MethodInfo {
+    id: "skyformer_gauss_iter",
+    family: Family::LowRank,
+    meaning: "total landmarks of the 2n×2n Gaussian-kernel completion (⌊d/2⌋ rows of Q̃, the rest of K̃); (M + 0.1I)⁻¹ by 6 Newton–Schulz-type steps",
+    random: true,
+    targets: MethodInfo::KERNELIZED,
+    ..MethodInfo::BASE
+};
+
 impl Method for SkyformerGauss {
-    fn id(&self) -> &'static str {
-        if self.iterative {
-            "skyformer_gauss_iter"
-        } else {
-            "skyformer_gauss"
-        }
-    }
-    fn family(&self) -> Family {
-        Family::LowRank
-    }
-    fn targets(&self) -> &'static [Target] {
-        &[Target::Kernelized]
-    }
-    fn feature_meaning(&self) -> &'static str {
-        if self.iterative {
-            "total landmarks of the 2n×2n Gaussian-kernel completion (⌊d/2⌋ rows of Q̃, the rest of K̃); (M + 0.1I)⁻¹ by 6 Newton–Schulz-type steps"
-        } else {
-            "total landmarks of the 2n×2n Gaussian-kernel completion (⌊d/2⌋ rows of Q̃, the rest of K̃); pseudo-inverse core"
-        }
-    }
-    fn is_random(&self) -> bool {
-        true
+    fn approximate(
+        &self,
+        head: &HeadInputs,
+        d: usize,
+        rng: &mut TrialRng,
+    ) -> Result<Approximation> {
+        self.check(head.n(), d).map_err(anyhow::Error::msg)?;
+        let (iq, ik) = draw_gauss_landmarks(rng, head.n(), d);
+        let inverse = CoreInverse::of_variant(self.iterative);
+        let (out, _) = skyformer_core(
+            &*Operands::of(head)?,
+            &iq,
+            &ik,
+            inverse,
+            CoreKernel::Gaussian,
+        )?;
+        Ok(Approximation::plain(out.to_dtype(head.dtype())?))
     }
     /// METHODS.md §6.4 summary: 4ndp, plus 24d³ for the iterative inverse (the pseudo-inverse's
     /// eigendecomposition is also O(d³); counted the same, as for `skyformer`).
     fn macs(&self, n: usize, p: usize, d: usize) -> f64 {
         let (n, p, d) = (n as f64, p as f64, d as f64);
         4.0 * n * d * p + 24.0 * d * d * d
+    }
+    fn info(&self) -> Option<&'static MethodInfo> {
+        Some(if self.iterative {
+            &ITERATIVE
+        } else {
+            &PSEUDO_INVERSE
+        })
     }
     fn check(&self, _n: usize, d: usize) -> std::result::Result<(), String> {
         if d < 2 {
@@ -94,31 +113,6 @@ impl Method for SkyformerGauss {
             ));
         }
         Ok(())
-    }
-    fn approximate(
-        &self,
-        head: &HeadInputs,
-        d: usize,
-        rng: &mut TrialRng,
-    ) -> Result<Approximation> {
-        self.check(head.n(), d).map_err(anyhow::Error::msg)?;
-        let (iq, ik) = draw_gauss_landmarks(rng, head.n(), d);
-        let inverse = if self.iterative {
-            CoreInverse::Iterative {
-                gamma: GAMMA,
-                steps: ITER_STEPS,
-            }
-        } else {
-            CoreInverse::Pinv
-        };
-        let (out, _) = skyformer_core(
-            &*Operands::of(head)?,
-            &iq,
-            &ik,
-            inverse,
-            CoreKernel::Gaussian,
-        )?;
-        Ok(Approximation::plain(out.to_dtype(head.dtype())?))
     }
 }
 

@@ -40,7 +40,7 @@ use nalgebra::DMatrix;
 use rand::SeedableRng;
 
 use crate::attention::exact::ExactAttention;
-use crate::attention::{Approximation, HeadInputs, Mask, Method};
+use crate::attention::{Approximation, Family, HeadInputs, Method, MethodInfo};
 use crate::numerics::sampling::{normal_values, TrialRng};
 use crate::tensor_util::{from_dmatrix, from_f64, to_dmatrix};
 
@@ -231,48 +231,21 @@ fn attention_matrix(head: &HeadInputs) -> Result<Tensor> {
     )
 }
 
+const SVD_OPTIMAL: MethodInfo = MethodInfo {
+    id: "svd_optimal",
+    family: Family::LowRank,
+    meaning:
+        "rank of the truncated SVD of the attention matrix P (Eckart–Young reference; d ≥ n: exact)",
+    random: false,
+    // The Eckart–Young floor needs the SVD of the full P: a reference curve.
+    oracle: true,
+    masks: MethodInfo::BOTH_MASKS,
+    ..MethodInfo::BASE
+};
+
 impl Method for SvdOptimal {
-    fn family(&self) -> crate::attention::Family {
-        crate::attention::Family::LowRank
-    }
-    /// The Eckart–Young floor needs the SVD of the full P: a reference curve.
-    fn is_oracle(&self) -> bool {
-        true
-    }
-    fn id(&self) -> &'static str {
-        "svd_optimal"
-    }
-    fn feature_meaning(&self) -> &'static str {
-        "rank of the truncated SVD of the attention matrix P (Eckart–Young reference; d ≥ n: exact)"
-    }
-    fn is_random(&self) -> bool {
-        false
-    }
-    fn masks(&self) -> &'static [Mask] {
-        &[Mask::None, Mask::Causal]
-    }
-    /// One-off per-head cost (memoised across d): n²p for P, then ≈ 11n³ for the Golub–Reinsch
-    /// SVD with U and V (exact path) or, for the Krylov factor with block b and m = b(q+1)
-    /// columns, (2q+1)·n²b for the products with P and Pᵀ, n²m for B = QᵀP, and ≈ 3nm² for the
-    /// orthogonalisation and BBᵀ; plus ndp per d for the truncated product.
-    fn macs(&self, n: usize, p: usize, d: usize) -> f64 {
-        let (nf, pf, df) = (n as f64, p as f64, d as f64);
-        let d_max = d.max(MIN_RANK);
-        let factor = if uses_exact_svd(n, d_max) {
-            11.0 * nf * nf * nf
-        } else {
-            let (b, m) = (krylov_block(d_max) as f64, krylov_dim(d_max) as f64);
-            (2 * KRYLOV_DEPTH + 1) as f64 * nf * nf * b + nf * nf * m + 3.0 * nf * m * m
-        };
-        nf * nf * pf + factor + nf * df * pf
-    }
-    fn approximate(
-        &self,
-        head: &HeadInputs,
-        d: usize,
-        _rng: &mut TrialRng,
-    ) -> Result<Approximation> {
-        anyhow::ensure!(d >= 1, "svd_optimal needs d ≥ 1");
+    fn approximate(&self, head: &HeadInputs, d: usize, _: &mut TrialRng) -> Result<Approximation> {
+        self.check(head.n(), d).map_err(anyhow::Error::msg)?;
         let n = head.n();
         if d >= n {
             return Ok(Approximation::plain(head.exact()?.output.clone()));
@@ -301,15 +274,33 @@ impl Method for SvdOptimal {
             factor.output(d)?.to_dtype(head.dtype())?,
         ))
     }
+    /// One-off per-head cost (memoised across d): n²p for P, then ≈ 11n³ for the Golub–Reinsch
+    /// SVD with U and V (exact path) or, for the Krylov factor with block b and m = b(q+1)
+    /// columns, (2q+1)·n²b for the products with P and Pᵀ, n²m for B = QᵀP, and ≈ 3nm² for the
+    /// orthogonalisation and BBᵀ; plus ndp per d for the truncated product.
+    fn macs(&self, n: usize, p: usize, d: usize) -> f64 {
+        let (nf, pf, df) = (n as f64, p as f64, d as f64);
+        let d_max = d.max(MIN_RANK);
+        let factor = if uses_exact_svd(n, d_max) {
+            11.0 * nf * nf * nf
+        } else {
+            let (b, m) = (krylov_block(d_max) as f64, krylov_dim(d_max) as f64);
+            (2 * KRYLOV_DEPTH + 1) as f64 * nf * nf * b + nf * nf * m + 3.0 * nf * m * m
+        };
+        nf * nf * pf + factor + nf * df * pf
+    }
+    fn info(&self) -> Option<&'static MethodInfo> {
+        Some(&SVD_OPTIMAL)
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::numerics::spectral::error_norms;
+    use crate::attention::test_util::exact_error;
     use crate::tensor_util::test_device;
 
-    use crate::attention::test_util::gauss;
+    use crate::attention::test_util::{gauss, out_matrix};
 
     /// BERT-like head: rows share a common component (as embeddings do), logits of order 1.
     fn bert_like(rng: &mut TrialRng, n: usize, p: usize, scale: f64, dt: DType) -> HeadInputs {
@@ -330,9 +321,7 @@ mod tests {
             .approximate(head, d, &mut TrialRng::seed_from_u64(0))
             .unwrap()
             .output;
-        error_norms(&head.exact().unwrap().output, &o)
-            .unwrap()
-            .spectral
+        exact_error(head, &o)
     }
 
     #[test]
@@ -346,12 +335,7 @@ mod tests {
         assert!(errs[95] == 0.0 && err(&head, 500) == 0.0); // d ≥ n returns O
                                                             // The full factor itself reproduces O = PV to rounding.
         let f = exact_factor(&attention_matrix(&head).unwrap(), &head.v).unwrap();
-        assert!(
-            error_norms(&head.exact().unwrap().output, &f.output(96).unwrap())
-                .unwrap()
-                .spectral
-                < 1e-12
-        );
+        assert!(exact_error(&head, &f.output(96).unwrap()) < 1e-12);
     }
 
     #[test]
@@ -393,9 +377,7 @@ mod tests {
             let kf = krylov_factor(&p, &head.v, 64).unwrap();
             assert_eq!(kf.max_d, 64);
             for d in [1, 8, 16, 32, 64] {
-                let er = error_norms(&head.exact().unwrap().output, &kf.output(d).unwrap())
-                    .unwrap()
-                    .spectral;
+                let er = exact_error(&head, &kf.output(d).unwrap());
                 let ee = err(&head, d);
                 assert!(
                     (er - ee).abs() <= 1e-6 * ee,
@@ -418,9 +400,7 @@ mod tests {
         // Through the method, such an n gets the exact SVD: errors equal the exact factor's.
         let ex = exact_factor(&p, &head.v).unwrap();
         for d in [8, 40] {
-            let ee = error_norms(&head.exact().unwrap().output, &ex.output(d).unwrap())
-                .unwrap()
-                .spectral;
+            let ee = exact_error(&head, &ex.output(d).unwrap());
             assert_eq!(err(&head, d), ee, "d={d}");
         }
     }
@@ -436,13 +416,7 @@ mod tests {
         let a = to_dmatrix(&a).unwrap();
         assert!(a.iter().all(|x| x.is_finite()));
         // Deterministic and independent of the generator; a second d reuses the memo.
-        let b = to_dmatrix(
-            &SvdOptimal
-                .approximate(&h32, 16, &mut TrialRng::seed_from_u64(9))
-                .unwrap()
-                .output,
-        )
-        .unwrap();
+        let b = out_matrix(&SvdOptimal, &h32, 16, 9);
         assert_eq!(a, b);
         let _ = SvdOptimal
             .approximate(&h32, 64, &mut TrialRng::seed_from_u64(0))

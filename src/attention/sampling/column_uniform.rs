@@ -6,7 +6,7 @@
 use anyhow::Result;
 use candle_core::Tensor;
 
-use crate::attention::{Approximation, HeadInputs, Method};
+use crate::attention::{Approximation, Family, HeadInputs, Method, MethodInfo};
 use crate::numerics::sampling::{uniform_without_replacement, TrialRng};
 use crate::tensor_util::index_tensor;
 
@@ -21,23 +21,16 @@ pub fn with_columns(q: &Tensor, k: &Tensor, v: &Tensor, cols: &[usize]) -> Resul
     Ok(crate::attention::row_softmax(&s)?.matmul(&vj)?)
 }
 
+const COLUMN_UNIFORM: MethodInfo = MethodInfo {
+    id: "column_uniform",
+    family: Family::Sampling,
+    meaning:
+        "keys sampled uniformly without replacement (min(d, n)); softmax over the sampled keys only",
+    random: true,
+    ..MethodInfo::BASE
+};
+
 impl Method for ColumnUniform {
-    fn family(&self) -> crate::attention::Family {
-        crate::attention::Family::Sampling
-    }
-    fn id(&self) -> &'static str {
-        "column_uniform"
-    }
-    fn feature_meaning(&self) -> &'static str {
-        "keys sampled uniformly without replacement (min(d, n)); softmax over the sampled keys only"
-    }
-    fn is_random(&self) -> bool {
-        true
-    }
-    fn macs(&self, n: usize, p: usize, d: usize) -> f64 {
-        // Q K_Jᵀ and softmax·V_J: 2ndp.
-        2.0 * (n * d.min(n) * p) as f64
-    }
     fn approximate(
         &self,
         head: &HeadInputs,
@@ -51,6 +44,13 @@ impl Method for ColumnUniform {
             &head.q, &head.k, &head.v, &cols,
         )?))
     }
+    fn macs(&self, n: usize, p: usize, d: usize) -> f64 {
+        // Q K_Jᵀ and softmax·V_J: 2ndp.
+        2.0 * (n * d.min(n) * p) as f64
+    }
+    fn info(&self) -> Option<&'static MethodInfo> {
+        Some(&COLUMN_UNIFORM)
+    }
 }
 
 #[cfg(test)]
@@ -63,9 +63,7 @@ mod tests {
     use rand::SeedableRng;
 
     use crate::attention::test_util::random_head as head;
-    use crate::attention::test_util::{
-        assert_all_finite, assert_seed_determines_output, in_f32, run_seeded,
-    };
+    use crate::attention::test_util::*;
 
     #[test]
     fn all_keys_is_exact() {
@@ -75,13 +73,7 @@ mod tests {
                 .approximate(&h, d, &mut TrialRng::seed_from_u64(2))
                 .unwrap()
                 .output;
-            assert!(
-                error_norms(&h.exact().unwrap().output, &out)
-                    .unwrap()
-                    .spectral
-                    < 1e-12,
-                "d = {d}"
-            );
+            assert!(exact_error(&h, &out) < 1e-12, "d = {d}");
         }
     }
 

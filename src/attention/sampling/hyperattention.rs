@@ -37,7 +37,7 @@ use anyhow::{ensure, Result};
 use candle_core::Tensor;
 use rayon::prelude::*;
 
-use crate::attention::{Approximation, Family, HeadInputs, Method};
+use crate::attention::{Approximation, Family, HeadInputs, Method, MethodInfo};
 use crate::numerics::key_sets::key_set_softmax;
 use crate::numerics::lsh::{sort_lsh_blocks, BucketOrder, SortLshBlocks, SORT_LSH_BITS};
 use crate::numerics::sampling::{normal_values, uniform_with_replacement, TrialRng};
@@ -75,6 +75,18 @@ pub(crate) fn draw_omega(rng: &mut TrialRng, head: &HeadInputs) -> Result<Tensor
         head.device(),
         head.dtype(),
     )
+}
+
+/// Ω (one draw from `rng`), then the sortLSH blocks of size b = [`block_size`] for the head's
+/// Q and K: step 1 of both §6.3 methods.
+pub(crate) fn draw_blocks(
+    rng: &mut TrialRng,
+    head: &HeadInputs,
+    d: usize,
+    order: BucketOrder,
+) -> Result<SortLshBlocks> {
+    let omega = draw_omega(rng, head)?;
+    sort_lsh_blocks(&head.q, &head.k, &omega, block_size(head.n(), d), order)
 }
 
 /// MACs of the block part and the sampled part with weights [v, 1], plus the hashing.
@@ -188,8 +200,7 @@ impl HyperAttention {
         rng: &mut TrialRng,
     ) -> Result<BlockSampleOutput> {
         let n = head.n();
-        let omega = draw_omega(rng, head)?;
-        let blocks = sort_lsh_blocks(&head.q, &head.k, &omega, block_size(n, d), self.order)?;
+        let blocks = draw_blocks(rng, head, d, self.order)?;
         let m = d.max(1);
         let samples = Samples {
             keys: uniform_with_replacement(rng, n, m),
@@ -199,22 +210,15 @@ impl HyperAttention {
     }
 }
 
+const HYPER_ATTENTION: MethodInfo = MethodInfo {
+    id: "hyperattention",
+    family: Family::Sampling,
+    meaning: "sortLSH block size b = d (r = 7 sign bits) + m = d uniform key samples shared by all queries (n/m weights, own block masked): ≈ 2d keys per query",
+    random: true,
+    ..MethodInfo::BASE
+};
+
 impl Method for HyperAttention {
-    fn id(&self) -> &'static str {
-        "hyperattention"
-    }
-    fn family(&self) -> Family {
-        Family::Sampling
-    }
-    fn feature_meaning(&self) -> &'static str {
-        "sortLSH block size b = d (r = 7 sign bits) + m = d uniform key samples shared by all queries (n/m weights, own block masked): ≈ 2d keys per query"
-    }
-    fn is_random(&self) -> bool {
-        true
-    }
-    fn macs(&self, n: usize, p: usize, d: usize) -> f64 {
-        block_and_sample_macs(n, p, d)
-    }
     fn approximate(
         &self,
         head: &HeadInputs,
@@ -225,6 +229,12 @@ impl Method for HyperAttention {
         // overflow f32 if returned as the normaliser.
         Ok(Approximation::plain(self.estimate(head, d, rng)?.output))
     }
+    fn macs(&self, n: usize, p: usize, d: usize) -> f64 {
+        block_and_sample_macs(n, p, d)
+    }
+    fn info(&self) -> Option<&'static MethodInfo> {
+        Some(&HYPER_ATTENTION)
+    }
 }
 
 #[cfg(test)]
@@ -232,13 +242,8 @@ pub(crate) mod tests {
     use super::*;
     use crate::attention::test_util::*;
     use crate::numerics::lsh::gray_code;
-    use crate::numerics::spectral::error_norms;
     use candle_core::DType;
     use rand::SeedableRng;
-
-    fn err(h: &HeadInputs, o: &Tensor) -> f64 {
-        error_norms(&h.exact().unwrap().output, o).unwrap().spectral
-    }
 
     /// A head with iid N(0, std²) entries (§6.3.4's synthetic data: std = 0.5).
     pub(crate) fn synthetic(n: usize, p: usize, std: f64, seed: u64) -> HeadInputs {
@@ -294,22 +299,14 @@ pub(crate) mod tests {
         let sc = 1.0 / (p as f64).sqrt();
         (0..n)
             .map(|i| {
-                let mut num = vec![0.0; v[0].len()];
-                let mut den = 0.0;
-                for j in (0..n).filter(|&j| bk[j] == bq[i]) {
-                    let a = (dot(&q[i], &k[j]) * sc).exp();
-                    den += a;
-                    num.iter_mut().zip(&v[j]).for_each(|(x, y)| *x += a * y);
-                }
-                for (&j, &w) in keys.iter().zip(weights) {
-                    if mask && bk[j] == bq[i] {
-                        continue;
-                    }
-                    let a = w * (dot(&q[i], &k[j]) * sc).exp();
-                    den += a;
-                    num.iter_mut().zip(&v[j]).for_each(|(x, y)| *x += a * y);
-                }
-                num.iter().map(|x| x / den).collect()
+                let a = |j: usize| (dot(&q[i], &k[j]) * sc).exp(); // e^{q_i·k_j/√p}
+                let block = (0..n).filter(|&j| bk[j] == bq[i]).map(|j| (a(j), j));
+                let sampled = keys
+                    .iter()
+                    .zip(weights)
+                    .filter(|&(&j, _)| !(mask && bk[j] == bq[i]))
+                    .map(|(&j, &w)| (w * a(j), j));
+                weighted_mean_row(&v, block.chain(sampled))
             })
             .collect()
     }
@@ -332,54 +329,56 @@ pub(crate) mod tests {
         }
     }
 
-    #[test]
-    fn covering_budget_is_exact_attention() {
+    /// At every d of `ds` (a budget whose blocks and samples cover every key), `m` is exact
+    /// attention to 1e-12 on a §6.3.4 head.
+    fn assert_covering_budget_is_exact(m: &dyn Method, ds: &[usize]) {
         let h = synthetic(128, 16, 0.5, 1);
-        let m = HyperAttention::reference();
-        for d in [128, 500] {
-            let o = run_seeded(&m, &h, d, 2).output;
-            assert!(err(&h, &o) < 1e-12, "d = {d}: {}", err(&h, &o));
+        for &d in ds {
+            let e = exact_error(&h, &run_seeded(m, &h, d, 2).output);
+            assert!(e < 1e-12, "{} d = {d}: {e}", m.id());
         }
     }
 
-    #[test]
-    fn rows_of_weights_are_distributions_and_f32_is_finite() {
+    /// Every row of `m`'s weights is a distribution (n = 96), and f32 on a ragged n = 300
+    /// (b = 64) stays finite.
+    fn assert_weights_are_distributions_and_f32_is_finite(m: &dyn Method) {
         let h = synthetic(96, 8, 1.0, 4);
-        let m = HyperAttention::reference();
-        let w = weight_matrix(&m, &h, 16, 5);
-        assert_rows_are_distributions(&w, 1e-12);
-        let h32 = in_f32(&synthetic(300, 16, 0.5, 6)); // ragged n = 300, b = 64
-        assert_all_finite(&run_seeded(&m, &h32, 64, 1).output);
+        assert_rows_are_distributions(&weight_matrix(m, &h, 16, 5), 1e-12);
+        let h32 = in_f32(&synthetic(300, 16, 0.5, 6));
+        assert_all_finite(&run_seeded(m, &h32, 64, 1).output);
     }
 
-    #[test]
-    fn seeded_and_reproducible() {
+    /// `m` is a function of its seed, and its error at seed 11 (n = 256, d = 16) is `pinned`.
+    fn assert_seeded_with_pinned_error(m: &dyn Method, pinned: f64) {
         let h = synthetic(256, 16, 0.5, 8);
-        let m = HyperAttention::reference();
-        let a = assert_seed_determines_output(&m, &h, 16, 11);
-        let e = err(&h, &a.output);
-        assert!((e - PINNED_ERR).abs() < 1e-9 * PINNED_ERR, "{e}");
+        let e = exact_error(&h, &assert_seed_determines_output(m, &h, 16, 11).output);
+        assert!((e - pinned).abs() < 1e-9 * pinned, "{} {e}", m.id());
     }
-    const PINNED_ERR: f64 = 6.411626894300392;
 
-    #[test]
-    fn denominator_is_unbiased_given_the_blocks() {
-        // Fixed Ω (fixed blocks), fresh J: mean D̃_i against D_i, a z-test per row.
-        let h = synthetic(128, 8, 0.7, 9);
-        let (n, d) = (128, 16);
+    /// The basic checks of a sortLSH-blocks-plus-samples method: exact attention at the
+    /// covering budgets `covering`, weights and f32, and the error `pinned` at seed 11.
+    pub(crate) fn assert_sort_lsh_basics(m: &dyn Method, covering: &[usize], pinned: f64) {
+        assert_covering_budget_is_exact(m, covering);
+        assert_weights_are_distributions_and_f32_is_finite(m);
+        assert_seeded_with_pinned_error(m, pinned);
+    }
+
+    /// With Ω (hence the blocks) fixed, fresh samples from `draw` each trial: the mean of
+    /// D̃_i / D_i over 3000 trials is 1 within 5 standard errors, a z-test per row.
+    pub(crate) fn assert_denominator_unbiased_given_the_blocks(
+        h: &HeadInputs,
+        d: usize,
+        mut draw: impl FnMut(&mut TrialRng) -> Samples,
+    ) {
+        let n = h.n();
         let mut rng = TrialRng::seed_from_u64(1);
-        let omega = draw_omega(&mut rng, &h).unwrap();
+        let omega = draw_omega(&mut rng, h).unwrap();
         let blocks = sort_lsh_blocks(&h.q, &h.k, &omega, d, BucketOrder::Code).unwrap();
         let log_d = to_vec_f64(h.exact().unwrap().log_rowsum().unwrap()).unwrap();
         let trials = 3000;
-        let mut sum = vec![0.0; n];
-        let mut sq = vec![0.0; n];
+        let (mut sum, mut sq) = (vec![0.0; n], vec![0.0; n]);
         for _ in 0..trials {
-            let samples = Samples {
-                keys: uniform_with_replacement(&mut rng, n, d),
-                log_weights: vec![(n as f64 / d as f64).ln(); d],
-            };
-            let r = blocks_plus_samples(&h, &blocks, &samples, true).unwrap();
+            let r = blocks_plus_samples(h, &blocks, &draw(&mut rng), true).unwrap();
             for i in 0..n {
                 let x = (r.log_denominator[i] - log_d[i]).exp(); // D̃_i / D_i
                 sum[i] += x;
@@ -396,26 +395,53 @@ pub(crate) mod tests {
         }
     }
 
-    /// §6.3.4 synthetic evidence (n = 512, p = 64, entries N(0, 0.5²), 20 trials of an
-    /// independent implementation): 21.7 / 9.87 / 3.00 at d = 16 / 64 / 256. Ours: 4 trials on
-    /// 2 heads, within 10 %, and strictly falling in d.
-    #[test]
-    fn synthetic_errors_match_the_spec_and_fall_with_d() {
+    /// §6.3.4's synthetic data (n = 512, p = 64, entries N(0, 0.5²)): the mean error of 4
+    /// trials on 2 heads is within 10 % of each `(d, want)` of an independent implementation
+    /// (20 trials), and strictly falls in d.
+    pub(crate) fn assert_synthetic_errors_fall_with_d(m: &dyn Method, wants: &[(usize, f64)]) {
         let heads: Vec<HeadInputs> = (0..2).map(|s| synthetic(512, 64, 0.5, 100 + s)).collect();
-        let m = HyperAttention::reference();
         let mut last = f64::INFINITY;
-        for (d, want) in [(16, 21.7), (64, 9.87), (256, 3.00)] {
+        for &(d, want) in wants {
             let mut total = 0.0;
             for (hi, h) in heads.iter().enumerate() {
                 for s in 0..2 {
-                    total += err(h, &run_seeded(&m, h, d, (10 * hi + s) as u64).output);
+                    total += exact_error(h, &run_seeded(m, h, d, (10 * hi + s) as u64).output);
                 }
             }
             let mean = total / 4.0;
-            assert!((mean / want - 1.0).abs() < 0.1, "d = {d}: {mean} vs {want}");
+            assert!(
+                (mean / want - 1.0).abs() < 0.1,
+                "{} d = {d}: {mean} vs {want}",
+                m.id()
+            );
             assert!(mean < last);
             last = mean;
         }
+    }
+
+    /// Exact at a covering budget, weights that are distributions, finite in f32, and a
+    /// function of the seed with its pinned error.
+    #[test]
+    fn covering_budget_weights_and_seed() {
+        assert_sort_lsh_basics(&HyperAttention::reference(), &[128, 500], 6.411626894300392);
+    }
+
+    #[test]
+    fn denominator_is_unbiased_given_the_blocks() {
+        // Uniform J, weights n/m: E[D̃_i] = D_i.
+        let (n, d) = (128, 16);
+        let h = synthetic(n, 8, 0.7, 9);
+        assert_denominator_unbiased_given_the_blocks(&h, d, |rng| Samples {
+            keys: uniform_with_replacement(rng, n, d),
+            log_weights: vec![(n as f64 / d as f64).ln(); d],
+        });
+    }
+
+    /// §6.3.4 synthetic evidence: 21.7 / 9.87 / 3.00 at d = 16 / 64 / 256.
+    #[test]
+    fn synthetic_errors_match_the_spec_and_fall_with_d() {
+        let wants = [(16, 21.7), (64, 9.87), (256, 3.00)];
+        assert_synthetic_errors_fall_with_d(&HyperAttention::reference(), &wants);
     }
 
     #[test]

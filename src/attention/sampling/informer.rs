@@ -12,7 +12,7 @@
 use anyhow::Result;
 use candle_core::{Tensor, D};
 
-use crate::attention::{Approximation, HeadInputs, Method};
+use crate::attention::{Approximation, Family, HeadInputs, Method, MethodInfo};
 use crate::numerics::sampling::{uniform_with_replacement, TrialRng};
 use crate::tensor_util::{index_tensor, to_vec_f64};
 
@@ -136,31 +136,47 @@ pub fn with_samples(
     Ok((replace_rows(&lazy, &top, &exact)?, top))
 }
 
+const INFORMER: MethodInfo = MethodInfo {
+    id: "informer",
+    family: Family::Sampling,
+    meaning: "factor c = ⌈d/ln n⌉; u = U = min(c·⌈ln n⌉, n) exact rows and sampled keys per query",
+    random: true,
+    ..MethodInfo::BASE
+};
+const INFORMER_MASK: MethodInfo = MethodInfo {
+    id: "informer_mask",
+    family: Family::Sampling,
+    meaning: "u = U = min(d, n): exact rows and sampled keys per query",
+    random: true,
+    ..MethodInfo::BASE
+};
+
 impl Method for Informer {
-    fn family(&self) -> crate::attention::Family {
-        crate::attention::Family::Sampling
-    }
-    fn id(&self) -> &'static str {
-        if self.direct {
-            "informer_mask"
-        } else {
-            "informer"
-        }
-    }
-    fn feature_meaning(&self) -> &'static str {
-        if self.direct {
-            "u = U = min(d, n): exact rows and sampled keys per query"
-        } else {
-            "factor c = ⌈d/ln n⌉; u = U = min(c·⌈ln n⌉, n) exact rows and sampled keys per query"
-        }
-    }
-    fn is_random(&self) -> bool {
-        true
+    fn approximate(
+        &self,
+        head: &HeadInputs,
+        d: usize,
+        rng: &mut TrialRng,
+    ) -> Result<Approximation> {
+        self.check(head.n(), d).map_err(anyhow::Error::msg)?;
+        let n = head.n();
+        let (big_u, u) = self.sizes(n, d);
+        // Per query, U keys iid uniform with replacement (independent across queries).
+        let samples = uniform_with_replacement(rng, n, n * big_u);
+        let (out, _) = with_samples(&head.q, &head.k, &head.v, &samples, big_u, u)?;
+        Ok(Approximation::plain(out))
     }
     fn macs(&self, n: usize, p: usize, d: usize) -> f64 {
         // nUp (sampled logits) + 2unp (exact rows) (METHODS.md §2.11).
         let (big_u, u) = self.sizes(n, d);
         ((big_u + 2 * u) * n * p) as f64
+    }
+    fn info(&self) -> Option<&'static MethodInfo> {
+        Some(if self.direct {
+            &INFORMER_MASK
+        } else {
+            &INFORMER
+        })
     }
     fn check(&self, n: usize, d: usize) -> std::result::Result<(), String> {
         if d == 0 {
@@ -177,25 +193,12 @@ impl Method for Informer {
         }
         Ok(())
     }
-    fn approximate(
-        &self,
-        head: &HeadInputs,
-        d: usize,
-        rng: &mut TrialRng,
-    ) -> Result<Approximation> {
-        self.check(head.n(), d).map_err(anyhow::Error::msg)?;
-        let n = head.n();
-        let (big_u, u) = self.sizes(n, d);
-        // Per query, U keys iid uniform with replacement (independent across queries).
-        let samples = uniform_with_replacement(rng, n, n * big_u);
-        let (out, _) = with_samples(&head.q, &head.k, &head.v, &samples, big_u, u)?;
-        Ok(Approximation::plain(out))
-    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::attention::test_util::exact_error;
     use crate::numerics::spectral::error_norms;
     use candle_core::DType;
     use rand::SeedableRng;
@@ -278,23 +281,13 @@ mod tests {
             .approximate(&h, 64, &mut rng)
             .unwrap()
             .output;
-        assert!(
-            error_norms(&h.exact().unwrap().output, &out)
-                .unwrap()
-                .spectral
-                < 1e-12
-        );
+        assert!(exact_error(&h, &out) < 1e-12);
         // So does `informer` once c·⌈ln n⌉ ≥ n (capped at n).
         let out = Informer::log_factor()
             .approximate(&h, 1000, &mut rng)
             .unwrap()
             .output;
-        assert!(
-            error_norms(&h.exact().unwrap().output, &out)
-                .unwrap()
-                .spectral
-                < 1e-12
-        );
+        assert!(exact_error(&h, &out) < 1e-12);
     }
 
     #[test]
@@ -342,9 +335,7 @@ mod tests {
         assert!(diff < 1e-4, "f32 vs f64: {diff}");
         assert_all_finite(&b);
         // Error is below V-Mean's (the selected rows are exact), and positive.
-        let err = error_norms(&h64.exact().unwrap().output, &a)
-            .unwrap()
-            .spectral;
+        let err = exact_error(&h64, &a);
         let vmean = vmean_error(&h64);
         assert!(err > 0.0 && err <= vmean + 1e-12, "{err} vs {vmean}");
     }

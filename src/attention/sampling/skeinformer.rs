@@ -19,7 +19,7 @@ use anyhow::Result;
 use candle_core::{Tensor, D};
 
 use super::informer::replace_rows;
-use crate::attention::{Approximation, HeadInputs, Method};
+use crate::attention::{Approximation, Family, HeadInputs, Method, MethodInfo};
 use crate::numerics::sampling::{
     uniform_with_replacement, uniform_without_replacement, weighted_without_replacement, TrialRng,
 };
@@ -175,53 +175,43 @@ impl Skeinformer {
     }
 }
 
+const FULL: MethodInfo = MethodInfo {
+    id: "skeinformer",
+    family: Family::Sampling,
+    meaning: "pilot rows = importance-sampled columns = min(d, n − 1)",
+    random: true,
+    ..MethodInfo::BASE
+};
+const UNIFORM: MethodInfo = MethodInfo {
+    id: "skein_uniform",
+    family: Family::Sampling,
+    meaning: "uniformly sampled columns (no pilot), capped at n − 1",
+    random: true,
+    ..MethodInfo::BASE
+};
+const NO_NORM: MethodInfo = MethodInfo {
+    id: "skein_nonorm",
+    family: Family::Sampling,
+    meaning: "pilot rows = importance-sampled columns = min(d, n − 1)",
+    random: true,
+    ..MethodInfo::BASE
+};
+const SIMPLE_NORM: MethodInfo = MethodInfo {
+    id: "skein_simplenorm",
+    family: Family::Sampling,
+    meaning: "pilot rows = importance-sampled columns = min(d, n − 1)",
+    random: true,
+    ..MethodInfo::BASE
+};
+const NO_PILOT: MethodInfo = MethodInfo {
+    id: "skein_nopilot",
+    family: Family::Sampling,
+    meaning: "pilot rows = importance-sampled columns = min(d, n − 1)",
+    random: true,
+    ..MethodInfo::BASE
+};
+
 impl Method for Skeinformer {
-    fn family(&self) -> crate::attention::Family {
-        crate::attention::Family::Sampling
-    }
-    fn id(&self) -> &'static str {
-        match self.variant {
-            SkeinVariant::Full => "skeinformer",
-            SkeinVariant::Uniform => "skein_uniform",
-            SkeinVariant::NoNorm => "skein_nonorm",
-            SkeinVariant::SimpleNorm => "skein_simplenorm",
-            SkeinVariant::NoPilot => "skein_nopilot",
-        }
-    }
-    fn feature_meaning(&self) -> &'static str {
-        match self.variant {
-            SkeinVariant::Uniform => "uniformly sampled columns (no pilot), capped at n − 1",
-            _ => "pilot rows = importance-sampled columns = min(d, n − 1)",
-        }
-    }
-    fn is_random(&self) -> bool {
-        true
-    }
-    fn macs(&self, n: usize, p: usize, d: usize) -> f64 {
-        let ndp = (n * effective_d(n, d) * p) as f64;
-        match self.variant {
-            // Q_J Kᵀ, B_J V, Q K_{J'}ᵀ, A'V_{J'} (METHODS.md §2.11: 4ndp + O(nd)).
-            SkeinVariant::Full => 4.0 * ndp,
-            // No B_J V.
-            SkeinVariant::NoPilot | SkeinVariant::SimpleNorm => 3.0 * ndp,
-            // Plus the exact D, n²p.
-            SkeinVariant::NoNorm => 3.0 * ndp + (n * n * p) as f64,
-            // No pilot at all.
-            SkeinVariant::Uniform => 2.0 * ndp,
-        }
-    }
-    fn check(&self, n: usize, d: usize) -> std::result::Result<(), String> {
-        if d == 0 {
-            return Err("d must be at least 1".into());
-        }
-        if n < 2 {
-            return Err(format!(
-                "{} needs n ≥ 2 (d is capped at n − 1), got n = {n}",
-                self.id()
-            ));
-        }
-        Ok(())
-    }
     fn approximate(
         &self,
         head: &HeadInputs,
@@ -242,11 +232,46 @@ impl Method for Skeinformer {
             support: None,
         })
     }
+    fn macs(&self, n: usize, p: usize, d: usize) -> f64 {
+        let ndp = (n * effective_d(n, d) * p) as f64;
+        match self.variant {
+            // Q_J Kᵀ, B_J V, Q K_{J'}ᵀ, A'V_{J'} (METHODS.md §2.11: 4ndp + O(nd)).
+            SkeinVariant::Full => 4.0 * ndp,
+            // No B_J V.
+            SkeinVariant::NoPilot | SkeinVariant::SimpleNorm => 3.0 * ndp,
+            // Plus the exact D, n²p.
+            SkeinVariant::NoNorm => 3.0 * ndp + (n * n * p) as f64,
+            // No pilot at all.
+            SkeinVariant::Uniform => 2.0 * ndp,
+        }
+    }
+    fn info(&self) -> Option<&'static MethodInfo> {
+        Some(match self.variant {
+            SkeinVariant::Full => &FULL,
+            SkeinVariant::Uniform => &UNIFORM,
+            SkeinVariant::NoNorm => &NO_NORM,
+            SkeinVariant::SimpleNorm => &SIMPLE_NORM,
+            SkeinVariant::NoPilot => &NO_PILOT,
+        })
+    }
+    fn check(&self, n: usize, d: usize) -> std::result::Result<(), String> {
+        if d == 0 {
+            return Err("d must be at least 1".into());
+        }
+        if n < 2 {
+            return Err(format!(
+                "{} needs n ≥ 2 (d is capped at n − 1), got n = {n}",
+                self.id()
+            ));
+        }
+        Ok(())
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::attention::test_util::exact_error;
     use crate::attention::test_util::{
         assert_all_finite, assert_seed_determines_output, in_f32, run_seeded, vmean_error,
     };
@@ -363,12 +388,7 @@ mod tests {
         let k = from_f64(kv, (n, p), &test_device(), DType::F64).unwrap();
         let h = HeadInputs::new(h0.q.clone(), k, h0.v.clone()).unwrap();
         let (r, _) = rows_from_columns(&h.q, &h.k, &h.v, &[0, 1], RowNorm::Adaptive).unwrap();
-        assert!(
-            error_norms(&h.exact().unwrap().output, &r)
-                .unwrap()
-                .spectral
-                < 1e-12
-        );
+        assert!(exact_error(&h, &r) < 1e-12);
     }
 
     #[test]
@@ -502,9 +522,7 @@ mod tests {
                 )
                 .unwrap();
             assert_eq!(run.cols.len(), 127);
-            let err = error_norms(&h64.exact().unwrap().output, &run.output)
-                .unwrap()
-                .spectral;
+            let err = exact_error(&h64, &run.output);
             if variant == SkeinVariant::NoNorm {
                 // The only error is the missing column: E = P[:, j*]·v_{j*}ᵀ, of norm ‖P[:, j*]‖·‖v_{j*}‖.
                 let j = (0..128).find(|j| !run.cols.contains(j)).unwrap();

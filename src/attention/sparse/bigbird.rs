@@ -24,7 +24,7 @@
 
 use anyhow::Result;
 
-use crate::attention::{Approximation, Family, HeadInputs, Method};
+use crate::attention::{Approximation, Family, HeadInputs, Method, MethodInfo};
 use crate::numerics::key_sets::{key_set_softmax, KeyGroup};
 use crate::numerics::sampling::{uniform_without_replacement, TrialRng};
 
@@ -106,22 +106,15 @@ pub fn visited_pairs(n: usize, d: usize) -> f64 {
         .sum()
 }
 
+const BIG_BIRD: MethodInfo = MethodInfo {
+    id: "bigbird",
+    family: Family::Sparse,
+    meaning: "block size b = max(1, ⌊d/4⌋): 2 global + 3 window + 3 random blocks, 8b = 2d keys per middle row",
+    random: true,
+    ..MethodInfo::BASE
+};
+
 impl Method for BigBird {
-    fn id(&self) -> &'static str {
-        "bigbird"
-    }
-    fn family(&self) -> Family {
-        Family::Sparse
-    }
-    fn feature_meaning(&self) -> &'static str {
-        "block size b = max(1, ⌊d/4⌋): 2 global + 3 window + 3 random blocks, 8b = 2d keys per middle row"
-    }
-    fn is_random(&self) -> bool {
-        true
-    }
-    fn macs(&self, n: usize, p: usize, d: usize) -> f64 {
-        super::pair_macs(visited_pairs(n, d), p)
-    }
     fn approximate(
         &self,
         head: &HeadInputs,
@@ -131,6 +124,12 @@ impl Method for BigBird {
         let groups = key_groups(head.n(), d, rng);
         let out = key_set_softmax(&head.q, &head.k, &head.v, &groups, None, false)?;
         Ok(Approximation::plain(out.output))
+    }
+    fn macs(&self, n: usize, p: usize, d: usize) -> f64 {
+        super::pair_macs(visited_pairs(n, d), p)
+    }
+    fn info(&self) -> Option<&'static MethodInfo> {
+        Some(&BIG_BIRD)
     }
 }
 

@@ -23,14 +23,27 @@ pub(crate) fn pair_macs(pairs: f64, p: usize) -> f64 {
 pub(crate) mod test_util {
     use candle_core::DType;
 
-    use crate::attention::test_util::{assert_close_per_entry, in_f32, run_seeded};
+    use crate::attention::test_util::{assert_close_per_entry, in_f32};
     use crate::attention::{HeadInputs, Method};
     use crate::numerics::key_sets::tests::{dense_masked_softmax, max_rel};
 
-    /// Ô of `m` on `h` with budget d and the trial generator of `seed`, as f64 rows.
-    pub(crate) fn out_rows(m: &dyn Method, h: &HeadInputs, d: usize, seed: u64) -> Vec<Vec<f64>> {
-        let o = run_seeded(m, h, d, seed).output;
-        o.to_dtype(DType::F64).unwrap().to_vec2().unwrap()
+    pub(crate) use crate::attention::test_util::out_rows;
+
+    /// The keys each row of `m`'s weight matrix W (V = I_n, see
+    /// [`weight_matrix`](crate::attention::test_util::weight_matrix)) puts weight on, after
+    /// checking that every row is a distribution within `tol`.
+    pub(crate) fn supports(
+        m: &dyn Method,
+        h: &HeadInputs,
+        d: usize,
+        seed: u64,
+        tol: f64,
+    ) -> Vec<Vec<usize>> {
+        let w = crate::attention::test_util::weight_matrix(m, h, d, seed);
+        crate::attention::test_util::assert_rows_are_distributions(&w, tol);
+        w.iter()
+            .map(|row| (0..row.len()).filter(|&j| row[j] > 0.0).collect())
+            .collect()
     }
 
     /// The rows of a head's exact attention, in f64.
@@ -88,12 +101,12 @@ pub(crate) mod test_util {
 
 #[cfg(test)]
 mod tests {
+    use crate::attention::test_util::exact_error;
     use candle_core::DType;
     use rand::SeedableRng;
 
     use crate::attention::{by_id, HeadInputs};
     use crate::numerics::sampling::{normal_values, TrialRng};
-    use crate::numerics::spectral::error_norms;
     use crate::tensor_util::from_f64;
 
     /// §6.1's synthetic evidence, from an independent float64 implementation: q, k, v entries
@@ -128,9 +141,7 @@ mod tests {
                     .map(|(s, h)| {
                         let mut rng = TrialRng::seed_from_u64(s as u64);
                         let o = m.approximate(h, d, &mut rng).unwrap().output;
-                        error_norms(&h.exact().unwrap().output, &o)
-                            .unwrap()
-                            .spectral
+                        exact_error(h, &o)
                     })
                     .sum::<f64>()
                     / heads as f64;

@@ -32,7 +32,7 @@
 use anyhow::Result;
 use candle_core::{DType, Tensor};
 
-use crate::attention::{Approximation, Family, HeadInputs, Method};
+use crate::attention::{Approximation, Family, HeadInputs, Method, MethodInfo};
 use crate::numerics::key_sets::{key_set_softmax, KeyGroup};
 use crate::numerics::lsh::{ranks, sort_by_bucket, AngularLsh};
 use crate::numerics::sampling::TrialRng;
@@ -206,26 +206,15 @@ fn union_from_rounds(
     Ok(Tensor::from_vec(out, (n, pv), head.device())?.to_dtype(head.dtype())?)
 }
 
+const REFORMER: MethodInfo = MethodInfo {
+    id: "reformer",
+    family: Family::Sparse,
+    meaning: "chunk length c = ⌊d/2⌋ of 2 angular-LSH rounds (chunk + previous chunk): d keys per round, d…2d in the union",
+    random: true,
+    ..MethodInfo::BASE
+};
+
 impl Method for Reformer {
-    fn id(&self) -> &'static str {
-        "reformer"
-    }
-    fn family(&self) -> Family {
-        Family::Sparse
-    }
-    fn feature_meaning(&self) -> &'static str {
-        "chunk length c = ⌊d/2⌋ of 2 angular-LSH rounds (chunk + previous chunk): d keys per round, d…2d in the union"
-    }
-    fn is_random(&self) -> bool {
-        true
-    }
-    fn macs(&self, n: usize, p: usize, d: usize) -> f64 {
-        let c = chunk_len(d);
-        let (nf, pf, h) = (n as f64, p as f64, ROUNDS as f64);
-        let attention = h * super::pair_macs(nf * (2 * c).min(n) as f64, p);
-        let hashing = h * 2.0 * nf * pf * (buckets(n, c) / 2) as f64;
-        attention + hashing
-    }
     fn approximate(
         &self,
         head: &HeadInputs,
@@ -246,6 +235,16 @@ impl Method for Reformer {
             .collect::<Result<Vec<_>>>()?;
         let out = union_from_rounds(head, &per_round, &overlaps(&orders, head.n(), c))?;
         Ok(Approximation::plain(out))
+    }
+    fn macs(&self, n: usize, p: usize, d: usize) -> f64 {
+        let c = chunk_len(d);
+        let (nf, pf, h) = (n as f64, p as f64, ROUNDS as f64);
+        let attention = h * super::pair_macs(nf * (2 * c).min(n) as f64, p);
+        let hashing = h * 2.0 * nf * pf * (buckets(n, c) / 2) as f64;
+        attention + hashing
+    }
+    fn info(&self) -> Option<&'static MethodInfo> {
+        Some(&REFORMER)
     }
 }
 

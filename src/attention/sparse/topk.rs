@@ -32,7 +32,7 @@ use anyhow::Result;
 use candle_core::{DType, Tensor};
 
 use crate::attention::exact::{map_masked_score_blocks, scaled_operands};
-use crate::attention::{Approximation, Family, HeadInputs, Mask, Method};
+use crate::attention::{Approximation, Family, HeadInputs, Mask, Method, MethodInfo};
 use crate::numerics::key_sets::{key_set_softmax, per_row_groups};
 use crate::numerics::sampling::TrialRng;
 
@@ -151,45 +151,18 @@ pub fn key_sets(q: &Tensor, k: &Tensor, d: usize) -> Result<Vec<Vec<usize>>> {
 /// The d a head's ranking is first built for, so that the default grid (8–256) ranks once.
 const RANK_FOR_D: usize = 256;
 
+const TOP_K: MethodInfo = MethodInfo {
+    id: "topk",
+    family: Family::Sparse,
+    meaning: "oracle (quadratic): keeps the 2d largest logits per query (min(2d, n)), ties to the lower key index",
+    random: false,
+    oracle: true,
+    masks: MethodInfo::BOTH_MASKS,
+    ..MethodInfo::BASE
+};
+
 impl Method for TopK {
-    fn id(&self) -> &'static str {
-        "topk"
-    }
-    fn family(&self) -> Family {
-        Family::Sparse
-    }
-    fn is_oracle(&self) -> bool {
-        true
-    }
-    fn feature_meaning(&self) -> &'static str {
-        "oracle (quadratic): keeps the 2d largest logits per query (min(2d, n)), ties to the lower key index"
-    }
-    fn is_random(&self) -> bool {
-        false
-    }
-    fn macs(&self, n: usize, p: usize, d: usize) -> f64 {
-        let (nf, pf) = (n as f64, p as f64);
-        nf * nf * pf + nf * kept(n, d) as f64 * pf
-    }
-    fn masks(&self) -> &'static [Mask] {
-        &[Mask::None, Mask::Causal]
-    }
-    fn macs_masked(&self, n: usize, p: usize, d: usize, mask: Mask) -> f64 {
-        match mask {
-            Mask::None => self.macs(n, p, d),
-            Mask::Causal => {
-                let nf = n as f64;
-                nf * nf * p as f64 / 2.0
-                    + super::pair_macs(super::window::causal_visited_pairs(n, d), p)
-            }
-        }
-    }
-    fn approximate(
-        &self,
-        head: &HeadInputs,
-        d: usize,
-        _rng: &mut TrialRng,
-    ) -> Result<Approximation> {
+    fn approximate(&self, head: &HeadInputs, d: usize, _: &mut TrialRng) -> Result<Approximation> {
         self.check(head.n(), d).map_err(anyhow::Error::msg)?;
         // kk keys per query: 2d bidirectionally (§6.1.3), d under the causal mask (§7.3).
         let kk = match head.mask {
@@ -215,21 +188,38 @@ impl Method for TopK {
         let out = key_set_softmax(&head.q, &head.k, &head.v, &groups, None, true)?;
         Approximation::restricted(out, keys)
     }
+    fn macs(&self, n: usize, p: usize, d: usize) -> f64 {
+        let (nf, pf) = (n as f64, p as f64);
+        nf * nf * pf + nf * kept(n, d) as f64 * pf
+    }
+    fn info(&self) -> Option<&'static MethodInfo> {
+        Some(&TOP_K)
+    }
+    fn macs_masked(&self, n: usize, p: usize, d: usize, mask: Mask) -> f64 {
+        match mask {
+            Mask::None => self.macs(n, p, d),
+            Mask::Causal => {
+                let nf = n as f64;
+                nf * nf * p as f64 / 2.0
+                    + super::pair_macs(super::window::causal_visited_pairs(n, d), p)
+            }
+        }
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    use crate::attention::test_util::{
-        assert_close_per_entry, assert_rows_are_distributions, host_rows, in_f32, random_head,
-        run_seeded, weight_matrix,
+    use crate::attention::sparse::test_util::{
+        self, assert_covering_budget_is_exact, assert_is_masked_softmax_of_its_sets,
     };
-    use crate::numerics::key_sets::tests::{dense_masked_softmax, max_rel};
+    use crate::attention::test_util::{
+        assert_rows_are_distributions, host_rows, random_head, weight_matrix,
+    };
 
     fn out_rows(h: &HeadInputs, d: usize) -> Vec<Vec<f64>> {
-        let o = run_seeded(&TopK, h, d, 0).output;
-        o.to_dtype(DType::F64).unwrap().to_vec2().unwrap()
+        test_util::out_rows(&TopK, h, d, 0)
     }
 
     /// The oracle's sets straight from the definition: stable sort of j by (−s_ij, j) on f64
@@ -254,17 +244,10 @@ mod tests {
     #[test]
     fn equals_the_dense_masked_softmax_in_float64() {
         let h = random_head(240, 16, 1, DType::F64);
-        let [q, k, v] = host_rows(&h);
-        for d in [1, 4, 16, 50, 119] {
-            let sets = stable_sort_sets(&q, &k, 2 * d);
-            let (want, _) = dense_masked_softmax(&q, &k, &v, |i, j| sets[i].contains(&j));
-            assert_close_per_entry(&out_rows(&h, d), &want, 1e-6);
-            assert!(max_rel(&out_rows(&h, d), &want) < 1e-12, "d = {d}");
-            assert!(
-                max_rel(&out_rows(&in_f32(&h), d), &want) < 1e-5,
-                "f32, d = {d}"
-            );
-        }
+        let [q, k, _] = host_rows(&h);
+        assert_is_masked_softmax_of_its_sets(&TopK, &h, &[1, 4, 16, 50, 119], 0, |d| {
+            stable_sort_sets(&q, &k, 2 * d)
+        });
     }
 
     /// Integer logits tie often: ties must go to the lower key index, as a stable sort does.
@@ -330,21 +313,7 @@ mod tests {
     #[test]
     fn covering_budget_is_exact_attention() {
         let h = random_head(150, 32, 2, DType::F64);
-        let exact = h.exact().unwrap().output.to_vec2::<f64>().unwrap();
-        for d in [75, 76, 400] {
-            assert_close_per_entry(&out_rows(&h, d), &exact, 1e-6);
-            assert!(max_rel(&out_rows(&h, d), &exact) < 1e-12);
-        }
-        let h32 = in_f32(&h);
-        let exact32 = h32
-            .exact()
-            .unwrap()
-            .output
-            .to_dtype(DType::F64)
-            .unwrap()
-            .to_vec2()
-            .unwrap();
-        assert!(max_rel(&out_rows(&h32, 75), &exact32) < 1e-6);
+        assert_covering_budget_is_exact(&TopK, &h, &[75, 76, 400], &[0]);
     }
 
     /// Weights are a distribution on exactly the kk largest logits, and no other kk-set keeps

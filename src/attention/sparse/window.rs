@@ -19,7 +19,7 @@
 
 use anyhow::Result;
 
-use crate::attention::{Approximation, Family, HeadInputs, Mask, Method};
+use crate::attention::{Approximation, Family, HeadInputs, Mask, Method, MethodInfo};
 use crate::numerics::key_sets::{key_set_softmax, KeyGroup};
 use crate::numerics::sampling::TrialRng;
 
@@ -87,37 +87,17 @@ pub fn causal_visited_pairs(n: usize, d: usize) -> f64 {
     w * (w + 1.0) / 2.0 + (n - w) * w
 }
 
+const WINDOW: MethodInfo = MethodInfo {
+    id: "window",
+    family: Family::Sparse,
+    meaning: "one-sided half-width of a token-centred window, |i − j| ≤ d (2d+1 keys inside, d+1 at the ends)",
+    random: false,
+    masks: MethodInfo::BOTH_MASKS,
+    ..MethodInfo::BASE
+};
+
 impl Method for Window {
-    fn id(&self) -> &'static str {
-        "window"
-    }
-    fn family(&self) -> Family {
-        Family::Sparse
-    }
-    fn feature_meaning(&self) -> &'static str {
-        "one-sided half-width of a token-centred window, |i − j| ≤ d (2d+1 keys inside, d+1 at the ends)"
-    }
-    fn is_random(&self) -> bool {
-        false
-    }
-    fn macs(&self, n: usize, p: usize, d: usize) -> f64 {
-        super::pair_macs(visited_pairs(n, d), p)
-    }
-    fn masks(&self) -> &'static [Mask] {
-        &[Mask::None, Mask::Causal]
-    }
-    fn macs_masked(&self, n: usize, p: usize, d: usize, mask: Mask) -> f64 {
-        match mask {
-            Mask::None => self.macs(n, p, d),
-            Mask::Causal => super::pair_macs(causal_visited_pairs(n, d), p),
-        }
-    }
-    fn approximate(
-        &self,
-        head: &HeadInputs,
-        d: usize,
-        _rng: &mut TrialRng,
-    ) -> Result<Approximation> {
+    fn approximate(&self, head: &HeadInputs, d: usize, _: &mut TrialRng) -> Result<Approximation> {
         let n = head.n();
         let (groups, pairs) = match head.mask {
             Mask::None => (key_groups(n, d), visited_pairs(n, d)),
@@ -131,6 +111,18 @@ impl Method for Window {
         let out = key_set_softmax(&head.q, &head.k, &head.v, &groups, Some(&filter), true)?;
         Approximation::restricted(out, pairs / n as f64)
     }
+    fn macs(&self, n: usize, p: usize, d: usize) -> f64 {
+        super::pair_macs(visited_pairs(n, d), p)
+    }
+    fn info(&self) -> Option<&'static MethodInfo> {
+        Some(&WINDOW)
+    }
+    fn macs_masked(&self, n: usize, p: usize, d: usize, mask: Mask) -> f64 {
+        match mask {
+            Mask::None => self.macs(n, p, d),
+            Mask::Causal => super::pair_macs(causal_visited_pairs(n, d), p),
+        }
+    }
 }
 
 #[cfg(test)]
@@ -138,15 +130,14 @@ mod tests {
     use super::*;
     use candle_core::DType;
 
-    use crate::attention::test_util::{
-        assert_close_per_entry, assert_rows_are_distributions, host_rows, in_f32, random_head,
-        run_seeded, weight_matrix,
+    use crate::attention::sparse::test_util::{
+        self, assert_covering_budget_is_exact, assert_is_masked_softmax_of_its_sets,
     };
-    use crate::numerics::key_sets::tests::{dense_masked_softmax, max_rel};
+    use crate::attention::test_util::random_head;
+    use crate::numerics::key_sets::tests::max_rel;
 
     fn out_rows(h: &HeadInputs, d: usize) -> Vec<Vec<f64>> {
-        let o = run_seeded(&Window, h, d, 0).output;
-        o.to_dtype(DType::F64).unwrap().to_vec2().unwrap()
+        test_util::out_rows(&Window, h, d, 0)
     }
 
     /// The dense float64 masked softmax over |i − j| ≤ d, entry by entry; the f32 run agrees
@@ -154,37 +145,18 @@ mod tests {
     #[test]
     fn equals_the_dense_masked_softmax_in_float64() {
         let h = random_head(300, 16, 1, DType::F64);
-        let [q, k, v] = host_rows(&h);
-        for d in [0, 1, 7, 16, 40, 150, 298] {
-            let (want, _) = dense_masked_softmax(&q, &k, &v, |i, j| i.abs_diff(j) <= d);
-            assert_close_per_entry(&out_rows(&h, d), &want, 1e-6);
-            assert!(max_rel(&out_rows(&h, d), &want) < 1e-12, "d = {d}");
-            assert!(
-                max_rel(&out_rows(&in_f32(&h), d), &want) < 1e-5,
-                "f32, d = {d}"
-            );
-        }
+        let ds = [0, 1, 7, 16, 40, 150, 298];
+        assert_is_masked_softmax_of_its_sets(&Window, &h, &ds, 0, |d| {
+            (0..h.n())
+                .map(|i| (0..h.n()).filter(|&j| i.abs_diff(j) <= d).collect())
+                .collect()
+        });
     }
 
     #[test]
     fn covering_window_is_exact_attention() {
         let h = random_head(200, 32, 2, DType::F64);
-        let exact = h.exact().unwrap().output.to_vec2::<f64>().unwrap();
-        for d in [199, 200, 1000] {
-            assert_close_per_entry(&out_rows(&h, d), &exact, 1e-6);
-            assert!(max_rel(&out_rows(&h, d), &exact) < 1e-12);
-        }
-        // In f32 against exact attention's own f32 path.
-        let h32 = in_f32(&h);
-        let exact32 = h32
-            .exact()
-            .unwrap()
-            .output
-            .to_dtype(DType::F64)
-            .unwrap()
-            .to_vec2()
-            .unwrap();
-        assert!(max_rel(&out_rows(&h32, 199), &exact32) < 1e-6);
+        assert_covering_budget_is_exact(&Window, &h, &[199, 200, 1000], &[0]);
         // d = 0: each query sees only its own key.
         assert!(max_rel(&out_rows(&h, 0), &h.v.to_vec2::<f64>().unwrap()) < 1e-15);
     }
@@ -195,13 +167,11 @@ mod tests {
         let (n, d) = (100, 8);
         for dtype in [DType::F64, DType::F32] {
             let h = random_head(n, 8, 3, dtype);
-            let w = weight_matrix(&Window, &h, d, 0);
-            assert_rows_are_distributions(&w, 1e-6);
+            let supports = test_util::supports(&Window, &h, d, 0, 1e-6);
             let mut pairs = 0;
-            for (i, row) in w.iter().enumerate() {
-                let support: Vec<usize> = (0..n).filter(|&j| row[j] > 0.0).collect();
+            for (i, support) in supports.iter().enumerate() {
                 let want: Vec<usize> = (i.saturating_sub(d)..=(i + d).min(n - 1)).collect();
-                assert_eq!(support, want, "row {i}");
+                assert_eq!(support, &want, "row {i}");
                 let count = i.min(d) + (n - 1 - i).min(d) + 1;
                 assert_eq!(support.len(), count);
                 if (d..n - d).contains(&i) {
@@ -209,8 +179,8 @@ mod tests {
                 }
                 pairs += count;
             }
-            assert_eq!(w[0].iter().filter(|&&x| x > 0.0).count(), d + 1);
-            assert_eq!(w[n - 1].iter().filter(|&&x| x > 0.0).count(), d + 1);
+            assert_eq!(supports[0].len(), d + 1);
+            assert_eq!(supports[n - 1].len(), d + 1);
             assert_eq!(visited_pairs(n, d), pairs as f64);
         }
     }

@@ -1,4 +1,5 @@
 use super::*;
+use crate::attention::test_util::exact_error;
 use nalgebra::DMatrix;
 use rand::SeedableRng;
 
@@ -128,9 +129,7 @@ fn many_features_converge_to_softmax_attention() {
     let floor = vmean_error(&h);
     let err = |d: usize| {
         let o = run_seeded(&PerformerTrig, &h, d, 3).output;
-        error_norms(&h.exact().unwrap().output, &o)
-            .unwrap()
-            .spectral
+        exact_error(&h, &o)
     };
     let (coarse, fine) = (err(64), err(16384));
     assert!(fine < 0.1 * floor, "{fine} vs V-Mean {floor}");

@@ -1,6 +1,11 @@
 use super::*;
+use crate::attention::lowrank::skyformer::tests::{
+    assert_landmark_split, core_on_every_landmark, dense_completion, max_rel,
+};
+use crate::attention::lowrank::skyformer::GAMMA;
 use crate::attention::sampling::hyperattention::tests::synthetic;
 use crate::attention::test_util::{assert_seed_determines_output, gauss, random_head, run_seeded};
+use crate::attention::Target;
 use crate::numerics::spectral::error_norms;
 use crate::tensor_util::{from_dmatrix, test_device, to_dmatrix};
 use candle_core::{DType, Tensor};
@@ -11,38 +16,12 @@ fn tensor(m: &DMatrix<f64>) -> Tensor {
     from_dmatrix(m, &test_device(), DType::F64).unwrap()
 }
 
-/// Independent dense construction of Eq. (5) on C: C̄ = κ(X, X) for X = [Q̃; K̃] from the
-/// distance form exp(−‖x − y‖²/2), C̄̃ = C̄S·core·SᵀC̄ with core = (SᵀC̄S)^† (nalgebra SVD) or
-/// (SᵀC̄S + γI)⁻¹ (LU), Ô = (upper-right block of C̄̃)·V.
-fn dense(
-    q: &DMatrix<f64>,
-    k: &DMatrix<f64>,
-    v: &DMatrix<f64>,
-    sel: &[usize],
-    gamma: Option<f64>,
-) -> DMatrix<f64> {
-    let (n, p) = q.shape();
-    let s = (p as f64).powf(-0.25);
-    let mut x = DMatrix::zeros(2 * n, p);
-    x.rows_mut(0, n).copy_from(&(q * s));
-    x.rows_mut(n, n).copy_from(&(k * s));
-    let cbar = DMatrix::from_fn(2 * n, 2 * n, |i, j| {
+/// C̄ = κ(X, X) from the distance form exp(−‖x − y‖²/2): with [`dense_completion`], Eq. (5)
+/// on C built independently, Ô = (upper-right block of C̄̃)·V.
+fn gaussian_kernel(x: &DMatrix<f64>) -> DMatrix<f64> {
+    DMatrix::from_fn(x.nrows(), x.nrows(), |i, j| {
         (-(x.row(i) - x.row(j)).norm_squared() / 2.0).exp()
-    });
-    let cols = cbar.select_columns(sel);
-    let core = cols.select_rows(sel);
-    let w = match gamma {
-        None => core.pseudo_inverse(1e-12).unwrap(),
-        Some(g) => (core + DMatrix::identity(sel.len(), sel.len()) * g)
-            .try_inverse()
-            .unwrap(),
-    };
-    let full = &cols * w * cols.transpose();
-    full.view((0, n), (n, n)).into_owned() * v
-}
-
-fn max_rel(a: &DMatrix<f64>, b: &DMatrix<f64>) -> f64 {
-    (a - b).abs().max() / b.abs().max()
+    })
 }
 
 fn qkv(n: usize, p: usize, seed: u64) -> [DMatrix<f64>; 3] {
@@ -61,7 +40,7 @@ fn pseudo_inverse_path_matches_the_dense_eq5_construction_with_duplicates() {
     let ops = Operands::new(&tensor(&q), &tensor(&k), &tensor(&v)).unwrap();
     let (out, _) = skyformer_core(&ops, &iq, &ik, CoreInverse::Pinv, CoreKernel::Gaussian).unwrap();
     let sel: Vec<usize> = iq.iter().cloned().chain(ik.iter().map(|j| j + 9)).collect();
-    let want = dense(&q, &k, &v, &sel, None);
+    let want = dense_completion(&q, &k, &sel, None, gaussian_kernel) * &v;
     let got = to_dmatrix(&out).unwrap();
     assert!(max_rel(&got, &want) < 1e-9, "{}", max_rel(&got, &want));
 }
@@ -73,17 +52,14 @@ fn iterative_path_matches_the_dense_ridge_inverse() {
     let [q, k, v] = qkv(40, 16, 2);
     let (iq, ik) = (vec![0, 5, 9], vec![2, 17, 33, 39]);
     let ops = Operands::new(&tensor(&q), &tensor(&k), &tensor(&v)).unwrap();
-    let it = CoreInverse::Iterative {
-        gamma: GAMMA,
-        steps: ITER_STEPS,
-    };
+    let it = CoreInverse::of_variant(true);
     let (out, _) = skyformer_core(&ops, &iq, &ik, it, CoreKernel::Gaussian).unwrap();
     let sel: Vec<usize> = iq
         .iter()
         .cloned()
         .chain(ik.iter().map(|j| j + 40))
         .collect();
-    let want = dense(&q, &k, &v, &sel, Some(GAMMA));
+    let want = dense_completion(&q, &k, &sel, Some(GAMMA), gaussian_kernel) * &v;
     let got = to_dmatrix(&out).unwrap();
     assert!(max_rel(&got, &want) < 1e-8, "{}", max_rel(&got, &want));
     // The ridge is not small next to a unit diagonal (§6.4.2): the two paths differ visibly.
@@ -96,15 +72,7 @@ fn iterative_path_matches_the_dense_ridge_inverse() {
 fn all_2n_landmarks_reproduce_the_kernelized_target() {
     // S = I₂ₙ: C̄̃ = C̄C̄^†C̄ = C̄ (up to the eigenvalues below the 1e-10·λ_max cut-off).
     let h = random_head(60, 8, 3, DType::F64);
-    let all: Vec<usize> = (0..60).collect();
-    let (out, _) = skyformer_core(
-        &Operands::of(&h).unwrap(),
-        &all,
-        &all,
-        CoreInverse::Pinv,
-        CoreKernel::Gaussian,
-    )
-    .unwrap();
+    let (out, _) = core_on_every_landmark(&h, CoreKernel::Gaussian);
     let target = to_dmatrix(h.kernelized().unwrap()).unwrap();
     let rel = max_rel(&to_dmatrix(&out).unwrap(), &target);
     assert!(rel < 1e-9, "{rel}");
@@ -112,12 +80,8 @@ fn all_2n_landmarks_reproduce_the_kernelized_target() {
 
 #[test]
 fn landmarks_split_floor_half_from_q_and_the_rest_from_k() {
-    let mut rng = TrialRng::seed_from_u64(4);
-    let (iq, ik) = draw_gauss_landmarks(&mut rng, 100, 7);
-    assert_eq!((iq.len(), ik.len()), (3, 4));
-    assert!(iq.iter().chain(&ik).all(|&i| i < 100));
-    let (iq, ik) = draw_gauss_landmarks(&mut rng, 100, 64);
-    assert_eq!((iq.len(), ik.len()), (32, 32));
+    let cases = [(7, (3, 4)), (64, (32, 32))];
+    assert_landmark_split(draw_gauss_landmarks, 4, 100, &cases);
 }
 
 #[test]
