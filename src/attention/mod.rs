@@ -294,6 +294,8 @@ impl MethodInfo {
     };
     /// Both masks: a method with a causal form (METHODS.md §7.4).
     pub const BOTH_MASKS: &'static [Mask] = &[Mask::None, Mask::Causal];
+    /// The causal mask only: the LLM-era prefill methods (METHODS.md §7.5).
+    pub const CAUSAL_ONLY: &'static [Mask] = &[Mask::Causal];
     /// The kernelized target C·V only (METHODS.md §6.4).
     pub const KERNELIZED: &'static [Target] = &[Target::Kernelized];
 }

@@ -23,52 +23,24 @@
 use anyhow::Result;
 
 use super::select::{
-    block_count, block_means, block_pattern, block_visited_pairs, host_f64, merged_block_groups,
-    require_causal, restricted, scored_count, BlockFilter,
+    block_count, block_means, block_pattern, block_visited_pairs, checked_n, host_f64,
+    merged_block_groups, restricted, scored_count, BlockFilter,
 };
 use crate::attention::sparse::pair_macs;
-use crate::attention::{Approximation, Family, HeadInputs, Mask, Method};
+use crate::attention::{Approximation, HeadInputs, Method, MethodInfo};
 use crate::numerics::sampling::TrialRng;
 
 pub struct BlockSparse;
 
+const BLOCK_SPARSE: MethodInfo = MethodInfo {
+    id: "block_sparse",
+    meaning: "keys per query in blocks of 16: diagonal + first block + ⌈d/16⌉ − 2 blocks by mean-pooled Q̄·K̄ (MInference block-sparse)",
+    ..super::PREFILL
+};
+
 impl Method for BlockSparse {
-    fn id(&self) -> &'static str {
-        "block_sparse"
-    }
-    fn family(&self) -> Family {
-        Family::Prefill
-    }
-    fn feature_meaning(&self) -> &'static str {
-        "keys per query in blocks of 16: diagonal + first block + ⌈d/16⌉ − 2 blocks by mean-pooled Q̄·K̄ (MInference block-sparse)"
-    }
-    fn is_random(&self) -> bool {
-        false
-    }
-    fn masks(&self) -> &'static [Mask] {
-        &[Mask::Causal]
-    }
-    fn macs(&self, n: usize, p: usize, d: usize) -> f64 {
-        self.macs_masked(n, p, d, Mask::Causal)
-    }
-    fn macs_masked(&self, n: usize, p: usize, d: usize, _mask: Mask) -> f64 {
-        let nb = block_count(n) as f64;
-        let scores = if scored_count(d, 2) == 0 {
-            0.0
-        } else {
-            nb * nb * p as f64 / 2.0
-        };
-        scores + pair_macs(block_visited_pairs(n, d), p)
-    }
-    fn approximate(
-        &self,
-        head: &HeadInputs,
-        d: usize,
-        _rng: &mut TrialRng,
-    ) -> Result<Approximation> {
-        require_causal(head, self.id())?;
-        self.check(head.n(), d).map_err(anyhow::Error::msg)?;
-        let n = head.n();
+    fn approximate(&self, head: &HeadInputs, d: usize, _: &mut TrialRng) -> Result<Approximation> {
+        let n = checked_n(self, head, d)?;
         let nb = block_count(n);
         let score = if scored_count(d, 2) == 0 || nb < 3 {
             vec![0.0; nb * nb] // nothing is chosen by score
@@ -80,6 +52,19 @@ impl Method for BlockSparse {
         let filter = BlockFilter::new(&kept);
         let visits = |i: usize, j: usize| filter.visits(i, j);
         restricted(head, &merged_block_groups(n, &kept), Some(&visits))
+    }
+    /// The causal cost (the method has no other form).
+    fn macs(&self, n: usize, p: usize, d: usize) -> f64 {
+        let nb = block_count(n) as f64;
+        let scores = if scored_count(d, 2) == 0 {
+            0.0
+        } else {
+            nb * nb * p as f64 / 2.0
+        };
+        scores + pair_macs(block_visited_pairs(n, d), p)
+    }
+    fn info(&self) -> Option<&'static MethodInfo> {
+        Some(&BLOCK_SPARSE)
     }
 }
 

@@ -28,10 +28,10 @@
 use anyhow::Result;
 use candle_core::DType;
 
-use super::select::{budget_pairs, require_causal, restricted_rows, top_indices};
+use super::select::{budget_pairs, checked_n, restricted_rows, top_indices};
 use crate::attention::exact::{causal_scores, scaled_operands};
 use crate::attention::sparse::pair_macs;
-use crate::attention::{Approximation, Family, HeadInputs, Mask, Method};
+use crate::attention::{Approximation, HeadInputs, Method, MethodInfo};
 use crate::numerics::sampling::TrialRng;
 
 pub struct H2o;
@@ -88,40 +88,16 @@ pub fn key_sets(
     Ok(sets)
 }
 
+const H2O: MethodInfo = MethodInfo {
+    id: "h2o",
+    meaning: "keys per query: ⌊d/2⌋ heavy hitters by accumulated exact attention + ⌈d/2⌉ recent keys (H2O; an oracle)",
+    oracle: true,
+    ..super::PREFILL
+};
+
 impl Method for H2o {
-    fn id(&self) -> &'static str {
-        "h2o"
-    }
-    fn family(&self) -> Family {
-        Family::Prefill
-    }
-    fn is_oracle(&self) -> bool {
-        true
-    }
-    fn feature_meaning(&self) -> &'static str {
-        "keys per query: ⌊d/2⌋ heavy hitters by accumulated exact attention + ⌈d/2⌉ recent keys (H2O; an oracle)"
-    }
-    fn is_random(&self) -> bool {
-        false
-    }
-    fn masks(&self) -> &'static [Mask] {
-        &[Mask::Causal]
-    }
-    fn macs(&self, n: usize, p: usize, d: usize) -> f64 {
-        self.macs_masked(n, p, d, Mask::Causal)
-    }
-    fn macs_masked(&self, n: usize, p: usize, d: usize, _mask: Mask) -> f64 {
-        (n * n * p) as f64 + pair_macs(budget_pairs(n, d), p)
-    }
-    fn approximate(
-        &self,
-        head: &HeadInputs,
-        d: usize,
-        _rng: &mut TrialRng,
-    ) -> Result<Approximation> {
-        require_causal(head, self.id())?;
-        self.check(head.n(), d).map_err(anyhow::Error::msg)?;
-        let n = head.n();
+    fn approximate(&self, head: &HeadInputs, d: usize, _: &mut TrialRng) -> Result<Approximation> {
+        let n = checked_n(self, head, d)?;
         let (qs, kt) = scaled_operands(&head.q, &head.k)?;
         let sets = key_sets(n, d, |sink| {
             for start in (0..n).step_by(ROWS) {
@@ -135,15 +111,23 @@ impl Method for H2o {
         })?;
         restricted_rows(head, sets)
     }
+    /// The causal cost (the method has no other form).
+    fn macs(&self, n: usize, p: usize, d: usize) -> f64 {
+        (n * n * p) as f64 + pair_macs(budget_pairs(n, d), p)
+    }
+    fn info(&self) -> Option<&'static MethodInfo> {
+        Some(&H2O)
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::attention::prefill::test_util::{
-        assert_covering_is_exact, causal_p, stable_top, support_and_weights, tied_head,
+        assert_covering_is_exact, causal_p, sets_at, stable_top, support_and_weights, tied_head,
     };
     use crate::attention::test_util::{assert_causal_restricted, random_head};
+    use crate::attention::Mask;
 
     /// §7.5.2 written out on the dense f64 P: a vector accumulator over all n keys, the top h − 1
     /// by a stable sort over all n keys, the update (a + P_i)·1[H_i].
@@ -185,9 +169,7 @@ mod tests {
         let p = causal_p(&crate::attention::test_util::causal(&h));
         let ds = [1, 2, 3, 8, 17, 40, 203];
         let by_d: Vec<Vec<Vec<bool>>> = ds.iter().map(|&d| sets_by_definition(&p, d)).collect();
-        assert_causal_restricted(&H2o, &h, &ds, |i, j, d| {
-            by_d[ds.iter().position(|&x| x == d).unwrap()][i][j]
-        });
+        assert_causal_restricted(&H2o, &h, &ds, sets_at(&ds, &by_d));
     }
 
     #[test]

@@ -30,3 +30,11 @@ pub(crate) mod test_util;
 
 #[cfg(test)]
 mod tests;
+
+/// What the prefill methods share in their [`crate::attention::MethodInfo`]: the family, causal
+/// only, deterministic (each method adds its id and what d means).
+pub const PREFILL: crate::attention::MethodInfo = crate::attention::MethodInfo {
+    family: crate::attention::Family::Prefill,
+    masks: crate::attention::MethodInfo::CAUSAL_ONLY,
+    ..crate::attention::MethodInfo::BASE
+};

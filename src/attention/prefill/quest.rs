@@ -23,11 +23,11 @@
 use anyhow::Result;
 
 use super::select::{
-    block_bounds, host_f64, merged_rows, page_sets, page_visited_pairs, require_causal, restricted,
+    block_bounds, checked_n, host_f64, merged_rows, page_sets, page_visited_pairs, restricted,
     scored_count, B,
 };
 use crate::attention::sparse::pair_macs;
-use crate::attention::{Approximation, Family, HeadInputs, Mask, Method};
+use crate::attention::{Approximation, HeadInputs, Method, MethodInfo};
 use crate::numerics::sampling::TrialRng;
 
 pub struct Quest;
@@ -37,42 +37,15 @@ pub fn scored_pairs(n: usize) -> f64 {
     (0..n).map(|i| i / B).sum::<usize>() as f64
 }
 
+const QUEST: MethodInfo = MethodInfo {
+    id: "quest",
+    meaning: "keys per query in pages of 16: the own page + ⌈d/16⌉ − 1 past pages by Quest's min/max upper bound",
+    ..super::PREFILL
+};
+
 impl Method for Quest {
-    fn id(&self) -> &'static str {
-        "quest"
-    }
-    fn family(&self) -> Family {
-        Family::Prefill
-    }
-    fn feature_meaning(&self) -> &'static str {
-        "keys per query in pages of 16: the own page + ⌈d/16⌉ − 1 past pages by Quest's min/max upper bound"
-    }
-    fn is_random(&self) -> bool {
-        false
-    }
-    fn masks(&self) -> &'static [Mask] {
-        &[Mask::Causal]
-    }
-    fn macs(&self, n: usize, p: usize, d: usize) -> f64 {
-        self.macs_masked(n, p, d, Mask::Causal)
-    }
-    fn macs_masked(&self, n: usize, p: usize, d: usize, _mask: Mask) -> f64 {
-        let scores = if scored_count(d, 1) == 0 {
-            0.0
-        } else {
-            2.0 * p as f64 * scored_pairs(n)
-        };
-        scores + pair_macs(page_visited_pairs(n, d), p)
-    }
-    fn approximate(
-        &self,
-        head: &HeadInputs,
-        d: usize,
-        _rng: &mut TrialRng,
-    ) -> Result<Approximation> {
-        require_causal(head, self.id())?;
-        self.check(head.n(), d).map_err(anyhow::Error::msg)?;
-        let n = head.n();
+    fn approximate(&self, head: &HeadInputs, d: usize, _: &mut TrialRng) -> Result<Approximation> {
+        let n = checked_n(self, head, d)?;
         let bounds = if n >= B {
             Some(block_bounds(&head.k)?)
         } else {
@@ -91,15 +64,28 @@ impl Method for Quest {
         let visits = |i: usize, j: usize| filter.visits(i, j);
         restricted(head, &merged_rows(sets), Some(&visits))
     }
+    /// The causal cost (the method has no other form).
+    fn macs(&self, n: usize, p: usize, d: usize) -> f64 {
+        let scores = if scored_count(d, 1) == 0 {
+            0.0
+        } else {
+            2.0 * p as f64 * scored_pairs(n)
+        };
+        scores + pair_macs(page_visited_pairs(n, d), p)
+    }
+    fn info(&self) -> Option<&'static MethodInfo> {
+        Some(&QUEST)
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::attention::prefill::test_util::{
-        assert_covering_is_exact, page_head, stable_top, support_and_weights, tied_head,
+        assert_covering_is_exact, page_head, sets_at, stable_top, support_and_weights, tied_head,
     };
     use crate::attention::test_util::{assert_causal_restricted, host_rows, random_head};
+    use crate::attention::Mask;
     use candle_core::DType;
 
     /// §7.5.3 entry by entry: page minima and maxima in loops, U as the max of the two products
@@ -142,9 +128,7 @@ mod tests {
         let [q, k, _] = host_rows(&h);
         let ds = [1, 16, 17, 40, 64, 150];
         let by_d: Vec<_> = ds.iter().map(|&d| sets_by_definition(&q, &k, d)).collect();
-        assert_causal_restricted(&Quest, &h, &ds, |i, j, d| {
-            by_d[ds.iter().position(|&x| x == d).unwrap()][i][j]
-        });
+        assert_causal_restricted(&Quest, &h, &ds, sets_at(&ds, &by_d));
     }
 
     #[test]

@@ -30,6 +30,17 @@ pub fn require_causal(head: &HeadInputs, id: &str) -> Result<()> {
     Ok(())
 }
 
+/// What every prefill method checks first: the causal mask and its own (n, d) limits; returns n.
+pub fn checked_n(
+    method: &dyn crate::attention::Method,
+    head: &HeadInputs,
+    d: usize,
+) -> Result<usize> {
+    require_causal(head, method.id())?;
+    method.check(head.n(), d).map_err(anyhow::Error::msg)?;
+    Ok(head.n())
+}
+
 /// The rows (keys) of block c: [cb, min((c+1)b, n)).
 pub fn block_span(c: usize, n: usize) -> Range<usize> {
     c * B..((c + 1) * B).min(n)

@@ -17,9 +17,9 @@
 
 use anyhow::Result;
 
-use super::select::{require_causal, restricted, SINKS};
+use super::select::{checked_n, restricted, SINKS};
 use crate::attention::sparse::pair_macs;
-use crate::attention::{Approximation, Family, HeadInputs, Mask, Method};
+use crate::attention::{Approximation, HeadInputs, Method, MethodInfo};
 use crate::numerics::key_sets::KeyGroup;
 use crate::numerics::sampling::TrialRng;
 
@@ -58,27 +58,17 @@ pub fn key_groups(n: usize, d: usize) -> Vec<KeyGroup> {
         .collect()
 }
 
+const STREAMING: MethodInfo = MethodInfo {
+    id: "streaming",
+    meaning: "keys per query: the 4 sink tokens + the d − 4 most recent keys (StreamingLLM; d ≥ 8)",
+    ..super::PREFILL
+};
+
 impl Method for Streaming {
-    fn id(&self) -> &'static str {
-        "streaming"
-    }
-    fn family(&self) -> Family {
-        Family::Prefill
-    }
-    fn feature_meaning(&self) -> &'static str {
-        "keys per query: the 4 sink tokens + the d − 4 most recent keys (StreamingLLM; d ≥ 8)"
-    }
-    fn is_random(&self) -> bool {
-        false
-    }
-    fn masks(&self) -> &'static [Mask] {
-        &[Mask::Causal]
-    }
-    fn macs(&self, n: usize, p: usize, d: usize) -> f64 {
-        self.macs_masked(n, p, d, Mask::Causal)
-    }
-    fn macs_masked(&self, n: usize, p: usize, d: usize, _mask: Mask) -> f64 {
-        pair_macs(visited_pairs(n, d.max(MIN_D)), p)
+    fn approximate(&self, head: &HeadInputs, d: usize, _: &mut TrialRng) -> Result<Approximation> {
+        checked_n(self, head, d)?;
+        let filter = move |i: usize, j: usize| visits(i, j, d);
+        restricted(head, &key_groups(head.n(), d), Some(&filter))
     }
     fn check(&self, _n: usize, d: usize) -> std::result::Result<(), String> {
         if d < MIN_D {
@@ -88,16 +78,12 @@ impl Method for Streaming {
         }
         Ok(())
     }
-    fn approximate(
-        &self,
-        head: &HeadInputs,
-        d: usize,
-        _rng: &mut TrialRng,
-    ) -> Result<Approximation> {
-        require_causal(head, self.id())?;
-        self.check(head.n(), d).map_err(anyhow::Error::msg)?;
-        let filter = move |i: usize, j: usize| visits(i, j, d);
-        restricted(head, &key_groups(head.n(), d), Some(&filter))
+    /// The causal cost (the method has no other form).
+    fn macs(&self, n: usize, p: usize, d: usize) -> f64 {
+        pair_macs(visited_pairs(n, d.max(MIN_D)), p)
+    }
+    fn info(&self) -> Option<&'static MethodInfo> {
+        Some(&STREAMING)
     }
 }
 
@@ -108,6 +94,7 @@ mod tests {
         assert_covering_is_exact, support_and_weights, tied_head,
     };
     use crate::attention::test_util::{assert_causal_restricted, random_head};
+    use crate::attention::Mask;
     use candle_core::DType;
 
     /// The dense float64 masked softmax over §7.5.1's sets, with keys and mass; n = 301 is not a

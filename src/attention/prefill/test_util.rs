@@ -165,3 +165,12 @@ pub fn page_head() -> HeadInputs {
 pub fn blocks_to_visits(kept: &[Vec<usize>]) -> impl Fn(usize, usize) -> bool + '_ {
     move |i, j| j <= i && kept[i / 16].contains(&(j / 16))
 }
+
+/// The `visits(i, j, d)` of [`crate::attention::test_util::assert_causal_restricted`] from sets
+/// written out per d: `by_d[k][i][j]` for d = `ds[k]`.
+pub fn sets_at<'a>(
+    ds: &'a [usize],
+    by_d: &'a [Vec<Vec<bool>>],
+) -> impl Fn(usize, usize, usize) -> bool + 'a {
+    move |i, j, d| by_d[ds.iter().position(|&x| x == d).unwrap()][i][j]
+}

@@ -22,10 +22,10 @@
 use anyhow::Result;
 use candle_core::DType;
 
-use super::select::{budget_pairs, merged_rows, require_causal, restricted, top_indices, SINKS};
+use super::select::{budget_pairs, checked_n, merged_rows, restricted, top_indices, SINKS};
 use crate::attention::exact::{causal_scores, scaled_operands};
 use crate::attention::sparse::pair_macs;
-use crate::attention::{Approximation, Family, HeadInputs, Mask, Method};
+use crate::attention::{Approximation, HeadInputs, Method, MethodInfo};
 use crate::numerics::sampling::TrialRng;
 
 pub struct VerticalSlash;
@@ -96,37 +96,15 @@ pub fn key_sets(n: usize, pat: &Pattern) -> Vec<Vec<usize>> {
         .collect()
 }
 
+const VERTICAL_SLASH: MethodInfo = MethodInfo {
+    id: "vertical_slash",
+    meaning: "keys per query: ⌊d/2⌋ columns (4 sinks first) + ⌈d/2⌉ diagonals estimated from the last 64 queries (MInference)",
+    ..super::PREFILL
+};
+
 impl Method for VerticalSlash {
-    fn id(&self) -> &'static str {
-        "vertical_slash"
-    }
-    fn family(&self) -> Family {
-        Family::Prefill
-    }
-    fn feature_meaning(&self) -> &'static str {
-        "keys per query: ⌊d/2⌋ columns (4 sinks first) + ⌈d/2⌉ diagonals estimated from the last 64 queries (MInference)"
-    }
-    fn is_random(&self) -> bool {
-        false
-    }
-    fn masks(&self) -> &'static [Mask] {
-        &[Mask::Causal]
-    }
-    fn macs(&self, n: usize, p: usize, d: usize) -> f64 {
-        self.macs_masked(n, p, d, Mask::Causal)
-    }
-    fn macs_masked(&self, n: usize, p: usize, d: usize, _mask: Mask) -> f64 {
-        (LAST.min(n) * n * p) as f64 + pair_macs(budget_pairs(n, d), p)
-    }
-    fn approximate(
-        &self,
-        head: &HeadInputs,
-        d: usize,
-        _rng: &mut TrialRng,
-    ) -> Result<Approximation> {
-        require_causal(head, self.id())?;
-        self.check(head.n(), d).map_err(anyhow::Error::msg)?;
-        let n = head.n();
+    fn approximate(&self, head: &HeadInputs, d: usize, _: &mut TrialRng) -> Result<Approximation> {
+        let n = checked_n(self, head, d)?;
         let w = LAST.min(n);
         let pat = head.memo("vertical_slash_last_rows", || {
             let (qs, kt) = scaled_operands(&head.q, &head.k)?;
@@ -141,13 +119,20 @@ impl Method for VerticalSlash {
         let visits = |i: usize, j: usize| j <= i && (is_col[j] || is_off[i - j]);
         restricted(head, &merged_rows(key_sets(n, &pat)), Some(&visits))
     }
+    /// The causal cost (the method has no other form).
+    fn macs(&self, n: usize, p: usize, d: usize) -> f64 {
+        (LAST.min(n) * n * p) as f64 + pair_macs(budget_pairs(n, d), p)
+    }
+    fn info(&self) -> Option<&'static MethodInfo> {
+        Some(&VERTICAL_SLASH)
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::attention::prefill::test_util::{
-        assert_covering_is_exact, causal_p, stable_top, support_and_weights, tied_head,
+        assert_covering_is_exact, causal_p, sets_at, stable_top, support_and_weights, tied_head,
     };
     use crate::attention::test_util::{assert_causal_restricted, causal, random_head};
 
@@ -182,9 +167,7 @@ mod tests {
             let p = causal_p(&causal(&h));
             let ds = [1, 2, 5, 8, 9, 30, 64, 2 * n];
             let by_d: Vec<_> = ds.iter().map(|&d| sets_by_definition(&p, d)).collect();
-            assert_causal_restricted(&VerticalSlash, &h, &ds, |i, j, d| {
-                by_d[ds.iter().position(|&x| x == d).unwrap()][i][j]
-            });
+            assert_causal_restricted(&VerticalSlash, &h, &ds, sets_at(&ds, &by_d));
         }
     }
 
