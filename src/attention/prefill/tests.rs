@@ -131,3 +131,24 @@ fn realised_keys_at_the_smallest_budget() {
         assert!(k <= budget && k >= 0.5 * budget, "{id}: {k}");
     }
 }
+
+/// A covering budget gives exact causal attention (keys (n+1)/2, mass 1), for every method at the
+/// budgets where its definition covers every row: d ≥ n for the page, block and window parts;
+/// h2o at d ≥ 2n − 1 (r = ⌈d/2⌉ ≥ n) and vertical_slash at d ≥ 2n (n columns and n diagonals).
+#[test]
+fn covering_budgets_are_exact_causal_attention() {
+    use super::{block_sparse, h2o, moba, quest, streaming, vertical_slash, xattention};
+    use crate::attention::prefill::test_util::assert_covering_is_exact;
+    let cases: [(&dyn crate::attention::Method, &[usize]); 7] = [
+        (&streaming::Streaming, &[70, 71, 500]),
+        (&h2o::H2o, &[139, 140, 500]),
+        (&quest::Quest, &[70, 80, 500]),
+        (&moba::Moba, &[70, 80, 500]),
+        (&block_sparse::BlockSparse, &[70, 80, 500]),
+        (&xattention::XAttention, &[70, 80, 500]),
+        (&vertical_slash::VerticalSlash, &[140, 141, 500]),
+    ];
+    for (m, ds) in cases {
+        assert_covering_is_exact(m, 70, ds);
+    }
+}
