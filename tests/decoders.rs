@@ -46,6 +46,19 @@ fn corpus(dir: &Path) -> PathBuf {
     p
 }
 
+/// A sweep of `model` over `corpus` into `out` with `flags` (space-separated), quiet.
+fn decoder_run(model: &Path, corpus: &Path, out: &Path, flags: &str) -> std::process::Output {
+    let mut args = vec![
+        "--model-dir",
+        model.to_str().unwrap(),
+        "--corpus",
+        corpus.to_str().unwrap(),
+    ];
+    args.extend(flags.split_whitespace());
+    args.extend(["--out", out.to_str().unwrap(), "--quiet"]);
+    run(&args, &[])
+}
+
 fn column(path: &Path, name: &str) -> Vec<String> {
     let mut rdr = csv::Reader::from_path(path).unwrap();
     let i = rdr
@@ -63,27 +76,11 @@ fn a_decoder_runs_causal_by_default_with_its_causal_methods_and_grouped_heads() 
     let model = llama_dir(&tmp.path().join("llama"), true);
     let c = corpus(tmp.path());
     let out = tmp.path().join("out");
-    let o = run(
-        &[
-            "--model",
-            "pretrained",
-            "--model-dir",
-            model.to_str().unwrap(),
-            "--corpus",
-            c.to_str().unwrap(),
-            "--lengths",
-            "32,64",
-            "--windows",
-            "2",
-            "--features",
-            "8,16",
-            "--layer",
-            "1",
-            "--out",
-            out.to_str().unwrap(),
-            "--quiet",
-        ],
-        &[],
+    let o = decoder_run(
+        &model,
+        &c,
+        &out,
+        "--model pretrained --lengths 32,64 --windows 2 --features 8,16 --layer 1",
     );
     assert!(o.status.success(), "{}", stderr(&o));
     let trials = out.join("trials.csv");
@@ -183,27 +180,8 @@ fn bad_decoder_inputs_are_usage_errors_naming_what_is_wrong() {
         dir
     };
     let sweep = |dir: &Path| {
-        run(
-            &[
-                "--model",
-                "pretrained",
-                "--model-dir",
-                dir.to_str().unwrap(),
-                "--corpus",
-                c.to_str().unwrap(),
-                "--lengths",
-                "32",
-                "--windows",
-                "1",
-                "--features",
-                "8",
-                "--out",
-                tmp.path().join("o").to_str().unwrap(),
-                "--force",
-                "--quiet",
-            ],
-            &[],
-        )
+        let flags = "--model pretrained --lengths 32 --windows 1 --features 8 --force";
+        decoder_run(dir, &c, &tmp.path().join("o"), flags)
     };
     let yarn = with_config("yarn", &|v| {
         v["rope_scaling"] = serde_json::json!({"rope_type": "yarn", "factor": 4.0});
@@ -236,44 +214,20 @@ fn bad_decoder_inputs_are_usage_errors_naming_what_is_wrong() {
     );
     // Under the causal mask a method without a causal form is refused with those that have one.
     let model = llama_dir(&tmp.path().join("ok"), true);
-    let o = run(
-        &[
-            "--model-dir",
-            model.to_str().unwrap(),
-            "--corpus",
-            c.to_str().unwrap(),
-            "--lengths",
-            "32",
-            "--windows",
-            "1",
-            "--features",
-            "8",
-            "--methods",
-            "nystromformer",
-            "--out",
-            tmp.path().join("n").to_str().unwrap(),
-        ],
-        &[],
+    let o = decoder_run(
+        &model,
+        &c,
+        &tmp.path().join("n"),
+        "--lengths 32 --windows 1 --features 8 --methods nystromformer",
     );
     assert_eq!(o.status.code(), Some(2));
     assert!(stderr(&o).contains("vmean, performer_favor, svd_optimal, window, topk"));
     // More windows than the corpus holds: the count it holds (600 tokens, n − 1 = 63 each: 9).
-    let o = run(
-        &[
-            "--model-dir",
-            model.to_str().unwrap(),
-            "--corpus",
-            c.to_str().unwrap(),
-            "--lengths",
-            "64",
-            "--windows",
-            "10",
-            "--features",
-            "8",
-            "--out",
-            tmp.path().join("w").to_str().unwrap(),
-        ],
-        &[],
+    let o = decoder_run(
+        &model,
+        &c,
+        &tmp.path().join("w"),
+        "--lengths 64 --windows 10 --features 8",
     );
     assert_eq!(o.status.code(), Some(2));
     assert!(
