@@ -94,10 +94,17 @@ fn timed(cfg: &RunConfig, reps: usize, prepared: &inputs::Prepared) -> Result<()
             attention::exact::ExactAttention::compute_masked(&qh, &kh, &vh, mask)
         })?;
         // The window's heads in one computation batched over heads (what a sweep on a non-CPU
-        // device runs, K/V shared by grouped query heads).
-        let t_batched = time(dev, reps, || {
-            attention::exact::ExactAttention::compute_heads_masked(&q, &k, &v, mask)
-        })?;
+        // device runs, K/V shared by grouped query heads); timed on the CPU only when that path is
+        // asked for there (candle's generic ops make it 5× slower than the per-head path on the CPU:
+        // 757 against 159 ms per head at n = 8192, BENCHMARKS.md).
+        let batched = !dev.is_cpu() || crate::sweep::device_path(dev);
+        let t_batched = if batched {
+            Some(time(dev, reps, || {
+                attention::exact::ExactAttention::compute_heads_masked(&q, &k, &v, mask)
+            })?)
+        } else {
+            None
+        };
         // Causal: the key blocks above the diagonal are skipped, half the products.
         let flops = match mask {
             attention::Mask::None => 4.0 * (n * n * p) as f64,
@@ -116,12 +123,14 @@ fn timed(cfg: &RunConfig, reps: usize, prepared: &inputs::Prepared) -> Result<()
             100.0 * flops / t_exact / 1e9 / peak
         );
         let heads = q.dim(0)?;
-        println!(
-            "  exact attention of all {heads} heads batched over heads {:.2} ms = {:.2} ms per head = {:.1} GFLOP/s",
-            t_batched * 1e3,
-            t_batched * 1e3 / heads as f64,
-            heads as f64 * flops / t_batched / 1e9
-        );
+        if let Some(t_batched) = t_batched {
+            println!(
+                "  exact attention of all {heads} heads batched over heads {:.2} ms = {:.2} ms per head = {:.1} GFLOP/s",
+                t_batched * 1e3,
+                t_batched * 1e3 / heads as f64,
+                heads as f64 * flops / t_batched / 1e9
+            );
+        }
         if mask == attention::Mask::Causal {
             println!("  (mask causal: exact attention is n(n+1)p MACs per head)");
         }

@@ -331,7 +331,7 @@ pub const DEVICE_PATH_VAR: &str = "APPROX_BENCH_DEVICE_PATH";
 
 /// Whether a sweep on `device` takes the device path: every non-CPU device, or the CPU when
 /// [`DEVICE_PATH_VAR`] is 1.
-fn device_path(device: &candle_core::Device) -> bool {
+pub fn device_path(device: &candle_core::Device) -> bool {
     !device.is_cpu() || std::env::var(DEVICE_PATH_VAR).is_ok_and(|v| v.trim() == "1")
 }
 
