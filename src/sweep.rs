@@ -131,8 +131,10 @@ pub fn run_with(
     // is every token the run reads, so only that prefix is tokenized.
     let need = cfg.lengths.iter().max().copied().unwrap_or(0) * cfg.windows;
     let prepared = inputs::prepare_for(&cfg.inputs, need)?;
+    // Decoders only: BERT's pipeline handles lengths past 512 by its embedding policy (§1.4).
+    let decoder = matches!(prepared.model, inputs::Model::Decoder { .. });
     if let Some(&n) = cfg.lengths.iter().find(|&&n| n > prepared.max_positions()) {
-        if !opts.quiet {
+        if decoder && !opts.quiet {
             eprintln!(
                 "warning: n = {n} is beyond the model's max_position_embeddings ({}): it was not trained at that length (METHODS.md §7.6)",
                 prepared.max_positions()

@@ -18,9 +18,11 @@ const DECODER_LENGTHS: [usize; 2] = [2048, 8192];
 
 /// The figure, when `rows` hold causal points.
 pub fn decoder(rows: &[SummaryRow], stat: Statistic) -> Option<Figure> {
+    // d ≥ n covers every row (exact by construction, error at rounding level): left out, so that
+    // the log axis shows the budgets that matter.
     let rows: Vec<SummaryRow> = rows
         .iter()
-        .filter(|r| r.mask == Mask::Causal)
+        .filter(|r| r.mask == Mask::Causal && r.d < r.n)
         .cloned()
         .collect();
     if rows.is_empty() {
@@ -42,7 +44,7 @@ pub fn decoder(rows: &[SummaryRow], stat: Statistic) -> Option<Figure> {
     } else {
         preferred
     };
-    let mass_n = *ns.last()?;
+
     let keys: Vec<f64> = rows
         .iter()
         .filter(|r| ns.contains(&r.n))
@@ -75,7 +77,16 @@ pub fn decoder(rows: &[SummaryRow], stat: Statistic) -> Option<Figure> {
             );
             cells.push(Some(p));
         }
-        // The mass panel: the same x, y = mean mass captured (restricted methods only).
+        // The mass panel: the same x, y = mean mass captured (restricted methods only), at the
+        // model's largest length with data.
+        let Some(mass_n) = lengths_of(&rows, model)
+            .into_iter()
+            .filter(|n| ns.contains(n))
+            .max()
+        else {
+            cells.push(None);
+            continue;
+        };
         let mass_rows: Vec<SummaryRow> = rows
             .iter()
             .filter(|r| r.model == *model && r.n == mass_n)
