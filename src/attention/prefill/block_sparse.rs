@@ -32,12 +32,6 @@ use crate::numerics::sampling::TrialRng;
 
 pub struct BlockSparse;
 
-const BLOCK_SPARSE: MethodInfo = MethodInfo {
-    id: "block_sparse",
-    meaning: "keys per query in blocks of 16: diagonal + first block + ⌈d/16⌉ − 2 blocks by mean-pooled Q̄·K̄ (MInference block-sparse)",
-    ..super::PREFILL
-};
-
 impl Method for BlockSparse {
     fn approximate(&self, head: &HeadInputs, d: usize, _: &mut TrialRng) -> Result<Approximation> {
         let n = checked_n(self, head, d)?;
@@ -64,7 +58,7 @@ impl Method for BlockSparse {
         scores + pair_macs(block_visited_pairs(n, d), p)
     }
     fn info(&self) -> Option<&'static MethodInfo> {
-        Some(&BLOCK_SPARSE)
+        Some(&super::BLOCK_SPARSE)
     }
 }
 

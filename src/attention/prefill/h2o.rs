@@ -88,13 +88,6 @@ pub fn key_sets(
     Ok(sets)
 }
 
-const H2O: MethodInfo = MethodInfo {
-    id: "h2o",
-    meaning: "keys per query: ⌊d/2⌋ heavy hitters by accumulated exact attention + ⌈d/2⌉ recent keys (H2O; an oracle)",
-    oracle: true,
-    ..super::PREFILL
-};
-
 impl Method for H2o {
     fn approximate(&self, head: &HeadInputs, d: usize, _: &mut TrialRng) -> Result<Approximation> {
         let n = checked_n(self, head, d)?;
@@ -116,7 +109,7 @@ impl Method for H2o {
         (n * n * p) as f64 + pair_macs(budget_pairs(n, d), p)
     }
     fn info(&self) -> Option<&'static MethodInfo> {
-        Some(&H2O)
+        Some(&super::H2O)
     }
 }
 

@@ -29,12 +29,6 @@ use crate::numerics::sampling::TrialRng;
 
 pub struct Moba;
 
-const MOBA: MethodInfo = MethodInfo {
-    id: "moba",
-    meaning: "keys per query in pages of 16: the own page + ⌈d/16⌉ − 1 past pages by q·(mean key) (MoBA's gate)",
-    ..super::PREFILL
-};
-
 impl Method for Moba {
     fn approximate(&self, head: &HeadInputs, d: usize, _: &mut TrialRng) -> Result<Approximation> {
         let n = checked_n(self, head, d)?;
@@ -66,7 +60,7 @@ impl Method for Moba {
         scores + pair_macs(page_visited_pairs(n, d), p)
     }
     fn info(&self) -> Option<&'static MethodInfo> {
-        Some(&MOBA)
+        Some(&super::MOBA)
     }
 }
 
@@ -74,9 +68,9 @@ impl Method for Moba {
 mod tests {
     use super::*;
     use crate::attention::prefill::test_util::{
-        sets_at, stable_top, support_and_weights, tied_head,
+        assert_equals_its_sets, page_sets_from_scores, support_and_weights, tied_head,
     };
-    use crate::attention::test_util::{assert_causal_restricted, host_rows, random_head};
+    use crate::attention::test_util::{host_rows, random_head};
     use candle_core::DType;
 
     /// §7.5.4 entry by entry: page means in loops, g = q·mean, a stable sort of the past pages.
@@ -89,28 +83,16 @@ mod tests {
                     .collect()
             })
             .collect();
-        let m = (d + 15) / 16 - 1;
-        (0..n)
-            .map(|i| {
-                let own = i / 16;
-                let g: Vec<f64> = (0..own)
-                    .map(|t| (0..p).map(|c| q[i][c] * means[t][c]).sum())
-                    .collect();
-                let kept = stable_top(&g, m);
-                (0..n)
-                    .map(|j| (j / 16 == own && j <= i) || kept.contains(&(j / 16)))
-                    .collect()
-            })
-            .collect()
+        page_sets_from_scores(n, d, |i, t| (0..p).map(|c| q[i][c] * means[t][c]).sum())
     }
 
     #[test]
     fn equals_the_dense_masked_softmax_over_the_mean_selected_pages() {
         let h = random_head(203, 16, 32, DType::F64);
         let [q, k, _] = host_rows(&h);
-        let ds = [1, 16, 17, 40, 64, 150];
-        let by_d: Vec<_> = ds.iter().map(|&d| sets_by_definition(&q, &k, d)).collect();
-        assert_causal_restricted(&Moba, &h, &ds, sets_at(&ds, &by_d));
+        assert_equals_its_sets(&Moba, &h, &[1, 16, 17, 40, 64, 150], |d| {
+            sets_by_definition(&q, &k, d)
+        });
     }
 
     /// Ties (q = 0) go to the lowest pages: n = 50, d = 48 keeps pages 0 and 1 for row 49.

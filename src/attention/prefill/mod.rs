@@ -38,3 +38,53 @@ pub const PREFILL: crate::attention::MethodInfo = crate::attention::MethodInfo {
     masks: crate::attention::MethodInfo::CAUSAL_ONLY,
     ..crate::attention::MethodInfo::BASE
 };
+
+/// A prefill method's descriptor: [`PREFILL`] with its id and what d means.
+pub const fn prefill(id: &'static str, meaning: &'static str) -> crate::attention::MethodInfo {
+    crate::attention::MethodInfo {
+        id,
+        meaning,
+        ..PREFILL
+    }
+}
+
+// The seven descriptors, side by side (what d means for each is in METHODS.md §7.5).
+use crate::attention::MethodInfo;
+
+pub const STREAMING: MethodInfo = prefill(
+    "streaming",
+    "keys per query: the 4 sink tokens + the d − 4 most recent keys (StreamingLLM; d ≥ 8)",
+);
+
+pub const H2O: MethodInfo = MethodInfo {
+    oracle: true,
+    ..prefill(
+        "h2o",
+        "keys per query: ⌊d/2⌋ heavy hitters by accumulated exact attention + ⌈d/2⌉ recent keys (H2O; an oracle)",
+    )
+};
+
+pub const QUEST: MethodInfo = prefill(
+    "quest",
+    "keys per query in pages of 16: the own page + ⌈d/16⌉ − 1 past pages by Quest's min/max upper bound",
+);
+
+pub const MOBA: MethodInfo = prefill(
+    "moba",
+    "keys per query in pages of 16: the own page + ⌈d/16⌉ − 1 past pages by q·(mean key) (MoBA's gate)",
+);
+
+pub const BLOCK_SPARSE: MethodInfo = prefill(
+    "block_sparse",
+    "keys per query in blocks of 16: diagonal + first block + ⌈d/16⌉ − 2 blocks by mean-pooled Q̄·K̄ (MInference block-sparse)",
+);
+
+pub const XATTENTION: MethodInfo = prefill(
+    "xattention",
+    "keys per query in blocks of 16: diagonal + first block + ⌈d/16⌉ − 2 blocks by antidiagonal (stride 4) scores (XAttention, fixed count)",
+);
+
+pub const VERTICAL_SLASH: MethodInfo = prefill(
+    "vertical_slash",
+    "keys per query: ⌊d/2⌋ columns (4 sinks first) + ⌈d/2⌉ diagonals estimated from the last 64 queries (MInference)",
+);

@@ -37,12 +37,6 @@ pub fn scored_pairs(n: usize) -> f64 {
     (0..n).map(|i| i / B).sum::<usize>() as f64
 }
 
-const QUEST: MethodInfo = MethodInfo {
-    id: "quest",
-    meaning: "keys per query in pages of 16: the own page + ⌈d/16⌉ − 1 past pages by Quest's min/max upper bound",
-    ..super::PREFILL
-};
-
 impl Method for Quest {
     fn approximate(&self, head: &HeadInputs, d: usize, _: &mut TrialRng) -> Result<Approximation> {
         let n = checked_n(self, head, d)?;
@@ -74,7 +68,7 @@ impl Method for Quest {
         scores + pair_macs(page_visited_pairs(n, d), p)
     }
     fn info(&self) -> Option<&'static MethodInfo> {
-        Some(&QUEST)
+        Some(&super::QUEST)
     }
 }
 
@@ -82,9 +76,9 @@ impl Method for Quest {
 mod tests {
     use super::*;
     use crate::attention::prefill::test_util::{
-        page_head, sets_at, stable_top, support_and_weights, tied_head,
+        assert_equals_its_sets, page_head, page_sets_from_scores, support_and_weights, tied_head,
     };
-    use crate::attention::test_util::{assert_causal_restricted, host_rows, random_head};
+    use crate::attention::test_util::{host_rows, random_head};
     use crate::attention::Mask;
     use candle_core::DType;
 
@@ -102,23 +96,11 @@ mod tests {
         let hi: Vec<Vec<f64>> = (0..pages)
             .map(|t| (0..p).map(|c| bound(t, c, f64::max)).collect())
             .collect();
-        let m = (d + 15) / 16 - 1;
-        (0..n)
-            .map(|i| {
-                let own = i / 16;
-                let u: Vec<f64> = (0..own)
-                    .map(|t| {
-                        (0..p)
-                            .map(|c| (q[i][c] * lo[t][c]).max(q[i][c] * hi[t][c]))
-                            .sum()
-                    })
-                    .collect();
-                let kept = stable_top(&u, m);
-                (0..n)
-                    .map(|j| (j / 16 == own && j <= i) || kept.contains(&(j / 16)))
-                    .collect()
-            })
-            .collect()
+        page_sets_from_scores(n, d, |i, t| {
+            (0..p)
+                .map(|c| (q[i][c] * lo[t][c]).max(q[i][c] * hi[t][c]))
+                .sum()
+        })
     }
 
     #[test]
@@ -126,9 +108,9 @@ mod tests {
         // n = 203: 12 complete pages and a ragged one.
         let h = random_head(203, 16, 31, DType::F64);
         let [q, k, _] = host_rows(&h);
-        let ds = [1, 16, 17, 40, 64, 150];
-        let by_d: Vec<_> = ds.iter().map(|&d| sets_by_definition(&q, &k, d)).collect();
-        assert_causal_restricted(&Quest, &h, &ds, sets_at(&ds, &by_d));
+        assert_equals_its_sets(&Quest, &h, &[1, 16, 17, 40, 64, 150], |d| {
+            sets_by_definition(&q, &k, d)
+        });
     }
 
     /// Ties (q = 0: every U is 0) go to the lowest pages; n = 37 has a ragged third page.

@@ -58,12 +58,6 @@ pub fn key_groups(n: usize, d: usize) -> Vec<KeyGroup> {
         .collect()
 }
 
-const STREAMING: MethodInfo = MethodInfo {
-    id: "streaming",
-    meaning: "keys per query: the 4 sink tokens + the d − 4 most recent keys (StreamingLLM; d ≥ 8)",
-    ..super::PREFILL
-};
-
 impl Method for Streaming {
     fn approximate(&self, head: &HeadInputs, d: usize, _: &mut TrialRng) -> Result<Approximation> {
         checked_n(self, head, d)?;
@@ -83,7 +77,7 @@ impl Method for Streaming {
         pair_macs(visited_pairs(n, d.max(MIN_D)), p)
     }
     fn info(&self) -> Option<&'static MethodInfo> {
-        Some(&STREAMING)
+        Some(&super::STREAMING)
     }
 }
 

@@ -174,3 +174,34 @@ pub fn sets_at<'a>(
 ) -> impl Fn(usize, usize, usize) -> bool + 'a {
     move |i, j, d| by_d[ds.iter().position(|&x| x == d).unwrap()][i][j]
 }
+
+/// The page methods' sets (METHODS.md §7.5.3–7.5.4) from a score of (row i, complete past page t):
+/// the own page (keys ≤ i) and the ⌈d/16⌉ − 1 best-scored complete past pages, ties to the lower.
+pub fn page_sets_from_scores(
+    n: usize,
+    d: usize,
+    score: impl Fn(usize, usize) -> f64,
+) -> Vec<Vec<bool>> {
+    let m = d.div_ceil(16) - 1;
+    (0..n)
+        .map(|i| {
+            let own = i / 16;
+            let s: Vec<f64> = (0..own).map(|t| score(i, t)).collect();
+            let kept = stable_top(&s, m);
+            (0..n)
+                .map(|j| (j / 16 == own && j <= i) || kept.contains(&(j / 16)))
+                .collect()
+        })
+        .collect()
+}
+
+/// A method against its sets written out per d (`sets(d)`), at each d of `ds`.
+pub fn assert_equals_its_sets(
+    m: &dyn crate::attention::Method,
+    h: &crate::attention::HeadInputs,
+    ds: &[usize],
+    sets: impl Fn(usize) -> Vec<Vec<bool>>,
+) {
+    let by_d: Vec<Vec<Vec<bool>>> = ds.iter().map(|&d| sets(d)).collect();
+    crate::attention::test_util::assert_causal_restricted(m, h, ds, sets_at(ds, &by_d));
+}

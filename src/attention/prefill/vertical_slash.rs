@@ -96,12 +96,6 @@ pub fn key_sets(n: usize, pat: &Pattern) -> Vec<Vec<usize>> {
         .collect()
 }
 
-const VERTICAL_SLASH: MethodInfo = MethodInfo {
-    id: "vertical_slash",
-    meaning: "keys per query: ⌊d/2⌋ columns (4 sinks first) + ⌈d/2⌉ diagonals estimated from the last 64 queries (MInference)",
-    ..super::PREFILL
-};
-
 impl Method for VerticalSlash {
     fn approximate(&self, head: &HeadInputs, d: usize, _: &mut TrialRng) -> Result<Approximation> {
         let n = checked_n(self, head, d)?;
@@ -124,7 +118,7 @@ impl Method for VerticalSlash {
         (LAST.min(n) * n * p) as f64 + pair_macs(budget_pairs(n, d), p)
     }
     fn info(&self) -> Option<&'static MethodInfo> {
-        Some(&VERTICAL_SLASH)
+        Some(&super::VERTICAL_SLASH)
     }
 }
 

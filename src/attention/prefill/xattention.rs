@@ -83,12 +83,6 @@ pub fn antidiagonal_scores(q: &Tensor, k: &Tensor) -> Result<Vec<f64>> {
     Ok(score)
 }
 
-const XATTENTION: MethodInfo = MethodInfo {
-    id: "xattention",
-    meaning: "keys per query in blocks of 16: diagonal + first block + ⌈d/16⌉ − 2 blocks by antidiagonal (stride 4) scores (XAttention, fixed count)",
-    ..super::PREFILL
-};
-
 impl Method for XAttention {
     fn approximate(&self, head: &HeadInputs, d: usize, _: &mut TrialRng) -> Result<Approximation> {
         let n = checked_n(self, head, d)?;
@@ -114,7 +108,7 @@ impl Method for XAttention {
         scores + pair_macs(block_visited_pairs(n, d), p)
     }
     fn info(&self) -> Option<&'static MethodInfo> {
-        Some(&XATTENTION)
+        Some(&super::XATTENTION)
     }
 }
 

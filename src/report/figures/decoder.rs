@@ -7,7 +7,7 @@
 
 use super::axis::{Axis, Scale, TickFormat};
 use super::draw::Figure;
-use super::field::{field_style, ordered_methods};
+use super::field::{field_style, ordered_methods, shown_lengths};
 use super::figs::{panel, Tally, XOf};
 use super::{lengths_of, models, Statistic};
 use crate::attention::Mask;
@@ -29,21 +29,7 @@ pub fn decoder(rows: &[SummaryRow], stat: Statistic) -> Option<Figure> {
         return None;
     }
     let models = models(&rows);
-    let all_ns: Vec<usize> = {
-        let mut v: Vec<usize> = models.iter().flat_map(|m| lengths_of(&rows, m)).collect();
-        v.sort_unstable();
-        v.dedup();
-        v
-    };
-    let preferred: Vec<usize> = DECODER_LENGTHS
-        .into_iter()
-        .filter(|n| all_ns.contains(n))
-        .collect();
-    let ns = if preferred.is_empty() {
-        all_ns
-    } else {
-        preferred
-    };
+    let ns = shown_lengths(&rows, &models, &DECODER_LENGTHS);
 
     let keys: Vec<f64> = rows
         .iter()

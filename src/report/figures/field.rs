@@ -21,6 +21,27 @@ use crate::report::summary::SummaryRow;
 /// The lengths the field figure shows when present (issue 13); otherwise every length.
 const FIELD_LENGTHS: [usize; 2] = [1024, 4096];
 
+/// The lengths a figure shows: those of `preferred` that some model has, else every length present.
+pub(super) fn shown_lengths(
+    rows: &[SummaryRow],
+    models: &[String],
+    preferred: &[usize],
+) -> Vec<usize> {
+    let mut all: Vec<usize> = models.iter().flat_map(|m| lengths_of(rows, m)).collect();
+    all.sort_unstable();
+    all.dedup();
+    let kept: Vec<usize> = preferred
+        .iter()
+        .copied()
+        .filter(|n| all.contains(n))
+        .collect();
+    if kept.is_empty() {
+        all
+    } else {
+        kept
+    }
+}
+
 /// A method's family and whether it is drawn as a reference (grey): V-Mean, `zero` and the
 /// oracles. A user's method is `(User, false)`.
 fn family_of(method: &str) -> (Family, bool) {
@@ -154,21 +175,7 @@ fn target_figure(rows: &[SummaryRow], measure: Measure, stat: Statistic) -> Opti
         Measure::Relative => "‖C·V − Ô‖₂ / ‖C·V‖₂",
     };
     let models = models(&rows);
-    let all_ns: Vec<usize> = {
-        let mut v: Vec<usize> = models.iter().flat_map(|m| lengths_of(&rows, m)).collect();
-        v.sort_unstable();
-        v.dedup();
-        v
-    };
-    let preferred: Vec<usize> = FIELD_LENGTHS
-        .into_iter()
-        .filter(|n| all_ns.contains(n))
-        .collect();
-    let ns = if preferred.is_empty() {
-        all_ns
-    } else {
-        preferred
-    };
+    let ns = shown_lengths(&rows, &models, &FIELD_LENGTHS);
     let cost_n = *ns.last()?;
     let x_axis = Axis::features(&ds_of(&rows, |r| ns.contains(&r.n)));
     let mut tally = Tally::default();
