@@ -17,16 +17,9 @@ mod choices;
 pub(crate) use choices::choice;
 pub use choices::{Choice, Dtype, EmbeddingPolicy, FigurePreset, InitScheme, ModelKind};
 
-/// The methods of both papers' Figure 1 (Skyformer's four, Skeinformer's four; Informer is shared).
-pub const FIGURE_METHODS: &[&str] = &[
-    "skyformer",
-    "nystromformer",
-    "performer",
-    "informer",
-    "skeinformer",
-    "vmean",
-    "linformer",
-];
+/// The methods of both papers' Figure 1 (Skyformer's four, Skeinformer's four; Informer is
+/// shared), first in the registry.
+pub use crate::attention::FIGURE_METHODS;
 
 /// Skyformer Figure 1's methods (Chen et al., NeurIPS 2021).
 pub const SKYFORMER_FIGURE: &[&str] = &["skyformer", "nystromformer", "performer", "informer"];
@@ -633,23 +626,11 @@ mod tests {
         };
         let cfg = causal(None).unwrap();
         assert_eq!(cfg.mask, Mask::Causal);
-        assert_eq!(
-            cfg.methods,
-            [
-                "vmean",
-                "performer_favor",
-                "svd_optimal",
-                "window",
-                "topk",
-                "streaming",
-                "h2o",
-                "quest",
-                "moba",
-                "block_sparse",
-                "xattention",
-                "vertical_slash"
-            ]
-        );
+        // The §7.4 causal forms, then the prefill family (METHODS.md §7.5), in registry order.
+        let mut want = vec!["vmean", "performer_favor", "svd_optimal", "window", "topk"];
+        want.extend(attention::family_method_ids(attention::Family::Prefill));
+        assert_eq!(want.len(), 12);
+        assert_eq!(cfg.methods, want);
         assert_eq!(cfg.lengths, [2048, 8192]);
         assert_eq!(cfg.features, [16, 32, 64, 128, 256, 512, 1024, 2048]);
         let err = format!(

@@ -48,14 +48,23 @@ fn corpus(dir: &Path) -> PathBuf {
 
 /// A sweep of `model` over `corpus` into `out` with `flags` (space-separated), quiet.
 fn decoder_run(model: &Path, corpus: &Path, out: &Path, flags: &str) -> std::process::Output {
-    let mut args = vec![
+    decoder_cli(
+        model,
+        corpus,
+        &format!("{flags} --out {} --quiet", out.display()),
+    )
+}
+
+/// The binary with `flags` (space-separated; a subcommand first if any), then `model`'s directory
+/// and `corpus`.
+fn decoder_cli(model: &Path, corpus: &Path, flags: &str) -> std::process::Output {
+    let mut args: Vec<&str> = flags.split_whitespace().collect();
+    args.extend([
         "--model-dir",
         model.to_str().unwrap(),
         "--corpus",
         corpus.to_str().unwrap(),
-    ];
-    args.extend(flags.split_whitespace());
-    args.extend(["--out", out.to_str().unwrap(), "--quiet"]);
+    ]);
     run(&args, &[])
 }
 
@@ -130,26 +139,8 @@ fn dump_qkv_writes_kv_heads_and_windows_lead_with_bos_only_when_the_tokenizer_ad
     for with_bos in [true, false] {
         let model = llama_dir(&tmp.path().join(format!("m{with_bos}")), with_bos);
         let f = tmp.path().join(format!("w{with_bos}.safetensors"));
-        let o = run(
-            &[
-                "dump-qkv",
-                "--model",
-                "pretrained",
-                "--model-dir",
-                model.to_str().unwrap(),
-                "--corpus",
-                c.to_str().unwrap(),
-                "--length",
-                "32",
-                "--window",
-                "1",
-                "--layer",
-                "1",
-                "--out",
-                f.to_str().unwrap(),
-            ],
-            &[],
-        );
+        let flags = "dump-qkv --model pretrained --length 32 --window 1 --layer 1 --out";
+        let o = decoder_cli(&model, &c, &format!("{flags} {}", f.display()));
         assert!(o.status.success(), "{}", stderr(&o));
         let t = candle_core::safetensors::load(&f, &candle_core::Device::Cpu).unwrap();
         assert_eq!(t["q"].dims(), [4, 32, 16]);

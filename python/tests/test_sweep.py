@@ -12,15 +12,20 @@ import pytest
 import approx_bench as ab
 
 
-def window_attention(q, k, v, d, rng):
-    """Sliding-window softmax attention over keys |i - j| <= d, dense, in float64."""
+def masked_attention(q, k, v, drop):
+    """Softmax attention over the keys (i, j) with drop(lag = i − j) false, dense, in float64."""
     n, p = q.shape
     s = q.astype(np.float64) @ k.T.astype(np.float64) / np.sqrt(p)
     i = np.arange(n)
-    s[np.abs(i[:, None] - i[None, :]) > d] = -np.inf
+    s[drop(i[:, None] - i[None, :])] = -np.inf
     s -= s.max(axis=1, keepdims=True)
     e = np.exp(s)
     return (e / e.sum(axis=1, keepdims=True)) @ v.astype(np.float64)
+
+
+def window_attention(q, k, v, d, rng):
+    """Sliding-window softmax attention over keys |i - j| <= d."""
+    return masked_attention(q, k, v, lambda lag: np.abs(lag) > d)
 
 
 SEEN = {}
@@ -36,6 +41,16 @@ def noisy_mean(q, k, v, d, rng):
 def rows(out):
     with open(out / "trials.csv") as f:
         return list(csv.DictReader(f))
+
+
+def with_inputs(got, tiny):
+    """Each row with its (n, window, head, d, seed) and its head's Q, K, V (one window loaded once)."""
+    cache = {}
+    for r in got:
+        n, w, h, d, seed = (int(r[c]) for c in ("n", "window", "head", "d", "seed"))
+        if (n, w) not in cache:
+            cache[(n, w)] = ab.inputs(n, window=w, **tiny)
+        yield r, (n, w, h, d, seed), tuple(x[h] for x in cache[(n, w)])
 
 
 GRID = dict(lengths=[16, 32], windows=2, features=[4, 8], quiet=True)
@@ -62,12 +77,7 @@ def test_every_row_is_reproduced_from_the_inputs_and_its_seed(tiny, tmp_path):
     got = rows(out)
     assert len(got) == 2 * 2 * 4 * 4 * 2  # n × windows × heads × methods × d
     assert {r["method"] for r in got} == {"skeinformer", "vmean", "window_attention", "noisy_mean"}
-    cache = {}
-    for r in got:
-        n, w, h, d, seed = (int(r[c]) for c in ("n", "window", "head", "d", "seed"))
-        if (n, w) not in cache:
-            cache[(n, w)] = ab.inputs(n, window=w, **tiny)
-        q, k, v = (x[h] for x in cache[(n, w)])
+    for r, (n, w, h, d, seed), (q, k, v) in with_inputs(got, tiny):
         assert seed == ab.trial_seed(0, n, w, h, r["method"], d)
         o = ab.exact(q, k, v)
         if r["method"] == "window_attention":
@@ -184,12 +194,7 @@ def test_a_kernelized_sweep_scores_every_method_against_c_v(tiny, tmp_path):
         "exact_kernelized", "zero", "skyformer_gauss", "skyformer_gauss_iter",
         "performer_gauss", "rff_gauss", "rff_like",
     }
-    cache = {}
-    for r in got:
-        n, w, h, d, seed = (int(r[c]) for c in ("n", "window", "head", "d", "seed"))
-        if (n, w) not in cache:
-            cache[(n, w)] = ab.inputs(n, window=w, **tiny)
-        q, k, v = (x[h] for x in cache[(n, w)])
+    for r, (n, w, h, d, seed), (q, k, v) in with_inputs(got, tiny):
         o = ab.exact(q, k, v, target="kernelized")
         assert np.abs(o - kernel_product(q, k, v)).max() <= 1e-12 * np.abs(o).max()
         if r["method"] == "zero":
@@ -211,14 +216,7 @@ def test_a_kernelized_sweep_scores_every_method_against_c_v(tiny, tmp_path):
 def causal_window(q, k, v, d, rng, mask=None):
     """The d most recent keys j ≤ i (METHODS.md §7.4), dense, in float64: told the mask."""
     assert mask == "causal"
-    n, p = q.shape
-    s = q.astype(np.float64) @ k.T.astype(np.float64) / np.sqrt(p)
-    i = np.arange(n)
-    lag = i[:, None] - i[None, :]
-    s[(lag < 0) | (lag >= d)] = -np.inf
-    s -= s.max(axis=1, keepdims=True)
-    e = np.exp(s)
-    return (e / e.sum(axis=1, keepdims=True)) @ v.astype(np.float64)
+    return masked_attention(q, k, v, lambda lag: (lag < 0) | (lag >= d))
 
 
 def test_a_causal_sweep_tells_a_users_function_the_mask_and_scores_it_like_the_builtin(tiny, tmp_path):

@@ -46,19 +46,8 @@ windows_of() { case $1 in 2048) echo 64 ;; 8192) echo 36 ;; esac; }
 MODELS=(smollm2-l0 smollm2-l15 llama-1b-init)
 LENGTHS=(2048 8192)
 
-merge_run() {
-  local run=$1 shards previous=()
-  shards=("$WORK/$run"/[0-9]*)
-  [ -e "${shards[0]}" ] || return 0
-  if [ -d "$OUT/$run" ]; then previous=("$OUT/$run"); fi
-  rm -rf "$WORK/$run.merged"
-  $BIN merge "${previous[@]}" "${shards[@]}" --out "$WORK/$run.merged"
-  rm -f "$WORK/$run.merged"/*.png
-  mkdir -p "$OUT"
-  rm -rf "$OUT/$run" && mv "$WORK/$run.merged" "$OUT/$run"
-  mkdir -p "$WORK/merged/$run"
-  mv "${shards[@]}" "$WORK/merged/$run/"
-}
+# shellcheck source=results/merge_run.sh
+source "$(dirname "$0")/../merge_run.sh"
 
 RUNS=()
 for m in "${MODELS[@]}"; do for n in "${LENGTHS[@]}"; do

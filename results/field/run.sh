@@ -39,21 +39,8 @@ if [ -n "$SHARDS" ]; then
   done
 fi
 
-# Merges every shard directory in WORK/RUN with OUT/RUN, beside it, and swaps only on success.
-merge_run() {
-  local run=$1 shards previous=()
-  shards=("$WORK/$run"/[0-9]*)
-  [ -e "${shards[0]}" ] || return 0
-  if [ -d "$OUT/$run" ]; then previous=("$OUT/$run"); fi
-  rm -rf "$WORK/$run.merged"
-  $BIN merge "${previous[@]}" "${shards[@]}" --out "$WORK/$run.merged"
-  rm -f "$WORK/$run.merged"/*.png
-  mkdir -p "$OUT"
-  rm -rf "$OUT/$run" && mv "$WORK/$run.merged" "$OUT/$run"
-  # Merged: set the shard directories aside so that the next shard's merge does not read them again.
-  mkdir -p "$WORK/merged/$run"
-  mv "${shards[@]}" "$WORK/merged/$run/"
-}
+# shellcheck source=results/merge_run.sh
+source "$(dirname "$0")/../merge_run.sh"
 
 for s in $SHARDS; do
   $BIN --methods field "${INIT[@]}" "${GRID[@]}" --shard "$s/16" --out "$WORK/initialized/$s"

@@ -236,13 +236,9 @@ mod tests {
     use crate::tensor_util::test_device;
 
     fn naive(q: &[Vec<f64>], k: &[Vec<f64>], v: &[Vec<f64>]) -> Vec<Vec<f64>> {
-        let p = q[0].len() as f64;
-        q.iter()
-            .map(|qi| {
-                let s: Vec<f64> = k
-                    .iter()
-                    .map(|kj| qi.iter().zip(kj).map(|(a, b)| a * b).sum::<f64>() / p.sqrt())
-                    .collect();
+        crate::attention::test_util::logit_rows(q, k)
+            .into_iter()
+            .map(|s| {
                 let m = s.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
                 let e: Vec<f64> = s.iter().map(|x| (x - m).exp()).collect();
                 let z: f64 = e.iter().sum();

@@ -391,6 +391,18 @@ fn required_info<M: Method + ?Sized>(m: &M, what: &str) -> &'static MethodInfo {
         .unwrap_or_else(|| panic!("a Method implements `info` or `{what}` (see MethodInfo)"))
 }
 
+/// The methods of both papers' Figure 1 (Skyformer's four, Skeinformer's four; Informer is
+/// shared): the registry's first seven, in its order (legend order, baselines).
+pub const FIGURE_METHODS: &[&str] = &[
+    "skyformer",
+    "nystromformer",
+    "performer",
+    "informer",
+    "skeinformer",
+    "vmean",
+    "linformer",
+];
+
 /// Every method, in the order figures and tables list them.
 pub fn registry() -> Vec<Box<dyn Method>> {
     use skeinformer::{SkeinVariant, Skeinformer};
@@ -590,18 +602,7 @@ mod tests {
             method_ids().len()
         );
         // The Figure-1 methods keep their registry positions (legend order, baselines).
-        assert_eq!(
-            &method_ids()[..7],
-            &[
-                "skyformer",
-                "nystromformer",
-                "performer",
-                "informer",
-                "skeinformer",
-                "vmean",
-                "linformer"
-            ]
-        );
+        assert_eq!(&method_ids()[..7], FIGURE_METHODS);
     }
 
     #[test]

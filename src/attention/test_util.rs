@@ -252,3 +252,15 @@ pub fn random_head(n: usize, p: usize, seed: u64, dtype: DType) -> HeadInputs {
     let (q, k, v) = (mk(), mk(), mk());
     HeadInputs::new(q, k, v).unwrap()
 }
+
+/// s_ij = q_i·k_j/√p for every (i, j), in f64 entry by entry (the dense references' logits).
+pub fn logit_rows(q: &[Vec<f64>], k: &[Vec<f64>]) -> Vec<Vec<f64>> {
+    let p = q[0].len() as f64;
+    q.iter()
+        .map(|qi| {
+            k.iter()
+                .map(|kj| qi.iter().zip(kj).map(|(a, b)| a * b).sum::<f64>() / p.sqrt())
+                .collect()
+        })
+        .collect()
+}

@@ -22,49 +22,33 @@
 
 use anyhow::Result;
 
-use super::select::{
-    block_count, block_means, block_pattern, block_visited_pairs, checked_n, host_f64,
-    merged_block_groups, restricted, scored_count, BlockFilter,
-};
-use crate::attention::sparse::pair_macs;
+use super::select::{block_count, block_macs, block_means, block_selection, host_f64};
 use crate::attention::{Approximation, HeadInputs, Method, MethodInfo};
 use crate::numerics::sampling::TrialRng;
 
 pub struct BlockSparse;
 
 impl Method for BlockSparse {
+    fn info(&self) -> Option<&'static MethodInfo> {
+        Some(&super::BLOCK_SPARSE)
+    }
     fn approximate(&self, head: &HeadInputs, d: usize, _: &mut TrialRng) -> Result<Approximation> {
-        let n = checked_n(self, head, d)?;
-        let nb = block_count(n);
-        let score = if scored_count(d, 2) == 0 || nb < 3 {
-            vec![0.0; nb * nb] // nothing is chosen by score
-        } else {
+        block_selection(self, head, d, || {
             let (qbar, kbar) = (block_means(&head.q)?, block_means(&head.k)?);
-            host_f64(&qbar.matmul(&kbar.t()?)?)?
-        };
-        let kept = block_pattern(nb, d, &score);
-        let filter = BlockFilter::new(&kept);
-        let visits = |i: usize, j: usize| filter.visits(i, j);
-        restricted(head, &merged_block_groups(n, &kept), Some(&visits))
+            host_f64(&qbar.matmul(&kbar.t()?)?)
+        })
     }
     /// The causal cost (the method has no other form).
     fn macs(&self, n: usize, p: usize, d: usize) -> f64 {
         let nb = block_count(n) as f64;
-        let scores = if scored_count(d, 2) == 0 {
-            0.0
-        } else {
-            nb * nb * p as f64 / 2.0
-        };
-        scores + pair_macs(block_visited_pairs(n, d), p)
-    }
-    fn info(&self) -> Option<&'static MethodInfo> {
-        Some(&super::BLOCK_SPARSE)
+        block_macs(n, p, d, nb * nb * p as f64 / 2.0)
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::attention::prefill::select::block_visited_pairs;
     use crate::attention::prefill::test_util::{
         blocks_to_visits, stable_top, support_and_weights, tied_head,
     };
@@ -118,8 +102,7 @@ mod tests {
     /// a block of 2 rows.
     #[test]
     fn fixed_blocks_ties_and_a_ragged_block_by_hand() {
-        let n = 50;
-        let h = tied_head(n, 8);
+        let (n, h) = (50, tied_head(50, 8));
         let (sets, mass, keys) = support_and_weights(&BlockSparse, &h, 16);
         assert_eq!(sets[40], (0..16).chain(32..41).collect::<Vec<_>>());
         assert_eq!(sets[49], (0..16).chain(48..50).collect::<Vec<_>>());

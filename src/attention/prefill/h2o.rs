@@ -89,6 +89,9 @@ pub fn key_sets(
 }
 
 impl Method for H2o {
+    fn info(&self) -> Option<&'static MethodInfo> {
+        Some(&super::H2O)
+    }
     fn approximate(&self, head: &HeadInputs, d: usize, _: &mut TrialRng) -> Result<Approximation> {
         let n = checked_n(self, head, d)?;
         let (qs, kt) = scaled_operands(&head.q, &head.k)?;
@@ -107,9 +110,6 @@ impl Method for H2o {
     /// The causal cost (the method has no other form).
     fn macs(&self, n: usize, p: usize, d: usize) -> f64 {
         (n * n * p) as f64 + pair_macs(budget_pairs(n, d), p)
-    }
-    fn info(&self) -> Option<&'static MethodInfo> {
-        Some(&super::H2O)
     }
 }
 

@@ -30,6 +30,9 @@ use crate::numerics::sampling::TrialRng;
 pub struct Moba;
 
 impl Method for Moba {
+    fn info(&self) -> Option<&'static MethodInfo> {
+        Some(&super::MOBA)
+    }
     fn approximate(&self, head: &HeadInputs, d: usize, _: &mut TrialRng) -> Result<Approximation> {
         let n = checked_n(self, head, d)?;
         let means = if n >= B {
@@ -59,41 +62,12 @@ impl Method for Moba {
         };
         scores + pair_macs(page_visited_pairs(n, d), p)
     }
-    fn info(&self) -> Option<&'static MethodInfo> {
-        Some(&super::MOBA)
-    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::attention::prefill::test_util::{
-        assert_equals_its_sets, page_sets_from_scores, support_and_weights, tied_head,
-    };
-    use crate::attention::test_util::{host_rows, random_head};
-    use candle_core::DType;
-
-    /// §7.5.4 entry by entry: page means in loops, g = q·mean, a stable sort of the past pages.
-    fn sets_by_definition(q: &[Vec<f64>], k: &[Vec<f64>], d: usize) -> Vec<Vec<bool>> {
-        let (n, p) = (q.len(), q[0].len());
-        let means: Vec<Vec<f64>> = (0..n / 16)
-            .map(|t| {
-                (0..p)
-                    .map(|c| (16 * t..16 * t + 16).map(|j| k[j][c]).sum::<f64>() / 16.0)
-                    .collect()
-            })
-            .collect();
-        page_sets_from_scores(n, d, |i, t| (0..p).map(|c| q[i][c] * means[t][c]).sum())
-    }
-
-    #[test]
-    fn equals_the_dense_masked_softmax_over_the_mean_selected_pages() {
-        let h = random_head(203, 16, 32, DType::F64);
-        let [q, k, _] = host_rows(&h);
-        assert_equals_its_sets(&Moba, &h, &[1, 16, 17, 40, 64, 150], |d| {
-            sets_by_definition(&q, &k, d)
-        });
-    }
+    use crate::attention::prefill::test_util::{support_and_weights, tied_head};
 
     /// Ties (q = 0) go to the lowest pages: n = 50, d = 48 keeps pages 0 and 1 for row 49.
     #[test]

@@ -38,6 +38,9 @@ pub fn scored_pairs(n: usize) -> f64 {
 }
 
 impl Method for Quest {
+    fn info(&self) -> Option<&'static MethodInfo> {
+        Some(&super::QUEST)
+    }
     fn approximate(&self, head: &HeadInputs, d: usize, _: &mut TrialRng) -> Result<Approximation> {
         let n = checked_n(self, head, d)?;
         let bounds = if n >= B {
@@ -66,9 +69,6 @@ impl Method for Quest {
             2.0 * p as f64 * scored_pairs(n)
         };
         scores + pair_macs(page_visited_pairs(n, d), p)
-    }
-    fn info(&self) -> Option<&'static MethodInfo> {
-        Some(&super::QUEST)
     }
 }
 
@@ -104,13 +104,30 @@ mod tests {
     }
 
     #[test]
-    fn equals_the_dense_masked_softmax_over_the_bound_selected_pages() {
-        // n = 203: 12 complete pages and a ragged one.
+    fn the_page_methods_equal_the_dense_masked_softmax_over_their_pages() {
+        // n = 203: 12 complete pages and a ragged one. Quest by its bound, MoBA by its mean key.
+        let ds = [1, 16, 17, 40, 64, 150];
         let h = random_head(203, 16, 31, DType::F64);
         let [q, k, _] = host_rows(&h);
-        assert_equals_its_sets(&Quest, &h, &[1, 16, 17, 40, 64, 150], |d| {
-            sets_by_definition(&q, &k, d)
+        assert_equals_its_sets(&Quest, &h, &ds, |d| sets_by_definition(&q, &k, d));
+        let h = random_head(203, 16, 32, DType::F64);
+        let [q, k, _] = host_rows(&h);
+        assert_equals_its_sets(&crate::attention::prefill::moba::Moba, &h, &ds, |d| {
+            mean_sets_by_definition(&q, &k, d)
         });
+    }
+
+    /// MoBA's sets (§7.5.4) entry by entry: page means in loops, g = q·mean, a stable sort of the past pages.
+    fn mean_sets_by_definition(q: &[Vec<f64>], k: &[Vec<f64>], d: usize) -> Vec<Vec<bool>> {
+        let (n, p) = (q.len(), q[0].len());
+        let means: Vec<Vec<f64>> = (0..n / 16)
+            .map(|t| {
+                (0..p)
+                    .map(|c| (16 * t..16 * t + 16).map(|j| k[j][c]).sum::<f64>() / 16.0)
+                    .collect()
+            })
+            .collect();
+        page_sets_from_scores(n, d, |i, t| (0..p).map(|c| q[i][c] * means[t][c]).sum())
     }
 
     /// Ties (q = 0: every U is 0) go to the lowest pages; n = 37 has a ragged third page.

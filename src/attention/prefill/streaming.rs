@@ -59,6 +59,9 @@ pub fn key_groups(n: usize, d: usize) -> Vec<KeyGroup> {
 }
 
 impl Method for Streaming {
+    fn info(&self) -> Option<&'static MethodInfo> {
+        Some(&super::STREAMING)
+    }
     fn approximate(&self, head: &HeadInputs, d: usize, _: &mut TrialRng) -> Result<Approximation> {
         checked_n(self, head, d)?;
         let filter = move |i: usize, j: usize| visits(i, j, d);
@@ -75,9 +78,6 @@ impl Method for Streaming {
     /// The causal cost (the method has no other form).
     fn macs(&self, n: usize, p: usize, d: usize) -> f64 {
         pair_macs(visited_pairs(n, d.max(MIN_D)), p)
-    }
-    fn info(&self) -> Option<&'static MethodInfo> {
-        Some(&super::STREAMING)
     }
 }
 

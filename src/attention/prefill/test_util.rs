@@ -105,14 +105,7 @@ pub fn assert_covering_is_exact(m: &dyn Method, n: usize, ds: &[usize]) {
 /// tests' own selections, written from the definitions).
 pub fn logits(h: &HeadInputs) -> Vec<Vec<f64>> {
     let [q, k, _] = crate::attention::test_util::host_rows(h);
-    let p = q[0].len() as f64;
-    q.iter()
-        .map(|qi| {
-            k.iter()
-                .map(|kj| qi.iter().zip(kj).map(|(a, b)| a * b).sum::<f64>() / p.sqrt())
-                .collect()
-        })
-        .collect()
+    crate::attention::test_util::logit_rows(&q, &k)
 }
 
 /// Exact causal attention rows P_i (j ≤ i) in f64, from the definition.

@@ -97,6 +97,9 @@ pub fn key_sets(n: usize, pat: &Pattern) -> Vec<Vec<usize>> {
 }
 
 impl Method for VerticalSlash {
+    fn info(&self) -> Option<&'static MethodInfo> {
+        Some(&super::VERTICAL_SLASH)
+    }
     fn approximate(&self, head: &HeadInputs, d: usize, _: &mut TrialRng) -> Result<Approximation> {
         let n = checked_n(self, head, d)?;
         let w = LAST.min(n);
@@ -116,9 +119,6 @@ impl Method for VerticalSlash {
     /// The causal cost (the method has no other form).
     fn macs(&self, n: usize, p: usize, d: usize) -> f64 {
         (LAST.min(n) * n * p) as f64 + pair_macs(budget_pairs(n, d), p)
-    }
-    fn info(&self) -> Option<&'static MethodInfo> {
-        Some(&super::VERTICAL_SLASH)
     }
 }
 
@@ -170,8 +170,7 @@ mod tests {
     /// for i < 19. d = 1 keeps the diagonal alone.
     #[test]
     fn ties_overlaps_and_the_first_rows_by_hand() {
-        let n = 100;
-        let h = tied_head(n, 8);
+        let (n, h) = (100, tied_head(100, 8));
         let (sets, mass, keys) = support_and_weights(&VerticalSlash, &h, 20);
         assert_eq!(sets[50], (0..10).chain(41..51).collect::<Vec<_>>());
         assert_eq!(sets[12], (0..13).collect::<Vec<_>>());

@@ -27,12 +27,8 @@
 use anyhow::Result;
 use candle_core::{Tensor, D};
 
-use super::select::{
-    block_count, block_pattern, block_visited_pairs, checked_n, host_f64, merged_block_groups,
-    restricted, scored_count, BlockFilter, B,
-};
+use super::select::{block_count, block_macs, block_selection, host_f64, B};
 use crate::attention::exact::map_masked_score_blocks;
-use crate::attention::sparse::pair_macs;
 use crate::attention::{Approximation, HeadInputs, Mask, Method, MethodInfo};
 use crate::numerics::sampling::TrialRng;
 
@@ -84,40 +80,27 @@ pub fn antidiagonal_scores(q: &Tensor, k: &Tensor) -> Result<Vec<f64>> {
 }
 
 impl Method for XAttention {
+    fn info(&self) -> Option<&'static MethodInfo> {
+        Some(&super::XATTENTION)
+    }
     fn approximate(&self, head: &HeadInputs, d: usize, _: &mut TrialRng) -> Result<Approximation> {
-        let n = checked_n(self, head, d)?;
-        let nb = block_count(n);
-        let score = if scored_count(d, 2) == 0 || nb < 3 {
-            vec![0.0; nb * nb] // nothing is chosen by score
-        } else {
-            antidiagonal_scores(&head.q, &head.k)?
-        };
-        let kept = block_pattern(nb, d, &score);
-        let filter = BlockFilter::new(&kept);
-        let visits = |i: usize, j: usize| filter.visits(i, j);
-        restricted(head, &merged_block_groups(n, &kept), Some(&visits))
+        block_selection(self, head, d, || antidiagonal_scores(&head.q, &head.k))
     }
     /// The causal cost (the method has no other form).
     fn macs(&self, n: usize, p: usize, d: usize) -> f64 {
         let g = (n / STRIDE) as f64;
-        let scores = if scored_count(d, 2) == 0 {
-            0.0
-        } else {
-            g * (g + 1.0) / 2.0 * (STRIDE * p) as f64
-        };
-        scores + pair_macs(block_visited_pairs(n, d), p)
-    }
-    fn info(&self) -> Option<&'static MethodInfo> {
-        Some(&super::XATTENTION)
+        block_macs(n, p, d, g * (g + 1.0) / 2.0 * (STRIDE * p) as f64)
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::attention::prefill::select::block_visited_pairs;
     use crate::attention::prefill::test_util::{
         blocks_to_visits, stable_top, support_and_weights, tied_head,
     };
+    use crate::attention::sparse::pair_macs;
     use crate::attention::test_util::{assert_causal_restricted, host_rows, random_head};
     use candle_core::DType;
 

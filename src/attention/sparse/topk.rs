@@ -225,13 +225,9 @@ mod tests {
     /// The oracle's sets straight from the definition: stable sort of j by (−s_ij, j) on f64
     /// logits computed entry by entry.
     fn stable_sort_sets(q: &[Vec<f64>], k: &[Vec<f64>], kk: usize) -> Vec<Vec<usize>> {
-        let p = q[0].len() as f64;
-        q.iter()
-            .map(|qi| {
-                let s: Vec<f64> = k
-                    .iter()
-                    .map(|kj| qi.iter().zip(kj).map(|(a, b)| a * b).sum::<f64>() / p.sqrt())
-                    .collect();
+        crate::attention::test_util::logit_rows(q, k)
+            .into_iter()
+            .map(|s| {
                 let mut j: Vec<usize> = (0..k.len()).collect();
                 j.sort_by(|&a, &b| s[b].partial_cmp(&s[a]).unwrap()); // stable: ties keep index order
                 j.truncate(kk);

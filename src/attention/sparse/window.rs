@@ -36,8 +36,12 @@ pub fn visits(i: usize, j: usize, d: usize) -> bool {
     i.abs_diff(j) <= d
 }
 
-/// The key sets as blocks of consecutive query rows, each with the keys its windows span.
-pub fn key_groups(n: usize, d: usize) -> Vec<KeyGroup> {
+/// Blocks of consecutive query rows [a, end), each with the keys `span(a, end)` its windows reach.
+fn row_blocks(
+    n: usize,
+    d: usize,
+    span: impl Fn(usize, usize) -> std::ops::Range<usize>,
+) -> Vec<KeyGroup> {
     let b = block_rows(d);
     (0..n)
         .step_by(b)
@@ -45,10 +49,17 @@ pub fn key_groups(n: usize, d: usize) -> Vec<KeyGroup> {
             let end = (a + b).min(n);
             KeyGroup {
                 rows: (a..end).collect(),
-                keys: (a.saturating_sub(d)..end.saturating_add(d).min(n)).collect(),
+                keys: span(a, end).collect(),
             }
         })
         .collect()
+}
+
+/// The key sets as blocks of consecutive query rows, each with the keys its windows span.
+pub fn key_groups(n: usize, d: usize) -> Vec<KeyGroup> {
+    row_blocks(n, d, |a, end| {
+        a.saturating_sub(d)..end.saturating_add(d).min(n)
+    })
 }
 
 /// Σ_i |V_i| = n(2w+1) − w(w+1) with w = min(d, n−1).
@@ -67,17 +78,7 @@ pub fn causal_visits(i: usize, j: usize, d: usize) -> bool {
 
 /// The causal key sets as blocks of consecutive query rows, each with the keys its windows span.
 pub fn causal_key_groups(n: usize, d: usize) -> Vec<KeyGroup> {
-    let b = block_rows(d);
-    (0..n)
-        .step_by(b)
-        .map(|a| {
-            let end = (a + b).min(n);
-            KeyGroup {
-                rows: (a..end).collect(),
-                keys: (a.saturating_sub(d.saturating_sub(1))..end).collect(),
-            }
-        })
-        .collect()
+    row_blocks(n, d, |a, end| a.saturating_sub(d.saturating_sub(1))..end)
 }
 
 /// Σ_i min(d, i+1): the keys of the causal window.

@@ -29,24 +29,19 @@ fn row(model: &str, n: usize, method: &str, d: usize, mean: f64) -> SummaryRow {
 }
 
 const DS: [usize; 6] = [8, 16, 32, 64, 128, 256];
-const METHODS: [&str; 9] = [
-    "skyformer",
-    "nystromformer",
-    "performer",
-    "informer",
-    "skeinformer",
-    "vmean",
-    "linformer",
-    "performer_favor",
-    "svd_optimal",
-];
+/// Both figures' methods, then two more (a curve beside the papers' and the SVD floor).
+fn methods() -> Vec<&'static str> {
+    let mut m = crate::config::FIGURE_METHODS.to_vec();
+    m.extend(["performer_favor", "svd_optimal"]);
+    m
+}
 
 /// Two models, n ∈ {512, 1024, 4096}, nine methods; one NaN mean and one point with non-finite trials.
 fn synthetic() -> Vec<SummaryRow> {
     let mut rows = vec![];
     for model in ["initialized", "pretrained"] {
         for n in [512, 1024, 4096] {
-            for (k, m) in METHODS.iter().enumerate() {
+            for (k, m) in methods().iter().enumerate() {
                 for d in DS {
                     let level =
                         (n as f64 / 512.0).sqrt() * if *m == "linformer" { 15.0 } else { 1.5 };
