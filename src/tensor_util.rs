@@ -36,6 +36,15 @@ pub fn from_f64(
 }
 
 /// Reads a scalar (0-d or one-element) tensor as f64.
+/// [b, b] with `lower` on and below the diagonal and `upper` above it: the causal mask of a
+/// diagonal square (0 / −∞, added to logits) or the lower-triangular ones of prefix sums (1 / 0).
+pub fn triangle(b: usize, lower: f64, upper: f64, device: &Device, dtype: DType) -> Result<Tensor> {
+    let cells: Vec<f64> = (0..b * b)
+        .map(|x| if x % b > x / b { upper } else { lower })
+        .collect();
+    Ok(Tensor::from_vec(cells, (b, b), device)?.to_dtype(dtype)?)
+}
+
 pub fn scalar(t: &Tensor) -> Result<f64> {
     Ok(t.to_dtype(DType::F64)?.flatten_all()?.to_vec1::<f64>()?[0])
 }

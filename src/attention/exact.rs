@@ -83,29 +83,25 @@ pub fn map_masked_score_blocks(
 /// where the key comes after the query.
 pub fn causal_scores(qb: &Tensor, kt: &Tensor, start: usize) -> Result<Tensor> {
     let len = qb.dim(0)?;
-    let s = qb.matmul(&kt.narrow(1, 0, start + len)?.contiguous()?)?;
-    let diag = s
-        .narrow(1, start, len)?
-        .broadcast_add(&upper_minus_infinity(len, s.dtype(), s.device())?)?;
+    mask_after_diagonal(
+        &qb.matmul(&kt.narrow(1, 0, start + len)?.contiguous()?)?,
+        start,
+    )
+}
+
+/// Scores [.., b, start + b] of query rows start..start+b against keys 0..start+b (any leading
+/// dimensions, e.g. heads) with −∞ where the key comes after the query: the last b columns, the
+/// diagonal square, get the causal mask; the columns before it are all in the past.
+pub fn mask_after_diagonal(s: &Tensor, start: usize) -> Result<Tensor> {
+    let last = s.rank() - 1;
+    let b = s.dim(last)? - start;
+    let mask = crate::tensor_util::triangle(b, 0.0, f64::NEG_INFINITY, s.device(), s.dtype())?;
+    let diag = s.narrow(last, start, b)?.broadcast_add(&mask)?;
     Ok(if start == 0 {
         diag
     } else {
-        Tensor::cat(&[s.narrow(1, 0, start)?, diag], 1)?
+        Tensor::cat(&[s.narrow(last, 0, start)?, diag], last)?
     })
-}
-
-/// [b, b]: 0 on and below the diagonal, −∞ above it.
-fn upper_minus_infinity(b: usize, dtype: DType, device: &candle_core::Device) -> Result<Tensor> {
-    let cells: Vec<f64> = (0..b * b)
-        .map(|x| {
-            if x % b > x / b {
-                f64::NEG_INFINITY
-            } else {
-                0.0
-            }
-        })
-        .collect();
-    Ok(Tensor::from_vec(cells, (b, b), device)?.to_dtype(dtype)?)
 }
 
 /// Q/√p (scaled once, n×p, instead of every n×n score block) and Kᵀ made contiguous.
@@ -212,9 +208,7 @@ impl ExactAttention {
         let s = (q.matmul(&k.t()?)? / (p as f64).sqrt())?;
         let s = match mask {
             Mask::None => s,
-            Mask::Causal => {
-                s.broadcast_add(&upper_minus_infinity(s.dim(0)?, s.dtype(), s.device())?)?
-            }
+            Mask::Causal => mask_after_diagonal(&s, 0)?,
         };
         Ok(candle_nn::ops::softmax_last_dim(&s)?)
     }

@@ -56,14 +56,7 @@ const PREFIX_BLOCK: usize = 256;
 fn prefix_sums(x: &Tensor) -> Result<Tensor> {
     let (n, p) = x.dims2()?;
     let b = PREFIX_BLOCK.min(n.max(1));
-    let tri = Tensor::from_vec(
-        (0..b * b)
-            .map(|e| if e % b <= e / b { 1.0 } else { 0.0 })
-            .collect::<Vec<f64>>(),
-        (b, b),
-        x.device(),
-    )?
-    .to_dtype(x.dtype())?;
+    let tri = crate::tensor_util::triangle(b, 1.0, 0.0, x.device(), x.dtype())?;
     let mut carry = Tensor::zeros((1, p), x.dtype(), x.device())?;
     let mut outs = Vec::with_capacity(n.div_ceil(b));
     for start in (0..n).step_by(b) {

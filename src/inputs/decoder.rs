@@ -120,7 +120,9 @@ pub fn resolve(
             let is_decoder = text
                 .map(|t| models::decoder_family(&t).is_some())
                 .unwrap_or(false);
-            if !is_decoder && !(gguf.is_some() && !config.is_file()) {
+            // A decoder: its config.json names a decoder family, or it holds a GGUF and no config.
+            let gguf_only = gguf.is_some() && !config.is_file();
+            if !is_decoder && !gguf_only {
                 return Ok(None);
             }
             let weights = if !need_weights {

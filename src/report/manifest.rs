@@ -32,6 +32,8 @@ pub struct Manifest {
     pub model_id: String,
     pub heads: usize,
     pub head_dim: usize,
+    /// Tokens of the corpus that were tokenized: the whole corpus, or (since the sweep tokenizes
+    /// only the prefix its windows read) at least longest n × windows.
     pub corpus_tokens: usize,
     pub inputs: Vec<InputFile>,
     pub started: String,

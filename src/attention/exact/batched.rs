@@ -12,7 +12,7 @@
 use anyhow::{bail, Result};
 use candle_core::{Tensor, D};
 
-use super::{upper_minus_infinity, ExactAttention};
+use super::{mask_after_diagonal, ExactAttention};
 use crate::attention::target::Mask;
 
 /// Score entries per batched row block: about 64 M (256 MB in f32, one block in flight), so that
@@ -73,14 +73,7 @@ impl ExactAttention {
                     let s = qb
                         .matmul(&kt.narrow(2, 0, keys)?.contiguous()?)?
                         .reshape((hkv, g, len, keys))?;
-                    let diag = s
-                        .narrow(3, start, len)?
-                        .broadcast_add(&upper_minus_infinity(len, s.dtype(), s.device())?)?;
-                    let s = if start == 0 {
-                        diag
-                    } else {
-                        Tensor::cat(&[s.narrow(3, 0, start)?, diag], 3)?
-                    };
+                    let s = mask_after_diagonal(&s, start)?;
                     (s.reshape((hkv, g * len, keys))?, v.narrow(1, 0, keys)?)
                 }
             };

@@ -267,14 +267,7 @@ fn causal_products(phi_q: &Tensor, phi_k: &Tensor, rhs: &Tensor) -> Result<Tenso
             rhs.narrow(0, a, c)?,
         );
         // Within the chunk: key j of the chunk counts for query i of the chunk iff j ≤ i.
-        let tril = Tensor::from_vec(
-            (0..c * c)
-                .map(|x| if x % c <= x / c { 1.0 } else { 0.0 })
-                .collect::<Vec<f64>>(),
-            (c, c),
-            dev,
-        )?
-        .to_dtype(dt)?;
+        let tril = crate::tensor_util::triangle(c, 1.0, 0.0, dev, dt)?;
         let inner = (fq.matmul(&fk.t()?)? * tril)?.matmul(&r)?;
         let before = fq.to_dtype(DType::F64)?.matmul(&state)?.to_dtype(dt)?;
         outs.push((inner + before)?);
