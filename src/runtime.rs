@@ -82,13 +82,47 @@ pub fn on_device_thread<T: Send>(device: &candle_core::Device, f: impl FnOnce() 
     if device.is_cpu() {
         return f();
     }
-    static POOL: std::sync::OnceLock<rayon::ThreadPool> = std::sync::OnceLock::new();
-    POOL.get_or_init(|| {
-        rayon::ThreadPoolBuilder::new()
-            .num_threads(1)
-            .thread_name(|_| "approx-bench-device".into())
-            .build()
-            .expect("a one-thread pool")
-    })
-    .install(f)
+    DEVICE_POOL
+        .get_or_init(|| {
+            rayon::ThreadPoolBuilder::new()
+                .num_threads(1)
+                .thread_name(|_| "approx-bench-device".into())
+                .build()
+                .expect("a one-thread pool")
+        })
+        .install(f)
+}
+
+static DEVICE_POOL: std::sync::OnceLock<rayon::ThreadPool> = std::sync::OnceLock::new();
+
+/// `f` over `items` in parallel on the host's threads, in order: pure host work (no tensor op)
+/// that a device's issuing thread hands out, such as the B small eigenproblems or random draws of
+/// a batch of heads, while the device waits. Called from the device thread it runs on a pool of
+/// the run's thread count beside it (a nested parallel loop there would stay on that one thread);
+/// anywhere else on rayon's global pool.
+pub fn host_map<T: Sync, R: Send>(items: &[T], f: impl Fn(&T) -> R + Sync + Send) -> Vec<R> {
+    use rayon::prelude::*;
+    let on_device = DEVICE_POOL
+        .get()
+        .is_some_and(|p| p.current_thread_index().is_some());
+    if !on_device {
+        return items.par_iter().map(f).collect();
+    }
+    static HOST_POOL: std::sync::OnceLock<rayon::ThreadPool> = std::sync::OnceLock::new();
+    HOST_POOL
+        .get_or_init(|| {
+            // The run's thread count, as `configure` exported it (rayon's count here is the device
+            // pool's one thread).
+            let threads = std::env::var(RAYON_VAR)
+                .ok()
+                .and_then(|s| s.trim().parse::<usize>().ok())
+                .filter(|&n| n > 0)
+                .unwrap_or(1);
+            rayon::ThreadPoolBuilder::new()
+                .num_threads(threads)
+                .thread_name(|i| format!("approx-bench-host-{i}"))
+                .build()
+                .expect("a host pool")
+        })
+        .install(|| items.par_iter().map(f).collect())
 }

@@ -592,7 +592,7 @@ fn a_sweep_at_4096_writes_the_same_trials_on_one_thread_and_on_the_tests_device(
             "--windows",
             "2",
             "--methods",
-            "vmean,skyformer,nystromformer,informer,window,topk,bigbird,performer_trig",
+            "vmean,skyformer,nystromformer,performer,informer,window,topk,bigbird,performer_trig",
             "--features",
             "8,64",
             "--out",
@@ -622,7 +622,7 @@ fn a_sweep_at_4096_writes_the_same_trials_on_one_thread_and_on_the_tests_device(
     let (one, one_lines) = sweep("one-thread", &["--device", "cpu", "--threads", "1"], &[]);
     let device = test_device_spec();
     let (other, other_lines) = sweep("device", &[], &[]);
-    assert_eq!(one.len(), 2 * HEADS * 8 * 2, "every trial written");
+    assert_eq!(one.len(), 2 * HEADS * 9 * 2, "every trial written");
     let within_rounding = |what: &str, other: &[(String, f64, f64)]| {
         assert_eq!(one.len(), other.len());
         for ((m, e1, x1), (m2, e2, x2)) in one.iter().zip(other) {
@@ -639,13 +639,23 @@ fn a_sweep_at_4096_writes_the_same_trials_on_one_thread_and_on_the_tests_device(
     } else {
         within_rounding(&device, &other);
     }
-    // The device path (targets batched over heads, one issuing thread) run on the CPU.
+    // The device path (targets, the methods that batch and the metric batched over heads, one
+    // issuing thread) run on the CPU, and the same with the methods head by head.
     let (batched, _) = sweep(
         "device-path",
         &["--device", "cpu"],
         &[("APPROX_BENCH_DEVICE_PATH", "1")],
     );
     within_rounding("the device path on the CPU", &batched);
+    let (per_head, _) = sweep(
+        "device-path-per-head",
+        &["--device", "cpu"],
+        &[
+            ("APPROX_BENCH_DEVICE_PATH", "1"),
+            ("APPROX_BENCH_HEAD_BATCH", "0"),
+        ],
+    );
+    within_rounding("the device path on the CPU, head by head", &per_head);
 }
 
 /// METHODS.md §7.2–7.4 end to end on the tiny BERT (encoder Q/K/V under a causal mask is a

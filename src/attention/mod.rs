@@ -14,6 +14,7 @@ use candle_core::{DType, Device, Tensor};
 
 use crate::numerics::sampling::TrialRng;
 
+pub mod batch;
 pub mod exact;
 pub mod exact_kernelized;
 pub mod features;
@@ -28,6 +29,7 @@ pub(crate) mod test_util;
 pub mod vmean;
 pub mod zero;
 
+pub use batch::HeadBatch;
 pub use target::{Mask, Target};
 
 // The flat paths from before the split into families (`attention::skyformer::…`) keep working.
@@ -382,6 +384,19 @@ pub trait Method: Send + Sync {
     /// Generator) overrides this to receive the seed itself.
     fn approximate_trial(&self, head: &HeadInputs, d: usize, seed: u64) -> Result<Approximation> {
         self.approximate(head, d, &mut crate::numerics::sampling::rng_from_seed(seed))
+    }
+    /// Ô for every head of `batch` at one d, head b with the generator of `seeds[b]`: what a
+    /// sweep on a device calls once per window, method and d. The default runs the heads' trials
+    /// one by one; a method whose products batch over heads overrides it, and its head b must
+    /// equal `approximate_trial(&batch.heads[b], d, seeds[b])` within rounding (each such method
+    /// has a test that checks so).
+    fn approximate_heads(
+        &self,
+        batch: &HeadBatch,
+        d: usize,
+        seeds: &[u64],
+    ) -> Result<Vec<Approximation>> {
+        batch::each_head(self, batch, d, seeds)
     }
 }
 

@@ -3,7 +3,7 @@
 //! Skyformer's paper Eq. (5).
 
 use anyhow::Result;
-use candle_core::{DType, Tensor};
+use candle_core::{DType, Tensor, D};
 use nalgebra::DMatrix;
 
 /// Default relative eigenvalue cut-off of [`symmetric_pinv`] (METHODS.md §2.3 [REC]: 1e-10·λ_max).
@@ -13,16 +13,17 @@ pub const PINV_REL_CUTOFF: f64 = 1e-10;
 /// Z₀ = Nᵀ / max_j Σ_i |N_ij| (METHODS.md §2.3; Nyströmformer Eq. (12)–(13), Razavi et al. 2014).
 /// Runs on `n`'s device and dtype.
 pub fn iterative_inverse(n: &Tensor, steps: usize) -> Result<Tensor> {
-    let d = n.dim(0)?;
+    let d = n.dim(D::Minus1)?;
     let eye = Tensor::eye(d, n.dtype(), n.device())?;
-    // The largest column sum ‖N‖₁, one matrix at a time (METHODS.md §3 item 17).
-    let col_max = n.abs()?.sum(0)?.max(0)?;
+    // The largest column sum ‖N‖₁, one matrix at a time (METHODS.md §3 item 17): for a batch
+    // [B, d, d], each matrix its own.
+    let col_max = n.abs()?.sum_keepdim(D::Minus2)?.max_keepdim(D::Minus1)?;
     let mut z = n.t()?.broadcast_div(&col_max)?;
     for _ in 0..steps {
         let y = n.matmul(&z)?;
-        let t = ((&eye * 7.0)? - &y)?;
-        let t = ((&eye * 15.0)? - y.matmul(&t)?)?;
-        let t = ((&eye * 13.0)? - y.matmul(&t)?)?;
+        let t = (&eye * 7.0)?.broadcast_sub(&y)?;
+        let t = (&eye * 15.0)?.broadcast_sub(&y.matmul(&t)?)?;
+        let t = (&eye * 13.0)?.broadcast_sub(&y.matmul(&t)?)?;
         z = (z.matmul(&t)? * 0.25)?;
     }
     Ok(z)

@@ -187,6 +187,19 @@ impl InplaceOp1 for ExpMinus {
     }
 }
 
+/// exp(t − c_b) for each head b of t: [B, ·, ·] with one c per head, or one matrix and one c
+/// ([`exp_minus`], in place on the CPU).
+pub fn exp_minus_each(t: Tensor, c: &[f64]) -> candle_core::Result<Tensor> {
+    if t.rank() == 2 && c.len() == 1 {
+        return exp_minus(t, c[0]);
+    }
+    let shape: Vec<usize> = std::iter::once(c.len())
+        .chain(std::iter::repeat_n(1, t.rank().saturating_sub(1)))
+        .collect();
+    let c = Tensor::from_vec(c.to_vec(), shape, t.device())?.to_dtype(t.dtype())?;
+    t.broadcast_sub(&c)?.exp()
+}
+
 /// exp(t − c) for a global shift c, in place when `t` is a contiguous f64 CPU tensor (the
 /// caller hands over its own fresh product), through candle's ops otherwise.
 pub fn exp_minus(t: Tensor, c: f64) -> candle_core::Result<Tensor> {

@@ -136,27 +136,51 @@ pub fn error_norms(exact: &Tensor, approx: &Tensor) -> Result<ErrorNorms> {
 
 /// ‖M‖₂ and ‖M‖_F of a tall matrix via its Gram matrix.
 pub fn matrix_norms(m: &Tensor) -> Result<ErrorNorms> {
-    let g = gram(m)?;
+    Ok(norms_of_gram(&gram(m)?))
+}
+
+/// [`error_norms`] for each matrix of a batch: exact and approx [B, n, p].
+pub fn batch_error_norms(exact: &Tensor, approx: &Tensor) -> Result<Vec<ErrorNorms>> {
+    let e = (exact.to_dtype(DType::F64)? - approx.to_dtype(DType::F64)?)?;
+    batch_matrix_norms(&e)
+}
+
+/// [`matrix_norms`] for each matrix of a batch [B, n, p]: the B Gram matrices in one batched
+/// product on the batch's device and one copy to the host, the power iterations on the host's
+/// threads. Each matrix's norms are those [`matrix_norms`] gives it alone, within the rounding of
+/// the batched product.
+pub fn batch_matrix_norms(m: &Tensor) -> Result<Vec<ErrorNorms>> {
+    let (b, _, p) = m.dims3()?;
+    let e = m.to_dtype(DType::F64)?;
+    let g: Vec<f64> = e.transpose(1, 2)?.matmul(&e)?.flatten_all()?.to_vec1()?;
+    let grams: Vec<DMatrix<f64>> = (0..b)
+        .map(|i| DMatrix::from_row_slice(p, p, &g[i * p * p..(i + 1) * p * p]))
+        .collect();
+    Ok(crate::runtime::host_map(&grams, norms_of_gram))
+}
+
+/// ‖M‖₂ and ‖M‖_F from G = MᵀM (NaN for a non-finite G).
+fn norms_of_gram(g: &DMatrix<f64>) -> ErrorNorms {
     if g.iter().any(|x| !x.is_finite()) {
-        return Ok(ErrorNorms {
+        return ErrorNorms {
             spectral: f64::NAN,
             frobenius: f64::NAN,
             steps: 0,
-        });
+        };
     }
-    let pr = power_iteration(&g, 0x5eed_5eed);
+    let pr = power_iteration(g, 0x5eed_5eed);
     let spectral = if pr.converged {
         pr.lambda.max(0.0).sqrt()
     } else {
         // Not converged in MAX_STEPS: fall back to the exact solver rather than report a
         // quotient that may be low (never observed on p×p Gram matrices, but cheap to guard).
-        exact_lambda_max(&g).max(0.0).sqrt()
+        exact_lambda_max(g).max(0.0).sqrt()
     };
-    Ok(ErrorNorms {
+    ErrorNorms {
         spectral,
         frobenius: g.trace().max(0.0).sqrt(),
         steps: pr.steps,
-    })
+    }
 }
 
 #[cfg(test)]
@@ -231,6 +255,34 @@ mod tests {
         let smax = svd.singular_values.max();
         assert!((norms.spectral - smax).abs() < 1e-10 * smax);
         assert!((norms.frobenius - (&a - &b).norm()).abs() < 1e-10 * smax);
+    }
+
+    #[test]
+    fn batched_norms_are_each_matrix_s_own() {
+        let mut rng = ChaCha8Rng::seed_from_u64(5);
+        let dev = test_device();
+        let mut mats: Vec<Tensor> = (0..4)
+            .map(|_| {
+                let m = random_matrix(&mut rng, 50, 8);
+                crate::tensor_util::from_dmatrix(&m, &dev, DType::F64).unwrap()
+            })
+            .collect();
+        let mut poisoned = vec![0.5f64; 50 * 8];
+        poisoned[17] = f64::NAN;
+        mats[2] = Tensor::from_vec(poisoned, (50, 8), &dev).unwrap();
+        let batch = Tensor::stack(&mats, 0).unwrap();
+        let got = batch_matrix_norms(&batch).unwrap();
+        assert_eq!(got.len(), 4);
+        for (m, g) in mats.iter().zip(&got) {
+            let one = matrix_norms(m).unwrap();
+            if one.spectral.is_nan() {
+                assert!(g.spectral.is_nan() && g.frobenius.is_nan());
+                continue;
+            }
+            assert!((g.spectral - one.spectral).abs() <= 1e-12 * one.spectral);
+            assert!((g.frobenius - one.frobenius).abs() <= 1e-12 * one.frobenius);
+        }
+        assert!(got[2].spectral.is_nan());
     }
 
     #[test]

@@ -36,7 +36,8 @@ use anyhow::Result;
 use candle_core::{DType, Tensor, D};
 use nalgebra::DMatrix;
 
-use crate::attention::{Approximation, Family, HeadInputs, Mask, Method, MethodInfo};
+use crate::attention::batch::each_head;
+use crate::attention::{Approximation, Family, HeadBatch, HeadInputs, Mask, Method, MethodInfo};
 use crate::numerics::sampling::{normal_values, TrialRng};
 
 /// Additive stabiliser of the feature map (METHODS.md §2.5).
@@ -121,7 +122,8 @@ fn feature_map_with_norms(
 }
 
 /// The shifted feature map and its shift: (m^{-1/2}·[exp(ω_r·x̃ − ‖x̃‖²/2 − c) + ε]_r, c), with c
-/// per row ([n, 1]), one constant ([1, 1]) or 0 ([1, 1]) as `shift` says. With ε = 0 the
+/// per row ([n, 1]), one constant ([1, 1]) or 0 ([1, 1]) as `shift` says. Batched inputs
+/// ([B, n, p] with Ω [B, m, p]) get each head's own shifts. With ε = 0 the
 /// unshifted features are φ(x̃_i) = e^{c_i}·(the first output's row i), which Scatterbrain
 /// (§6.2.2) uses to merge the low-rank part with its exact sparse part.
 pub(crate) fn shifted_feature_map(
@@ -131,12 +133,12 @@ pub(crate) fn shifted_feature_map(
     shift: Shift,
     eps: f64,
 ) -> Result<(Tensor, Tensor)> {
-    let m = omega.dim(0)?;
+    let m = omega.dim(D::Minus2)?;
     let proj = xt.matmul(&omega.t()?)?; // n×m, ω_r·x̃_i
     let e = proj.broadcast_sub(half_sq)?;
     let c = match shift {
         Shift::PerRow => proj.max_keepdim(D::Minus1)?,
-        Shift::Global => proj.max_keepdim(D::Minus1)?.max_keepdim(0)?,
+        Shift::Global => proj.max_keepdim(D::Minus1)?.max_keepdim(D::Minus2)?,
         Shift::None => Tensor::zeros((1, 1), proj.dtype(), proj.device())?,
     };
     let e = e.broadcast_sub(&c)?;
@@ -160,25 +162,61 @@ struct Operands {
 }
 
 impl Operands {
-    fn of(head: &HeadInputs, performer: &Performer) -> Result<std::sync::Arc<Self>> {
-        let key = if performer.double_scaled {
+    /// From q, k, v of one head ([n, p]) or a batch of heads ([B, n, p]).
+    fn new(q: &Tensor, k: &Tensor, v: &Tensor, scale: f64) -> Result<Self> {
+        let (qt, kt) = ((q * scale)?, (k * scale)?);
+        let ones = v.narrow(D::Minus1, 0, 1)?.ones_like()?;
+        Ok(Self {
+            q_half_sq: half_sq_norms(&qt)?,
+            k_half_sq: half_sq_norms(&kt)?,
+            qt,
+            kt,
+            rhs: Tensor::cat(&[v.clone(), ones], D::Minus1)?,
+        })
+    }
+
+    fn memo_key(performer: &Performer) -> &'static str {
+        if performer.double_scaled {
             "performer_operands"
         } else {
             "performer_favor_operands"
-        };
-        head.memo(key, || {
-            let s = performer.input_scale(head.p());
-            let (qt, kt) = ((&head.q * s)?, (&head.k * s)?);
-            let ones = Tensor::ones((head.n(), 1), head.dtype(), head.device())?;
-            Ok(Self {
-                q_half_sq: half_sq_norms(&qt)?,
-                k_half_sq: half_sq_norms(&kt)?,
-                qt,
-                kt,
-                rhs: Tensor::cat(&[head.v.clone(), ones], 1)?,
-            })
+        }
+    }
+
+    fn of(head: &HeadInputs, performer: &Performer) -> Result<std::sync::Arc<Self>> {
+        head.memo(Self::memo_key(performer), || {
+            Self::new(&head.q, &head.k, &head.v, performer.input_scale(head.p()))
         })
     }
+
+    fn of_batch(batch: &HeadBatch, performer: &Performer) -> Result<std::sync::Arc<Self>> {
+        batch.memo(Self::memo_key(performer), || {
+            Self::new(
+                &batch.q,
+                &batch.k,
+                &batch.v,
+                performer.input_scale(batch.p()),
+            )
+        })
+    }
+}
+
+/// Ω of each seed's trial, drawn on the host's threads and stacked as [B, m, p] on `dev`.
+pub(crate) fn stacked_omegas(
+    seeds: &[u64],
+    m: usize,
+    p: usize,
+    dev: &candle_core::Device,
+    dtype: DType,
+) -> Result<Tensor> {
+    let omegas = crate::runtime::host_map(seeds, |&s| {
+        orthogonal_gaussian(&mut crate::numerics::sampling::rng_from_seed(s), m, p)
+    });
+    let mut flat = Vec::with_capacity(seeds.len() * m * p);
+    for o in &omegas {
+        flat.extend_from_slice(o.transpose().as_slice()); // row-major
+    }
+    Ok(Tensor::from_vec(flat, (seeds.len(), m, p), dev)?.to_dtype(dtype)?)
 }
 
 const PERFORMER: MethodInfo = MethodInfo {
@@ -226,6 +264,38 @@ impl Method for Performer {
             normalizer: Some(den.squeeze(1)?.to_dtype(DType::F64)?),
             support: None,
         })
+    }
+    /// The bidirectional form batched over heads: each head's Ω from its own seed (drawn on the
+    /// host's threads), then the same products as [B, ·, ·] kernels. The causal form runs head by
+    /// head.
+    fn approximate_heads(
+        &self,
+        batch: &HeadBatch,
+        d: usize,
+        seeds: &[u64],
+    ) -> Result<Vec<Approximation>> {
+        if batch.mask() != Mask::None {
+            return each_head(self, batch, d, seeds);
+        }
+        self.check(batch.n(), d).map_err(anyhow::Error::msg)?;
+        let p = batch.p();
+        let omega = stacked_omegas(seeds, d, p, batch.device(), batch.dtype())?;
+        let ops = Operands::of_batch(batch, self)?;
+        let phi_q = feature_map_with_norms(&ops.qt, &ops.q_half_sq, &omega, Shift::PerRow, EPS)?; // [B, n, m]
+        let phi_k = feature_map_with_norms(&ops.kt, &ops.k_half_sq, &omega, Shift::Global, EPS)?;
+        let fr = phi_q.matmul(&phi_k.t()?.matmul(&ops.rhs)?)?; // [B, n, p+1]
+        let den = fr.narrow(2, p, 1)?;
+        let out = fr.narrow(2, 0, p)?.broadcast_div(&den)?;
+        let den = den.squeeze(2)?.to_dtype(DType::F64)?;
+        (0..batch.len())
+            .map(|b| {
+                Ok(Approximation {
+                    output: out.get(b)?,
+                    normalizer: Some(den.get(b)?),
+                    support: None,
+                })
+            })
+            .collect()
     }
     /// METHODS.md §2.11: 4ndp, plus ⌈d/p⌉p³ for the QR blocks of Ω.
     fn macs(&self, n: usize, p: usize, d: usize) -> f64 {

@@ -14,8 +14,9 @@
 use anyhow::Result;
 use candle_core::Tensor;
 
+use crate::attention::batch::each_head;
 use crate::attention::{
-    quarter_scale, row_softmax, Approximation, Family, HeadInputs, Method, MethodInfo,
+    quarter_scale, row_softmax, Approximation, Family, HeadBatch, HeadInputs, Method, MethodInfo,
 };
 use crate::numerics::inverse::iterative_inverse;
 use crate::numerics::sampling::TrialRng;
@@ -30,8 +31,19 @@ pub(crate) fn segments(n: usize, d: usize) -> Vec<(usize, usize)> {
     (0..d).map(|s| (s * n / d, (s + 1) * n / d)).collect()
 }
 
-/// The d segment means of the rows of x (n×p), d×p, in x's dtype and device.
+/// The d segment means of the rows of x (n×p), d×p, in x's dtype and device; for a batch of
+/// heads ([B, n, p]) each head's, [B, d, p].
 pub(crate) fn segment_means(x: &Tensor, d: usize) -> Result<Tensor> {
+    if x.rank() == 3 {
+        let (b, n, p) = x.dims3()?;
+        if n % d == 0 && d >= 1 {
+            return Ok(x.reshape((b, d, n / d, p))?.mean(2)?);
+        }
+        let means: Vec<Tensor> = (0..b)
+            .map(|i| segment_means(&x.get(i)?, d))
+            .collect::<Result<_>>()?;
+        return Ok(Tensor::stack(&means, 0)?);
+    }
     let (n, p) = x.dims2()?;
     anyhow::ensure!(
         d >= 1 && d <= n,
@@ -50,6 +62,21 @@ pub(crate) fn segment_means(x: &Tensor, d: usize) -> Result<Tensor> {
     Ok(s.matmul(x)?)
 }
 
+/// Eq. (14) for d < n, on one head ([n, p]) or a batch of heads ([B, n, p]).
+fn landmark_products(q: &Tensor, k: &Tensor, v: &Tensor, d: usize) -> Result<Tensor> {
+    let p = q.dim(candle_core::D::Minus1)?;
+    let qt = quarter_scale(q, p)?;
+    let kt = quarter_scale(k, p)?;
+    let qbar = segment_means(&qt, d)?;
+    let kbar = segment_means(&kt, d)?;
+    let kbar_t = kbar.t()?;
+    let f = row_softmax(&qt.matmul(&kbar_t)?)?; // n×d
+    let a_s = row_softmax(&qbar.matmul(&kbar_t)?)?; // d×d
+    let b = row_softmax(&qbar.matmul(&kt.t()?)?)?; // d×n
+    let z = iterative_inverse(&a_s, ITER_STEPS)?;
+    Ok(f.matmul(&z.matmul(&b.matmul(v)?)?)?)
+}
+
 const NYSTROMFORMER: MethodInfo = MethodInfo {
     id: "nystromformer",
     family: Family::LowRank,
@@ -65,18 +92,25 @@ impl Method for Nystromformer {
         if d >= n {
             return Ok(Approximation::plain(head.exact()?.output.clone()));
         }
-        let p = head.p();
-        let qt = quarter_scale(&head.q, p)?;
-        let kt = quarter_scale(&head.k, p)?;
-        let qbar = segment_means(&qt, d)?;
-        let kbar = segment_means(&kt, d)?;
-        let kbar_t = kbar.t()?;
-        let f = row_softmax(&qt.matmul(&kbar_t)?)?; // n×d
-        let a_s = row_softmax(&qbar.matmul(&kbar_t)?)?; // d×d
-        let b = row_softmax(&qbar.matmul(&kt.t()?)?)?; // d×n
-        let z = iterative_inverse(&a_s, ITER_STEPS)?;
-        let out = f.matmul(&z.matmul(&b.matmul(&head.v)?)?)?;
-        Ok(Approximation::plain(out))
+        Ok(Approximation::plain(landmark_products(
+            &head.q, &head.k, &head.v, d,
+        )?))
+    }
+    /// Every product batched over heads (deterministic: no seed is read).
+    fn approximate_heads(
+        &self,
+        batch: &HeadBatch,
+        d: usize,
+        seeds: &[u64],
+    ) -> Result<Vec<Approximation>> {
+        if d >= batch.n() {
+            return each_head(self, batch, d, seeds);
+        }
+        self.check(batch.n(), d).map_err(anyhow::Error::msg)?;
+        let out = landmark_products(&batch.q, &batch.k, &batch.v, d)?;
+        (0..batch.len())
+            .map(|b| Ok(Approximation::plain(out.get(b)?)))
+            .collect()
     }
     /// METHODS.md §2.11: 4ndp + 24d³, plus np for the landmarks.
     fn macs(&self, n: usize, p: usize, d: usize) -> f64 {

@@ -28,11 +28,13 @@
 use anyhow::Result;
 use candle_core::{DType, Tensor, D};
 
-use crate::attention::{Approximation, Family, HeadInputs, Method, MethodInfo};
-use crate::numerics::inverse::{iterative_inverse, symmetric_pinv_tensor, PINV_REL_CUTOFF};
-use crate::numerics::sampling::{uniform_with_replacement, TrialRng};
-use crate::numerics::shifted_exp::exp_minus;
-use crate::tensor_util::{index_tensor, scalar};
+use crate::attention::{Approximation, Family, HeadBatch, HeadInputs, Method, MethodInfo};
+use crate::numerics::inverse::{
+    iterative_inverse, symmetric_pinv, symmetric_pinv_tensor, PINV_REL_CUTOFF,
+};
+use crate::numerics::sampling::{rng_from_seed, uniform_with_replacement, TrialRng};
+use crate::numerics::shifted_exp::exp_minus_each;
+use crate::tensor_util::{index_tensor, to_vec_f64};
 
 /// Ridge of the reference code path (`skyformer_iter`), METHODS.md §2.3.
 pub const GAMMA: f64 = 0.1;
@@ -97,11 +99,12 @@ pub(crate) struct Operands {
 }
 
 impl Operands {
+    /// From one head's q, k, v ([n, p]) or a batch of heads' ([B, n, p]).
     pub(crate) fn new(q: &Tensor, k: &Tensor, v: &Tensor) -> Result<Self> {
-        let (n, p) = q.dims2()?;
+        let p = q.dim(D::Minus1)?;
         let s = (p as f64).powf(-0.25);
         let v64 = v.to_dtype(DType::F64)?;
-        let ones = Tensor::ones((n, 1), DType::F64, q.device())?;
+        let ones = v64.narrow(D::Minus1, 0, 1)?.ones_like()?;
         let qt = (q.to_dtype(DType::F64)? * s)?;
         let kt = (k.to_dtype(DType::F64)? * s)?;
         Ok(Self {
@@ -109,7 +112,7 @@ impl Operands {
             k_half_sq: half_sq_norms(&kt)?,
             qt,
             kt,
-            rhs: Tensor::cat(&[v64, ones], 1)?, // n×(p+1)
+            rhs: Tensor::cat(&[v64, ones], D::Minus1)?, // n×(p+1)
         })
     }
 
@@ -117,6 +120,13 @@ impl Operands {
     pub(crate) fn of(head: &HeadInputs) -> Result<std::sync::Arc<Self>> {
         head.memo("skyformer_operands", || {
             Self::new(&head.q, &head.k, &head.v)
+        })
+    }
+
+    /// The batch's operands ([B, n, ·]) from its memo.
+    pub(crate) fn of_batch(batch: &HeadBatch) -> Result<std::sync::Arc<Self>> {
+        batch.memo("skyformer_operands", || {
+            Self::new(&batch.q, &batch.k, &batch.v)
         })
     }
 }
@@ -146,6 +156,57 @@ pub(crate) fn skyformer_core(
     inverse: CoreInverse,
     kernel: CoreKernel,
 ) -> Result<(Tensor, Tensor)> {
+    let dev = ops.qt.device();
+    let mut parts = Vec::with_capacity(2);
+    if !iq.is_empty() {
+        parts.push(ops.qt.index_select(&index_tensor(iq, dev)?, 0)?);
+    }
+    if !ik.is_empty() {
+        parts.push(ops.kt.index_select(&index_tensor(ik, dev)?, 0)?);
+    }
+    anyhow::ensure!(!parts.is_empty(), "skyformer needs at least one landmark");
+    core_products(ops, &Tensor::cat(&parts, 0)?, inverse, kernel)
+}
+
+/// [`skyformer_core`] for a batch of heads: operands [B, n, ·], head b's landmarks
+/// `landmarks[b]` (the same count for every head); Ô or C̃V [B, n, p] and the normaliser [B, n].
+pub(crate) fn skyformer_core_heads(
+    ops: &Operands,
+    landmarks: &[(Vec<usize>, Vec<usize>)],
+    inverse: CoreInverse,
+    kernel: CoreKernel,
+) -> Result<(Tensor, Tensor)> {
+    let (b, n, p) = ops.qt.dims3()?;
+    // Landmark rows of X = [Q̃; K̃] per head, gathered from the flattened [B·2n, p] in one go.
+    let rows: Vec<Vec<usize>> = landmarks
+        .iter()
+        .map(|(iq, ik)| {
+            iq.iter()
+                .copied()
+                .chain(ik.iter().map(|&j| n + j))
+                .collect()
+        })
+        .collect();
+    let d = rows.first().map_or(0, Vec::len);
+    anyhow::ensure!(d > 0, "skyformer needs at least one landmark");
+    anyhow::ensure!(
+        rows.iter().all(|r| r.len() == d),
+        "every head of a batch has the same landmark count"
+    );
+    let x = Tensor::cat(&[&ops.qt, &ops.kt], 1)?.reshape((b * 2 * n, p))?;
+    let idx = HeadBatch::flat_index(&rows, 2 * n, x.device())?;
+    let z = x.index_select(&idx, 0)?.reshape((b, d, p))?;
+    core_products(ops, &z, inverse, kernel)
+}
+
+/// The products after the landmarks z ([d, p], or [B, d, p] for a batch of heads; see the module
+/// comment), each head with its own shift c.
+fn core_products(
+    ops: &Operands,
+    z: &Tensor,
+    inverse: CoreInverse,
+    kernel: CoreKernel,
+) -> Result<(Tensor, Tensor)> {
     let Operands {
         qt,
         kt,
@@ -153,53 +214,54 @@ pub(crate) fn skyformer_core(
         k_half_sq,
         rhs,
     } = ops;
-    let p = rhs.dim(1)? - 1;
+    let p = rhs.dim(D::Minus1)? - 1;
     let dev = qt.device();
-
-    let mut parts = Vec::with_capacity(2);
-    if !iq.is_empty() {
-        parts.push(qt.index_select(&index_tensor(iq, dev)?, 0)?);
-    }
-    if !ik.is_empty() {
-        parts.push(kt.index_select(&index_tensor(ik, dev)?, 0)?);
-    }
-    anyhow::ensure!(!parts.is_empty(), "skyformer needs at least one landmark");
-    let z = Tensor::cat(&parts, 0)?; // d×p
-    let d = z.dim(0)?;
+    let d = z.dim(D::Minus2)?;
     let zt = z.t()?.contiguous()?;
 
     let mut lf = qt.matmul(&zt)?; // n×d logits of F
     let mut lg = kt.matmul(&zt)?; // n×d logits of G
     let mut lm = z.matmul(&zt)?; // d×d logits of M
-    let c = match kernel {
+                                 // One shift per head: the largest logit of its F, G and M.
+    let c: Vec<f64> = match kernel {
         CoreKernel::Softmax => {
-            let gmax = |t: &Tensor| -> Result<f64> { scalar(&t.flatten_all()?.max(0)?) };
-            gmax(&lf)?.max(gmax(&lg)?).max(gmax(&lm)?)
+            let gmax = |t: &Tensor| -> Result<Tensor> {
+                Ok(t.max_keepdim(D::Minus1)?.max_keepdim(D::Minus2)?)
+            };
+            to_vec_f64(&gmax(&lf)?.maximum(&gmax(&lg)?)?.maximum(&gmax(&lm)?)?)?
         }
         CoreKernel::Gaussian => {
             // x·z − ‖x‖²/2 − ‖z‖²/2 = −‖x − z‖²/2 ≤ 0: nothing to shift.
-            let z_half = half_sq_norms(&z)?.t()?; // 1×d
+            let z_half = half_sq_norms(z)?.t()?; // 1×d
             let with_norms = |l: Tensor, rows: &Tensor| -> Result<Tensor> {
                 Ok(l.broadcast_sub(rows)?.broadcast_sub(&z_half)?)
             };
             lf = with_norms(lf, q_half_sq)?;
             lg = with_norms(lg, k_half_sq)?;
             lm = with_norms(lm, &z_half.t()?)?;
-            0.0
+            vec![0.0; c_count(z)?]
         }
     };
-    // In place over the fresh logits: the same bits as (logits − c).exp().
-    let f = exp_minus(lf, c)?;
-    let g = exp_minus(lg, c)?;
-    let m = exp_minus(lm, c)?;
+    // In place over the fresh logits (one matrix): the same bits as (logits − c).exp().
+    let f = exp_minus_each(lf, &c)?;
+    let g = exp_minus_each(lg, &c)?;
+    let m = exp_minus_each(lm, &c)?;
 
     let w = match inverse {
-        CoreInverse::Pinv => symmetric_pinv_tensor(&m, PINV_REL_CUTOFF)?,
+        CoreInverse::Pinv => {
+            if m.rank() == 2 {
+                symmetric_pinv_tensor(&m, PINV_REL_CUTOFF)?
+            } else {
+                symmetric_pinv_heads(&m, PINV_REL_CUTOFF)?
+            }
+        }
         CoreInverse::Iterative { gamma, steps } => {
-            // γ on the e^{-c} scale of the shifted M (see the module comment).
+            // γ on the e^{-c} scale of the shifted M (see the module comment), per head.
+            let ridge: Vec<f64> = c.iter().map(|c| gamma * (-c).exp()).collect();
+            let ridge = Tensor::from_vec(ridge, per_head_shape(z)?, dev)?;
             let eye = Tensor::eye(d, DType::F64, dev)?;
-            let mg = (&m + (eye * (gamma * (-c).exp()))?)?;
-            let inv_sqrt = mg.sum_keepdim(1)?.sqrt()?.recip()?; // d×1, δ^{-1/2}
+            let mg = (&m + eye.broadcast_mul(&ridge)?)?;
+            let inv_sqrt = mg.sum_keepdim(D::Minus1)?.sqrt()?.recip()?; // d×1, δ^{-1/2}
             let scale = |t: &Tensor| -> Result<Tensor> {
                 Ok(t.broadcast_mul(&inv_sqrt)?.broadcast_mul(&inv_sqrt.t()?)?)
             };
@@ -210,13 +272,43 @@ pub(crate) fn skyformer_core(
 
     let gtr = g.t()?.matmul(rhs)?; // d×(p+1)
     let fr = f.matmul(&w.matmul(&gtr)?)?; // n×(p+1)
-    let num = fr.narrow(1, 0, p)?;
-    let den = fr.narrow(1, p, 1)?;
+    let num = fr.narrow(D::Minus1, 0, p)?;
+    let den = fr.narrow(D::Minus1, p, 1)?;
     let out = match kernel {
         CoreKernel::Softmax => num.broadcast_div(&den)?,
         CoreKernel::Gaussian => num.contiguous()?,
     };
     Ok((out, den.squeeze(D::Minus1)?))
+}
+
+/// How many heads z ([d, p] or [B, d, p]) holds.
+fn c_count(z: &Tensor) -> Result<usize> {
+    Ok(if z.rank() == 3 { z.dim(0)? } else { 1 })
+}
+
+/// The shape of one value per head that broadcasts over a head's d×d matrix.
+fn per_head_shape(z: &Tensor) -> Result<Vec<usize>> {
+    Ok(if z.rank() == 3 {
+        vec![z.dim(0)?, 1, 1]
+    } else {
+        vec![1, 1]
+    })
+}
+
+/// [`symmetric_pinv_tensor`] for each matrix of [B, d, d]: one copy to the host, the B
+/// eigen-decompositions on the host's threads, one copy back.
+fn symmetric_pinv_heads(m: &Tensor, rel_cutoff: f64) -> Result<Tensor> {
+    let (b, d, _) = m.dims3()?;
+    let host = to_vec_f64(m)?;
+    let mats: Vec<nalgebra::DMatrix<f64>> = (0..b)
+        .map(|i| nalgebra::DMatrix::from_row_slice(d, d, &host[i * d * d..(i + 1) * d * d]))
+        .collect();
+    let inv = crate::runtime::host_map(&mats, |x| symmetric_pinv(x, rel_cutoff));
+    let mut flat = Vec::with_capacity(b * d * d);
+    for w in &inv {
+        flat.extend_from_slice(w.transpose().as_slice()); // row-major
+    }
+    Ok(Tensor::from_vec(flat, (b, d, d), m.device())?)
 }
 
 const SKYFORMER: MethodInfo = MethodInfo {
@@ -255,6 +347,37 @@ impl Method for Skyformer {
             normalizer: Some(den),
             support: None,
         })
+    }
+    /// The heads' landmarks from their own seeds, then every product batched over heads (the
+    /// pseudo-inverses' eigen-decompositions on the host's threads).
+    fn approximate_heads(
+        &self,
+        batch: &HeadBatch,
+        d: usize,
+        seeds: &[u64],
+    ) -> Result<Vec<Approximation>> {
+        let n = batch.n();
+        let landmarks: Vec<_> = seeds
+            .iter()
+            .map(|&s| draw_landmarks(&mut rng_from_seed(s), n, d))
+            .collect();
+        let inverse = CoreInverse::of_variant(self.iterative);
+        let (out, den) = skyformer_core_heads(
+            &*Operands::of_batch(batch)?,
+            &landmarks,
+            inverse,
+            CoreKernel::Softmax,
+        )?;
+        let out = out.to_dtype(batch.dtype())?;
+        (0..batch.len())
+            .map(|b| {
+                Ok(Approximation {
+                    output: out.get(b)?,
+                    normalizer: Some(den.get(b)?),
+                    support: None,
+                })
+            })
+            .collect()
     }
     /// METHODS.md §2.11: 4ndp + 24d³ (the table's one formula for both inverses; the
     /// pseudo-inverse's eigendecomposition is also O(d³)).

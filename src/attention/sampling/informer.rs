@@ -12,8 +12,8 @@
 use anyhow::Result;
 use candle_core::{Tensor, D};
 
-use crate::attention::{Approximation, Family, HeadInputs, Method, MethodInfo};
-use crate::numerics::sampling::{uniform_with_replacement, TrialRng};
+use crate::attention::{Approximation, Family, HeadBatch, HeadInputs, Method, MethodInfo};
+use crate::numerics::sampling::{rng_from_seed, uniform_with_replacement, TrialRng};
 use crate::tensor_util::{index_tensor, to_vec_f64};
 
 /// Informer; `direct` selects the masked-class mapping u = U = min(d, n).
@@ -83,6 +83,46 @@ pub fn sparsity_measure(
         start += len;
     }
     Ok(out)
+}
+
+/// [`sparsity_measure`] for a batch of heads: q, k [B, n, p], head b's samples `samples[b]`;
+/// each head's M̄ ([n] values). The sampled keys of all heads are gathered at once, in row blocks
+/// of about 64 M entries.
+pub fn sparsity_measure_heads(
+    q: &Tensor,
+    k: &Tensor,
+    samples: &[Vec<usize>],
+    big_u: usize,
+) -> Result<Vec<Vec<f64>>> {
+    sparsity_measure_heads_in_blocks(q, k, samples, big_u, 1 << 26)
+}
+
+/// [`sparsity_measure_heads`] with blocks of about `entries` gathered key entries.
+fn sparsity_measure_heads_in_blocks(
+    q: &Tensor,
+    k: &Tensor,
+    samples: &[Vec<usize>],
+    big_u: usize,
+    entries: usize,
+) -> Result<Vec<Vec<f64>>> {
+    let (b, n, p) = q.dims3()?;
+    let k_flat = k.reshape((b * n, p))?;
+    let step = (entries / (b * big_u * p).max(1)).clamp(1, n.max(1));
+    let mut blocks = Vec::new();
+    for start in (0..n).step_by(step) {
+        let len = step.min(n - start);
+        let rows: Vec<Vec<usize>> = samples
+            .iter()
+            .map(|s| s[start * big_u..(start + len) * big_u].to_vec())
+            .collect();
+        let idx = crate::attention::HeadBatch::flat_index(&rows, n, q.device())?;
+        let ks = k_flat.index_select(&idx, 0)?.reshape((b, len, big_u, p))?;
+        let qs = q.narrow(1, start, len)?.contiguous()?.unsqueeze(3)?; // [B, len, p, 1]
+        let logits = ks.matmul(&qs)?.squeeze(3)?; // [B, len, U]
+        blocks.push((logits.max(D::Minus1)? - (logits.sum(D::Minus1)? / n as f64)?)?);
+    }
+    let m = to_vec_f64(&Tensor::cat(&blocks, 1)?)?;
+    Ok(m.chunks(n).map(<[f64]>::to_vec).collect())
 }
 
 /// Indices of the `u` largest values (ties to the lower index; NaN ranks lowest), in index order.
@@ -166,6 +206,61 @@ impl Method for Informer {
         let (out, _) = with_samples(&head.q, &head.k, &head.v, &samples, big_u, u)?;
         Ok(Approximation::plain(out))
     }
+    /// Each head's samples from its own seed (drawn on the host's threads), then the sampled
+    /// logits, the exact rows and the row replacement batched over heads; the top-u choice per
+    /// head on the host.
+    fn approximate_heads(
+        &self,
+        batch: &HeadBatch,
+        d: usize,
+        seeds: &[u64],
+    ) -> Result<Vec<Approximation>> {
+        let n = batch.n();
+        self.check(n, d).map_err(anyhow::Error::msg)?;
+        let (big_u, u) = self.sizes(n, d);
+        let samples = crate::runtime::host_map(seeds, |&s| {
+            uniform_with_replacement(&mut rng_from_seed(s), n, n * big_u)
+        });
+        let m = sparsity_measure_heads(&batch.q, &batch.k, &samples, big_u)?;
+        let top = crate::runtime::host_map(&m, |m| top_indices(m, u));
+        let (b, _, p) = batch.q.dims3()?;
+        let dev = batch.device();
+        let lazy = batch
+            .v
+            .mean_keepdim(1)?
+            .broadcast_as(batch.v.shape())?
+            .contiguous()?;
+        let out = if u == 0 {
+            lazy
+        } else {
+            // Exact rows of every head at once: [B, u, p] queries against their head's K and V.
+            let qs = batch
+                .q
+                .reshape((b * n, p))?
+                .index_select(&HeadBatch::flat_index(&top, n, dev)?, 0)?
+                .reshape((b, u, p))?;
+            let s = (qs.matmul(&batch.k.t()?)? / (p as f64).sqrt())?;
+            let exact = crate::attention::row_softmax(&s)?.matmul(&batch.v)?;
+            // Row i of head b: row n + r of [lazy_b; exact_b] if i is its r-th top row, else i.
+            let map: Vec<Vec<usize>> = top
+                .iter()
+                .map(|t| {
+                    let mut map: Vec<usize> = (0..n).collect();
+                    for (r, &i) in t.iter().enumerate() {
+                        map[i] = n + r;
+                    }
+                    map
+                })
+                .collect();
+            Tensor::cat(&[&lazy, &exact], 1)?
+                .reshape((b * (n + u), p))?
+                .index_select(&HeadBatch::flat_index(&map, n + u, dev)?, 0)?
+                .reshape((b, n, p))?
+        };
+        (0..b)
+            .map(|i| Ok(Approximation::plain(out.get(i)?)))
+            .collect()
+    }
     fn macs(&self, n: usize, p: usize, d: usize) -> f64 {
         // nUp (sampled logits) + 2unp (exact rows) (METHODS.md §2.11).
         let (big_u, u) = self.sizes(n, d);
@@ -197,6 +292,31 @@ impl Method for Informer {
 
 #[cfg(test)]
 mod tests {
+    /// The batched measure, in blocks of a few rows (n not a multiple of the block), is each
+    /// head's own [`sparsity_measure`].
+    #[test]
+    fn the_batched_measure_is_each_head_s_own_in_any_block_size() {
+        use crate::tensor_util::test_device;
+        let dev = test_device();
+        let (b, n, p, big_u) = (3, 37, 8, 5);
+        let q = Tensor::randn(0f32, 1.0, (b, n, p), &dev).unwrap();
+        let k = Tensor::randn(0f32, 1.0, (b, n, p), &dev).unwrap();
+        let mut rng = rand::SeedableRng::seed_from_u64(9);
+        let samples: Vec<Vec<usize>> = (0..b)
+            .map(|_| uniform_with_replacement(&mut rng, n, n * big_u))
+            .collect();
+        let want: Vec<Vec<f64>> = (0..b)
+            .map(|i| {
+                sparsity_measure(&q.get(i).unwrap(), &k.get(i).unwrap(), &samples[i], big_u)
+                    .unwrap()
+            })
+            .collect();
+        for entries in [1, b * big_u * p * 4, 1 << 26] {
+            let got = sparsity_measure_heads_in_blocks(&q, &k, &samples, big_u, entries).unwrap();
+            assert_eq!(got, want, "blocks of {entries} entries");
+        }
+    }
+
     use super::*;
     use crate::attention::test_util::exact_error;
     use crate::numerics::spectral::error_norms;

@@ -36,8 +36,10 @@ pub struct SweepOutcome {
     pub total_trials: usize,
 }
 
+mod device;
+pub use device::{HEAD_BATCH_VAR, PROFILE_VAR};
+
 /// Rows whose output is non-finite or whose estimated normalizer is ≤ 0 or non-finite.
-#[allow(clippy::neg_cmp_op_on_partial_ord)] // `!(n > 0.0)` is deliberately true for NaN too
 pub fn flagged_rows(a: &Approximation) -> Result<usize> {
     // 0·x is 0 for finite x and NaN for ±∞ or NaN, so each row's sum is NaN exactly when the
     // row has a non-finite entry: one n-vector leaves the device instead of the n×p output.
@@ -47,16 +49,20 @@ pub fn flagged_rows(a: &Approximation) -> Result<usize> {
         Some(t) => Some(t.to_dtype(DType::F64)?.flatten_all()?.to_vec1()?),
         None => None,
     };
-    Ok(row_check
+    Ok(count_flagged(&row_check, norm.as_deref()))
+}
+
+/// Rows i with a non-finite `row_check[i]` (0·row summed) or, given normalizers, one that is
+/// ≤ 0 or non-finite.
+#[allow(clippy::neg_cmp_op_on_partial_ord)] // `!(n > 0.0)` is deliberately true for NaN too
+fn count_flagged(row_check: &[f64], norm: Option<&[f64]>) -> usize {
+    row_check
         .iter()
         .enumerate()
         .filter(|(i, c)| {
-            !c.is_finite()
-                || norm
-                    .as_ref()
-                    .is_some_and(|n| !(n[*i] > 0.0) || !n[*i].is_finite())
+            !c.is_finite() || norm.is_some_and(|n| !(n[*i] > 0.0) || !n[*i].is_finite())
         })
-        .count())
+        .count()
 }
 
 fn prepare_out(cfg: &RunConfig, opts: &SweepOptions) -> Result<()> {
@@ -244,32 +250,14 @@ pub fn run_with(
                 bar: &bar,
             };
             if device_path(&prepared.device) {
-                // A device's work is issued from one host thread (runtime::on_device_thread), head
-                // after head; the window's exact targets come from one computation batched over
-                // heads. Rows are written as each head finishes.
-                let device = &prepared.device;
-                let (q, k, v) = crate::runtime::on_device_thread(device, || {
-                    prepared.window_qkv(&cfg.inputs, n, w)
+                // A device's work is issued from one host thread, batched over the window's
+                // heads (device.rs); the window's rows are written when it finishes.
+                let rows = crate::runtime::on_device_thread(&prepared.device, || {
+                    trial.window_on_device(&jobs, &missing)
                 })?;
-                let exacts = match cfg.target {
-                    attention::Target::Softmax => {
-                        Some(crate::runtime::on_device_thread(device, || {
-                            attention::exact::ExactAttention::compute_heads_masked(
-                                &q, &k, &v, cfg.mask,
-                            )
-                        })?)
-                    }
-                    attention::Target::Kernelized => None,
-                };
-                for &h in &jobs {
-                    let exact = exacts.as_ref().map(|e| e[h].clone());
-                    let rows = crate::runtime::on_device_thread(device, || {
-                        trial.head_trials(h, &q, &k, &v, exact, &missing)
-                    })?;
-                    for row in rows {
-                        writer.append(&row)?;
-                        new_trials += 1;
-                    }
+                for row in rows {
+                    writer.append(&row)?;
+                    new_trials += 1;
                 }
                 continue;
             }
@@ -287,7 +275,7 @@ pub fn run_with(
                         .par_iter()
                         .enumerate()
                         .for_each_with(tx, |tx, (i, &h)| {
-                            let rows = trial_ref.head_trials(h, q, k, v, None, missing_ref);
+                            let rows = trial_ref.head_trials(h, q, k, v, missing_ref);
                             let _ = tx.send((i, rows));
                         });
                 });
@@ -308,6 +296,9 @@ pub fn run_with(
         }
     }
     bar.finish_and_clear();
+    if let Some(report) = device::profile_report() {
+        eprintln!("{report}");
+    }
     let rows = trials::read_rows(&trials_path)?;
     let summary_rows = summary::summarize(&rows, &cfg.methods);
     summary::write(&opts.out.join("summary.csv"), &summary_rows)?;
@@ -356,17 +347,13 @@ impl TrialContext<'_> {
         q: &candle_core::Tensor,
         k: &candle_core::Tensor,
         v: &candle_core::Tensor,
-        exact: Option<attention::exact::ExactAttention>,
         missing: &(dyn Fn(usize, &str, usize) -> bool + Sync),
     ) -> Result<Vec<TrialRow>> {
         let (cfg, n, w) = (self.cfg, self.n, self.window);
         // Grouped-query heads (METHODS.md §7.1): query head h reads K/V head ⌊h·H_kv/H⌋.
         let kv_head = h * k.dim(0)? / q.dim(0)?;
         let (qh, kh, vh) = (q.get(h)?, k.get(kv_head)?, v.get(kv_head)?);
-        let head = match exact {
-            Some(e) => HeadInputs::with_exact(qh, kh, vh, e)?,
-            None => HeadInputs::masked(qh, kh, vh, cfg.mask)?,
-        };
+        let head = HeadInputs::masked(qh, kh, vh, cfg.mask)?;
         // The run's target in f64, once per head (error_norms then takes it as is), before any
         // method's clock starts; a sample of its rows is checked against float64 first.
         let exact64 = head
@@ -399,42 +386,81 @@ impl TrialContext<'_> {
                 })?;
                 self.prepared.device.synchronize()?;
                 let seconds = t0.elapsed().as_secs_f64();
-                let norms = spectral::error_norms(&exact64, &approx.output)?;
-                // The mass a restricted method captured, against the exact log-normaliser
-                // (softmax target only: C·V has no normalised rows).
-                let mass = match (&approx.support, cfg.target) {
-                    (Some(_), attention::Target::Softmax) => {
-                        approx.mass(head.exact()?.log_rowsum()?)?
-                    }
-                    _ => None,
-                };
-                rows.push(TrialRow {
-                    model: self.model_name.to_string(),
-                    model_id: self.prepared.model_id.clone(),
-                    layer: cfg.inputs.layer,
-                    n,
-                    window: w,
-                    head: h,
-                    method: m.id().to_string(),
-                    d,
+                let result = TrialResult {
                     seed: trial_seed,
-                    error: norms.spectral,
-                    rel_error: norms.spectral / exact_norm,
-                    frob_error: norms.frobenius,
+                    norms: spectral::error_norms(&exact64, &approx.output)?,
                     exact_norm,
                     nonfinite_rows: flagged_rows(&approx)?,
-                    macs: m.macs_masked(n, self.prepared.head_dim(), d, cfg.mask),
                     seconds,
-                    target: cfg.target,
-                    mask: cfg.mask,
-                    kv_head: Some(kv_head),
-                    mass,
+                    mass: trial_mass(&approx, &head, cfg.target)?,
                     keys: approx.support.as_ref().map(|s| s.keys),
-                });
+                };
+                rows.push(self.row(h, kv_head, m.as_ref(), d, result));
                 self.bar.inc(1);
             }
         }
         Ok(rows)
+    }
+}
+
+/// The mass a restricted method captured, against the exact log-normaliser (softmax target
+/// only: C·V has no normalised rows); None for every other method.
+fn trial_mass(
+    approx: &Approximation,
+    head: &HeadInputs,
+    target: attention::Target,
+) -> Result<Option<f64>> {
+    match (&approx.support, target) {
+        (Some(_), attention::Target::Softmax) => approx.mass(head.exact()?.log_rowsum()?),
+        _ => Ok(None),
+    }
+}
+
+/// What one trial measured, before it becomes a row.
+struct TrialResult {
+    seed: u64,
+    norms: spectral::ErrorNorms,
+    exact_norm: f64,
+    nonfinite_rows: usize,
+    seconds: f64,
+    mass: Option<f64>,
+    keys: Option<f64>,
+}
+
+impl TrialContext<'_> {
+    /// The trials.csv row of head `h` (reading K/V head `kv_head`), method `m` at `d`.
+    fn row(
+        &self,
+        h: usize,
+        kv_head: usize,
+        m: &dyn attention::Method,
+        d: usize,
+        r: TrialResult,
+    ) -> TrialRow {
+        let cfg = self.cfg;
+        TrialRow {
+            model: self.model_name.to_string(),
+            model_id: self.prepared.model_id.clone(),
+            layer: cfg.inputs.layer,
+            n: self.n,
+            window: self.window,
+            head: h,
+            method: m.id().to_string(),
+            d,
+            seed: r.seed,
+            error: r.norms.spectral,
+            rel_error: r.norms.spectral / r.exact_norm,
+            frob_error: r.norms.frobenius,
+            exact_norm: r.exact_norm,
+            nonfinite_rows: r.nonfinite_rows,
+            macs: m.macs_masked(self.n, self.prepared.head_dim(), d, cfg.mask),
+            seconds: r.seconds,
+            target: cfg.target,
+            mask: cfg.mask,
+            kv_head: Some(kv_head),
+            mass: r.mass,
+            keys: r.keys,
+        }
     }
 }
 

@@ -1,0 +1,218 @@
+//! A window on a device (or on the CPU under `APPROX_BENCH_DEVICE_PATH=1`): one host thread issues
+//! the work (`runtime::on_device_thread`), and the window's heads form the batch dimension of the
+//! exact targets, of each method's trials at one d ([`attention::Method::approximate_heads`]) and of the
+//! metric, so a GPU runs a few [B, n, ·] kernels where it ran B rounds of small ones (issue 21).
+//! The host-only parts (random draws, small eigenproblems, power iterations) run on the host's
+//! threads meanwhile. Rows come out in the CPU path's order (head, method, d).
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Instant;
+
+use anyhow::{Context, Result};
+use candle_core::{DType, Tensor};
+
+use super::{TrialContext, TrialResult};
+use crate::attention::{self, batch::each_head, HeadBatch, HeadInputs};
+use crate::numerics::{sampling::TrialKey, spectral};
+use crate::report::trials::TrialRow;
+
+/// Set to 0, the device path runs each method head by head (its batched targets and metric
+/// stay): the "before" of BENCHMARKS.md's batching table, on the same card in the same run.
+pub const HEAD_BATCH_VAR: &str = "APPROX_BENCH_HEAD_BATCH";
+
+/// Set to 1, a sweep on the device path prints where its time went (stderr, at the end).
+pub const PROFILE_VAR: &str = "APPROX_BENCH_PROFILE";
+
+/// Seconds spent per phase of the device path, summed over windows (nanoseconds).
+static PHASES: [AtomicU64; 5] = [const { AtomicU64::new(0) }; 5];
+const PHASE_NAMES: [&str; 5] = [
+    "Q/K/V",
+    "exact targets (batched over heads)",
+    "targets to f64, row check, ‖O‖₂",
+    "methods (synchronised)",
+    "metric (‖O − Ô‖, flags, mass)",
+];
+
+fn add_phase(i: usize, t0: Instant) {
+    PHASES[i].fetch_add(t0.elapsed().as_nanos() as u64, Ordering::Relaxed);
+}
+
+/// The phase report, if [`PROFILE_VAR`] asked for one.
+pub(super) fn profile_report() -> Option<String> {
+    if !std::env::var(PROFILE_VAR).is_ok_and(|v| v.trim() == "1") {
+        return None;
+    }
+    let lines: Vec<String> = PHASE_NAMES
+        .iter()
+        .zip(&PHASES)
+        .map(|(name, ns)| {
+            format!(
+                "  {:>9.3} s  {name}",
+                ns.load(Ordering::Relaxed) as f64 / 1e9
+            )
+        })
+        .collect();
+    Some(format!(
+        "device path, time per phase:\n{}",
+        lines.join("\n")
+    ))
+}
+
+fn env_is(var: &str, value: &str) -> bool {
+    std::env::var(var).is_ok_and(|v| v.trim() == value)
+}
+
+impl TrialContext<'_> {
+    /// Every missing trial of the window's heads `jobs`, from the window's q [H, n, p] and
+    /// k, v [H_kv, n, p].
+    pub(super) fn window_on_device(
+        &self,
+        jobs: &[usize],
+        missing: &(dyn Fn(usize, &str, usize) -> bool + Sync),
+    ) -> Result<Vec<TrialRow>> {
+        let (cfg, n, w) = (self.cfg, self.n, self.window);
+        let t0 = Instant::now();
+        let (q, k, v) = self.prepared.window_qkv(&cfg.inputs, n, w)?;
+        self.prepared.device.synchronize()?;
+        add_phase(0, t0);
+
+        let t0 = Instant::now();
+        let exacts = match cfg.target {
+            attention::Target::Softmax => Some(
+                attention::exact::ExactAttention::compute_heads_masked(&q, &k, &v, cfg.mask)?,
+            ),
+            attention::Target::Kernelized => None,
+        };
+        self.prepared.device.synchronize()?;
+        add_phase(1, t0);
+
+        // Each head's target in f64, a sample of its rows checked against float64 on the host
+        // before any of its rows can be written, and its norm (batched).
+        let t0 = Instant::now();
+        let (h_all, hkv) = (q.dim(0)?, k.dim(0)?);
+        let mut heads = Vec::with_capacity(jobs.len());
+        let mut targets = Vec::with_capacity(jobs.len());
+        for &h in jobs {
+            let kv = h * hkv / h_all;
+            let (qh, kh, vh) = (q.get(h)?, k.get(kv)?, v.get(kv)?);
+            let head = match &exacts {
+                Some(e) => HeadInputs::with_exact(qh, kh, vh, e[h].clone())?,
+                None => HeadInputs::masked(qh, kh, vh, cfg.mask)?,
+            };
+            targets.push(
+                head.target_output(cfg.target)
+                    .with_context(|| format!("n = {n}, window {w}, head {h}"))?,
+            );
+            heads.push(head);
+        }
+        let target = Tensor::stack(&targets, 0)?; // [B, n, p], f64
+        let exact_norms = spectral::batch_matrix_norms(&target)?;
+        add_phase(2, t0);
+
+        let batch = HeadBatch::new(heads, jobs, &q, &k, &v)?;
+        let batched = !env_is(HEAD_BATCH_VAR, "0");
+        let mut rows = Vec::new();
+        for (mi, m) in self.methods.iter().enumerate() {
+            for (di, &d) in cfg.features.iter().enumerate() {
+                let need: Vec<bool> = jobs.iter().map(|&h| missing(h, m.id(), d)).collect();
+                if !need.contains(&true) {
+                    continue;
+                }
+                // Every head of the batch runs (a resumed window may recompute a trial it has;
+                // only the missing rows are kept): each trial's seed is its own, so a head's
+                // result does not depend on which others run beside it.
+                let seeds: Vec<u64> = jobs
+                    .iter()
+                    .map(|&h| {
+                        TrialKey {
+                            seed: cfg.seed,
+                            n,
+                            window: w,
+                            head: h,
+                            method: m.id(),
+                            d,
+                        }
+                        .derive_seed()
+                    })
+                    .collect();
+                self.bar
+                    .set_message(format!("n={n} w={w} {} d={d}", m.id()));
+                let t0 = Instant::now();
+                let approx = if batched {
+                    m.approximate_heads(&batch, d, &seeds)
+                } else {
+                    each_head(m.as_ref(), &batch, d, &seeds)
+                }
+                .with_context(|| {
+                    format!(
+                        "method {} at n = {n}, window {w}, heads {jobs:?}, d = {d}",
+                        m.id()
+                    )
+                })?;
+                self.prepared.device.synchronize()?;
+                // The batch's time, shared equally by its heads (trials.csv `seconds`).
+                let seconds = t0.elapsed().as_secs_f64() / jobs.len() as f64;
+                add_phase(3, t0);
+
+                let t0 = Instant::now();
+                let outputs: Vec<&Tensor> = approx.iter().map(|a| &a.output).collect();
+                let norms = spectral::batch_error_norms(&target, &Tensor::stack(&outputs, 0)?)?;
+                let flagged = flagged_rows_heads(&approx)?;
+                for (b, a) in approx.iter().enumerate() {
+                    if !need[b] {
+                        continue;
+                    }
+                    let result = TrialResult {
+                        seed: seeds[b],
+                        norms: norms[b],
+                        exact_norm: exact_norms[b].spectral,
+                        nonfinite_rows: flagged[b],
+                        seconds,
+                        mass: super::trial_mass(a, &batch.heads[b], cfg.target)?,
+                        keys: a.support.as_ref().map(|s| s.keys),
+                    };
+                    let h = jobs[b];
+                    rows.push((
+                        (b, mi, di),
+                        self.row(h, h * hkv / h_all, m.as_ref(), d, result),
+                    ));
+                    self.bar.inc(1);
+                }
+                add_phase(4, t0);
+            }
+        }
+        rows.sort_by_key(|(key, _)| *key);
+        Ok(rows.into_iter().map(|(_, row)| row).collect())
+    }
+}
+
+/// [`super::flagged_rows`] of each head's approximation, with one copy to the host for all.
+fn flagged_rows_heads(approx: &[attention::Approximation]) -> Result<Vec<usize>> {
+    let outputs: Vec<Tensor> = approx
+        .iter()
+        .map(|a| a.output.to_dtype(DType::F64))
+        .collect::<candle_core::Result<_>>()?;
+    let out = Tensor::stack(&outputs, 0)?;
+    let n = out.dim(1)?;
+    let check: Vec<f64> = (&out * 0.0)?.sum(2)?.flatten_all()?.to_vec1()?;
+    let norms: Option<Vec<f64>> = if approx.iter().all(|a| a.normalizer.is_some()) {
+        let ds: Vec<Tensor> = approx
+            .iter()
+            .filter_map(|a| a.normalizer.as_ref())
+            .map(|t| t.to_dtype(DType::F64)?.flatten_all())
+            .collect::<candle_core::Result<_>>()?;
+        Some(Tensor::stack(&ds, 0)?.flatten_all()?.to_vec1()?)
+    } else {
+        None
+    };
+    (0..approx.len())
+        .map(|b| {
+            let rows = &check[b * n..(b + 1) * n];
+            match (&norms, &approx[b].normalizer) {
+                (Some(all), _) => Ok(super::count_flagged(rows, Some(&all[b * n..(b + 1) * n]))),
+                (None, Some(_)) => super::flagged_rows(&approx[b]),
+                (None, None) => Ok(super::count_flagged(rows, None)),
+            }
+        })
+        .collect()
+}
