@@ -177,10 +177,14 @@ mod tests {
     /// Each batching method, on three of four query heads over two K/V heads (grouped-query), in
     /// both dtypes and at d below, at and above n's divisors: head b of the batch is head b's own
     /// trial with its own seed, within rounding (the batched products are the same products).
+    /// In f32 on the CPU the two are within 1e-6 of max |Ô| (bit-identical in most cases); a GPU's
+    /// batched GEMMs sum in another order than its single ones, which the iterative inverse of
+    /// nystromformer amplifies: 1.4e-6 measured on an H200, hence 1e-5 (≈ 84 ε of f32) there.
     #[test]
     fn every_batched_method_gives_each_head_its_own_trial() {
         let (n, p) = (120, 16);
         let jobs = [0usize, 2, 3];
+        let mut beyond = Vec::new();
         for dtype in [DType::F64, DType::F32] {
             let mut rng = TrialRng::seed_from_u64(3);
             let q = stacked(&mut rng, 4, n, p, dtype);
@@ -195,7 +199,11 @@ mod tests {
                 })
                 .collect();
             let batch = HeadBatch::new(heads, &jobs, &q, &k, &v).unwrap();
-            let tol = if dtype == DType::F64 { 1e-12 } else { 1e-6 };
+            let tol = match (dtype, test_device().is_cpu()) {
+                (DType::F64, _) => 1e-12,
+                (_, true) => 1e-6,
+                _ => 1e-5,
+            };
             for id in [
                 "skyformer",
                 "skyformer_iter",
@@ -206,6 +214,7 @@ mod tests {
                 "vmean",
             ] {
                 let m = by_id(id).unwrap();
+                let mut worst = 0.0f64;
                 for d in [7, 24, 40, 200] {
                     let seeds: Vec<u64> = jobs
                         .iter()
@@ -215,20 +224,23 @@ mod tests {
                     assert_eq!(got.len(), jobs.len());
                     for (b, g) in got.iter().enumerate() {
                         let want = m.approximate_trial(&batch.heads[b], d, seeds[b]).unwrap();
-                        let e = max_rel(&g.output, &want.output);
-                        assert!(e <= tol, "{id} {dtype:?} d = {d} head {}: {e:e}", jobs[b]);
+                        let mut e = max_rel(&g.output, &want.output);
                         match (&g.normalizer, &want.normalizer) {
-                            (Some(a), Some(w)) => {
-                                let e = max_rel(a, w);
-                                assert!(e <= tol, "{id} normaliser d = {d}: {e:e}");
-                            }
+                            (Some(a), Some(w)) => e = e.max(max_rel(a, w)),
                             (None, None) => {}
                             _ => panic!("{id}: a normaliser on one side only"),
                         }
+                        worst = worst.max(e);
+                        if !(e <= tol) {
+                            beyond.push(format!("{id} {dtype:?} d = {d} head {}: {e:e}", jobs[b]));
+                        }
                     }
                 }
+                // Shown with --nocapture: the measured differences, for the bounds above.
+                eprintln!("{id} {dtype:?}: worst {worst:e} of max |Ô| (bound {tol:e})");
             }
         }
+        assert!(beyond.is_empty(), "beyond rounding: {beyond:#?}");
     }
 
     #[test]

@@ -61,9 +61,12 @@ fn prefix_sums(x: &Tensor) -> Result<Tensor> {
     let mut outs = Vec::with_capacity(n.div_ceil(b));
     for start in (0..n).step_by(b) {
         let len = b.min(n - start);
+        // The last block's corner of the triangle is a strided view: contiguous for CUDA's
+        // matmul, which takes no such lhs (the CPU's does).
         let local = tri
             .narrow(0, 0, len)?
             .narrow(1, 0, len)?
+            .contiguous()?
             .matmul(&x.narrow(0, start, len)?)?;
         let block = local.broadcast_add(&carry)?;
         carry = block.narrow(0, len - 1, 1)?;

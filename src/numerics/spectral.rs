@@ -139,12 +139,6 @@ pub fn matrix_norms(m: &Tensor) -> Result<ErrorNorms> {
     Ok(norms_of_gram(&gram(m)?))
 }
 
-/// [`error_norms`] for each matrix of a batch: exact and approx [B, n, p].
-pub fn batch_error_norms(exact: &Tensor, approx: &Tensor) -> Result<Vec<ErrorNorms>> {
-    let e = (exact.to_dtype(DType::F64)? - approx.to_dtype(DType::F64)?)?;
-    batch_matrix_norms(&e)
-}
-
 /// [`matrix_norms`] for each matrix of a batch [B, n, p]: the B Gram matrices in one batched
 /// product on the batch's device and one copy to the host, the power iterations on the host's
 /// threads. Each matrix's norms are those [`matrix_norms`] gives it alone, within the rounding of

@@ -12,6 +12,7 @@ use anyhow::{Context, Result};
 use candle_core::{DType, Tensor};
 
 use super::{TrialContext, TrialResult};
+use crate::attention::exact::verify::TargetCheck;
 use crate::attention::{self, batch::each_head, HeadBatch, HeadInputs};
 use crate::numerics::{sampling::TrialKey, spectral};
 use crate::report::trials::TrialRow;
@@ -87,29 +88,54 @@ impl TrialContext<'_> {
         add_phase(1, t0);
 
         // Each head's target in f64, a sample of its rows checked against float64 on the host
-        // before any of its rows can be written, and its norm (batched).
+        // (all heads at once) before any of its rows can be written, and its norm.
         let t0 = Instant::now();
         let (h_all, hkv) = (q.dim(0)?, k.dim(0)?);
         let mut heads = Vec::with_capacity(jobs.len());
-        let mut targets = Vec::with_capacity(jobs.len());
         for &h in jobs {
             let kv = h * hkv / h_all;
             let (qh, kh, vh) = (q.get(h)?, k.get(kv)?, v.get(kv)?);
-            let head = match &exacts {
+            heads.push(match &exacts {
                 Some(e) => HeadInputs::with_exact(qh, kh, vh, e[h].clone())?,
                 None => HeadInputs::masked(qh, kh, vh, cfg.mask)?,
-            };
-            targets.push(
-                head.target_output(cfg.target)
-                    .with_context(|| format!("n = {n}, window {w}, head {h}"))?,
-            );
-            heads.push(head);
+            });
         }
+        let batch = HeadBatch::new(heads, jobs, &q, &k, &v)?;
+        let targets: Vec<Tensor> = batch
+            .heads
+            .iter()
+            .map(|h| h.unchecked_target_output(cfg.target))
+            .collect::<Result<_>>()?;
         let target = Tensor::stack(&targets, 0)?; // [B, n, p], f64
+        let check = TargetCheck::gather(&batch.q, &batch.k, &batch.v, &target)?;
         let exact_norms = spectral::batch_matrix_norms(&target)?;
         add_phase(2, t0);
+        // The check runs on the host's threads while the device runs the methods; the window's
+        // rows are returned only if it passes.
+        std::thread::scope(|scope| {
+            let checked = scope.spawn(|| check.verify(cfg.target, cfg.mask, Some(jobs)));
+            let rows = self.methods_on_device(&batch, &target, &exact_norms, jobs, missing);
+            checked
+                .join()
+                .map_err(|_| anyhow::anyhow!("the target check panicked"))?
+                .with_context(|| format!("n = {n}, window {w}"))?;
+            rows
+        })
+    }
 
-        let batch = HeadBatch::new(heads, jobs, &q, &k, &v)?;
+    /// Every missing trial of the batch's heads, method after method and d after d, in the CPU
+    /// path's row order.
+    fn methods_on_device(
+        &self,
+        batch: &HeadBatch,
+        target: &Tensor,
+        exact_norms: &[spectral::ErrorNorms],
+        jobs: &[usize],
+        missing: &(dyn Fn(usize, &str, usize) -> bool + Sync),
+    ) -> Result<Vec<TrialRow>> {
+        let (cfg, n, w) = (self.cfg, self.n, self.window);
+        let (h_all, hkv) = (self.prepared.heads(), self.prepared.kv_heads());
+
         let batched = !env_is(HEAD_BATCH_VAR, "0");
         let mut rows = Vec::new();
         for (mi, m) in self.methods.iter().enumerate() {
@@ -139,9 +165,9 @@ impl TrialContext<'_> {
                     .set_message(format!("n={n} w={w} {} d={d}", m.id()));
                 let t0 = Instant::now();
                 let approx = if batched {
-                    m.approximate_heads(&batch, d, &seeds)
+                    m.approximate_heads(batch, d, &seeds)
                 } else {
-                    each_head(m.as_ref(), &batch, d, &seeds)
+                    each_head(m.as_ref(), batch, d, &seeds)
                 }
                 .with_context(|| {
                     format!(
@@ -155,9 +181,7 @@ impl TrialContext<'_> {
                 add_phase(3, t0);
 
                 let t0 = Instant::now();
-                let outputs: Vec<&Tensor> = approx.iter().map(|a| &a.output).collect();
-                let norms = spectral::batch_error_norms(&target, &Tensor::stack(&outputs, 0)?)?;
-                let flagged = flagged_rows_heads(&approx)?;
+                let (norms, flagged) = score_heads(target, &approx)?;
                 for (b, a) in approx.iter().enumerate() {
                     if !need[b] {
                         continue;
@@ -186,33 +210,43 @@ impl TrialContext<'_> {
     }
 }
 
-/// [`super::flagged_rows`] of each head's approximation, with one copy to the host for all.
-fn flagged_rows_heads(approx: &[attention::Approximation]) -> Result<Vec<usize>> {
-    let outputs: Vec<Tensor> = approx
-        .iter()
-        .map(|a| a.output.to_dtype(DType::F64))
-        .collect::<candle_core::Result<_>>()?;
-    let out = Tensor::stack(&outputs, 0)?;
-    let n = out.dim(1)?;
-    let check: Vec<f64> = (&out * 0.0)?.sum(2)?.flatten_all()?.to_vec1()?;
-    let norms: Option<Vec<f64>> = if approx.iter().all(|a| a.normalizer.is_some()) {
+/// Each head's ‖O − Ô‖ and [`super::flagged_rows`]: Ô of all heads stacked once in f64, one
+/// batched Gram product, and one copy to the host for the flags and normalisers of all heads.
+fn score_heads(
+    target: &Tensor,
+    approx: &[attention::Approximation],
+) -> Result<(Vec<spectral::ErrorNorms>, Vec<usize>)> {
+    let outputs: Vec<&Tensor> = approx.iter().map(|a| &a.output).collect();
+    let out = Tensor::stack(&outputs, 0)?.to_dtype(DType::F64)?; // [B, n, p]
+    let (b, n) = (out.dim(0)?, out.dim(1)?);
+    let norms = spectral::batch_matrix_norms(&(target - &out)?)?;
+    // 0·x summed per row: NaN exactly where the row of Ô has a non-finite entry.
+    let mut checks = vec![(&out * 0.0)?.sum(2)?];
+    let normalised = approx.iter().all(|a| a.normalizer.is_some());
+    if normalised {
         let ds: Vec<Tensor> = approx
             .iter()
             .filter_map(|a| a.normalizer.as_ref())
             .map(|t| t.to_dtype(DType::F64)?.flatten_all())
             .collect::<candle_core::Result<_>>()?;
-        Some(Tensor::stack(&ds, 0)?.flatten_all()?.to_vec1()?)
-    } else {
-        None
-    };
-    (0..approx.len())
-        .map(|b| {
-            let rows = &check[b * n..(b + 1) * n];
-            match (&norms, &approx[b].normalizer) {
-                (Some(all), _) => Ok(super::count_flagged(rows, Some(&all[b * n..(b + 1) * n]))),
-                (None, Some(_)) => super::flagged_rows(&approx[b]),
-                (None, None) => Ok(super::count_flagged(rows, None)),
+        checks.push(Tensor::stack(&ds, 0)?);
+    }
+    let host: Vec<f64> = Tensor::stack(&checks, 0)?.flatten_all()?.to_vec1()?;
+    let flagged = (0..b)
+        .map(|i| {
+            let rows = &host[i * n..(i + 1) * n];
+            if normalised {
+                Ok(super::count_flagged(
+                    rows,
+                    Some(&host[(b + i) * n..(b + i + 1) * n]),
+                ))
+            } else if approx[i].normalizer.is_some() {
+                // Some heads with a normaliser and some without (a user's method): one by one.
+                super::flagged_rows(&approx[i])
+            } else {
+                Ok(super::count_flagged(rows, None))
             }
         })
-        .collect()
+        .collect::<Result<_>>()?;
+    Ok((norms, flagged))
 }

@@ -4,13 +4,13 @@
 //! K/V head ⌊h·H_kv/H⌋, groups of G = H/H_kv consecutive heads) are a reshape of Q, never a copy of
 //! K or V: the G query heads of a group are stacked along the rows of one batch entry.
 //!
-//! The arithmetic per head is the generic path's (max-shifted exponentials in the working dtype),
-//! except that the normalisation comes after E·V, as on the CPU's in-place path: O = (E·V)/z.
-//! A head's result therefore agrees with [`ExactAttention::compute`] within rounding, not bit for
-//! bit (tests: against f64, and against the per-head path).
+//! The arithmetic per head is the generic path's: a max-shifted softmax of each row block in the
+//! working dtype (one fused kernel), then P·V. A head's result agrees with
+//! [`ExactAttention::compute`] within rounding, not bit for bit (tests: against f64, and against
+//! the per-head path).
 
 use anyhow::{bail, Result};
-use candle_core::{Tensor, D};
+use candle_core::Tensor;
 
 use super::{mask_after_diagonal, ExactAttention};
 use crate::attention::target::Mask;
@@ -29,7 +29,7 @@ pub fn batched_block_rows(heads: usize, n: usize) -> usize {
 
 impl ExactAttention {
     /// Every query head's exact attention, q [H, n, p], k and v [H_kv, n, p] with H_kv | H, in
-    /// head order. Each result also carries log D (its row statistics come for free here).
+    /// head order; each result computes its log D when first asked.
     pub fn compute_heads(q: &Tensor, k: &Tensor, v: &Tensor) -> Result<Vec<ExactAttention>> {
         Self::compute_heads_masked(q, k, v, Mask::None)
     }
@@ -58,7 +58,7 @@ impl ExactAttention {
         let v = v.contiguous()?;
         let q4 = qs.reshape((hkv, g, n, p))?;
         let step = batched_block_rows(h, nk);
-        let (mut outs, mut lds) = (Vec::new(), Vec::new());
+        let mut outs = Vec::new();
         for start in (0..n).step_by(step) {
             let len = step.min(n - start);
             // [H_kv, G·len, p]: the group's query heads stacked along the rows.
@@ -77,25 +77,23 @@ impl ExactAttention {
                     (s.reshape((hkv, g * len, keys))?, v.narrow(1, 0, keys)?)
                 }
             };
-            let m = s.max_keepdim(D::Minus1)?;
-            let e = s.broadcast_sub(&m)?.exp()?;
-            let z = e.sum_keepdim(D::Minus1)?;
-            let o = e.matmul(&vb)?.broadcast_div(&z)?;
+            // One fused softmax kernel per block (max, exp, sum and division in one pass over
+            // the scores on a GPU, where each unfused element-wise pass over a block costs about
+            // what its products do), then P·V.
+            let o = candle_nn::ops::softmax_last_dim(&s)?.matmul(&vb)?;
             outs.push(o.reshape((hkv, g, len, p))?);
-            lds.push((m + z.log()?)?.reshape((hkv, g, len))?);
         }
         let out = Tensor::cat(&outs, 2)?.reshape((h, n, p))?;
-        let ld = Tensor::cat(&lds, 2)?.reshape((h, n))?;
         (0..h)
             .map(|i| {
-                let log_rowsum = std::sync::OnceLock::new();
-                let _ = log_rowsum.set(ld.get(i)?);
                 Ok(ExactAttention {
                     output: out.get(i)?,
                     q: qs.get(i)?,
                     k: kt.get(i / g)?,
                     mask,
-                    log_rowsum,
+                    // log D on demand, from this head's scaled Q and Kᵀ (only the restricted
+                    // methods' mass reads it).
+                    log_rowsum: std::sync::OnceLock::new(),
                 })
             })
             .collect()

@@ -129,9 +129,12 @@ fn batched_heads_with_shared_kv_match_f64_per_head_on_any_thread_count() {
         let got = in_pool(threads, || {
             ExactAttention::compute_heads(&q32, &k32, &v32).unwrap()
         });
+        // 2e-6 of max |O| on the CPU; a GPU's f32 GEMMs sum in another order (2.3e-6 measured
+        // on an H200), hence 4e-6 there.
+        let bound = if dev.is_cpu() { 2e-6 } else { 4e-6 };
         for i in 0..h {
             let e = rel_max_diff(&got[i].output, &per_head[i].output);
-            assert!(e < 2e-6, "head {i}, {threads} threads: {e:e} of max |O|");
+            assert!(e < bound, "head {i}, {threads} threads: {e:e} of max |O|");
         }
         let b: Vec<Vec<u32>> = got.iter().map(|e| bits(&e.output)).collect();
         match &first {

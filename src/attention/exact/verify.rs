@@ -31,8 +31,28 @@ pub fn sampled_rows(n: usize) -> Vec<usize> {
     rows
 }
 
-fn host_rows(t: &Tensor) -> Result<Vec<Vec<f64>>> {
-    Ok(t.to_dtype(DType::F64)?.to_vec2::<f64>()?)
+/// A tensor's values on the host, as they left the device (an f32 tensor as f32: half the bytes).
+enum HostValues {
+    F32(Vec<f32>),
+    F64(Vec<f64>),
+}
+
+impl HostValues {
+    fn of(t: &Tensor) -> Result<Self> {
+        let t = t.flatten_all()?;
+        Ok(match t.dtype() {
+            DType::F32 => Self::F32(t.to_vec1::<f32>()?),
+            _ => Self::F64(t.to_dtype(DType::F64)?.to_vec1::<f64>()?),
+        })
+    }
+
+    /// Values `range` in f64.
+    fn f64s(&self, range: std::ops::Range<usize>) -> Vec<f64> {
+        match self {
+            Self::F32(v) => v[range].iter().map(|&x| f64::from(x)).collect(),
+            Self::F64(v) => v[range].to_vec(),
+        }
+    }
 }
 
 /// Checks `output` ([n, p], any dtype, any device) against `target` of q, k, v ([n, p] each) on
@@ -46,69 +66,149 @@ pub fn check_target_rows(
     v: &Tensor,
     output: &Tensor,
 ) -> Result<()> {
-    let (n, p) = q.dims2()?;
-    let tol = if output.dtype() == DType::F64 && q.dtype() == DType::F64 {
-        1e-9
-    } else {
-        1e-4
-    };
-    let (q, k, v) = (host_rows(q)?, host_rows(k)?, host_rows(v)?);
-    let rows = sampled_rows(n);
-    let mut got = Vec::with_capacity(rows.len());
-    for &i in &rows {
-        got.push(host_rows(&output.narrow(0, i, 1)?)?.remove(0));
+    let one = |t: &Tensor| t.unsqueeze(0);
+    TargetCheck::gather(&one(q)?, &one(k)?, &one(v)?, &one(output)?)?.verify(target, mask, None)
+}
+
+/// What the check of a batch of heads reads, on the host: their K and V, and the sampled rows of
+/// their Q and of the output under test. Gathered on the thread that issues the device's work
+/// ([`TargetCheck::gather`]: each tensor leaves the device once), then verified on any host
+/// thread ([`TargetCheck::verify`]), e.g. beside the device while it runs the methods.
+pub struct TargetCheck {
+    heads: usize,
+    n: usize,
+    p: usize,
+    /// The sampled rows ([`sampled_rows`]).
+    rows: Vec<usize>,
+    q_rows: HostValues,
+    k: HostValues,
+    v: HostValues,
+    out_rows: HostValues,
+    /// f64 in and out: the tighter bound.
+    exact_dtype: bool,
+}
+
+impl TargetCheck {
+    /// q, k, v and output [B, n, p] (head b of each together).
+    pub fn gather(q: &Tensor, k: &Tensor, v: &Tensor, output: &Tensor) -> Result<Self> {
+        let (b, n, p) = q.dims3()?;
+        let rows = sampled_rows(n);
+        let idx = crate::attention::HeadBatch::flat_index(&vec![rows.clone(); b], n, q.device())?;
+        let pick = |t: &Tensor| -> Result<HostValues> {
+            HostValues::of(&t.reshape((b * n, p))?.index_select(&idx, 0)?)
+        };
+        Ok(Self {
+            heads: b,
+            n,
+            p,
+            q_rows: pick(q)?,
+            out_rows: pick(output)?,
+            k: HostValues::of(k)?,
+            v: HostValues::of(v)?,
+            rows,
+            exact_dtype: output.dtype() == DType::F64 && q.dtype() == DType::F64,
+        })
     }
-    let vmax: Vec<f64> = (0..v[0].len())
-        .map(|c| v.iter().fold(0.0f64, |m, r| m.max(r[c].abs())))
+
+    /// The check of every head on the host's threads; `heads` names the batch's heads in an
+    /// error.
+    pub fn verify(&self, target: Target, mask: Mask, heads: Option<&[usize]>) -> Result<()> {
+        let (n, p, r) = (self.n, self.p, self.rows.len());
+        let tol = if self.exact_dtype { 1e-9 } else { 1e-4 };
+        let batch: Vec<usize> = (0..self.heads).collect();
+        let failures = crate::runtime::host_map(&batch, |&i| {
+            check_head(
+                target,
+                mask,
+                tol,
+                (n, p),
+                &self.rows,
+                (
+                    &self.q_rows.f64s(i * r * p..(i + 1) * r * p),
+                    &self.k.f64s(i * n * p..(i + 1) * n * p),
+                    &self.v.f64s(i * n * p..(i + 1) * n * p),
+                ),
+                &self.out_rows.f64s(i * r * p..(i + 1) * r * p),
+            )
+        });
+        for (i, failure) in failures.into_iter().enumerate() {
+            if let Some(what) = failure {
+                let name = heads.map_or(String::new(), |h| format!("head {}: ", h[i]));
+                bail!(
+                    "{name}the exact {} target is wrong at {what}. The device produced a wrong \
+                     result; no row of this head was written. Rerun with --device cpu, and report \
+                     the device, driver and command",
+                    match target {
+                        Target::Softmax => "softmax",
+                        Target::Kernelized => "kernelized",
+                    },
+                );
+            }
+        }
+        Ok(())
+    }
+}
+
+/// One head's check (the sampled rows of q (r×p), k and v (n×p), row-major, and the output's
+/// sampled rows `got`, r×p): where it fails, if it does.
+fn check_head(
+    target: Target,
+    mask: Mask,
+    tol: f64,
+    (n, p): (usize, usize),
+    rows: &[usize],
+    (q_rows, k, v): (&[f64], &[f64], &[f64]),
+    got: &[f64],
+) -> Option<String> {
+    let vmax: Vec<f64> = (0..p)
+        .map(|c| (0..n).fold(0.0f64, |m, j| m.max(v[j * p + c].abs())))
         .collect();
     let dot = |a: &[f64], b: &[f64]| a.iter().zip(b).map(|(x, y)| x * y).sum::<f64>();
-    for (&i, o) in rows.iter().zip(&got) {
-        // Keys the row attends to: all, or 0..=i under the causal mask.
-        let k = &k[..if mask == Mask::Causal { i + 1 } else { k.len() }];
+    for (ri, &i) in rows.iter().enumerate() {
+        let qi = &q_rows[ri * p..(ri + 1) * p];
+        let keys = if mask == Mask::Causal { i + 1 } else { n };
         let weights: Vec<f64> = match target {
             Target::Softmax => {
-                let s: Vec<f64> = k
-                    .iter()
-                    .map(|kj| dot(&q[i], kj) / (p as f64).sqrt())
+                let s: Vec<f64> = (0..keys)
+                    .map(|j| dot(qi, &k[j * p..(j + 1) * p]) / (p as f64).sqrt())
                     .collect();
                 let m = s.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
                 let e: Vec<f64> = s.iter().map(|x| (x - m).exp()).collect();
                 let z: f64 = e.iter().sum();
                 e.iter().map(|x| x / z).collect()
             }
-            // C_ij = exp(−‖q̃_i − k̃_j‖²/2), q̃ = q·p^-1/4 (METHODS.md §6.4.1).
             Target::Kernelized => {
                 let s2 = 1.0 / (p as f64).sqrt();
-                k.iter()
-                    .map(|kj| {
-                        let d2: f64 = q[i].iter().zip(kj).map(|(a, b)| (a - b) * (a - b)).sum();
+                (0..keys)
+                    .map(|j| {
+                        let d2: f64 = qi
+                            .iter()
+                            .zip(&k[j * p..(j + 1) * p])
+                            .map(|(a, b)| (a - b) * (a - b))
+                            .sum();
                         (-d2 * s2 / 2.0).exp()
                     })
                     .collect()
             }
         };
         let mass: f64 = weights.iter().map(|w| w.abs()).sum();
-        for c in 0..vmax.len() {
-            let want: f64 = weights.iter().zip(&v).map(|(w, vj)| w * vj[c]).sum();
+        for c in 0..p {
+            let want: f64 = weights
+                .iter()
+                .enumerate()
+                .map(|(j, w)| w * v[j * p + c])
+                .sum();
             let bound = tol * mass * vmax[c];
-            // False for a NaN as well as for a difference beyond the bound.
-            let within = (o[c] - want).abs() <= bound;
-            if !within {
-                bail!(
-                    "the exact {} target is wrong at row {i}, column {c}: {} where a float64 \
-                     recomputation from the same Q, K, V gives {want} (allowed difference {bound:.3e}). \
-                     The device produced a wrong result; no row of this head was written. Rerun with \
-                     --device cpu, and report the device, driver and command",
-                    match target {
-                        Target::Softmax => "softmax",
-                        Target::Kernelized => "kernelized",
-                    },
-                    o[c]
-                );
+            let o = got[ri * p + c];
+            if (o - want).abs() > bound || o.is_nan() {
+                return Some(format!(
+                    "row {i}, column {c}: {o} where a float64 recomputation from the same Q, K, V \
+                     gives {want} (allowed difference {bound:.3e})"
+                ));
             }
         }
     }
-    Ok(())
+    None
 }
 
 #[cfg(test)]
@@ -136,6 +236,52 @@ mod tests {
 
     /// A right target passes; the same target with one row block overwritten (what the race of
     /// issue 21 did) fails, for both targets and both dtypes.
+    /// A batch of heads: three right targets pass; one wrong row in the second head fails and
+    /// the error names that head by its label.
+    #[test]
+    fn a_batch_check_names_the_head_with_a_wrong_row() {
+        let (n, p) = (300, 8);
+        let dev = test_device();
+        let mut rng = TrialRng::seed_from_u64(5);
+        let mut mk =
+            || from_f64(normal_values(&mut rng, n, p, 1.0), (n, p), &dev, DType::F32).unwrap();
+        let heads: Vec<(Tensor, Tensor, Tensor)> = (0..3).map(|_| (mk(), mk(), mk())).collect();
+        let outs: Vec<Tensor> = heads
+            .iter()
+            .map(|(q, k, v)| ExactAttention::compute(q, k, v).unwrap().output)
+            .collect();
+        let stack = |f: &dyn Fn(&(Tensor, Tensor, Tensor)) -> Tensor| {
+            Tensor::stack(&heads.iter().map(f).collect::<Vec<_>>(), 0).unwrap()
+        };
+        let (q, k, v) = (
+            stack(&|h| h.0.clone()),
+            stack(&|h| h.1.clone()),
+            stack(&|h| h.2.clone()),
+        );
+        let good = Tensor::stack(&outs, 0).unwrap();
+        let check = |out: &Tensor| {
+            TargetCheck::gather(&q, &k, &v, out).unwrap().verify(
+                Target::Softmax,
+                Mask::None,
+                Some(&[4, 5, 6]),
+            )
+        };
+        check(&good).unwrap();
+        // Head 1's last row (always sampled) off by 1 %.
+        let last = outs[1]
+            .narrow(0, n - 1, 1)
+            .unwrap()
+            .affine(1.01, 0.0)
+            .unwrap();
+        let bad1 = Tensor::cat(&[outs[1].narrow(0, 0, n - 1).unwrap(), last], 0).unwrap();
+        let bad = Tensor::stack(&[outs[0].clone(), bad1, outs[2].clone()], 0).unwrap();
+        let err = format!("{}", check(&bad).unwrap_err());
+        assert!(
+            err.starts_with("head 5: ") && err.contains(&format!("row {}", n - 1)),
+            "{err}"
+        );
+    }
+
     #[test]
     fn a_corrupted_row_block_is_caught_and_a_right_target_passes() {
         let (n, p) = (700, 16);

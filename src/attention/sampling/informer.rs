@@ -85,38 +85,52 @@ pub fn sparsity_measure(
     Ok(out)
 }
 
-/// [`sparsity_measure`] for a batch of heads: q, k [B, n, p], head b's samples `samples[b]`;
-/// each head's M̄ ([n] values). The sampled keys of all heads are gathered at once, in row blocks
-/// of about 64 M entries.
-pub fn sparsity_measure_heads(
-    q: &Tensor,
-    k: &Tensor,
-    samples: &[Vec<usize>],
+/// Every head's sampled keys as rows of the flattened keys [B·n, p]: [B, n, U] u32 on `dev`,
+/// head b's drawn from `seeds[b]`'s generator (the draws of its own trial) on the host's threads.
+pub fn sample_index(
+    seeds: &[u64],
+    n: usize,
     big_u: usize,
-) -> Result<Vec<Vec<f64>>> {
-    sparsity_measure_heads_in_blocks(q, k, samples, big_u, 1 << 26)
+    dev: &candle_core::Device,
+) -> Result<Tensor> {
+    let heads: Vec<(usize, u64)> = seeds.iter().copied().enumerate().collect();
+    let parts = crate::runtime::host_map(&heads, |&(b, s)| {
+        let offset = b * n;
+        uniform_with_replacement(&mut rng_from_seed(s), n, n * big_u)
+            .into_iter()
+            .map(|j| (offset + j) as u32)
+            .collect::<Vec<u32>>()
+    });
+    Ok(Tensor::from_vec(
+        parts.concat(),
+        (seeds.len(), n, big_u),
+        dev,
+    )?)
+}
+
+/// [`sparsity_measure`] for a batch of heads: q, k [B, n, p] and the sampled keys `idx` of
+/// [`sample_index`]; each head's M̄ ([n] values). The sampled keys of all heads are gathered at
+/// once, in row blocks of about 64 M entries.
+pub fn sparsity_measure_heads(q: &Tensor, k: &Tensor, idx: &Tensor) -> Result<Vec<Vec<f64>>> {
+    sparsity_measure_heads_in_blocks(q, k, idx, 1 << 26)
 }
 
 /// [`sparsity_measure_heads`] with blocks of about `entries` gathered key entries.
 fn sparsity_measure_heads_in_blocks(
     q: &Tensor,
     k: &Tensor,
-    samples: &[Vec<usize>],
-    big_u: usize,
+    idx: &Tensor,
     entries: usize,
 ) -> Result<Vec<Vec<f64>>> {
     let (b, n, p) = q.dims3()?;
+    let big_u = idx.dim(2)?;
     let k_flat = k.reshape((b * n, p))?;
     let step = (entries / (b * big_u * p).max(1)).clamp(1, n.max(1));
     let mut blocks = Vec::new();
     for start in (0..n).step_by(step) {
         let len = step.min(n - start);
-        let rows: Vec<Vec<usize>> = samples
-            .iter()
-            .map(|s| s[start * big_u..(start + len) * big_u].to_vec())
-            .collect();
-        let idx = crate::attention::HeadBatch::flat_index(&rows, n, q.device())?;
-        let ks = k_flat.index_select(&idx, 0)?.reshape((b, len, big_u, p))?;
+        let rows = idx.narrow(1, start, len)?.flatten_all()?;
+        let ks = k_flat.index_select(&rows, 0)?.reshape((b, len, big_u, p))?;
         let qs = q.narrow(1, start, len)?.contiguous()?.unsqueeze(3)?; // [B, len, p, 1]
         let logits = ks.matmul(&qs)?.squeeze(3)?; // [B, len, U]
         blocks.push((logits.max(D::Minus1)? - (logits.sum(D::Minus1)? / n as f64)?)?);
@@ -218,10 +232,8 @@ impl Method for Informer {
         let n = batch.n();
         self.check(n, d).map_err(anyhow::Error::msg)?;
         let (big_u, u) = self.sizes(n, d);
-        let samples = crate::runtime::host_map(seeds, |&s| {
-            uniform_with_replacement(&mut rng_from_seed(s), n, n * big_u)
-        });
-        let m = sparsity_measure_heads(&batch.q, &batch.k, &samples, big_u)?;
+        let idx = sample_index(seeds, n, big_u, batch.device())?;
+        let m = sparsity_measure_heads(&batch.q, &batch.k, &idx)?;
         let top = crate::runtime::host_map(&m, |m| top_indices(m, u));
         let (b, _, p) = batch.q.dims3()?;
         let dev = batch.device();
@@ -293,7 +305,7 @@ impl Method for Informer {
 #[cfg(test)]
 mod tests {
     /// The batched measure, in blocks of a few rows (n not a multiple of the block), is each
-    /// head's own [`sparsity_measure`].
+    /// head's own [`sparsity_measure`] on its own trial's draws.
     #[test]
     fn the_batched_measure_is_each_head_s_own_in_any_block_size() {
         use crate::tensor_util::test_device;
@@ -301,18 +313,16 @@ mod tests {
         let (b, n, p, big_u) = (3, 37, 8, 5);
         let q = Tensor::randn(0f32, 1.0, (b, n, p), &dev).unwrap();
         let k = Tensor::randn(0f32, 1.0, (b, n, p), &dev).unwrap();
-        let mut rng = rand::SeedableRng::seed_from_u64(9);
-        let samples: Vec<Vec<usize>> = (0..b)
-            .map(|_| uniform_with_replacement(&mut rng, n, n * big_u))
-            .collect();
+        let seeds = [11u64, 12, 13];
+        let idx = sample_index(&seeds, n, big_u, &dev).unwrap();
         let want: Vec<Vec<f64>> = (0..b)
             .map(|i| {
-                sparsity_measure(&q.get(i).unwrap(), &k.get(i).unwrap(), &samples[i], big_u)
-                    .unwrap()
+                let samples = uniform_with_replacement(&mut rng_from_seed(seeds[i]), n, n * big_u);
+                sparsity_measure(&q.get(i).unwrap(), &k.get(i).unwrap(), &samples, big_u).unwrap()
             })
             .collect();
         for entries in [1, b * big_u * p * 4, 1 << 26] {
-            let got = sparsity_measure_heads_in_blocks(&q, &k, &samples, big_u, entries).unwrap();
+            let got = sparsity_measure_heads_in_blocks(&q, &k, &idx, entries).unwrap();
             assert_eq!(got, want, "blocks of {entries} entries");
         }
     }
