@@ -15,6 +15,8 @@
 # Run from the repository root with ../shared/data beside it. As results/field/run.sh: the grid is
 # cut into 16 shards (`--shard K/16`), SHARDS picks which to run (default all), each shard is merged
 # into OUT (default results/decoder) as soon as its runs finish, `SHARDS= WORK=DIR` only merges.
+# SKIP names runs to leave out of these shards (e.g. SKIP=llama-1b-init-n8192: 32 heads at n = 8192
+# take about as long as the rest of a shard on 2 cores).
 set -euo pipefail
 BIN=${BIN:-./target/release/approx-bench}
 SHARDS=${SHARDS-$(seq 1 16)}
@@ -54,9 +56,11 @@ for m in "${MODELS[@]}"; do for n in "${LENGTHS[@]}"; do
   RUNS+=("$m-n$n")
   [ "$m" = llama-1b-init ] || RUNS+=("$m-n$n-floor")
 done; done
+SKIP=${SKIP:-}
 for s in $SHARDS; do
   for m in "${MODELS[@]}"; do
     for n in "${LENGTHS[@]}"; do
+      case " $SKIP " in *" $m-n$n "*) continue ;; esac
       # shellcheck disable=SC2046
       $BIN $(model_args "$m") "${CORPUS[@]}" --lengths "$n" --windows "$(windows_of "$n")" \
         "${MAIN[@]}" --shard "$s/16" --out "$WORK/$m-n$n/$s"
