@@ -29,7 +29,7 @@ pub(crate) mod test_util;
 pub mod vmean;
 pub mod zero;
 
-pub use batch::HeadBatch;
+pub use batch::{HeadBatch, HeadTrials};
 pub use target::{Mask, Target};
 
 // The flat paths from before the split into families (`attention::skyformer::…`) keep working.
@@ -51,7 +51,7 @@ pub struct HeadInputs {
     /// The kernelized target C·V in f64, computed on first use.
     kernelized: OnceLock<Tensor>,
     /// Per-head memo for products a method reuses across d (e.g. the SVD of P).
-    memo: Mutex<HashMap<&'static str, Arc<dyn Any + Send + Sync>>>,
+    memo: Memo,
 }
 
 impl HeadInputs {
@@ -70,7 +70,7 @@ impl HeadInputs {
             mask,
             exact: OnceLock::new(),
             kernelized: OnceLock::new(),
-            memo: Mutex::new(HashMap::new()),
+            memo: Memo::default(),
         })
     }
 
@@ -98,7 +98,7 @@ impl HeadInputs {
             mask: self.mask,
             exact: self.exact.clone(),
             kernelized: self.kernelized.clone(),
-            memo: Mutex::new(HashMap::new()),
+            memo: Memo::default(),
         }
     }
 
@@ -157,17 +157,29 @@ impl HeadInputs {
         key: &'static str,
         f: impl FnOnce() -> Result<T>,
     ) -> Result<Arc<T>> {
-        if let Some(v) = self.memo.lock().expect("memo lock").get(key) {
+        self.memo.get_or_compute(key, f)
+    }
+}
+
+/// Products a method computes once and reuses across d, by key (a head's or a batch's).
+#[derive(Default)]
+pub struct Memo(Mutex<HashMap<&'static str, Arc<dyn Any + Send + Sync>>>);
+
+impl Memo {
+    /// The value under `key`, computed with `f` on first use.
+    pub fn get_or_compute<T: Any + Send + Sync>(
+        &self,
+        key: &'static str,
+        f: impl FnOnce() -> Result<T>,
+    ) -> Result<Arc<T>> {
+        if let Some(v) = self.0.lock().expect("memo lock").get(key) {
             return v
                 .clone()
                 .downcast::<T>()
                 .map_err(|_| anyhow::anyhow!("memo type mismatch for {key}"));
         }
         let value: Arc<T> = Arc::new(f()?);
-        self.memo
-            .lock()
-            .expect("memo lock")
-            .insert(key, value.clone());
+        self.0.lock().expect("memo lock").insert(key, value.clone());
         Ok(value)
     }
 }
@@ -391,18 +403,13 @@ pub trait Method: Send + Sync {
     fn approximate_trial(&self, head: &HeadInputs, d: usize, seed: u64) -> Result<Approximation> {
         self.approximate(head, d, &mut crate::numerics::sampling::rng_from_seed(seed))
     }
-    /// Ô for every head of `batch` at one d, head b with the generator of `seeds[b]`: what a
-    /// sweep on a device calls once per window, method and d. The default runs the heads' trials
-    /// one by one; a method whose products batch over heads overrides it, and its head b must
-    /// equal `approximate_trial(&batch.heads[b], d, seeds[b])` within rounding (each such method
-    /// has a test that checks so).
-    fn approximate_heads(
-        &self,
-        batch: &HeadBatch,
-        d: usize,
-        seeds: &[u64],
-    ) -> Result<Vec<Approximation>> {
-        batch::each_head(self, batch, d, seeds)
+    /// Ô for every head of a batch at one d, head b with the generator of its own trial's seed:
+    /// what a sweep on a device calls once per window, method and d. The default runs the heads'
+    /// trials one by one; a method whose products batch over heads overrides it, and its head b
+    /// must equal `approximate_trial(&batch.heads[b], d, seeds[b])` within rounding (each such
+    /// method has a test that checks so).
+    fn approximate_heads(&self, trials: &HeadTrials) -> Result<Vec<Approximation>> {
+        batch::each_head(self, trials)
     }
 }
 

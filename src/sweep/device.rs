@@ -13,7 +13,7 @@ use candle_core::{DType, Tensor};
 
 use super::{TrialContext, TrialResult};
 use crate::attention::exact::verify::TargetCheck;
-use crate::attention::{self, batch::each_head, HeadBatch, HeadInputs};
+use crate::attention::{self, batch::each_head, HeadBatch, HeadInputs, HeadTrials};
 use crate::numerics::{sampling::TrialKey, spectral};
 use crate::report::trials::TrialRow;
 
@@ -164,10 +164,11 @@ impl TrialContext<'_> {
                 self.bar
                     .set_message(format!("n={n} w={w} {} d={d}", m.id()));
                 let t0 = Instant::now();
+                let trials = HeadTrials::new(batch, d, &seeds)?;
                 let approx = if batched {
-                    m.approximate_heads(batch, d, &seeds)
+                    m.approximate_heads(&trials)
                 } else {
-                    each_head(m.as_ref(), batch, d, &seeds)
+                    each_head(m.as_ref(), &trials)
                 }
                 .with_context(|| {
                     format!(

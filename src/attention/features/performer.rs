@@ -37,7 +37,9 @@ use candle_core::{DType, Tensor, D};
 use nalgebra::DMatrix;
 
 use crate::attention::batch::each_head;
-use crate::attention::{Approximation, Family, HeadBatch, HeadInputs, Mask, Method, MethodInfo};
+use crate::attention::{
+    Approximation, Family, HeadBatch, HeadInputs, HeadTrials, Mask, Method, MethodInfo,
+};
 use crate::numerics::sampling::{normal_values, TrialRng};
 
 /// Additive stabiliser of the feature map (METHODS.md §2.5).
@@ -190,7 +192,7 @@ impl Operands {
     }
 
     fn of_batch(batch: &HeadBatch, performer: &Performer) -> Result<std::sync::Arc<Self>> {
-        batch.memo(Self::memo_key(performer), || {
+        batch.memo.get_or_compute(Self::memo_key(performer), || {
             Self::new(
                 &batch.q,
                 &batch.k,
@@ -268,14 +270,10 @@ impl Method for Performer {
     /// The bidirectional form batched over heads: each head's Ω from its own seed (drawn on the
     /// host's threads), then the same products as [B, ·, ·] kernels. The causal form runs head by
     /// head.
-    fn approximate_heads(
-        &self,
-        batch: &HeadBatch,
-        d: usize,
-        seeds: &[u64],
-    ) -> Result<Vec<Approximation>> {
+    fn approximate_heads(&self, trials: &HeadTrials) -> Result<Vec<Approximation>> {
+        let (batch, d, seeds) = (trials.batch, trials.d, trials.seeds);
         if batch.mask() != Mask::None {
-            return each_head(self, batch, d, seeds);
+            return each_head(self, trials);
         }
         self.check(batch.n(), d).map_err(anyhow::Error::msg)?;
         let p = batch.p();
@@ -286,16 +284,7 @@ impl Method for Performer {
         let fr = phi_q.matmul(&phi_k.t()?.matmul(&ops.rhs)?)?; // [B, n, p+1]
         let den = fr.narrow(2, p, 1)?;
         let out = fr.narrow(2, 0, p)?.broadcast_div(&den)?;
-        let den = den.squeeze(2)?.to_dtype(DType::F64)?;
-        (0..batch.len())
-            .map(|b| {
-                Ok(Approximation {
-                    output: out.get(b)?,
-                    normalizer: Some(den.get(b)?),
-                    support: None,
-                })
-            })
-            .collect()
+        trials.per_head(&out, Some(&den.squeeze(2)?.to_dtype(DType::F64)?))
     }
     /// METHODS.md §2.11: 4ndp, plus ⌈d/p⌉p³ for the QR blocks of Ω.
     fn macs(&self, n: usize, p: usize, d: usize) -> f64 {

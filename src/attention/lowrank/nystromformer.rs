@@ -16,7 +16,7 @@ use candle_core::Tensor;
 
 use crate::attention::batch::each_head;
 use crate::attention::{
-    quarter_scale, row_softmax, Approximation, Family, HeadBatch, HeadInputs, Method, MethodInfo,
+    quarter_scale, row_softmax, Approximation, Family, HeadInputs, HeadTrials, Method, MethodInfo,
 };
 use crate::numerics::inverse::iterative_inverse;
 use crate::numerics::sampling::TrialRng;
@@ -97,20 +97,13 @@ impl Method for Nystromformer {
         )?))
     }
     /// Every product batched over heads (deterministic: no seed is read).
-    fn approximate_heads(
-        &self,
-        batch: &HeadBatch,
-        d: usize,
-        seeds: &[u64],
-    ) -> Result<Vec<Approximation>> {
+    fn approximate_heads(&self, trials: &HeadTrials) -> Result<Vec<Approximation>> {
+        let (batch, d) = (trials.batch, trials.d);
         if d >= batch.n() {
-            return each_head(self, batch, d, seeds);
+            return each_head(self, trials);
         }
         self.check(batch.n(), d).map_err(anyhow::Error::msg)?;
-        let out = landmark_products(&batch.q, &batch.k, &batch.v, d)?;
-        (0..batch.len())
-            .map(|b| Ok(Approximation::plain(out.get(b)?)))
-            .collect()
+        trials.per_head(&landmark_products(&batch.q, &batch.k, &batch.v, d)?, None)
     }
     /// METHODS.md §2.11: 4ndp + 24d³, plus np for the landmarks.
     fn macs(&self, n: usize, p: usize, d: usize) -> f64 {

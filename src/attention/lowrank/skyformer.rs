@@ -28,7 +28,9 @@
 use anyhow::Result;
 use candle_core::{DType, Tensor, D};
 
-use crate::attention::{Approximation, Family, HeadBatch, HeadInputs, Method, MethodInfo};
+use crate::attention::{
+    Approximation, Family, HeadBatch, HeadInputs, HeadTrials, Method, MethodInfo,
+};
 use crate::numerics::inverse::{
     iterative_inverse, symmetric_pinv, symmetric_pinv_tensor, PINV_REL_CUTOFF,
 };
@@ -125,7 +127,7 @@ impl Operands {
 
     /// The batch's operands ([B, n, ·]) from its memo.
     pub(crate) fn of_batch(batch: &HeadBatch) -> Result<std::sync::Arc<Self>> {
-        batch.memo("skyformer_operands", || {
+        batch.memo.get_or_compute("skyformer_operands", || {
             Self::new(&batch.q, &batch.k, &batch.v)
         })
     }
@@ -350,12 +352,8 @@ impl Method for Skyformer {
     }
     /// The heads' landmarks from their own seeds, then every product batched over heads (the
     /// pseudo-inverses' eigen-decompositions on the host's threads).
-    fn approximate_heads(
-        &self,
-        batch: &HeadBatch,
-        d: usize,
-        seeds: &[u64],
-    ) -> Result<Vec<Approximation>> {
+    fn approximate_heads(&self, trials: &HeadTrials) -> Result<Vec<Approximation>> {
+        let (batch, d, seeds) = (trials.batch, trials.d, trials.seeds);
         let n = batch.n();
         let landmarks: Vec<_> = seeds
             .iter()
@@ -368,16 +366,7 @@ impl Method for Skyformer {
             inverse,
             CoreKernel::Softmax,
         )?;
-        let out = out.to_dtype(batch.dtype())?;
-        (0..batch.len())
-            .map(|b| {
-                Ok(Approximation {
-                    output: out.get(b)?,
-                    normalizer: Some(den.get(b)?),
-                    support: None,
-                })
-            })
-            .collect()
+        trials.per_head(&out.to_dtype(batch.dtype())?, Some(&den))
     }
     /// METHODS.md §2.11: 4ndp + 24d³ (the table's one formula for both inverses; the
     /// pseudo-inverse's eigendecomposition is also O(d³)).

@@ -67,7 +67,7 @@ mod tests {
                 .map(|c| rows.clone().map(|j| x[j][c]).sum::<f64>() / len)
                 .collect()
         };
-        let m = ((d + 15) / 16).saturating_sub(2);
+        let m = d.div_ceil(16).saturating_sub(2);
         (0..nb)
             .map(|a| {
                 let qa = mean(q, a);

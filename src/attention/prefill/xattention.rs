@@ -133,7 +133,7 @@ mod tests {
     }
 
     fn blocks_by_definition(score: &[Vec<f64>], d: usize) -> Vec<Vec<usize>> {
-        let m = ((d + 15) / 16).saturating_sub(2);
+        let m = d.div_ceil(16).saturating_sub(2);
         (0..score.len())
             .map(|a| {
                 let s: Vec<f64> = (1..a).map(|c| score[a][c]).collect();

@@ -12,7 +12,9 @@
 use anyhow::Result;
 use candle_core::{Tensor, D};
 
-use crate::attention::{Approximation, Family, HeadBatch, HeadInputs, Method, MethodInfo};
+use crate::attention::{
+    Approximation, Family, HeadBatch, HeadInputs, HeadTrials, Method, MethodInfo,
+};
 use crate::numerics::sampling::{rng_from_seed, uniform_with_replacement, TrialRng};
 use crate::tensor_util::{index_tensor, to_vec_f64};
 
@@ -223,12 +225,8 @@ impl Method for Informer {
     /// Each head's samples from its own seed (drawn on the host's threads), then the sampled
     /// logits, the exact rows and the row replacement batched over heads; the top-u choice per
     /// head on the host.
-    fn approximate_heads(
-        &self,
-        batch: &HeadBatch,
-        d: usize,
-        seeds: &[u64],
-    ) -> Result<Vec<Approximation>> {
+    fn approximate_heads(&self, trials: &HeadTrials) -> Result<Vec<Approximation>> {
+        let (batch, d, seeds) = (trials.batch, trials.d, trials.seeds);
         let n = batch.n();
         self.check(n, d).map_err(anyhow::Error::msg)?;
         let (big_u, u) = self.sizes(n, d);
@@ -269,9 +267,7 @@ impl Method for Informer {
                 .index_select(&HeadBatch::flat_index(&map, n + u, dev)?, 0)?
                 .reshape((b, n, p))?
         };
-        (0..b)
-            .map(|i| Ok(Approximation::plain(out.get(i)?)))
-            .collect()
+        trials.per_head(&out, None)
     }
     fn macs(&self, n: usize, p: usize, d: usize) -> f64 {
         // nUp (sampled logits) + 2unp (exact rows) (METHODS.md §2.11).
