@@ -592,7 +592,7 @@ fn a_sweep_at_4096_writes_the_same_trials_on_one_thread_and_on_the_tests_device(
             "--windows",
             "2",
             "--methods",
-            "vmean,skyformer,nystromformer,performer,informer,window,topk,bigbird,performer_trig",
+            "vmean,skyformer,nystromformer,performer,informer,linformer,window,topk,bigbird,performer_trig",
             "--features",
             "8,64",
             "--out",
@@ -622,7 +622,7 @@ fn a_sweep_at_4096_writes_the_same_trials_on_one_thread_and_on_the_tests_device(
     let (one, one_lines) = sweep("one-thread", &["--device", "cpu", "--threads", "1"], &[]);
     let device = test_device_spec();
     let (other, other_lines) = sweep("device", &[], &[]);
-    assert_eq!(one.len(), 2 * HEADS * 9 * 2, "every trial written");
+    assert_eq!(one.len(), 2 * HEADS * 10 * 2, "every trial written");
     let within_rounding = |what: &str, other: &[(String, f64, f64)]| {
         assert_eq!(one.len(), other.len());
         for ((m, e1, x1), (m2, e2, x2)) in one.iter().zip(other) {

@@ -208,6 +208,8 @@ mod tests {
                 "performer",
                 "informer",
                 "informer_mask",
+                "linformer",
+                "linformer_jlt",
                 "vmean",
             ] {
                 let m = by_id(id).unwrap();

@@ -9,9 +9,10 @@
 use anyhow::Result;
 use candle_core::{DType, Device, Tensor};
 
+use crate::attention::batch::each_head;
 use crate::attention::exact::{map_score_blocks, scaled_operands};
-use crate::attention::{Approximation, Family, HeadInputs, Method, MethodInfo};
-use crate::numerics::sampling::{normal_values, TrialRng};
+use crate::attention::{Approximation, Family, HeadInputs, HeadTrials, Method, MethodInfo};
+use crate::numerics::sampling::{normal_values, rng_from_seed, TrialRng};
 use crate::tensor_util::from_f64;
 
 /// Standard deviation of the reference projection E (METHODS.md §2.7 [REC]).
@@ -61,8 +62,9 @@ pub fn draw_sketch(
 }
 
 /// Ô = rowsoftmax(Q (EK)ᵀ/√p)·(EV) for a given projection E ([d, n], same dtype and device as Q).
+/// For a batch of heads, q, k, v [B, n, p] and E [B, d, n].
 pub fn with_projection(q: &Tensor, k: &Tensor, v: &Tensor, e: &Tensor) -> Result<Tensor> {
-    let p = q.dims2()?.1;
+    let p = q.dim(candle_core::D::Minus1)?;
     let ek = e.matmul(k)?; // [d, p]
     let ev = e.matmul(v)?; // [d, p]
     let s = (q.matmul(&ek.t()?)? / (p as f64).sqrt())?; // [n, d]
@@ -121,6 +123,22 @@ impl Method for Linformer {
             with_projection(&head.q, &head.k, &head.v, &e)?
         };
         Ok(Approximation::plain(out))
+    }
+    /// `linformer` batched over heads: each head's E from its own seed, drawn on the host's
+    /// threads, then the products as [B, ·, ·] kernels (`linformer_jlt` runs head by head).
+    fn approximate_heads(&self, trials: &HeadTrials) -> Result<Vec<Approximation>> {
+        let (batch, d) = (trials.batch, trials.d);
+        if self.jlt {
+            return each_head(self, trials);
+        }
+        self.check(batch.n(), d).map_err(anyhow::Error::msg)?;
+        let n = batch.n();
+        let draws = crate::runtime::host_map(trials.seeds, |&s| {
+            normal_values(&mut rng_from_seed(s), d, n, SIGMA)
+        });
+        let e = Tensor::from_vec(draws.concat(), (batch.len(), d, n), batch.device())?
+            .to_dtype(batch.dtype())?;
+        trials.per_head(&with_projection(&batch.q, &batch.k, &batch.v, &e)?, None)
     }
     fn macs(&self, n: usize, p: usize, d: usize) -> f64 {
         let (n, p, d) = (n as f64, p as f64, d as f64);
