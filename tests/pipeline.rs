@@ -279,6 +279,96 @@ fn deeper_layers_run_and_a_layer_beyond_the_model_is_refused() {
     );
 }
 
+/// Shards of one run made with the model and corpus at other paths (another machine, another
+/// session's scratch directory) merge when the files are the same (their sha256); a model file
+/// with other contents at another path is refused, naming the source.
+#[test]
+fn shards_with_the_same_files_at_other_paths_merge_and_other_files_do_not() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (m, c) = tiny_inputs(&tmp.path().join("m"), false);
+    let copy_dir = |from: &str, to: &std::path::Path| {
+        std::fs::create_dir_all(to).unwrap();
+        for e in std::fs::read_dir(from).unwrap() {
+            let e = e.unwrap();
+            std::fs::copy(e.path(), to.join(e.file_name())).unwrap();
+        }
+    };
+    let elsewhere = tmp.path().join("elsewhere");
+    copy_dir(&m, &elsewhere.join("model"));
+    std::fs::copy(&c, elsewhere.join("corpus.txt")).unwrap();
+    let shard = |model: &str, corpus: &str, k: usize| {
+        let out = tmp.path().join(format!("s{k}-{}", model.len()));
+        let spec = format!("{k}/2");
+        let args = [
+            "--model",
+            "initialized",
+            "--model-dir",
+            model,
+            "--corpus",
+            corpus,
+            "--methods",
+            "vmean,informer",
+            "--lengths",
+            "16",
+            "--windows",
+            "2",
+            "--features",
+            "4",
+            "--quiet",
+            "--shard",
+            &spec,
+            "--out",
+            out.to_str().unwrap(),
+        ];
+        let o = run(&args, &[]);
+        assert!(o.status.success(), "{}", stderr(&o));
+        out
+    };
+    let moved_model = elsewhere.join("model");
+    let moved_corpus = elsewhere.join("corpus.txt");
+    let a = shard(&m, &c, 1);
+    let b = shard(
+        moved_model.to_str().unwrap(),
+        moved_corpus.to_str().unwrap(),
+        2,
+    );
+    let merged = tmp.path().join("merged");
+    let o = run(
+        &[
+            "merge",
+            a.to_str().unwrap(),
+            b.to_str().unwrap(),
+            "--out",
+            merged.to_str().unwrap(),
+        ],
+        &[],
+    );
+    assert!(o.status.success(), "{}", stderr(&o));
+    let manifest = approx_bench::report::manifest::Manifest::read(&merged).unwrap();
+    assert_eq!(manifest.status, "complete");
+    // The same paths' config with another initializer range: another model, refused.
+    let changed = tmp.path().join("changed");
+    copy_dir(&m, &changed);
+    let cfg = std::fs::read_to_string(changed.join("config.json")).unwrap();
+    let other = cfg.replace("\"initializer_range\": 0.02", "\"initializer_range\": 0.03");
+    assert_ne!(other, cfg);
+    std::fs::write(changed.join("config.json"), other).unwrap();
+    let b2 = shard(changed.to_str().unwrap(), &c, 2);
+    let refused = tmp.path().join("refused");
+    let o = run(
+        &[
+            "merge",
+            a.to_str().unwrap(),
+            b2.to_str().unwrap(),
+            "--out",
+            refused.to_str().unwrap(),
+        ],
+        &[],
+    );
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    assert!(stderr(&o).contains("inputs.model_source"), "{}", stderr(&o));
+}
+
 #[test]
 fn shards_merge_into_the_rows_of_an_unsharded_run() {
     let tmp = tempfile::tempdir().unwrap();

@@ -28,6 +28,41 @@ fn grid_rank(cfg: &RunConfig, r: &TrialRow) -> (usize, usize, usize, usize, usiz
     )
 }
 
+/// Where two runs' configurations differ. Shards of one run may have read their local files from
+/// other paths (another machine, another session's scratch directory): a local model source or
+/// corpus (`dir:…`, `file:…`) at another path is the same input when every input file has the
+/// same sha256 in both manifests, so only the files' contents count there.
+fn config_diff(a: &Manifest, b: &Manifest) -> Result<Vec<String>> {
+    let (mut x, mut y) = (
+        serde_json::to_value(&a.config)?,
+        serde_json::to_value(&b.config)?,
+    );
+    let contents = |m: &Manifest| {
+        let mut files: Vec<(String, String)> = m
+            .inputs
+            .iter()
+            .map(|f| (f.role.clone(), f.sha256.clone()))
+            .collect();
+        files.sort();
+        files
+    };
+    if contents(a) == contents(b) {
+        let local = |v: &serde_json::Value| {
+            v.as_str()
+                .is_some_and(|s| s.starts_with("dir:") || s.starts_with("file:"))
+        };
+        for key in ["model_source", "corpus"] {
+            if local(&x["inputs"][key]) && local(&y["inputs"][key]) {
+                x["inputs"][key] = serde_json::Value::Null;
+                y["inputs"][key] = serde_json::Value::Null;
+            }
+        }
+    }
+    let mut diff = Vec::new();
+    json_diff("", &x, &y, &mut diff);
+    Ok(diff)
+}
+
 /// The merged run in `out`: its summary and how many trials it holds.
 pub struct Merged {
     pub summary: Vec<SummaryRow>,
@@ -42,13 +77,8 @@ pub fn merge(dirs: &[PathBuf], out: &Path) -> Result<Merged> {
         .collect::<Result<_>>()?;
     let first = &manifests[0];
     for (d, m) in dirs.iter().zip(&manifests).skip(1) {
-        let (a, b) = (
-            serde_json::to_value(&first.config)?,
-            serde_json::to_value(&m.config)?,
-        );
-        if a != b {
-            let mut diff = Vec::new();
-            json_diff("", &a, &b, &mut diff);
+        let diff = config_diff(first, m)?;
+        if !diff.is_empty() {
             return Err(usage!("{} was run with another configuration than {} ({}); only shards of one run can be merged", d.display(), dirs[0].display(), diff.join("; ")));
         }
     }
