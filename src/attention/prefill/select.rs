@@ -366,6 +366,39 @@ pub fn host_f64(t: &Tensor) -> Result<Vec<f64>> {
     Ok(t.to_dtype(DType::F64)?.flatten_all()?.to_vec1()?)
 }
 
+/// The block methods' common part (METHODS.md §7.5.5, §7.5.7): per query block the diagonal block,
+/// block 0 and the ⌈d/b⌉ − 2 best blocks by `score` ([nb × nb], row = query block), which is
+/// computed only when some block is chosen by score; then the restricted softmax over them.
+pub fn block_selection(
+    method: &dyn crate::attention::Method,
+    head: &HeadInputs,
+    d: usize,
+    score: impl FnOnce() -> Result<Vec<f64>>,
+) -> Result<crate::attention::Approximation> {
+    let n = checked_n(method, head, d)?;
+    let nb = block_count(n);
+    let score = if scored_count(d, 2) == 0 || nb < 3 {
+        vec![0.0; nb * nb] // nothing is chosen by score
+    } else {
+        score()?
+    };
+    let kept = block_pattern(nb, d, &score);
+    let filter = BlockFilter::new(&kept);
+    let visits = |i: usize, j: usize| filter.visits(i, j);
+    restricted(head, &merged_block_groups(n, &kept), Some(&visits))
+}
+
+/// The block methods' cost: the estimate's MACs when blocks are chosen by score, plus 2p per
+/// visited pair.
+pub fn block_macs(n: usize, p: usize, d: usize, estimate: f64) -> f64 {
+    let scores = if scored_count(d, 2) == 0 {
+        0.0
+    } else {
+        estimate
+    };
+    scores + crate::attention::sparse::pair_macs(block_visited_pairs(n, d), p)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -463,37 +496,4 @@ mod tests {
         assert_eq!(budget_pairs(5, 3), (1 + 2 + 3 + 3 + 3) as f64);
         assert_eq!(budget_pairs(3, 10), 6.0);
     }
-}
-
-/// The block methods' common part (METHODS.md §7.5.5, §7.5.7): per query block the diagonal block,
-/// block 0 and the ⌈d/b⌉ − 2 best blocks by `score` ([nb × nb], row = query block), which is
-/// computed only when some block is chosen by score; then the restricted softmax over them.
-pub fn block_selection(
-    method: &dyn crate::attention::Method,
-    head: &HeadInputs,
-    d: usize,
-    score: impl FnOnce() -> Result<Vec<f64>>,
-) -> Result<crate::attention::Approximation> {
-    let n = checked_n(method, head, d)?;
-    let nb = block_count(n);
-    let score = if scored_count(d, 2) == 0 || nb < 3 {
-        vec![0.0; nb * nb] // nothing is chosen by score
-    } else {
-        score()?
-    };
-    let kept = block_pattern(nb, d, &score);
-    let filter = BlockFilter::new(&kept);
-    let visits = |i: usize, j: usize| filter.visits(i, j);
-    restricted(head, &merged_block_groups(n, &kept), Some(&visits))
-}
-
-/// The block methods' cost: the estimate's MACs when blocks are chosen by score, plus 2p per
-/// visited pair.
-pub fn block_macs(n: usize, p: usize, d: usize, estimate: f64) -> f64 {
-    let scores = if scored_count(d, 2) == 0 {
-        0.0
-    } else {
-        estimate
-    };
-    scores + crate::attention::sparse::pair_macs(block_visited_pairs(n, d), p)
 }
