@@ -16,7 +16,7 @@
 # cut into 16 shards (`--shard K/16`), SHARDS picks which to run (default all), each shard is merged
 # into OUT (default results/decoder) as soon as its runs finish, `SHARDS= WORK=DIR` only merges.
 # SKIP names runs to leave out of these shards (e.g. SKIP=llama-1b-init-n8192: 32 heads at n = 8192
-# take about as long as the rest of a shard on 2 cores).
+# take about as long as the rest of a shard on 2 cores); ONLY, if set, names the only runs to do.
 set -euo pipefail
 BIN=${BIN:-./target/release/approx-bench}
 SHARDS=${SHARDS-$(seq 1 16)}
@@ -57,10 +57,12 @@ for m in "${MODELS[@]}"; do for n in "${LENGTHS[@]}"; do
   [ "$m" = llama-1b-init ] || RUNS+=("$m-n$n-floor")
 done; done
 SKIP=${SKIP:-}
+ONLY=${ONLY:-}
 for s in $SHARDS; do
   for m in "${MODELS[@]}"; do
     for n in "${LENGTHS[@]}"; do
       case " $SKIP " in *" $m-n$n "*) continue ;; esac
+      [ -z "$ONLY" ] || case " $ONLY " in *" $m-n$n "*) ;; *) continue ;; esac
       # shellcheck disable=SC2046
       $BIN $(model_args "$m") "${CORPUS[@]}" --lengths "$n" --windows "$(windows_of "$n")" \
         "${MAIN[@]}" --shard "$s/16" --out "$WORK/$m-n$n/$s"

@@ -31,6 +31,7 @@ use candle_core::DType;
 use super::select::{budget_pairs, checked_n, restricted_rows, top_indices};
 use crate::attention::exact::{causal_scores, scaled_operands};
 use crate::attention::sparse::pair_macs;
+use crate::attention::sparse::topk::{rank_index, rank_key};
 use crate::attention::{Approximation, HeadInputs, Method, MethodInfo};
 use crate::numerics::sampling::TrialRng;
 
@@ -67,7 +68,7 @@ pub fn key_sets(
                 sets.push((0..=i).collect());
                 continue;
             }
-            let mut heavy = top_indices(&a[..i], heavy_count);
+            let mut heavy = heavy_keys(&a, &live, i, heavy_count);
             heavy.push(i);
             let vals: Vec<f64> = heavy.iter().map(|&j| a[j] + p[j]).collect();
             for &j in &live {
@@ -86,6 +87,49 @@ pub fn key_sets(
         Ok(())
     })?;
     Ok(sets)
+}
+
+/// top_indices(&a[..i], count), in O(|live|) instead of O(i): a is zero outside `live` (every
+/// key dropped from the heavy set is zeroed, and only keys 0..h start non-zero), and `live` lies
+/// below i. Where a is non-negative and finite on `live` (it sums softmax rows), the stable order
+/// (−a_j, j) puts the positive live keys first and every zero after them by index, so the top
+/// `count` are the best positive ones, then the lowest zero keys. Anything else (a NaN from
+/// non-finite inputs) takes the general selection over a[..i].
+fn heavy_keys(a: &[f64], live: &[usize], i: usize, count: usize) -> Vec<usize> {
+    if live.iter().any(|&j| !(a[j].is_finite() && a[j] >= 0.0)) {
+        return top_indices(&a[..i], count);
+    }
+    let mut positive: Vec<u128> = live
+        .iter()
+        .filter(|&&j| a[j] > 0.0)
+        .map(|&j| rank_key(a[j], j))
+        .collect();
+    let mut heavy: Vec<usize> = if positive.len() > count {
+        if count > 0 {
+            positive.select_nth_unstable(count - 1);
+        }
+        positive[..count].iter().map(|&k| rank_index(k)).collect()
+    } else {
+        let mut chosen: Vec<usize> = positive.iter().map(|&k| rank_index(k)).collect();
+        chosen.sort_unstable();
+        // The lowest-index zero keys fill the rest (count ≤ i, so there are enough).
+        let mut zeros = Vec::with_capacity(count - chosen.len());
+        let mut next = chosen.iter().peekable();
+        for j in 0..i {
+            if zeros.len() == count - chosen.len() {
+                break;
+            }
+            if next.peek() == Some(&&j) {
+                next.next();
+            } else {
+                zeros.push(j);
+            }
+        }
+        chosen.extend(zeros);
+        chosen
+    };
+    heavy.sort_unstable();
+    heavy
 }
 
 impl Method for H2o {
@@ -189,6 +233,37 @@ mod tests {
         assert_eq!(keys, want.iter().sum::<usize>() as f64 / n as f64);
         let m = (0..n).map(|i| want[i] as f64 / (i + 1) as f64).sum::<f64>() / n as f64;
         assert!((mass - m).abs() < 1e-12);
+    }
+
+    /// The O(|live|) selection equals the general one over a[..i] on accumulators shaped as the
+    /// recurrence leaves them: zero off `live`, with ties, zeros on `live` (an underflowed P),
+    /// fewer positive keys than wanted, and a NaN (the general path).
+    #[test]
+    fn heavy_keys_equal_the_general_selection() {
+        use rand::{Rng, SeedableRng};
+        let mut rng = TrialRng::seed_from_u64(11);
+        for case in 0..400 {
+            let i = rng.random_range(1..60);
+            let count = rng.random_range(0..=i);
+            let mut a = vec![0f64; i + 5];
+            let mut live: Vec<usize> = (0..i).filter(|_| rng.random_bool(0.4)).collect();
+            for &j in &live {
+                a[j] = match rng.random_range(0..4) {
+                    0 => 0.0,
+                    1 => 0.5, // ties
+                    _ => rng.random::<f64>(),
+                };
+            }
+            if case % 50 == 0 && !live.is_empty() {
+                a[live[0]] = f64::NAN;
+            }
+            live.reverse(); // any order
+            assert_eq!(
+                heavy_keys(&a, &live, i, count),
+                top_indices(&a[..i], count),
+                "case {case}: a = {a:?}, live = {live:?}, count = {count}"
+            );
+        }
     }
 
     #[test]

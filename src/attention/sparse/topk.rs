@@ -43,27 +43,53 @@ pub fn kept(n: usize, d: usize) -> usize {
     d.saturating_mul(2).min(n)
 }
 
+/// The rank order (−x, j) as one integer, smallest first: x descending, with NaN ranked as −∞
+/// and −0 as +0 (both tie, as `partial_cmp` has them), then j ascending. Sorting these integers
+/// is the stable sort by (−x, j) without a comparison closure: 2–4× faster on the oracle's rows
+/// (n = 8192 causal, `bench`), which are sorted for every head.
+#[inline]
+pub fn rank_key(x: f64, j: usize) -> u128 {
+    let x = if x.is_nan() {
+        f64::NEG_INFINITY
+    } else if x == 0.0 {
+        0.0
+    } else {
+        x
+    };
+    let bits = x.to_bits();
+    // IEEE order as unsigned order: negatives flipped whole, positives above them.
+    let ascending = if bits >> 63 == 1 {
+        !bits
+    } else {
+        bits | 1 << 63
+    };
+    ((!ascending as u128) << 64) | j as u128
+}
+
+/// The key index of a [`rank_key`].
+#[inline]
+pub fn rank_index(key: u128) -> usize {
+    key as u64 as usize
+}
+
 /// The first `m` of (0..len) stably sorted by (−row[j], j), in that rank order. NaN ranks
 /// lowest; −0 and +0 tie. A partition (O(len)) and a sort of the m kept: the order (−s, j) is
 /// total, so the m smallest under it are exactly the stable sort's first m.
 pub fn ranked_keys(row: &[f64], m: usize) -> Vec<usize> {
-    let key = |x: f64| if x.is_nan() { f64::NEG_INFINITY } else { x };
-    let rank = |a: &usize, b: &usize| {
-        key(row[*b])
-            .partial_cmp(&key(row[*a]))
-            .unwrap_or(std::cmp::Ordering::Equal)
-            .then(a.cmp(b))
-    };
-    let mut idx: Vec<usize> = (0..row.len()).collect();
     if m == 0 {
         return Vec::new();
     }
-    if m < idx.len() {
-        idx.select_nth_unstable_by(m - 1, rank);
-        idx.truncate(m);
+    let mut keys: Vec<u128> = row
+        .iter()
+        .enumerate()
+        .map(|(j, &x)| rank_key(x, j))
+        .collect();
+    if m < keys.len() {
+        keys.select_nth_unstable(m - 1);
+        keys.truncate(m);
     }
-    idx.sort_unstable_by(rank);
-    idx
+    keys.sort_unstable();
+    keys.into_iter().map(rank_index).collect()
 }
 
 /// The first `kk` of the stable sort by (−row[j], j), in index order.
@@ -174,8 +200,11 @@ impl Method for TopK {
             let mut guard = slot.lock().expect("topk memo lock");
             match guard.as_ref() {
                 Some(r) if r.m >= kk => r.clone(),
-                _ => {
-                    let m = kk.max(kept(head.n(), RANK_FOR_D));
+                grown => {
+                    // A grid past RANK_FOR_D (the causal decoder grid runs to d = 2048) grows
+                    // the ranking 4× at a time: 512 → 2048 ranks twice instead of thrice.
+                    let floor = grown.map_or(kept(head.n(), RANK_FOR_D), |r| 4 * r.m);
+                    let m = kk.max(floor);
                     let r = Arc::new(Ranking::compute_masked(&head.q, &head.k, m, head.mask)?);
                     *guard = Some(r.clone());
                     r
@@ -282,6 +311,41 @@ mod tests {
                     stable_sort_sets(&q, &k, 2 * d),
                     "{dt:?}, d = {d}"
                 );
+            }
+        }
+    }
+
+    /// The integer rank keys order exactly as a stable sort with the comparison written out:
+    /// x descending by `partial_cmp` with NaN as −∞ (so −0 = +0), then j ascending; on rows
+    /// drawn from a small alphabet so that ties, signed zeros, infinities and NaN all meet.
+    #[test]
+    fn rank_keys_order_as_the_written_out_comparison() {
+        use rand::{Rng, SeedableRng};
+        let alphabet = [
+            f64::NAN,
+            f64::NEG_INFINITY,
+            -3.5,
+            -1e-300,
+            -0.0,
+            0.0,
+            5e-324,
+            1.0,
+            1.0 + f64::EPSILON,
+            f64::MAX,
+            f64::INFINITY,
+        ];
+        let mut rng = TrialRng::seed_from_u64(7);
+        for len in [1, 2, 5, 17, 64] {
+            for _ in 0..50 {
+                let row: Vec<f64> = (0..len)
+                    .map(|_| alphabet[rng.random_range(0..alphabet.len())])
+                    .collect();
+                let key = |x: f64| if x.is_nan() { f64::NEG_INFINITY } else { x };
+                let mut want: Vec<usize> = (0..len).collect();
+                want.sort_by(|&a, &b| key(row[b]).partial_cmp(&key(row[a])).unwrap());
+                for m in [0, 1, len / 2, len] {
+                    assert_eq!(ranked_keys(&row, m), want[..m], "{row:?}, m = {m}");
+                }
             }
         }
     }
