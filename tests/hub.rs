@@ -524,7 +524,7 @@ fn cli_sends_hf_token_as_a_bearer_header_and_writes_it_nowhere() {
     );
     // Off a terminal, one line per download.
     assert!(
-        err.contains(&format!("downloading model.safetensors (")) && err.contains(&hub.endpoint()),
+        err.contains("downloading model.safetensors (") && err.contains(&hub.endpoint()),
         "{err}"
     );
 }

@@ -192,9 +192,7 @@ mod tests {
                     s[j] = true;
                 }
                 a = next;
-                for j in (i + 1).saturating_sub(r)..=i {
-                    s[j] = true;
-                }
+                s[(i + 1).saturating_sub(r)..=i].fill(true);
                 s
             })
             .collect()
@@ -220,8 +218,8 @@ mod tests {
         let (n, d) = (37, 8);
         let h = tied_head(n, 8);
         let (sets, mass, keys) = support_and_weights(&H2o, &h, d);
-        for i in 0..4 {
-            assert_eq!(sets[i], (0..=i).collect::<Vec<_>>());
+        for (i, set) in sets.iter().enumerate().take(4) {
+            assert_eq!(*set, (0..=i).collect::<Vec<_>>());
         }
         assert_eq!(sets[4], vec![0, 1, 2, 3, 4]);
         assert_eq!(sets[5], vec![0, 1, 2, 3, 4, 5]);

@@ -135,8 +135,8 @@ mod tests {
     fn ties_first_rows_and_a_ragged_page_by_hand() {
         let (n, d) = (37, 32);
         let (sets, mass, keys) = support_and_weights(&Quest, &tied_head(n, 8), d);
-        for i in 0..16 {
-            assert_eq!(sets[i], (0..=i).collect::<Vec<_>>());
+        for (i, set) in sets.iter().enumerate().take(16) {
+            assert_eq!(*set, (0..=i).collect::<Vec<_>>());
         }
         assert_eq!(sets[20], (0..=20).collect::<Vec<_>>());
         assert_eq!(sets[35], (0..16).chain(32..36).collect::<Vec<_>>());

@@ -107,8 +107,8 @@ mod tests {
         let (n, d) = (37, 10);
         let h = tied_head(n, 8);
         let (sets, mass, keys) = support_and_weights(&Streaming, &h, d);
-        for i in 0..=9 {
-            assert_eq!(sets[i], (0..=i).collect::<Vec<_>>(), "row {i}");
+        for (i, set) in sets.iter().enumerate().take(10) {
+            assert_eq!(*set, (0..=i).collect::<Vec<_>>(), "row {i}");
         }
         assert_eq!(sets[10], vec![0, 1, 2, 3, 5, 6, 7, 8, 9, 10]);
         assert_eq!(sets[20], vec![0, 1, 2, 3, 15, 16, 17, 18, 19, 20]);
