@@ -223,20 +223,12 @@ pub fn score(req: &ScoreRequest) -> Result<SweepOutcome> {
         ));
     }
 
-    let mut files = Vec::new();
-    for (role, path) in dumps
+    let files = dumps
         .iter()
         .map(|d| ("qkv", d.path.clone()))
         .chain(approx.values().map(|p| ("approx", p.clone())))
-    {
-        let (sha256, bytes) = manifest::sha256_file(&path)?;
-        files.push(InputFile {
-            role: role.into(),
-            path: path.display().to_string(),
-            sha256,
-            bytes,
-        });
-    }
+        .map(|(role, path)| InputFile::hashed(role, &path))
+        .collect::<Result<Vec<_>>>()?;
     use sha2::Digest;
     let approx_sha = format!(
         "{:x}",
@@ -286,25 +278,10 @@ pub fn score(req: &ScoreRequest) -> Result<SweepOutcome> {
         ));
     }
     let mut manifest = Manifest {
-        tool: "approx-bench".into(),
-        version: env!("CARGO_PKG_VERSION").into(),
-        dependencies: env!("APPROX_BENCH_DEPS").into(),
-        build: crate::report::manifest::BUILD.into(),
-        command: req.command.clone(),
-        config: cfg.clone(),
         model_id: info0.model_id.clone(),
         heads: info0.heads,
         head_dim: info0.head_dim,
-        corpus_tokens: 0,
-        inputs: files,
-        started: manifest::now(),
-        finished: None,
-        status: "running".into(),
-        trials: 0,
-        threads: rayon::current_num_threads(),
-        features_cuda: cfg!(feature = "cuda"),
-        shard: None,
-        merged_from: Vec::new(),
+        ..Manifest::starting(req.command.clone(), cfg.clone(), files)
     };
     manifest.write(&req.out)?;
     let (mut writer, _) = TrialWriter::open(&trials_path)?;

@@ -64,6 +64,19 @@ pub struct MergedPart {
     pub finished: Option<String>,
 }
 
+impl InputFile {
+    /// The file at `path` under `role`, with its sha256 and size.
+    pub fn hashed(role: &str, path: &Path) -> Result<Self> {
+        let (sha256, bytes) = sha256_file(path)?;
+        Ok(Self {
+            role: role.into(),
+            path: path.display().to_string(),
+            sha256,
+            bytes,
+        })
+    }
+}
+
 /// This binary's build (see `Manifest::build`).
 pub const BUILD: &str = env!("APPROX_BENCH_BUILD");
 
@@ -75,6 +88,33 @@ pub fn now() -> String {
 }
 
 impl Manifest {
+    /// A run's manifest as it starts (status `running`, no trials yet): this binary's identity,
+    /// the command, the configuration and the input files. The caller sets what it read from the
+    /// model (`model_id`, `heads`, `head_dim`, `corpus_tokens`) and its `shard`.
+    pub fn starting(command: Vec<String>, config: RunConfig, inputs: Vec<InputFile>) -> Self {
+        Self {
+            tool: "approx-bench".into(),
+            version: env!("CARGO_PKG_VERSION").into(),
+            dependencies: env!("APPROX_BENCH_DEPS").into(),
+            build: BUILD.into(),
+            command,
+            config,
+            model_id: String::new(),
+            heads: 0,
+            head_dim: 0,
+            corpus_tokens: 0,
+            inputs,
+            started: now(),
+            finished: None,
+            status: "running".into(),
+            trials: 0,
+            threads: rayon::current_num_threads(),
+            features_cuda: cfg!(feature = "cuda"),
+            shard: None,
+            merged_from: Vec::new(),
+        }
+    }
+
     pub fn write(&self, dir: &Path) -> Result<()> {
         let tmp = dir.join("manifest.json.tmp");
         std::fs::write(&tmp, serde_json::to_string_pretty(self)? + "\n")

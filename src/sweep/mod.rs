@@ -170,36 +170,18 @@ pub fn run_with(
         })
         .collect::<Result<_>>()?;
 
-    let mut inputs_list = Vec::new();
-    for (role, path) in &prepared.files {
-        let (sha256, bytes) = manifest::sha256_file(path)?;
-        inputs_list.push(InputFile {
-            role: role.clone(),
-            path: path.display().to_string(),
-            sha256,
-            bytes,
-        });
-    }
+    let inputs_list = prepared
+        .files
+        .iter()
+        .map(|(role, path)| InputFile::hashed(role, path))
+        .collect::<Result<Vec<_>>>()?;
     let mut manifest = Manifest {
-        tool: "approx-bench".into(),
-        version: env!("CARGO_PKG_VERSION").into(),
-        dependencies: env!("APPROX_BENCH_DEPS").into(),
-        build: crate::report::manifest::BUILD.into(),
-        command: opts.command.clone(),
-        config: cfg.clone(),
         model_id: prepared.model_id.clone(),
         heads: all_heads,
         head_dim: prepared.head_dim(),
         corpus_tokens: prepared.corpus.ids.len(),
-        inputs: inputs_list,
-        started: manifest::now(),
-        finished: None,
-        status: "running".into(),
-        trials: 0,
-        threads: rayon::current_num_threads(),
-        features_cuda: cfg!(feature = "cuda"),
         shard: opts.shard,
-        merged_from: Vec::new(),
+        ..Manifest::starting(opts.command.clone(), cfg.clone(), inputs_list)
     };
     manifest.write(&opts.out)?;
 
