@@ -1,0 +1,228 @@
+#!/usr/bin/env python3
+"""The decoder reproduction's documented numbers, from the merged runs in results/decoder.
+
+Prints the markdown table of docs/reproductions.md ("Decoder attention") and the numbers the README
+quotes, each a mean over every trial of its point (error = ‖O − Ô‖₂, mass = the attention mass the
+visited keys carry). With --write, rewrites them in place in README.md and docs/reproductions.md:
+the paragraph from "Committed so far:" to the table, the table, and the quoted numbers of the
+README's three sentences. Run from the repository root after a shard is merged (run.sh).
+Standard library only.
+"""
+import collections
+import csv
+import json
+import re
+import sys
+
+R = "results/decoder"
+SHARDS = 16
+WINDOWS = {2048: 64, 8192: 36}  # run.sh's --windows (the corpus holds 36 windows of 8192)
+
+
+def load(run):
+    """(method, d) → [(error, mass or None)] over the run's trials."""
+    acc = collections.defaultdict(list)
+    with open(f"{R}/{run}/trials.csv") as f:
+        for r in csv.DictReader(f):
+            acc[(r["method"], int(r["d"]))].append(
+                (float(r["error"]), float(r["mass"]) if r["mass"] else None)
+            )
+    return acc
+
+
+def shards_of(run):
+    """The shard indices merged into a run (sorted), [] if it has not run."""
+    try:
+        m = json.load(open(f"{R}/{run}/manifest.json"))
+    except FileNotFoundError:
+        return []
+    parts = m.get("merged_from") or [m]
+    return sorted(p["shard"]["index"] for p in parts if p.get("shard"))
+
+
+def span(shards):
+    """[1, 2, 3] → "1–3", [1] → "1", [1, 3] → "1, 3"."""
+    if shards == list(range(shards[0], shards[-1] + 1)):
+        return str(shards[0]) if len(shards) == 1 else f"{shards[0]}–{shards[-1]}"
+    return ", ".join(map(str, shards))
+
+
+def err(a, m, d):
+    v = a[(m, d)]
+    return sum(x for x, _ in v) / len(v)
+
+
+def mass(a, m, d):
+    v = [y for _, y in a[(m, d)]]
+    return sum(v) / len(v)
+
+
+def per_point(a):
+    return len(a[("vmean", 16)])
+
+
+def f1(x):
+    return f"{x:.1f}"
+
+
+def f2(x):
+    return f"{x:.2f}" if x < 2 else f"{x:.1f}"
+
+
+def cell(a, m, d, fe=f1):
+    return f"{fe(err(a, m, d))} ({mass(a, m, d):.2f})"
+
+
+def pair(a, m1, m2, d, fe=f1):
+    e1, e2 = fe(err(a, m1, d)), fe(err(a, m2, d))
+    x, y = f"{mass(a, m1, d):.2f}", f"{mass(a, m2, d):.2f}"
+    e = e1 if e1 == e2 else f"{e1} / {e2}"
+    return f"{e} ({x})" if x == y else f"{e} ({x} / {y})"
+
+
+def table(l15, l0):
+    ds = (16, 64, 256)
+    rows = [f"| layer 15: `vmean` | " + " | ".join(f1(err(l15, "vmean", d)) for d in ds) + " |"]
+    for m, label in [("window", "`window`"), ("streaming", "`streaming`"), ("h2o", "`h2o` (oracle)")]:
+        rows.append(f"| {label} | " + " | ".join(cell(l15, m, d) for d in ds) + " |")
+    rows.append("| `quest` / `moba` | " + " | ".join(pair(l15, "quest", "moba", d) for d in ds) + " |")
+    rows.append(
+        "| `block_sparse` / `xattention` | "
+        + " | ".join(pair(l15, "block_sparse", "xattention", d) for d in ds)
+        + " |"
+    )
+    for m, label in [("vertical_slash", "`vertical_slash`"), ("topk", "`topk` (oracle)")]:
+        rows.append(f"| {label} | " + " | ".join(cell(l15, m, d) for d in ds) + " |")
+    for m, label in [("window", "layer 0: `window`"), ("topk", "`topk` (oracle)"), ("moba", "`moba`")]:
+        rows.append(f"| {label} | " + " | ".join(cell(l0, m, d, f2) for d in ds) + " |")
+    return "\n".join(rows)
+
+
+def committed(runs):
+    """The paragraph above the table: what was run, what is committed so far, the caption."""
+    smol = shards_of("smollm2-l15-n8192")
+    init8 = shards_of("llama-1b-init-n8192")
+    w2048 = per_point(runs["smollm2-l15-n2048"]) // 9
+    w8192 = per_point(runs["smollm2-l15-n8192"]) // 9
+    text = (
+        "`results/decoder/` (`results/decoder/run.sh`, METHODS.md §7.6): every method with a causal "
+        "form on SmolLM2-135M (the Q4_1 GGUF; layers 0 and 15) and on initialized Llama-3.2-1B-shaped "
+        "weights (`results/decoder/llama-3.2-1b-shape.json`; layer 0), n = 2048 and 8192, d = 16..2048 "
+        "keys per query (the SVD floor at d ≤ 256, on the pretrained heads). "
+        f"Committed so far: shards {span(smol)} of {SHARDS} ({w2048} of {WINDOWS[2048]} windows at "
+        f"n = 2048, {w8192} of the corpus's {WINDOWS[8192]} at n = 8192: "
+        f"{per_point(runs['smollm2-l15-n2048'])} and {per_point(runs['smollm2-l15-n8192'])} trials "
+        f"per point for SmolLM2, {per_point(runs['llama-1b-init-n2048'])} for the 32-head "
+        f"initialized model at n = 2048"
+    )
+    if init8:
+        text += (
+            f", and {per_point(runs['llama-1b-init-n8192'])} at n = 8192 from shard"
+            f"{'s' if len(init8) > 1 else ''} {span(init8)}"
+        )
+    left = SHARDS - len(smol)
+    nxt = " ".join(str(s) for s in range(smol[-1] + 1, min(smol[-1] + 2, SHARDS) + 1))
+    init_left = (
+        f"{SHARDS - len(init8)} of the initialized model's at n = 8192" if init8 else
+        "the initialized model at n = 8192"
+    )
+    text += (
+        f"); the other {left} shards remain, and {init_left} (`SHARDS=\"{nxt}\" SKIP=llama-1b-init-n8192 "
+        f"results/decoder/run.sh` adds shards, about 30 minutes each on 2 cores; the initialized "
+        f"model at n = 8192, the slowest run, takes about as long again per shard, "
+        f"`SHARDS=K ONLY=llama-1b-init-n8192`). Mean ‖O − Ô‖₂ (mass captured) at n = 8192:"
+    )
+    return text
+
+
+def wrap(text, width=100):
+    """Greedy line wrap (the docs' prose is wrapped near 100 columns), never inside "n = 8192" or
+    a `code span` (the docs test reads code spans line by line)."""
+    glued, code = [], False
+    for c in text.replace(" = ", "\u00a0=\u00a0"):
+        code ^= c == "`"
+        glued.append("\u00a0" if c == " " and code else c)
+    lines, line = [], ""
+    for word in "".join(glued).split(" "):
+        if line and len(line) + 1 + len(word) > width:
+            lines.append(line)
+            line = word
+        else:
+            line = f"{line} {word}" if line else word
+    return "\n".join(lines + [line]).replace("\u00a0", " ")
+
+
+def main():
+    names = ["smollm2-l15-n8192", "smollm2-l0-n8192", "smollm2-l15-n2048", "llama-1b-init-n2048"]
+    if shards_of("llama-1b-init-n8192"):
+        names.append("llama-1b-init-n8192")
+    runs = {n: load(n) for n in names}
+    l15, l0, ll = runs["smollm2-l15-n8192"], runs["smollm2-l0-n8192"], runs["llama-1b-init-n2048"]
+    tab = table(l15, l0)
+    para = committed(runs)
+    ratio = err(l0, "topk", 256) / err(l0, "window", 256)
+    lo, hi = sorted([err(l15, "xattention", 256), err(l15, "block_sparse", 256)])
+    three = ["quest", "moba", "block_sparse"]
+    shards = span(shards_of("smollm2-l15-n8192"))
+    print(para, tab, sep="\n\n")
+    print(
+        f"\nREADME: streaming {mass(l15, 'streaming', 16):.2f}, window {mass(l15, 'window', 16):.2f} at 16 keys; "
+        f"xattention/block_sparse {lo:.0f}–{hi:.0f} vs topk {err(l15, 'topk', 256):.1f} at 256; "
+        f"layer 0 topk/window {ratio:.1f}×"
+    )
+    if "--write" not in sys.argv[1:]:
+        return
+
+    doc = open("docs/reproductions.md").read()
+    doc, k1 = re.subn(
+        r"`results/decoder/` \(`results/decoder/run.sh`, METHODS.md §7.6\):.*?Mean ‖O − Ô‖₂ \(mass captured\)\s+at n = 8192:",
+        lambda _: wrap(para),
+        doc,
+        flags=re.S,
+    )
+    doc, k2 = re.subn(
+        r"(\| \| d = 16 \| 64 \| 256 \|\n\|---\|---\|---\|---\|\n)(?:\|.*\|\n)+",
+        lambda m: m.group(1) + tab + "\n",
+        doc,
+    )
+    doc, k3 = re.subn(r"has \d\.\d× the window's spectral error", f"has {ratio:.1f}× the window's spectral error", doc)
+    doc, k4 = re.subn(
+        r"V-Mean\n\(\d+\.\d at n = 2048\) beats every sparse method up to 64 keys; at 256 keys `xattention` \(\d+\.\d\), `quest`,\n`moba` and `block_sparse` \(\d+\.\d–\d+\.\d\) are below it\.",
+        f"V-Mean\n({err(ll, 'vmean', 16):.1f} at n = 2048) beats every sparse method up to 64 keys; at 256 keys "
+        f"`xattention` ({err(ll, 'xattention', 256):.1f}), `quest`,\n`moba` and `block_sparse` "
+        f"({min(err(ll, m, 256) for m in three):.1f}–{max(err(ll, m, 256) for m in three):.1f}) are below it.",
+        doc,
+    )
+    rd = open("README.md").read()
+    rd, k5 = re.subn(
+        r"shards? [0-9–, ]+ of 16 so far:\n\d+ trials per point",
+        f"shards {shards} of 16 so far:\n{per_point(l15)} trials per point",
+        rd,
+    )
+    rd, k6 = re.subn(
+        r"\(error \d+–\d+\) come closest to the top-k oracle \(\d+\.\d\)",
+        f"(error {lo:.0f}–{hi:.0f}) come closest to the top-k oracle ({err(l15, 'topk', 256):.1f})",
+        rd,
+    )
+    rd, k7 = re.subn(
+        r"at 256 keys \(0\.\d\d against the window's 0\.\d\d\) yet\nits error is \d\.\d× the window's \(\d\.\d against \d\.\d\)",
+        f"at 256 keys ({mass(l0, 'topk', 256):.2f} against the window's {mass(l0, 'window', 256):.2f}) yet\n"
+        f"its error is {ratio:.1f}× the window's ({err(l0, 'topk', 256):.1f} against {err(l0, 'window', 256):.1f})",
+        rd,
+    )
+    rd, k8 = re.subn(
+        r"at 16 keys `streaming` captures 0\.\d\d of the\nattention mass where the sliding window captures 0\.\d\d",
+        f"at 16 keys `streaming` captures {mass(l15, 'streaming', 16):.2f} of the\n"
+        f"attention mass where the sliding window captures {mass(l15, 'window', 16):.2f}",
+        rd,
+    )
+    rd, k9 = re.subn(r"decoder attention \(shards? [0-9–, ]+ of 16\)", f"decoder attention (shards {shards} of 16)", rd)
+    missing = [i + 1 for i, k in enumerate([k1, k2, k3, k4, k5, k6, k7, k8, k9]) if k != 1]
+    if missing:
+        sys.exit(f"numbers.py: the text of replacement(s) {missing} was not found once; edit the docs by hand")
+    open("docs/reproductions.md", "w").write(doc)
+    open("README.md", "w").write(rd)
+
+
+if __name__ == "__main__":
+    main()
