@@ -3,7 +3,8 @@
 
 Prints the markdown table of docs/reproductions.md ("Decoder attention") and the numbers the README
 quotes, each a mean over every trial of its point (error = ‖O − Ô‖₂, mass = the attention mass the
-visited keys carry). With --write, rewrites them in place in README.md and docs/reproductions.md:
+visited keys carry). Checks the qualitative claims of the prose around them (which method is lowest, which
+lies below V-Mean) and says which no longer hold. With --write, rewrites them in place in README.md and docs/reproductions.md:
 the paragraph from "Committed so far:" to the table, the table, and the quoted numbers of the
 README's three sentences. Run from the repository root after a shard is merged (run.sh).
 Standard library only.
@@ -152,6 +153,30 @@ def wrap(text, width=100):
     return "\n".join(lines + [line]).replace("\u00a0", " ")
 
 
+SPARSE = ["window", "streaming", "quest", "moba", "block_sparse", "xattention", "vertical_slash"]
+
+
+def claims(l15, l0, ll):
+    """The qualitative claims of the prose around the numbers; the ones that no longer hold."""
+    failed = []
+
+    def check(ok, what):
+        if not ok:
+            failed.append(what)
+
+    check(mass(l15, "streaming", 16) > mass(l15, "window", 16) + 0.3, "layer 15: a sink (streaming ≫ window in mass at 16 keys)")
+    best = sorted((err(l15, m, 256), m) for m in SPARSE)[:2]
+    check({m for _, m in best} == {"xattention", "block_sparse"}, f"layer 15: xattention and block_sparse lowest at 256 keys (got {best})")
+    check(all(err(l15, "quest", d) < err(l15, "moba", d) for d in (64, 256)), "layer 15: quest below moba at 64 and 256 keys")
+    check(all(mass(l0, "topk", 256) > mass(l0, m, 256) for m in SPARSE), "layer 0: topk captures the most mass at 256 keys")
+    check(err(l0, "topk", 256) > err(l0, "window", 256), "layer 0: topk's error above the window's at 256 keys")
+    v = err(ll, "vmean", 16)
+    check(all(err(ll, m, d) > v for m in SPARSE for d in (16, 32, 64)), "initialized: V-Mean below every sparse method up to 64 keys")
+    below = {m for m in SPARSE if err(ll, m, 256) < v}
+    check(below == {"xattention", "quest", "moba", "block_sparse"}, f"initialized: the sparse methods below V-Mean at 256 keys (got {sorted(below)})")
+    return failed
+
+
 def main():
     names = ["smollm2-l15-n8192", "smollm2-l0-n8192", "smollm2-l15-n2048", "llama-1b-init-n2048"]
     if shards_of("llama-1b-init-n8192"):
@@ -170,8 +195,13 @@ def main():
         f"xattention/block_sparse {lo:.0f}–{hi:.0f} vs topk {err(l15, 'topk', 256):.1f} at 256; "
         f"layer 0 topk/window {ratio:.1f}×"
     )
+    failed = claims(l15, l0, ll)
+    for f in failed:
+        print(f"claim no longer holds: {f}")
     if "--write" not in sys.argv[1:]:
         return
+    if failed:
+        sys.exit("numbers.py: the prose around the numbers needs rewording first (above)")
 
     doc = open("docs/reproductions.md").read()
     doc, k1 = re.subn(
