@@ -105,10 +105,19 @@ pub(super) fn field_style(method: &str, methods: &[String]) -> SeriesStyle {
     if method == "svd_optimal" || method == "exact_kernelized" {
         return style::floor_style();
     }
-    // The method's index among the drawn methods of its family, for shade, dash and marker.
+    // The method's index among the drawn methods of its family, for shade, dash and marker; a
+    // reference's among the references, which all share one grey (so V-Mean and an oracle of
+    // another family, `h2o` beside `vmean`, never share a marker too).
     let same: Vec<&String> = methods
         .iter()
-        .filter(|m| family_of(m).0 == family)
+        .filter(|m| {
+            let (f, r) = family_of(m);
+            if reference {
+                r
+            } else {
+                f == family
+            }
+        })
         .collect();
     let i = same.iter().position(|m| *m == method).unwrap_or(0);
     let colors = if reference {

@@ -79,10 +79,11 @@ pub fn load_run(dir: &Path) -> Result<RunData> {
     let (model_id, embeddings_from) = if manifest_dir.join("manifest.json").is_file() {
         let m = Manifest::read(manifest_dir)?;
         // Runs of one model at two layers (the decoder reproduction: layers 0 and 15) are two
-        // models in a figure, not duplicates of one.
-        let id = match m.config.inputs.layer {
-            0 => m.model_id,
-            l => format!("{} layer {l}", m.model_id),
+        // models in a figure, not duplicates of one. Decoder runs name layer 0 too (a decoder
+        // figure sets layers side by side); BERT's layer 0, the papers' setting, goes unnamed.
+        let id = match (m.config.inputs.layer, m.config.mask) {
+            (0, crate::attention::Mask::None) => m.model_id,
+            (l, _) => format!("{} layer {l}", m.model_id),
         };
         (id, Some(m.config.inputs.embeddings_from.name().to_string()))
     } else {

@@ -498,3 +498,65 @@ fn field_and_kernelized_figures_follow_the_rows_targets() {
     .unwrap()
     .is_empty());
 }
+
+/// Within one figure no two methods look alike: with every registered method drawn together (a
+/// superset of any figure's), their styles (colour, dash, width, marker) are pairwise distinct.
+/// The references share one grey, so this is what keeps V-Mean apart from `h2o` and `topk`.
+#[test]
+fn no_two_methods_of_a_figure_share_a_style() {
+    // The two floors share the floor's style; they never meet (`exact_kernelized` is the
+    // kernelized target's, `svd_optimal` the softmax target's).
+    let all: Vec<String> = crate::attention::method_ids()
+        .iter()
+        .filter(|m| **m != "exact_kernelized")
+        .map(|m| m.to_string())
+        .collect();
+    let decoder: Vec<String> = [
+        "vmean",
+        "performer_favor",
+        "window",
+        "topk",
+        "streaming",
+        "h2o",
+        "quest",
+        "moba",
+        "block_sparse",
+        "xattention",
+        "vertical_slash",
+        "svd_optimal",
+    ]
+    .map(String::from)
+    .to_vec();
+    for drawn in [&all, &decoder] {
+        let styles: Vec<_> = drawn.iter().map(|m| field::field_style(m, drawn)).collect();
+        for (a, sa) in drawn.iter().zip(&styles) {
+            for (b, sb) in drawn.iter().zip(&styles) {
+                assert!(a == b || sa != sb, "{a} and {b} share a style: {sa:?}");
+            }
+        }
+    }
+}
+
+/// Figure titles name the layer of every decoder run (layers 0 and 15 sit side by side) and of a
+/// BERT run past layer 0, never BERT's layer 0 (the papers' setting): the committed causal
+/// baseline's manifest as it is (layer 15) and moved to layer 0, and a bidirectional layer-0 one.
+#[test]
+fn titles_name_a_decoder_runs_layer() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures/baseline");
+    let causal = root.join("smollm2-causal");
+    let title = |dir: &Path| load_run(dir).unwrap().model_id;
+    assert!(title(&causal).ends_with(" layer 15"), "{}", title(&causal));
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::copy(causal.join("summary.csv"), dir.path().join("summary.csv")).unwrap();
+    let manifest = std::fs::read_to_string(causal.join("manifest.json")).unwrap();
+    assert_eq!(manifest.matches("\"layer\": 15").count(), 1);
+    let at_0 = manifest.replace("\"layer\": 15", "\"layer\": 0");
+    std::fs::write(dir.path().join("manifest.json"), at_0).unwrap();
+    assert!(
+        title(dir.path()).ends_with(" layer 0"),
+        "{}",
+        title(dir.path())
+    );
+    let bert = title(&root.join("minilm-pretrained"));
+    assert!(!bert.contains("layer"), "{bert}");
+}
