@@ -121,14 +121,21 @@ def committed(runs):
             f", and {per_point(runs['llama-1b-init-n8192'])} at n = 8192 from shard"
             f"{'s' if len(init8) > 1 else ''} {span(init8)}"
         )
-    left = SHARDS - len(smol)
-    nxt = " ".join(str(s) for s in range(smol[-1] + 1, min(smol[-1] + 2, SHARDS) + 1))
-    init_left = (
-        f"{SHARDS - len(init8)} of the initialized model's at n = 8192" if init8 else
-        "the initialized model at n = 8192"
-    )
+    missing = [k for k in range(1, SHARDS + 1) if k not in smol]
+    init_missing = [k for k in range(1, SHARDS + 1) if k not in init8]
+    if not missing and not init_missing:
+        return text + "; every shard is in). Mean ‖O − Ô‖₂ (mass captured) at n = 8192:"
+    left = []
+    if missing:
+        left.append(f"the other {len(missing)} shards")
+    if init_missing:
+        left.append(
+            f"{len(init_missing)} of the initialized model's at n = 8192" if init8 else
+            "the initialized model at n = 8192"
+        )
+    nxt = " ".join(map(str, missing[:2] or init_missing[:1]))
     text += (
-        f"); the other {left} shards remain, and {init_left} (`SHARDS=\"{nxt}\" SKIP=llama-1b-init-n8192 "
+        f"); {' and '.join(left)} remain (`SHARDS=\"{nxt}\" SKIP=llama-1b-init-n8192 "
         f"results/decoder/run.sh` adds shards, about 30 minutes each on 2 cores; the initialized "
         f"model at n = 8192, the slowest run, took 35 minutes for shard 1 beside another shard, "
         f"`SHARDS=K ONLY=llama-1b-init-n8192`). Mean ‖O − Ô‖₂ (mass captured) at n = 8192:"
