@@ -2,7 +2,8 @@
 # Issue 21's GPU checks in one call, on the machine with the GPU, from the checkout's root with the
 # .gpu/ of scripts/gpu-pack.sh beside it: the unit and pipeline tests on cuda, the Skyformer preset
 # on cuda (batched, profiled), the same on 8 windows batched, head by head and on the machine's CPU
-# cores, `bench`, the Skeinformer preset. Each step has a timeout; OUT (default /tmp/out) receives
+# cores, `bench`, the Skeinformer preset, and the decoder path (issue 23: one shard of the
+# initialized Llama-shaped model at n = 8192 on cuda and on the CPU cores). Each step has a timeout; OUT (default /tmp/out) receives
 # log.txt, tests.txt, bench.txt and three archives of trials (at most 8 files come back from a
 # device call). Compare the presets' trials with the committed CPU runs afterwards.
 set -u
@@ -29,7 +30,7 @@ for t in .gpu/tests/*.gz; do
   b=target/release/deps/$(basename "$t" .gz); gunzip -c "$t" > "$b"; chmod +x "$b"; TESTS+=("$b")
 done
 D=$ROOT/.gpu/data
-gunzip -kf $D/wikitext-2/wiki.test.raw.gz $D/bert-base-cased/tokenizer.json.gz
+gunzip -kf $D/wikitext-2/wiki.test.raw.gz $D/bert-base-cased/tokenizer.json.gz $D/llama-shape/tokenizer.json.gz
 # The test binaries name the build checkout's absolute path: link it to this checkout.
 BUILD_PATH=$(cat .gpu/build-path)
 [ "$BUILD_PATH" = "$ROOT" ] || { mkdir -p "$(dirname "$BUILD_PATH")" && ln -sfn "$ROOT" "$BUILD_PATH"; }
@@ -71,4 +72,15 @@ echo "-- bench: exit $?" >> "$LOG"
 log "5 Skeinformer preset, cuda, 64 windows, profiled"
 APPROX_BENCH_PROFILE=1 step skein-cuda-64 70 $BIN --figure skeinformer "${C[@]}" --windows 64 --device cuda --out /tmp/skein-cuda
 gzip -c /tmp/skein-cuda/trials.csv > "$OUT/skein-cuda-trials.csv.gz"
+
+log "6 decoder: results/decoder's initialized model at n = 8192, shard 1 of 16 (3 windows x 32 heads), cuda and CPU"
+# Its main methods as results/decoder/run.sh runs them; the CPU step may be cut by its timeout (its
+# rows so far give a rate). The committed CPU run's shard 1 is the reference for the rows.
+DEC=(--model initialized --model-dir $D/llama-shape --layer 0 --corpus $D/wikitext-2/wiki.test.raw
+     --lengths 8192 --windows 36 --shard 1/16 --quiet
+     --methods vmean,performer_favor,window,topk,streaming,h2o,quest,moba,block_sparse,xattention,vertical_slash
+     --features 16,32,64,128,256,512,1024,2048)
+APPROX_BENCH_PROFILE=1 step decoder-cuda 150 $BIN "${DEC[@]}" --device cuda --out /tmp/dec-cuda
+step decoder-cpu16 90 $BIN "${DEC[@]}" --device cpu --out /tmp/dec-cpu
+tar czf "$OUT/decoder.tgz" -C /tmp dec-cuda/trials.csv dec-cpu/trials.csv
 log done
