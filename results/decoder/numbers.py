@@ -187,14 +187,19 @@ def claims(l15, l0, ll):
 
 
 def init_8192_claims(l8):
-    """The initialized model at n = 8192: V-Mean below every sparse method up to 256 keys,
-    `xattention` the first below it (512 keys), the others but `vertical_slash` at 1024."""
+    """The initialized model at n = 8192: V-Mean below every sparse method up to 256 keys; at 512
+    keys `xattention` well below it and `quest` level with it; the others but `vertical_slash` below
+    it at 1024."""
     v = err(l8, "vmean", 16)
     failed = []
     if not all(err(l8, m, d) > v for m in SPARSE for d in (16, 32, 64, 128, 256)):
         failed.append("initialized n = 8192: V-Mean below every sparse method up to 256 keys")
-    if {m for m in SPARSE if err(l8, m, 512) < v} != {"xattention"}:
-        failed.append("initialized n = 8192: only xattention below V-Mean at 512 keys")
+    if {m for m in SPARSE if err(l8, m, 512) < 0.9 * v} != {"xattention"}:
+        failed.append("initialized n = 8192: only xattention 10 % or more below V-Mean at 512 keys")
+    if abs(err(l8, "quest", 512) / v - 1) >= 0.05:
+        failed.append("initialized n = 8192: quest within 5 % of V-Mean at 512 keys")
+    if any(err(l8, m, 512) < v for m in ("window", "streaming", "moba", "block_sparse", "vertical_slash")):
+        failed.append("initialized n = 8192: the other sparse methods above V-Mean at 512 keys")
     if {m for m in SPARSE if err(l8, m, 1024) < v} != set(SPARSE) - {"vertical_slash"}:
         failed.append("initialized n = 8192: every sparse method but vertical_slash below V-Mean at 1024 keys")
     return failed
@@ -203,8 +208,8 @@ def init_8192_claims(l8):
 def init_8192_sentence(l8):
     return (
         f"On initialized weights at n = 8192 ({per_point(l8)} trials per point so far) V-Mean ({err(l8, 'vmean', 16):.1f}) stays below every "
-        f"sparse method up to 256 keys; `xattention` passes it at 512 keys ({err(l8, 'xattention', 512):.1f}), the "
-        f"others but `vertical_slash` at 1024."
+        f"sparse method up to 256 keys; at 512 keys `xattention` is well below it ({err(l8, 'xattention', 512):.1f}) and "
+        f"`quest` level with it ({err(l8, 'quest', 512):.1f}); the others but `vertical_slash` pass it at 1024."
     )
 
 
