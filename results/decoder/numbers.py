@@ -181,7 +181,7 @@ def claims(l15, l0, ll):
     check(all(err(ll, m, d) > v for m in SPARSE for d in (16, 32, 64)), "initialized: V-Mean below every sparse method up to 64 keys")
     well_below = {m for m in SPARSE if err(ll, m, 256) < 0.9 * v}
     check(well_below == {"xattention", "quest", "moba", "block_sparse"}, f"initialized: the sparse methods 10 % or more below V-Mean at 256 keys (got {sorted(well_below)})")
-    check(all(abs(err(ll, m, 256) / v - 1) < 0.05 for m in ("window", "streaming")), "initialized: window and streaming within 5 % of V-Mean at 256 keys")
+    check(all(0.9 <= err(ll, m, 256) / v < 1 for m in ("window", "streaming")), "initialized: window and streaming less than 10 % below V-Mean at 256 keys")
     check(err(ll, "vertical_slash", 256) > v, "initialized: vertical_slash above V-Mean at 256 keys")
     return failed
 
@@ -258,16 +258,16 @@ def main():
     doc, k3 = re.subn(r"has \d\.\d× the window's spectral error", f"has {ratio:.1f}× the window's spectral error", doc)
     ws = [err(ll, m, 256) for m in ("window", "streaming")]
     doc, k4 = re.subn(
-        r"V-Mean\n\(\d+\.\d at n = 2048\) beats every sparse method up to 64 keys; at 256 keys `xattention` \(\d+\.\d\), `quest`,\n`moba` and `block_sparse` \(\d+\.\d–\d+\.\d\) are (?:well )?below it(?:, the window and\n`streaming` \(\d+\.\d–\d+\.\d\) about level with it)?\.",
+        r"V-Mean\n\(\d+\.\d at n = 2048\) beats every sparse method up to 64 keys; at 256 keys `xattention` \(\d+\.\d\), `quest`,\n`moba` and `block_sparse` \(\d+\.\d–\d+\.\d\) are (?:well )?below it(?:, the window and\n`streaming` \(\d+\.\d–\d+\.\d\) (?:about level with|slightly below) it)?\.",
         f"V-Mean\n({err(ll, 'vmean', 16):.1f} at n = 2048) beats every sparse method up to 64 keys; at 256 keys "
         f"`xattention` ({err(ll, 'xattention', 256):.1f}), `quest`,\n`moba` and `block_sparse` "
         f"({min(err(ll, m, 256) for m in three):.1f}–{max(err(ll, m, 256) for m in three):.1f}) are well below it, "
-        f"the window and\n`streaming` ({min(ws):.1f}–{max(ws):.1f}) about level with it.",
+        f"the window and\n`streaming` ({min(ws):.1f}–{max(ws):.1f}) slightly below it.",
         doc,
     )
     if l8:
         doc, k = re.subn(
-            r"(level with it\.)(\n\nOn initialized weights at n = 8192 .*?at 1024\.)?",
+            r"(slightly below it\.)(\n\nOn initialized weights at n = 8192 .*?at 1024\.)?",
             lambda m: m.group(1) + "\n\n" + wrap(init_8192_sentence(l8)),
             doc,
             flags=re.S,
