@@ -511,22 +511,16 @@ fn no_two_methods_of_a_figure_share_a_style() {
         .filter(|m| **m != "exact_kernelized")
         .map(|m| m.to_string())
         .collect();
-    let decoder: Vec<String> = [
-        "vmean",
-        "performer_favor",
-        "window",
-        "topk",
-        "streaming",
-        "h2o",
-        "quest",
-        "moba",
-        "block_sparse",
-        "xattention",
-        "vertical_slash",
-        "svd_optimal",
-    ]
-    .map(String::from)
-    .to_vec();
+    // results/decoder's set: every prefill method beside the causal forms it runs.
+    let decoder: Vec<String> = ["vmean", "performer_favor", "window", "topk", "svd_optimal"]
+        .into_iter()
+        .chain(crate::attention::method_ids().into_iter().filter(|m| {
+            crate::attention::describe(m)
+                .is_some_and(|(f, _)| f == crate::attention::Family::Prefill)
+        }))
+        .map(String::from)
+        .collect();
+    assert_eq!(decoder.len(), 12, "{decoder:?}"); // the seven prefill methods are found
     for drawn in [&all, &decoder] {
         let styles: Vec<_> = drawn.iter().map(|m| field::field_style(m, drawn)).collect();
         for (a, sa) in drawn.iter().zip(&styles) {
