@@ -245,7 +245,7 @@ def main():
 
     doc = open("docs/reproductions.md").read()
     doc, k1 = re.subn(
-        r"`results/decoder/` \(`results/decoder/run.sh`, METHODS.md §7.6\):.*?Mean ‖O − Ô‖₂ \(mass captured\)\s+at n = 8192:",
+        r"`results/decoder/` \(`results/decoder/run.sh`, METHODS.md §7.6\):.*?Mean ‖O − Ô‖₂ \(mass captured\)\s+at\s+n = 8192:",
         lambda _: wrap(para),
         doc,
         flags=re.S,
