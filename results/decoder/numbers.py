@@ -136,7 +136,7 @@ def committed(runs):
     nxt = " ".join(map(str, missing[:2] or init_missing[:1]))
     text += (
         f"); {' and '.join(left)} remain (`SHARDS=\"{nxt}\" SKIP=llama-1b-init-n8192 "
-        f"results/decoder/run.sh` adds shards, 16 minutes for shard 9 alone on 2 cores; the initialized "
+        f"results/decoder/run.sh` adds shards, 16 minutes for shard 10 alone on 2 cores; the initialized "
         f"model at n = 8192, the slowest run, took 35 minutes for shard 1 beside another shard, "
         f"`SHARDS=K ONLY=llama-1b-init-n8192`). Mean ‖O − Ô‖₂ (mass captured) at n = 8192:"
     )
