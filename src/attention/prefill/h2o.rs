@@ -31,7 +31,7 @@ use candle_core::DType;
 use super::select::{budget_pairs, checked_n, restricted_rows, top_indices};
 use crate::attention::exact::{causal_scores, scaled_operands};
 use crate::attention::sparse::pair_macs;
-use crate::attention::sparse::topk::{rank_index, rank_key};
+use crate::attention::sparse::topk::{first_ranked, rank_index, rank_key};
 use crate::attention::{Approximation, HeadInputs, Method, MethodInfo};
 use crate::numerics::sampling::TrialRng;
 
@@ -99,16 +99,16 @@ fn heavy_keys(a: &[f64], live: &[usize], i: usize, count: usize) -> Vec<usize> {
     if live.iter().any(|&j| !(a[j].is_finite() && a[j] >= 0.0)) {
         return top_indices(&a[..i], count);
     }
-    let mut positive: Vec<u128> = live
+    let positive: Vec<u128> = live
         .iter()
         .filter(|&&j| a[j] > 0.0)
         .map(|&j| rank_key(a[j], j))
         .collect();
-    let mut heavy: Vec<usize> = if positive.len() > count {
-        if count > 0 {
-            positive.select_nth_unstable(count - 1);
-        }
-        positive[..count].iter().map(|&k| rank_index(k)).collect()
+    let mut heavy: Vec<usize> = if positive.len() >= count {
+        first_ranked(positive, count)
+            .into_iter()
+            .map(rank_index)
+            .collect()
     } else {
         let mut chosen: Vec<usize> = positive.iter().map(|&k| rank_index(k)).collect();
         chosen.sort_unstable();

@@ -24,7 +24,8 @@
 //!
 //! Within a sweep the selection is done once per head: each row's first 2·256 keys in rank order
 //! (`Ranking`, memoised), whose prefixes are the sets of every d ≤ 256 — the oracle's sets are
-//! nested in d. `macs` still counts one trial on its own.
+//! nested in d. A larger d re-ranks with 4× the keys (the causal grid to 2048 ranks twice).
+//! `macs` still counts one trial on its own.
 
 use std::sync::{Arc, Mutex};
 
@@ -45,8 +46,8 @@ pub fn kept(n: usize, d: usize) -> usize {
 
 /// The rank order (−x, j) as one integer, smallest first: x descending, with NaN ranked as −∞
 /// and −0 as +0 (both tie, as `partial_cmp` has them), then j ascending. Sorting these integers
-/// is the stable sort by (−x, j) without a comparison closure: 2–4× faster on the oracle's rows
-/// (n = 8192 causal, `bench`), which are sorted for every head.
+/// is the stable sort by (−x, j) without a comparison closure (with h2o's selection, a20a0ba
+/// took `topk` from 400 to 340 ms per head at n = 8192, d = 16: BENCHMARKS.md).
 #[inline]
 pub fn rank_key(x: f64, j: usize) -> u128 {
     let x = if x.is_nan() {
@@ -72,22 +73,24 @@ pub fn rank_index(key: u128) -> usize {
     key as u64 as usize
 }
 
-/// The first `m` of (0..len) stably sorted by (−row[j], j), in that rank order. NaN ranks
-/// lowest; −0 and +0 tie. A partition (O(len)) and a sort of the m kept: the order (−s, j) is
-/// total, so the m smallest under it are exactly the stable sort's first m.
-pub fn ranked_keys(row: &[f64], m: usize) -> Vec<usize> {
+/// The `m` first of `keys` in rank order, in no particular order (a partition, O(len)).
+pub fn first_ranked(mut keys: Vec<u128>, m: usize) -> Vec<u128> {
     if m == 0 {
         return Vec::new();
     }
-    let mut keys: Vec<u128> = row
-        .iter()
-        .enumerate()
-        .map(|(j, &x)| rank_key(x, j))
-        .collect();
     if m < keys.len() {
         keys.select_nth_unstable(m - 1);
         keys.truncate(m);
     }
+    keys
+}
+
+/// The first `m` of (0..len) stably sorted by (−row[j], j), in that rank order. NaN ranks
+/// lowest; −0 and +0 tie. A partition (O(len)) and a sort of the m kept: the order (−s, j) is
+/// total, so the m smallest under it are exactly the stable sort's first m.
+pub fn ranked_keys(row: &[f64], m: usize) -> Vec<usize> {
+    let keys = row.iter().enumerate().map(|(j, &x)| rank_key(x, j));
+    let mut keys = first_ranked(keys.collect(), m);
     keys.sort_unstable();
     keys.into_iter().map(rank_index).collect()
 }
