@@ -1,6 +1,6 @@
 //! Attention: the exact softmax target and every approximation, one file per method, grouped by
-//! family (`lowrank/`, `features/`, `sampling/`, `sparse/`, `hybrid/`); `exact`, `vmean` and this registry
-//! stay at the top.
+//! family (`lowrank/`, `features/`, `sampling/`, `sparse/`, `hybrid/`, the causal `prefill/`);
+//! `exact`, `vmean` and the `registry` stay at the top.
 //!
 //! A method sees one head's Q, K, V ([n, p] tensors on a candle `Device`, in the run's dtype)
 //! plus shared per-head products ([`HeadInputs`]), and a seeded generator for its randomness.
@@ -21,6 +21,7 @@ pub mod features;
 pub mod hybrid;
 pub mod lowrank;
 pub mod prefill;
+mod registry;
 pub mod sampling;
 pub mod sparse;
 pub mod target;
@@ -30,6 +31,10 @@ pub mod vmean;
 pub mod zero;
 
 pub use batch::{HeadBatch, HeadTrials};
+pub use registry::{
+    by_id, describe, family_method_ids, field_method_ids, mask_method_ids, method_ids, registry,
+    target_method_ids, FIGURE_METHODS,
+};
 pub use target::{Mask, Target};
 
 // The flat paths from before the split into families (`attention::skyformer::…`) keep working.
@@ -417,132 +422,6 @@ pub trait Method: Send + Sync {
 fn required_info<M: Method + ?Sized>(m: &M, what: &str) -> &'static MethodInfo {
     m.info()
         .unwrap_or_else(|| panic!("a Method implements `info` or `{what}` (see MethodInfo)"))
-}
-
-/// The methods of both papers' Figure 1 (Skyformer's four, Skeinformer's four; Informer is
-/// shared): the registry's first seven, in its order (legend order, baselines).
-pub const FIGURE_METHODS: &[&str] = &[
-    "skyformer",
-    "nystromformer",
-    "performer",
-    "informer",
-    "skeinformer",
-    "vmean",
-    "linformer",
-];
-
-/// Every method, in the order figures and tables list them.
-pub fn registry() -> Vec<Box<dyn Method>> {
-    use skeinformer::{SkeinVariant, Skeinformer};
-    vec![
-        Box::new(skyformer::Skyformer::pseudo_inverse()),
-        Box::new(nystromformer::Nystromformer),
-        Box::new(performer::Performer::reference()),
-        Box::new(informer::Informer::log_factor()),
-        Box::new(Skeinformer::new(SkeinVariant::Full)),
-        Box::new(vmean::VMean),
-        Box::new(linformer::Linformer::reference()),
-        Box::new(skyformer::Skyformer::iterative()),
-        Box::new(performer::Performer::favor()),
-        Box::new(informer::Informer::direct()),
-        Box::new(linformer::Linformer::unreduced_jlt()),
-        Box::new(Skeinformer::new(SkeinVariant::Uniform)),
-        Box::new(Skeinformer::new(SkeinVariant::NoNorm)),
-        Box::new(Skeinformer::new(SkeinVariant::SimpleNorm)),
-        Box::new(Skeinformer::new(SkeinVariant::NoPilot)),
-        Box::new(svd_optimal::SvdOptimal),
-        Box::new(column_uniform::ColumnUniform),
-        Box::new(window::Window),
-        Box::new(topk::TopK),
-        Box::new(bigbird::BigBird),
-        Box::new(reformer::Reformer),
-        Box::new(performer_trig::PerformerTrig),
-        Box::new(hyperattention::HyperAttention::reference()),
-        Box::new(kdeformer::KdeFormer::reference()),
-        Box::new(scatterbrain::Scatterbrain::smyrf()),
-        Box::new(scatterbrain::Scatterbrain::local()),
-        // The causal prefill methods (METHODS.md §7.5).
-        Box::new(prefill::streaming::Streaming),
-        Box::new(prefill::h2o::H2o),
-        Box::new(prefill::quest::Quest),
-        Box::new(prefill::moba::Moba),
-        Box::new(prefill::block_sparse::BlockSparse),
-        Box::new(prefill::xattention::XAttention),
-        Box::new(prefill::vertical_slash::VerticalSlash),
-        // The kernelized target's methods (METHODS.md §6.4).
-        Box::new(exact_kernelized::ExactKernelized),
-        Box::new(zero::Zero),
-        Box::new(skyformer_gauss::SkyformerGauss::pseudo_inverse()),
-        Box::new(skyformer_gauss::SkyformerGauss::iterative()),
-        Box::new(performer_gauss::PerformerGauss),
-        Box::new(rff_gauss::RffGauss),
-    ]
-}
-
-/// A registered method's family and whether it is an oracle, looked up without building the
-/// registry again (the reports ask for every row); None for an id outside the registry.
-pub fn describe(id: &str) -> Option<(Family, bool)> {
-    static MAP: OnceLock<HashMap<&'static str, (Family, bool)>> = OnceLock::new();
-    MAP.get_or_init(|| {
-        registry()
-            .iter()
-            .map(|m| (m.id(), (m.family(), m.is_oracle())))
-            .collect()
-    })
-    .get(id)
-    .copied()
-}
-
-/// The ids of the registered methods that estimate `target`, in registry order.
-pub fn target_method_ids(target: Target) -> Vec<&'static str> {
-    registry()
-        .iter()
-        .filter(|m| m.targets().contains(&target))
-        .map(|m| m.id())
-        .collect()
-}
-
-/// The ids of the registered methods that estimate `target` under `mask`, in registry order.
-pub fn mask_method_ids(target: Target, mask: Mask) -> Vec<&'static str> {
-    registry()
-        .iter()
-        .filter(|m| m.targets().contains(&target) && m.masks().contains(&mask))
-        .map(|m| m.id())
-        .collect()
-}
-
-/// The `field` preset (issue 13: every method of the field on one d axis): every registered
-/// method whose target is softmax attention and that has a bidirectional form, in registry order
-/// (the causal-only prefill methods of METHODS.md §7.5 join it under `--mask causal`).
-pub fn field_method_ids() -> Vec<&'static str> {
-    mask_method_ids(Target::Softmax, Mask::None)
-}
-
-/// The ids of the registered methods of one family, in registry order.
-pub fn family_method_ids(family: Family) -> Vec<&'static str> {
-    registry()
-        .iter()
-        .filter(|m| m.family() == family)
-        .map(|m| m.id())
-        .collect()
-}
-
-/// The ids of every registered method.
-pub fn method_ids() -> Vec<&'static str> {
-    registry().iter().map(|m| m.id()).collect()
-}
-
-/// Looks a method up by id; the error lists the known ids.
-pub fn by_id(id: &str) -> std::result::Result<Box<dyn Method>, String> {
-    registry()
-        .into_iter()
-        .find(|m| m.id() == id)
-        .ok_or_else(|| {
-            format!(
-                "unknown method '{id}'; known methods: {}",
-                method_ids().join(", ")
-            )
-        })
 }
 
 /// Row-wise max-shifted softmax over the last dimension (re-exported so methods share one).
