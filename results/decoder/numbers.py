@@ -110,9 +110,14 @@ def committed(runs):
         "form on SmolLM2-135M (the Q4_1 GGUF; layers 0 and 15) and on initialized Llama-3.2-1B-shaped "
         "weights (`results/decoder/llama-3.2-1b-shape.json`; layer 0), n = 2048 and 8192, d = 16..2048 "
         "keys per query (the SVD floor at d ≤ 256, on the pretrained heads). "
-        f"Committed so far: shards {span(smol)} of {SHARDS} ({w2048} of {WINDOWS[2048]} windows at "
-        f"n = 2048, {w8192} of the corpus's {WINDOWS[8192]} at n = 8192: "
-        f"{per_point(runs['smollm2-l15-n2048'])} and {per_point(runs['smollm2-l15-n8192'])} trials "
+        + (
+            f"Committed so far: shards {span(smol)} of {SHARDS} ({w2048} of {WINDOWS[2048]} windows at "
+            f"n = 2048, {w8192} of the corpus's {WINDOWS[8192]} at n = 8192: "
+            if len(smol) < SHARDS
+            else f"Committed: all {SHARDS} shards ({w2048} windows at n = 2048, all {w8192} the corpus "
+            f"holds at n = 8192: "
+        )
+        + f"{per_point(runs['smollm2-l15-n2048'])} and {per_point(runs['smollm2-l15-n8192'])} trials "
         f"per point for SmolLM2, {per_point(runs['llama-1b-init-n2048'])} for the 32-head "
         f"initialized model at n = 2048"
     )
@@ -209,7 +214,7 @@ def claims(l15, l0, ll):
 
 def init_8192_claims(l8):
     """The initialized model at n = 8192: V-Mean below every sparse method up to 256 keys; at 512
-    keys `xattention` well below it and `quest` level with it; the others but `vertical_slash` below
+    keys `xattention` well below it and `quest` a few per cent below it; the others but `vertical_slash` below
     it at 1024."""
     v = err(l8, "vmean", 16)
     failed = []
@@ -217,8 +222,10 @@ def init_8192_claims(l8):
         failed.append("initialized n = 8192: V-Mean below every sparse method up to 256 keys")
     if {m for m in SPARSE if err(l8, m, 512) < 0.9 * v} != {"xattention"}:
         failed.append("initialized n = 8192: only xattention 10 % or more below V-Mean at 512 keys")
-    if abs(err(l8, "quest", 512) / v - 1) >= 0.05:
-        failed.append("initialized n = 8192: quest within 5 % of V-Mean at 512 keys")
+    # quest sits a few per cent below V-Mean here and moved across 5 % as shards came in: the
+    # sentence quotes the gap, and the claim is only that it is below by less than 10 %.
+    if not 0 < 1 - err(l8, "quest", 512) / v < 0.1:
+        failed.append("initialized n = 8192: quest below V-Mean by less than 10 % at 512 keys")
     if any(err(l8, m, 512) < v for m in ("window", "streaming", "moba", "block_sparse", "vertical_slash")):
         failed.append("initialized n = 8192: the other sparse methods above V-Mean at 512 keys")
     if {m for m in SPARSE if err(l8, m, 1024) < v} != set(SPARSE) - {"vertical_slash"}:
@@ -230,7 +237,7 @@ def init_8192_sentence(l8):
     return (
         f"On initialized weights at n = 8192 ({per_point(l8)} trials per point so far) V-Mean ({err(l8, 'vmean', 16):.1f}) stays below every "
         f"sparse method up to 256 keys; at 512 keys `xattention` is well below it ({err(l8, 'xattention', 512):.1f}) and "
-        f"`quest` level with it ({err(l8, 'quest', 512):.1f}); the others but `vertical_slash` pass it at 1024."
+        f"`quest` {100 * (1 - err(l8, 'quest', 512) / err(l8, 'vmean', 16)):.0f} % below it ({err(l8, 'quest', 512):.1f}); the others but `vertical_slash` pass it at 1024."
     )
 
 
