@@ -148,7 +148,7 @@ def committed(runs):
     else:
         how = (
             f"`SHARDS={init_missing[0]} ONLY=llama-1b-init-n8192 results/decoder/run.sh` adds one, "
-            f"35 minutes for shard 1 beside another shard on 2 cores"
+            f"8 minutes for shards 6 and 7 (2 windows each) with nothing beside them on 2 cores"
         )
     return text + f"); {' and '.join(left)} remain ({how}). Mean ‖O − Ô‖₂ (mass captured) at n = 8192:"
 
@@ -272,7 +272,7 @@ def main():
 
     doc = open("docs/reproductions.md").read()
     doc, k1 = re.subn(
-        r"`results/decoder/` \(`results/decoder/run.sh`, METHODS.md §7.6\):.*?Mean ‖O − Ô‖₂ \(mass captured\)\s+at\s+n = 8192:",
+        r"`results/decoder/` \(`results/decoder/run.sh`, METHODS.md §7.6\):.*?Mean\s+‖O\s+−\s+Ô‖₂\s+\(mass\s+captured\)\s+at\s+n = 8192:",
         lambda _: wrap(para),
         doc,
         flags=re.S,
