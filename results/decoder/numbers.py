@@ -142,8 +142,8 @@ def committed(runs):
         nxt = " ".join(map(str, missing[:2]))
         how = (
             f"`SHARDS=\"{nxt}\" SKIP=llama-1b-init-n8192 results/decoder/run.sh` adds shards, 16 minutes "
-            f"for shard 10 alone on 2 cores; the initialized model at n = 8192, the slowest run, took 35 "
-            f"minutes for shard 1 beside another shard, `SHARDS=K ONLY=llama-1b-init-n8192`"
+            f"for shard 10 alone on 2 cores; the initialized model at n = 8192 takes "
+            f"`SHARDS=K ONLY=llama-1b-init-n8192`, 8 minutes for shards 6 and 7 alone"
         )
     else:
         how = (
