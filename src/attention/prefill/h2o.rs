@@ -22,11 +22,14 @@
 //! |S_i| ≤ d. `torch.topk` leaves ties unspecified; here they go to the lower index.
 //!
 //! Cost: n²p for the exact rows (an oracle, like `topk`) + 2p per visited pair, counted at the
-//! budget Σ_i min(d, i+1). The rows are formed in blocks of 256 queries (causal_scores, softmax,
-//! host f64), never the whole n×n P; the accumulator runs row by row on the host.
+//! budget Σ_i min(d, i+1). The rows are formed in blocks of 256 queries (causal_scores, softmax)
+//! and read on the host, where the accumulator runs row by row. They do not depend on d, so a
+//! head keeps them in its memo for the next budget while they fit in [`MEMO_BYTES`] (n ≤ 11 458
+//! in f32): formed at each of a sweep's 8 budgets they were half of `h2o`'s time (BENCHMARKS.md).
+//! Past the cap each budget forms them again block by block, and no n×n P is ever held.
 
 use anyhow::Result;
-use candle_core::DType;
+use candle_core::{DType, WithDType};
 
 use super::select::{budget_pairs, checked_n, restricted_rows, top_indices};
 use crate::attention::exact::{causal_scores, scaled_operands};
@@ -40,6 +43,10 @@ pub struct H2o;
 /// Query rows per block of exact rows.
 const ROWS: usize = 256;
 
+/// The most bytes of exact rows a head keeps for the next budget (one head's; the CPU sweep runs
+/// a head per thread, the device path a window's heads at once, so this bounds them per head).
+pub const MEMO_BYTES: usize = 256 << 20;
+
 /// The (heavy, recent) budgets h = ⌊d/2⌋, r = d − h.
 pub fn budgets(d: usize) -> (usize, usize) {
     (d / 2, d - d / 2)
@@ -47,10 +54,11 @@ pub fn budgets(d: usize) -> (usize, usize) {
 
 /// The sets S_i of §7.5.2 from the exact causal rows, delivered in order by `rows` as
 /// (first row index, rows of P over keys 0..first+len) blocks.
-pub fn key_sets(
+/// The rows arrive in any float type T and are read as f64 (`to_f64`, exact from f32 or f64).
+pub fn key_sets<T: WithDType>(
     n: usize,
     d: usize,
-    mut rows: impl FnMut(&mut dyn FnMut(usize, &[f64], usize) -> Result<()>) -> Result<()>,
+    mut rows: impl FnMut(&mut dyn FnMut(usize, &[T], usize) -> Result<()>) -> Result<()>,
 ) -> Result<Vec<Vec<usize>>> {
     let (h, r) = budgets(d);
     let heavy_count = h.saturating_sub(1);
@@ -58,19 +66,19 @@ pub fn key_sets(
     // The keys where a may be non-zero (the previous heavy set, or 0..h at the start).
     let mut live: Vec<usize> = (0..h.min(n)).collect();
     let mut sets: Vec<Vec<usize>> = Vec::with_capacity(n);
-    rows(&mut |start: usize, block: &[f64], width: usize| {
+    rows(&mut |start: usize, block: &[T], width: usize| {
         for (off, p) in block.chunks(width).enumerate() {
             let i = start + off;
             if i < h {
                 for j in 0..=i {
-                    a[j] += p[j];
+                    a[j] += p[j].to_f64();
                 }
                 sets.push((0..=i).collect());
                 continue;
             }
             let mut heavy = heavy_keys(&a, &live, i, heavy_count);
             heavy.push(i);
-            let vals: Vec<f64> = heavy.iter().map(|&j| a[j] + p[j]).collect();
+            let vals: Vec<f64> = heavy.iter().map(|&j| a[j] + p[j].to_f64()).collect();
             for &j in &live {
                 a[j] = 0.0;
             }
@@ -132,23 +140,61 @@ fn heavy_keys(a: &[f64], live: &[usize], i: usize, count: usize) -> Vec<usize> {
     heavy
 }
 
+/// [`key_sets`] over the head's exact causal rows in T, taken from (and left in) its memo when
+/// they fit in `memo_bytes`, else formed block by block. Either way the values are the same
+/// softmax in the head's dtype, so the sets do not depend on the memo.
+fn sets_from_rows<T: WithDType>(
+    head: &HeadInputs,
+    n: usize,
+    d: usize,
+    memo_bytes: usize,
+) -> Result<Vec<Vec<usize>>> {
+    let (qs, kt) = scaled_operands(&head.q, &head.k)?;
+    let block = |start: usize| -> Result<Vec<T>> {
+        let len = ROWS.min(n - start);
+        let s = causal_scores(&qs.narrow(0, start, len)?, &kt, start)?;
+        let p = candle_nn::ops::softmax_last_dim(&s)?.to_dtype(T::DTYPE)?;
+        Ok(p.flatten_all()?.to_vec1()?)
+    };
+    let width = |start: usize| start + ROWS.min(n - start);
+    let bytes: usize = (0..n)
+        .step_by(ROWS)
+        .map(|s| (width(s) - s) * width(s) * std::mem::size_of::<T>())
+        .sum();
+    if bytes > memo_bytes {
+        return key_sets(n, d, |sink| {
+            for start in (0..n).step_by(ROWS) {
+                sink(start, &block(start)?, width(start))?;
+            }
+            Ok(())
+        });
+    }
+    let blocks = head.memo("h2o_exact_rows", || {
+        (0..n)
+            .step_by(ROWS)
+            .map(block)
+            .collect::<Result<Vec<Vec<T>>>>()
+    })?;
+    key_sets(n, d, |sink| {
+        for (b, rows) in blocks.iter().enumerate() {
+            sink(b * ROWS, rows, width(b * ROWS))?;
+        }
+        Ok(())
+    })
+}
+
 impl Method for H2o {
     fn info(&self) -> Option<&'static MethodInfo> {
         Some(&super::H2O)
     }
     fn approximate(&self, head: &HeadInputs, d: usize, _: &mut TrialRng) -> Result<Approximation> {
         let n = checked_n(self, head, d)?;
-        let (qs, kt) = scaled_operands(&head.q, &head.k)?;
-        let sets = key_sets(n, d, |sink| {
-            for start in (0..n).step_by(ROWS) {
-                let len = ROWS.min(n - start);
-                let s = causal_scores(&qs.narrow(0, start, len)?, &kt, start)?;
-                let p = candle_nn::ops::softmax_last_dim(&s)?.to_dtype(DType::F64)?;
-                let flat: Vec<f64> = p.flatten_all()?.to_vec1()?;
-                sink(start, &flat, start + len)?;
-            }
-            Ok(())
-        })?;
+        // f64 heads keep f64 rows; every other dtype's rows widen exactly to f32.
+        let sets = if head.dtype() == DType::F64 {
+            sets_from_rows::<f64>(head, n, d, MEMO_BYTES)?
+        } else {
+            sets_from_rows::<f32>(head, n, d, MEMO_BYTES)?
+        };
         restricted_rows(head, sets)
     }
     /// The causal cost (the method has no other form).
@@ -262,6 +308,31 @@ mod tests {
                 "case {case}: a = {a:?}, live = {live:?}, count = {count}"
             );
         }
+    }
+
+    /// Rows kept in the head's memo give the sets of rows formed afresh, in f32 and f64, over
+    /// three row blocks (the last one partial) and budgets across both halves of the recurrence.
+    fn kept_rows_match_fresh<T: WithDType>(dtype: DType) {
+        let n = 2 * ROWS + 89;
+        let h = crate::attention::test_util::causal(&random_head(n, 16, 5, dtype));
+        for d in [4, 33, 300, n] {
+            let fresh = sets_from_rows::<T>(&h.with_empty_memo(), n, d, 0).unwrap();
+            let kept = sets_from_rows::<T>(&h, n, d, usize::MAX).unwrap();
+            assert_eq!(kept, fresh, "{dtype:?}, d = {d}");
+        }
+        // The rows are in the memo now (so the later budgets above read them from there) ...
+        let missing = || -> Result<Vec<Vec<T>>> { anyhow::bail!("not kept") };
+        assert!(h.memo("h2o_exact_rows", missing).is_ok());
+        // ... and a head past the cap keeps nothing.
+        let over = h.with_empty_memo();
+        sets_from_rows::<T>(&over, n, 9, 0).unwrap();
+        assert!(over.memo("h2o_exact_rows", missing).is_err());
+    }
+
+    #[test]
+    fn kept_rows_give_the_sets_of_fresh_rows() {
+        kept_rows_match_fresh::<f32>(DType::F32);
+        kept_rows_match_fresh::<f64>(DType::F64);
     }
 
     #[test]
