@@ -183,7 +183,7 @@ const RANK_FOR_D: usize = 256;
 const TOP_K: MethodInfo = MethodInfo {
     id: "topk",
     family: Family::Sparse,
-    meaning: "oracle (quadratic): keeps the 2d largest logits per query (min(2d, n)), ties to the lower key index",
+    meaning: "oracle (quadratic): keeps the 2d largest logits per query (min(2d, n); d under the causal mask), ties to the lower key index",
     random: false,
     oracle: true,
     masks: MethodInfo::BOTH_MASKS,

@@ -38,7 +38,7 @@ pub fn decoder(rows: &[SummaryRow], stat: Statistic) -> Option<Figure> {
         .collect();
     let x_axis = Axis::fit(Scale::Log2, &keys, TickFormat::Number);
     const X_KEYS: &str = "keys per query (realised; features m for feature methods)";
-    let mut tally = Tally::default();
+    let mut tally = Tally::causal();
     let mut cells = vec![];
     let mut legend_order: Vec<String> = vec![];
     for model in &models {
@@ -89,7 +89,7 @@ pub fn decoder(rows: &[SummaryRow], stat: Statistic) -> Option<Figure> {
             .filter(|m| mass_rows.iter().any(|r| &r.method == *m))
             .cloned()
             .collect();
-        let mut scratch = Tally::default();
+        let mut scratch = Tally::causal();
         let x = (XOf::Keys, x_axis.clone(), X_KEYS);
         let mut p = panel(
             &mass_rows,
@@ -132,6 +132,8 @@ pub fn decoder(rows: &[SummaryRow], stat: Statistic) -> Option<Figure> {
 
 #[cfg(test)]
 mod tests {
+    use super::super::draw::LegendItem;
+    use super::super::style;
     use super::*;
 
     fn row(n: usize, method: &str, d: usize, keys: Option<f64>, mass: Option<f64>) -> SummaryRow {
@@ -195,6 +197,25 @@ mod tests {
             .points
             .iter()
             .all(|p| (p.y - 0.3).abs() < 1e-12));
+        // Under the causal mask the oracle keeps d keys per query, and its label says so.
+        rows.push(row(2048, "topk", 16, Some(16.0), Some(0.5)));
+        let labels: Vec<String> = decoder(&rows, Statistic::Mean)
+            .unwrap()
+            .legend
+            .iter()
+            .filter_map(|item| match item {
+                LegendItem::Series(label, _) => Some(label.clone()),
+                _ => None,
+            })
+            .collect();
+        assert!(
+            labels.contains(&"Top-d keys (oracle)".to_string()),
+            "{labels:?}"
+        );
+        assert_eq!(
+            style::method_label_under("topk", Mask::None),
+            "Top-2d keys (oracle)"
+        );
         let unmasked: Vec<SummaryRow> = rows
             .iter()
             .map(|r| SummaryRow {

@@ -7,6 +7,7 @@ use super::draw::{Figure, LegendItem, Panel, Point, Series};
 use super::style::{self, Marker, SeriesStyle};
 use super::Statistic;
 use super::{grid, lengths_of, skeinformer_panels, skyformer_panels};
+use crate::attention::Mask;
 use crate::config::{SKEINFORMER_FIGURE, SKYFORMER_FIGURE};
 use crate::report::summary::SummaryRow;
 
@@ -82,9 +83,19 @@ pub(super) struct Tally {
     nonfinite: bool,
     missing: Vec<String>,
     methods: BTreeSet<(usize, String)>,
+    /// The mask of the figure's runs, which some labels depend on.
+    mask: Mask,
 }
 
 impl Tally {
+    /// A tally for a figure of causal runs.
+    pub(super) fn causal() -> Self {
+        Self {
+            mask: Mask::Causal,
+            ..Self::default()
+        }
+    }
+
     pub(super) fn add(&mut self, r: &SummaryRow, placeable: bool) {
         if r.mean.is_finite() && placeable {
             self.trials.insert(r.trials + r.nonfinite_trials);
@@ -98,7 +109,7 @@ impl Tally {
             };
             self.missing.push(format!(
                 "{} n={} d={} ({why})",
-                style::method_label(&r.method),
+                style::method_label_under(&r.method, self.mask),
                 r.n,
                 r.d
             ));
@@ -147,7 +158,7 @@ impl Tally {
         );
         let mut items: Vec<LegendItem> = ids
             .into_iter()
-            .map(|m| LegendItem::Series(style::method_label(m), style_of(m)))
+            .map(|m| LegendItem::Series(style::method_label_under(m, self.mask), style_of(m)))
             .collect();
         if self.nonfinite {
             items.push(LegendItem::Ring("flagged trials: non-finite rows or an estimated normalizer ≤ 0 (number beside the ring; non-finite trials are left out of every statistic)".into()));

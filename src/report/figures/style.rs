@@ -4,6 +4,8 @@
 use std::sync::OnceLock;
 
 use anyhow::{anyhow, Result};
+
+use crate::attention::Mask;
 use plotters::style::{FontStyle, RGBColor};
 
 /// DejaVu Sans (assets/LICENSE-DejaVu.txt): figures render the same without system fonts.
@@ -176,6 +178,15 @@ pub fn method_rank(method: &str) -> (usize, String) {
             .unwrap_or(order.len()),
         method.to_string(),
     )
+}
+
+/// Legend label of a method id in a figure of `mask`'s runs: under the causal mask `topk` keeps d
+/// keys per query, not 2d (METHODS.md §7.3).
+pub fn method_label_under(method: &str, mask: Mask) -> String {
+    match (method, mask) {
+        ("topk", Mask::Causal) => "Top-d keys (oracle)".into(),
+        _ => method_label(method),
+    }
 }
 
 /// Legend label of a method id.
