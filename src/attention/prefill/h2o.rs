@@ -149,37 +149,49 @@ fn sets_from_rows<T: WithDType>(
     d: usize,
     memo_bytes: usize,
 ) -> Result<Vec<Vec<usize>>> {
-    let (qs, kt) = scaled_operands(&head.q, &head.k)?;
-    let block = |start: usize| -> Result<Vec<T>> {
-        let len = ROWS.min(n - start);
-        let s = causal_scores(&qs.narrow(0, start, len)?, &kt, start)?;
-        let p = candle_nn::ops::softmax_last_dim(&s)?.to_dtype(T::DTYPE)?;
-        Ok(p.flatten_all()?.to_vec1()?)
-    };
     let width = |start: usize| start + ROWS.min(n - start);
     let bytes: usize = (0..n)
         .step_by(ROWS)
         .map(|s| (width(s) - s) * width(s) * std::mem::size_of::<T>())
         .sum();
-    if bytes > memo_bytes {
-        return key_sets(n, d, |sink| {
-            for start in (0..n).step_by(ROWS) {
-                sink(start, &block(start)?, width(start))?;
-            }
-            Ok(())
-        });
-    }
-    let blocks = head.memo("h2o_exact_rows", || {
-        (0..n)
-            .step_by(ROWS)
-            .map(block)
-            .collect::<Result<Vec<Vec<T>>>>()
-    })?;
+    // Kept rows, or the operands to form them here (only when the memo does not hold them).
+    let source = if bytes <= memo_bytes {
+        Rows::Kept(head.memo("h2o_exact_rows", || {
+            let form = row_blocks::<T>(head, n)?;
+            (0..n).step_by(ROWS).map(form).collect::<Result<Vec<_>>>()
+        })?)
+    } else {
+        Rows::Formed(row_blocks::<T>(head, n)?)
+    };
     key_sets(n, d, |sink| {
-        for (b, rows) in blocks.iter().enumerate() {
-            sink(b * ROWS, rows, width(b * ROWS))?;
+        for (b, start) in (0..n).step_by(ROWS).enumerate() {
+            match &source {
+                Rows::Kept(blocks) => sink(start, &blocks[b], width(start))?,
+                Rows::Formed(form) => sink(start, &form(start)?, width(start))?,
+            }
         }
         Ok(())
+    })
+}
+
+/// Where [`sets_from_rows`] reads the row blocks: a head's memo, or formed block by block.
+enum Rows<T, F> {
+    Kept(std::sync::Arc<Vec<Vec<T>>>),
+    Formed(F),
+}
+
+/// A function from `start` to the block of exact causal rows P of the query rows from `start`
+/// (256 of them, fewer at the end) over keys 0..start+len, in T: the softmax in the head's dtype.
+fn row_blocks<T: WithDType>(
+    head: &HeadInputs,
+    n: usize,
+) -> Result<impl Fn(usize) -> Result<Vec<T>>> {
+    let (qs, kt) = scaled_operands(&head.q, &head.k)?;
+    Ok(move |start: usize| {
+        let len = ROWS.min(n - start);
+        let s = causal_scores(&qs.narrow(0, start, len)?, &kt, start)?;
+        let p = candle_nn::ops::softmax_last_dim(&s)?.to_dtype(T::DTYPE)?;
+        Ok(p.flatten_all()?.to_vec1()?)
     })
 }
 

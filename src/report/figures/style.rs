@@ -4,9 +4,9 @@
 use std::sync::OnceLock;
 
 use anyhow::{anyhow, Result};
+use plotters::style::{FontStyle, RGBColor};
 
 use crate::attention::Mask;
-use plotters::style::{FontStyle, RGBColor};
 
 /// DejaVu Sans (assets/LICENSE-DejaVu.txt): figures render the same without system fonts.
 static DEJAVU_SANS: &[u8] = include_bytes!("../../../assets/DejaVuSans.ttf");
