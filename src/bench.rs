@@ -157,7 +157,7 @@ fn timed(cfg: &RunConfig, reps: usize, prepared: &inputs::Prepared) -> Result<()
         );
         for m in &cfg.methods {
             let method = attention::by_id(m).map_err(|e| crate::usage!("{e}"))?;
-            for &d in &cfg.features {
+            for d in attention::budgets(m, &cfg.features) {
                 let key = TrialKey {
                     seed: cfg.seed,
                     n,

@@ -155,9 +155,11 @@ pub struct SweepArgs {
     /// Numbers of features d, comma-separated [default: 8,16,32,64,128,256].
     #[arg(long, value_delimiter = ',')]
     pub features: Option<Vec<String>>,
-    /// Methods, comma-separated ids or presets: `all` (every method of --target), `field` (every
-    /// softmax-target method), `figure` (the methods of both Figure 1s), `kernelized` (every
-    /// kernelized-target method) [default: figure, or kernelized with --target kernelized].
+    /// Methods, comma-separated ids or presets: `all` (every method of --target with a budget d),
+    /// `field` (every softmax-target method with a budget d), `quant` (the quantized family:
+    /// KV caches, KIVI, SageAttention; run once per head, d = 0), `figure` (the methods of both
+    /// Figure 1s), `kernelized` (every kernelized-target method) [default: figure, or kernelized
+    /// with --target kernelized; all under --mask causal]. `--list-methods` lists them.
     #[arg(long, value_delimiter = ',')]
     pub methods: Option<Vec<String>>,
     /// Windows per length (consecutive, non-overlapping, from the start of the corpus).
@@ -179,6 +181,9 @@ pub struct SweepArgs {
     /// No progress bar and no end summary on stderr.
     #[arg(long)]
     pub quiet: bool,
+    /// List every method (id, family, masks, target, bits per K/V value, what d means) and exit.
+    #[arg(long)]
+    pub list_methods: bool,
     /// Run only shard K of N (1-based): a deterministic 1/N slice of the (n, window) units, whose rows are
     /// identical to the same rows of an unsharded run. Combine shards with `approx-bench merge`.
     #[arg(long)]

@@ -371,7 +371,9 @@ impl RunConfig {
         }
         // d > n asks for more features (landmarks, samples, projected rows) than there are tokens:
         // no figure does it and most methods would silently cap it, so it is refused.
-        for &n in &lengths {
+        // (A run of budget-free methods only, the quantized family, ignores the d grid.)
+        let any_budget = methods.iter().any(|m| attention::budgets(m, &[1]) == [1]);
+        for &n in lengths.iter().filter(|_| any_budget) {
             if let Some(&d) = features.iter().find(|&&d| d > n) {
                 return Err(usage!("--features {d} exceeds the sequence length n = {n}: every d must be at most the smallest of --lengths"));
             }
@@ -467,9 +469,14 @@ mod tests {
         );
         assert!(err.contains("--target kernelized"), "{err}");
         assert!(parse_methods(&items(&["kernelized"])).is_err());
+        // `all` is every softmax method with a d axis; the quantized family is `quant`.
         assert_eq!(
             parse_methods(&items(&["all"])).unwrap(),
             attention::field_method_ids()
+        );
+        assert_eq!(
+            parse_methods(&items(&["quant"])).unwrap(),
+            attention::family_method_ids(attention::Family::Quantized)
         );
         let err = RunConfig::new(&RunOptions {
             target: Target::Kernelized,
@@ -494,7 +501,8 @@ mod tests {
         };
         let cfg = causal(None).unwrap();
         assert_eq!(cfg.mask, Mask::Causal);
-        // The §7.4 causal forms, then the prefill family (METHODS.md §7.5), in registry order.
+        // The §7.4 causal forms, then the prefill family (METHODS.md §7.5), in registry order
+        // (the quantized family, §8, has no d axis: `--methods quant` asks for it).
         let mut want = vec!["vmean", "performer_favor", "svd_optimal", "window", "topk"];
         want.extend(attention::family_method_ids(attention::Family::Prefill));
         assert_eq!(want.len(), 12);

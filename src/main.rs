@@ -22,6 +22,10 @@ fn with_native_mask(
 
 fn run(cli: Cli) -> anyhow::Result<i32> {
     match cli.command {
+        None if cli.sweep.list_methods => {
+            print!("{}", approx_bench::report::console::method_table());
+            Ok(0)
+        }
         None => {
             approx_bench::inputs::hub::allow_progress(!cli.sweep.quiet);
             let cfg = RunConfig::new(&with_native_mask(cli.sweep.options())?)?;

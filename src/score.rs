@@ -319,6 +319,7 @@ pub fn score(req: &ScoreRequest) -> Result<SweepOutcome> {
                             req.name
                         )
                     })?;
+                    let agreement = crate::numerics::agreement::agreement(&exact64, &o_hat)?;
                     let flagged = crate::sweep::flagged_rows(
                         &crate::attention::Approximation::plain(o_hat.clone()),
                     )?;
@@ -352,6 +353,11 @@ pub fn score(req: &ScoreRequest) -> Result<SweepOutcome> {
                         kv_head: Some(kv_head),
                         mass: None,
                         keys: None,
+                        cos_sim: Some(agreement.cos_sim),
+                        rel_l1: Some(agreement.rel_l1),
+                        rmse: Some(agreement.rmse),
+                        kv_bits: None,
+                        kv_read: None,
                     };
                     writer.append(&row)?;
                     rows.push(row);

@@ -108,11 +108,15 @@ fn a_decoder_runs_causal_by_default_with_its_causal_methods_and_grouped_heads() 
             seen.push(m);
         }
     }
-    // Every method with a causal form (METHODS.md §7.4–7.5), in registry order.
-    let causal = approx_bench::attention::mask_method_ids(
+    // Every method with a causal form and a budget d (METHODS.md §7.4–7.5), in registry order
+    // (the quantized family, §8, is asked for by name).
+    let causal: Vec<&str> = approx_bench::attention::mask_method_ids(
         approx_bench::attention::Target::Softmax,
         approx_bench::attention::Mask::Causal,
-    );
+    )
+    .into_iter()
+    .filter(|id| approx_bench::attention::budgets(id, &[1]) == [1])
+    .collect();
     assert_eq!(seen, causal);
     assert!(
         causal.len() == 12
@@ -412,4 +416,97 @@ fn score_takes_the_kv_heads_and_the_causal_mask_from_a_decoders_dump() {
     assert_eq!(column(&mine, "exact_norm"), column(&theirs, "exact_norm"));
     // The dump holds f32 Q/K/V, as the sweep's working dtype: the same bits, the same errors.
     assert_eq!(column(&mine, "error"), column(&theirs, "error"));
+}
+
+/// The quantized family (METHODS.md §8) end to end on the tiny llama (p = 16, grouped heads): a
+/// method whose formats take any p runs once per head at d = 0 beside a sparse method's d grid,
+/// with the §8.5 columns; the ggml and KIVI formats refuse p = 16 with exit 2 naming the method,
+/// and so does the kernelized target; `--list-methods` lists the family with its bits.
+#[test]
+fn quantized_methods_run_once_per_head_and_refuse_what_they_cannot_store() {
+    let tmp = tempfile::tempdir().unwrap();
+    let model = llama_dir(&tmp.path().join("llama"), true);
+    let c = corpus(tmp.path());
+    let out = tmp.path().join("out");
+    let flags = "--model pretrained --lengths 64 --windows 2 --features 8,16 --layer 1 --dtype f64 --methods kv_f16,kv_fp8,sage2_4b,window";
+    let o = decoder_run(&model, &c, &out, flags);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let trials = out.join("trials.csv");
+    let methods = column(&trials, "method");
+    let d = column(&trials, "d");
+    let num = |name: &str| -> Vec<Option<f64>> {
+        column(&trials, name)
+            .iter()
+            .map(|s| (!s.is_empty()).then(|| s.parse().unwrap()))
+            .collect()
+    };
+    let (bits, read, keys, mass, cos) = (
+        num("kv_bits"),
+        num("kv_read"),
+        num("keys"),
+        num("mass"),
+        num("cos_sim"),
+    );
+    // 2 windows × 4 heads: one row per head for each §8 method, two (d = 8, 16) for the window.
+    for (id, rows, want_bits) in [
+        ("kv_f16", 8, 16.0),
+        ("kv_fp8", 8, 8.0),
+        ("sage2_4b", 8, 6.0),
+    ] {
+        let idx: Vec<usize> = (0..methods.len()).filter(|&i| methods[i] == id).collect();
+        assert_eq!(idx.len(), rows, "{id}");
+        for i in idx {
+            assert_eq!(d[i], "0");
+            assert_eq!(bits[i], Some(want_bits));
+            assert_eq!(read[i], Some(want_bits / 16.0));
+            // Every key of a causal n = 64: (n + 1)/2 per query, all of the mass.
+            assert_eq!((keys[i], mass[i]), (Some(32.5), Some(1.0)));
+            assert!(cos[i].unwrap() > 0.9 && cos[i].unwrap() <= 1.0 + 1e-12);
+        }
+    }
+    let win: Vec<usize> = (0..methods.len())
+        .filter(|&i| methods[i] == "window")
+        .collect();
+    assert_eq!(win.len(), 16);
+    for i in win {
+        assert_eq!(bits[i], Some(16.0));
+        assert_eq!(read[i], Some(keys[i].unwrap() / 32.5));
+    }
+    // A second run resumes with nothing left to do.
+    let again = decoder_run(&model, &c, &out, flags);
+    assert!(again.status.success(), "{}", stderr(&again));
+    assert_eq!(column(&trials, "method").len(), methods.len());
+
+    for (bad, needle) in [
+        ("kv_q4_0", "p = 16"),
+        ("kivi2", "p = 16"),
+        (
+            "kv_f16 --mask none --target kernelized",
+            "kv_f16 does not approximate the kernelized target",
+        ),
+    ] {
+        let o = decoder_run(
+            &model,
+            &c,
+            &tmp.path().join("bad"),
+            &format!("--model pretrained --lengths 64 --windows 1 --layer 1 --methods {bad}"),
+        );
+        assert_eq!(o.status.code(), Some(2), "{bad}: {}", stderr(&o));
+        let e = stderr(&o);
+        assert!(
+            e.contains(bad.split(' ').next().unwrap()) && e.contains(needle),
+            "{e}"
+        );
+    }
+    let list = run(&["--list-methods"], &[]);
+    assert!(list.status.success());
+    let text = String::from_utf8_lossy(&list.stdout);
+    let line = text
+        .lines()
+        .find(|l| l.starts_with("kv_q4_0 "))
+        .expect("kv_q4_0 listed");
+    assert!(
+        line.contains("quantized") && line.contains("4.50") && line.contains("none,causal"),
+        "{line}"
+    );
 }

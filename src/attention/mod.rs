@@ -21,6 +21,7 @@ pub mod features;
 pub mod hybrid;
 pub mod lowrank;
 pub mod prefill;
+pub mod quantized;
 mod registry;
 pub mod sampling;
 pub mod sparse;
@@ -32,8 +33,8 @@ pub mod zero;
 
 pub use batch::{HeadBatch, HeadTrials};
 pub use registry::{
-    by_id, describe, family_method_ids, field_method_ids, mask_method_ids, method_ids, registry,
-    target_method_ids, FIGURE_METHODS,
+    budgets, by_id, describe, family_method_ids, field_method_ids, field_method_ids_masked,
+    mask_method_ids, method_ids, registry, target_method_ids, FIGURE_METHODS,
 };
 pub use target::{Mask, Target};
 
@@ -263,6 +264,9 @@ pub enum Family {
     /// The LLM-era causal prefill patterns (METHODS.md §7.5): restrict-and-renormalise on sinks,
     /// pages, blocks, columns and diagonals.
     Prefill,
+    /// Quantized attention (METHODS.md §8): every key, stored and multiplied at fewer bits (KV
+    /// caches, SageAttention kernels); no budget d.
+    Quantized,
     /// A method defined outside the registry (a user's own, e.g. from Python); never a
     /// built-in one (a test checks).
     User,
@@ -279,6 +283,7 @@ impl Family {
             Family::Sparse => "sparse",
             Family::Hybrid => "hybrid",
             Family::Prefill => "prefill",
+            Family::Quantized => "quantized",
             Family::User => "user",
         }
     }
@@ -399,6 +404,24 @@ pub trait Method: Send + Sync {
         let _ = n;
         Ok(())
     }
+    /// Why a head of dimension p cannot be run, if it cannot (METHODS.md §8.1: the ggml and KIVI
+    /// formats store blocks of 32 along p). The sweep asks before its first window.
+    fn check_head_dim(&self, p: usize) -> std::result::Result<(), String> {
+        let _ = p;
+        Ok(())
+    }
+    /// Whether the method has a budget d. A method without one (the quantized family, §8.1) runs
+    /// once per (window, head) with d = 0, whatever the d grid.
+    fn has_budget(&self) -> bool {
+        self.family() != Family::Quantized
+    }
+    /// Bits per K/V value the method reads at length n (`kv_bits`, METHODS.md §8.5), for a method
+    /// that declares its own: the §8 formats. The sweep gives a restrict-and-renormalise method
+    /// (one that returns a key support) 16, an f16 cache's width, and every other method none.
+    fn kv_bits(&self, n: usize) -> Option<f64> {
+        let _ = n;
+        None
+    }
     /// Computes Ô for one head with d features.
     fn approximate(&self, head: &HeadInputs, d: usize, rng: &mut TrialRng)
         -> Result<Approximation>;
@@ -487,10 +510,12 @@ mod tests {
         let softmax: Vec<&str> = registry()
             .iter()
             .filter(|m| m.targets() == [Target::Softmax] && m.masks().contains(&Mask::None))
+            .filter(|m| m.family() != Family::Quantized)
             .map(|m| m.id())
             .collect();
         assert_eq!(field_method_ids(), softmax);
         let causal_only = family_method_ids(Family::Prefill);
+        let quantized = family_method_ids(Family::Quantized);
         // Every registered method has exactly one target; together they are the registry.
         let kernelized = target_method_ids(Target::Kernelized);
         assert_eq!(
@@ -505,7 +530,7 @@ mod tests {
             ]
         );
         assert_eq!(
-            softmax.len() + causal_only.len() + kernelized.len(),
+            softmax.len() + causal_only.len() + quantized.len() + kernelized.len(),
             method_ids().len()
         );
         // The Figure-1 methods keep their registry positions (legend order, baselines).

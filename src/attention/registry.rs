@@ -5,6 +5,7 @@ use std::collections::HashMap;
 use std::sync::OnceLock;
 
 use super::*;
+use crate::numerics::formats::GgmlType;
 
 /// The methods of both papers' Figure 1 (Skyformer's four, Skeinformer's four; Informer is
 /// shared): the registry's first seven, in its order (legend order, baselines).
@@ -56,6 +57,32 @@ pub fn registry() -> Vec<Box<dyn Method>> {
         Box::new(prefill::block_sparse::BlockSparse),
         Box::new(prefill::xattention::XAttention),
         Box::new(prefill::vertical_slash::VerticalSlash),
+        // Quantized attention (METHODS.md §8): the KV caches, KIVI, SageAttention's kernels.
+        Box::new(quantized::kv_cache::KvCache {
+            format: quantized::kv_cache::CacheFormat::F16,
+        }),
+        Box::new(quantized::kv_cache::KvCache {
+            format: quantized::kv_cache::CacheFormat::Bf16,
+        }),
+        Box::new(quantized::kv_cache::KvCache {
+            format: quantized::kv_cache::CacheFormat::Fp8,
+        }),
+        Box::new(quantized::kv_cache::KvCache::ggml(GgmlType::Q8_0)),
+        Box::new(quantized::kv_cache::KvCache::ggml(GgmlType::Q5_1)),
+        Box::new(quantized::kv_cache::KvCache::ggml(GgmlType::Q5_0)),
+        Box::new(quantized::kv_cache::KvCache::ggml(GgmlType::Q4_1)),
+        Box::new(quantized::kv_cache::KvCache::ggml(GgmlType::Q4_0)),
+        Box::new(quantized::kivi::Kivi { bits: 4 }),
+        Box::new(quantized::kivi::Kivi { bits: 2 }),
+        Box::new(quantized::sage::Sage {
+            kernel: quantized::sage::SageKernel::Sage1,
+        }),
+        Box::new(quantized::sage::Sage {
+            kernel: quantized::sage::SageKernel::Sage2Int8,
+        }),
+        Box::new(quantized::sage::Sage {
+            kernel: quantized::sage::SageKernel::Sage2Int4,
+        }),
         // The kernelized target's methods (METHODS.md §6.4).
         Box::new(exact_kernelized::ExactKernelized),
         Box::new(zero::Zero),
@@ -100,9 +127,20 @@ pub fn mask_method_ids(target: Target, mask: Mask) -> Vec<&'static str> {
 
 /// The `field` preset (issue 13: every method of the field on one d axis): every registered
 /// method whose target is softmax attention and that has a bidirectional form, in registry order
-/// (the causal-only prefill methods of METHODS.md §7.5 join it under `--mask causal`).
+/// (the causal-only prefill methods of METHODS.md §7.5 join it under `--mask causal`). The
+/// quantized family (§8) has no d axis and is its own preset, `quant`.
 pub fn field_method_ids() -> Vec<&'static str> {
-    mask_method_ids(Target::Softmax, Mask::None)
+    field_method_ids_masked(Mask::None)
+}
+
+/// The `field` preset under `mask`: the softmax methods with a form for it that have a budget d.
+pub fn field_method_ids_masked(mask: Mask) -> Vec<&'static str> {
+    registry()
+        .iter()
+        .filter(|m| m.targets().contains(&Target::Softmax) && m.masks().contains(&mask))
+        .filter(|m| m.has_budget())
+        .map(|m| m.id())
+        .collect()
 }
 
 /// The ids of the registered methods of one family, in registry order.
@@ -112,6 +150,16 @@ pub fn family_method_ids(family: Family) -> Vec<&'static str> {
         .filter(|m| m.family() == family)
         .map(|m| m.id())
         .collect()
+}
+
+/// The budgets a method runs at in a sweep over the d grid `grid`: the grid, or d = 0 alone for a
+/// method without a budget (the quantized family, METHODS.md §8.1). A user's own method (not
+/// registered) has a budget.
+pub fn budgets(id: &str, grid: &[usize]) -> Vec<usize> {
+    match describe(id) {
+        Some((Family::Quantized, _)) => vec![0],
+        _ => grid.to_vec(),
+    }
 }
 
 /// The ids of every registered method.

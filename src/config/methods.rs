@@ -10,7 +10,7 @@ use crate::attention::{self, Mask, Target};
 use crate::usage;
 
 /// The method presets `--methods` expands, besides single ids.
-pub const PRESETS: &[&str] = &["all", "field", "figure", "kernelized"];
+pub const PRESETS: &[&str] = &["all", "field", "figure", "kernelized", "quant"];
 
 /// Expands the presets and checks every id, for the softmax target.
 pub fn parse_methods(values: &[String]) -> Result<Vec<String>> {
@@ -51,7 +51,8 @@ fn target_mismatch(id: &str, target: Target) -> anyhow::Error {
 }
 
 /// `parse_methods` for `target`, where the names in `user` stand for the caller's own methods.
-/// Presets: `all` (every method of `target`), `field` (every softmax method), `figure` (the
+/// Presets: `all` (every method of `target` with a budget d), `field` (every softmax method with a budget d),
+/// `quant` (the quantized family, METHODS.md §8), `figure` (the
 /// papers' methods, softmax), `kernelized` (every kernelized-target method). A preset or id of
 /// another target is refused with the methods that fit.
 pub fn parse_methods_with(
@@ -98,10 +99,21 @@ pub fn parse_methods_masked(
     };
     for v in values.iter().map(|s| s.trim()).filter(|s| !s.is_empty()) {
         let ids: Vec<String> = match v {
-            "all" => strings(attention::mask_method_ids(target, mask)),
+            // Every method with a d axis: the quantized family (no budget, and formats that refuse
+            // some head dimensions, METHODS.md §8.1) is asked for by name or with `quant`.
+            "all" => strings(
+                attention::mask_method_ids(target, mask)
+                    .into_iter()
+                    .filter(|id| attention::budgets(id, &[1]) != [0])
+                    .collect(),
+            ),
             "field" => {
                 preset_target(v, Target::Softmax)?;
-                strings(attention::mask_method_ids(Target::Softmax, mask))
+                strings(attention::field_method_ids_masked(mask))
+            }
+            "quant" => {
+                preset_target(v, Target::Softmax)?;
+                strings(attention::family_method_ids(attention::Family::Quantized))
             }
             "figure" if mask == Mask::Causal => {
                 return Err(usage!(

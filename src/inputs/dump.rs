@@ -10,17 +10,23 @@ use crate::config::InputConfig;
 use crate::inputs;
 use crate::usage;
 
-/// Writes one window's Q ([H, n, p]), K and V ([H_kv, n, p]), f32, and token ids to a safetensors
-/// file; the sidecar JSON says H_kv and the model's mask.
+/// Writes one window's Q ([H, n, p]), K and V ([H_kv, n, p]) in the run's dtype (f32, or f64 under
+/// `--dtype f64`: a float64 cross-check then sees the very values the sweep quantizes or rounds,
+/// not their f32 roundings) and token ids to a safetensors file; the sidecar JSON says H_kv and
+/// the model's mask. Both files go to a temporary name and are renamed into place.
 pub fn dump_qkv(inputs_cfg: &InputConfig, n: usize, window: usize, out: &Path) -> Result<()> {
     let prepared = inputs::prepare(inputs_cfg)?;
     let ids = prepared.corpus.window(n, window)?;
     let (q, k, v) = prepared.window_qkv(inputs_cfg, n, window)?;
     let cpu = candle_core::Device::Cpu;
+    let dtype = match inputs_cfg.candle_dtype() {
+        DType::F64 => DType::F64,
+        _ => DType::F32,
+    };
     let mut map = std::collections::HashMap::new();
-    map.insert("q".to_string(), q.to_dtype(DType::F32)?.to_device(&cpu)?);
-    map.insert("k".to_string(), k.to_dtype(DType::F32)?.to_device(&cpu)?);
-    map.insert("v".to_string(), v.to_dtype(DType::F32)?.to_device(&cpu)?);
+    map.insert("q".to_string(), q.to_dtype(dtype)?.to_device(&cpu)?);
+    map.insert("k".to_string(), k.to_dtype(dtype)?.to_device(&cpu)?);
+    map.insert("v".to_string(), v.to_dtype(dtype)?.to_device(&cpu)?);
     map.insert(
         "token_ids".to_string(),
         candle_core::Tensor::from_vec(ids.to_vec(), ids.len(), &cpu)?,
@@ -29,7 +35,9 @@ pub fn dump_qkv(inputs_cfg: &InputConfig, n: usize, window: usize, out: &Path) -
         std::fs::create_dir_all(parent)
             .map_err(|e| usage!("--out {}: cannot create its directory ({e})", out.display()))?;
     }
-    candle_core::safetensors::save(&map, out)
+    let tmp = out.with_extension("safetensors.tmp");
+    candle_core::safetensors::save(&map, &tmp)
+        .and_then(|_| std::fs::rename(&tmp, out).map_err(candle_core::Error::wrap))
         .map_err(|e| usage!("--out {}: cannot write ({e})", out.display()))?;
     // What the file holds, for `score` (a user's Ô computed on these inputs is scored as a run
     // of this configuration).
@@ -46,7 +54,9 @@ pub fn dump_qkv(inputs_cfg: &InputConfig, n: usize, window: usize, out: &Path) -
         mask: prepared.native_mask(),
     };
     let side = crate::score::sidecar(out);
-    std::fs::write(&side, serde_json::to_string_pretty(&info)? + "\n")
+    let side_tmp = side.with_extension("json.tmp");
+    std::fs::write(&side_tmp, serde_json::to_string_pretty(&info)? + "\n")
+        .and_then(|_| std::fs::rename(&side_tmp, &side))
         .map_err(|e| usage!("--out {}: cannot write ({e})", side.display()))?;
     Ok(())
 }

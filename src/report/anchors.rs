@@ -424,6 +424,11 @@ mod tests {
             mask: Default::default(),
             keys_mean: None,
             mass_mean: None,
+            cos_sim_mean: None,
+            rel_l1_mean: None,
+            rmse_mean: None,
+            kv_bits: None,
+            kv_read_mean: None,
         };
         let exact: Vec<SummaryRow> = ANCHORS
             .iter()

@@ -45,3 +45,52 @@ pub fn print_summary(out: &Path, summary: &[SummaryRow], new_trials: usize, tota
         eprintln!("warning: {flagged} trials had non-finite errors and are excluded from the means (see nonfinite_trials in summary.csv)");
     }
 }
+
+/// Every registered method, one line each: id, family, the masks it has a form for, its target,
+/// oracle or randomized, bits per K/V value read (`kv_bits` at n = 2048: the §8 formats, 16 for a
+/// restrict-and-renormalise method reading an f16 cache, `-` for methods that read no cache) and
+/// what d means (`approx-bench --list-methods`).
+pub fn method_table() -> String {
+    use crate::attention::{registry, Family, Mask};
+    let mut out = format!(
+        "{:<20} {:<10} {:<12} {:<10} {:<7} {:>7}  {}\n",
+        "method", "family", "masks", "target", "kind", "kv_bits", "what d means"
+    );
+    for m in registry() {
+        let masks: Vec<&str> = m
+            .masks()
+            .iter()
+            .map(|k| match k {
+                Mask::None => "none",
+                Mask::Causal => "causal",
+            })
+            .collect();
+        let targets: Vec<String> = m.targets().iter().map(|t| t.to_string()).collect();
+        let kind = if m.is_oracle() {
+            "oracle"
+        } else if m.is_random() {
+            "random"
+        } else {
+            "determ."
+        };
+        // Restrict-and-renormalise methods read keys from an f16 cache (METHODS.md §8.5).
+        let restricted = matches!(m.family(), Family::Sparse | Family::Prefill);
+        let bits = match m.kv_bits(2048) {
+            Some(b) => format!("{b:.2}"),
+            None if restricted => "16".into(),
+            None => "-".into(),
+        };
+        out.push_str(&format!(
+            "{:<20} {:<10} {:<12} {:<10} {:<7} {:>7}  {}\n",
+            m.id(),
+            m.family().name(),
+            masks.join(","),
+            targets.join(","),
+            kind,
+            bits,
+            m.feature_meaning()
+        ));
+    }
+    out.push_str("\npresets: all (every method of --target with a budget d), field, quant (the quantized family), figure, kernelized\n");
+    out
+}

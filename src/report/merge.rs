@@ -124,11 +124,13 @@ pub fn merge(dirs: &[PathBuf], out: &Path) -> Result<Merged> {
     let summary_rows = summary::summarize(&rows, &first.config.methods);
     summary::write(&out.join("summary.csv"), &summary_rows)?;
     let heads = first.config.heads.as_ref().map_or(first.heads, |h| h.len());
-    let expected = first.config.lengths.len()
-        * first.config.windows
-        * heads
-        * first.config.methods.len()
-        * first.config.features.len();
+    let budgets: usize = first
+        .config
+        .methods
+        .iter()
+        .map(|m| crate::attention::budgets(m, &first.config.features).len())
+        .sum();
+    let expected = first.config.lengths.len() * first.config.windows * heads * budgets;
     let mut manifest = first.clone();
     manifest.shard = None;
     manifest.trials = rows.len();

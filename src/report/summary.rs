@@ -40,6 +40,19 @@ pub struct SummaryRow {
     /// Mean mass captured over the trials (restrict-and-renormalise methods), else empty.
     #[serde(default)]
     pub mass_mean: Option<f64>,
+    /// Means over the trials of cos_sim, rel_l1 and rmse (METHODS.md §8.5: per-head measures; this
+    /// mean over heads is the figure comparable with the papers' flattened ones), of kv_bits and of
+    /// kv_read; empty where a trial lacks the column (older files, methods that read no cache).
+    #[serde(default)]
+    pub cos_sim_mean: Option<f64>,
+    #[serde(default)]
+    pub rel_l1_mean: Option<f64>,
+    #[serde(default)]
+    pub rmse_mean: Option<f64>,
+    #[serde(default)]
+    pub kv_bits: Option<f64>,
+    #[serde(default)]
+    pub kv_read_mean: Option<f64>,
 }
 
 use std::collections::BTreeMap;
@@ -143,6 +156,11 @@ pub fn summarize(rows: &[TrialRow], method_order: &[String]) -> Vec<SummaryRow> 
                 mask,
                 keys_mean: mean_of(rs.iter().map(|r| r.keys)),
                 mass_mean: mean_of(rs.iter().map(|r| r.mass)),
+                cos_sim_mean: mean_of(rs.iter().map(|r| r.cos_sim)),
+                rel_l1_mean: mean_of(rs.iter().map(|r| r.rel_l1)),
+                rmse_mean: mean_of(rs.iter().map(|r| r.rmse)),
+                kv_bits: mean_of(rs.iter().map(|r| r.kv_bits)),
+                kv_read_mean: mean_of(rs.iter().map(|r| r.kv_read)),
             }
         })
         .collect()

@@ -4,7 +4,7 @@
 use serde::{Deserialize, Serialize};
 
 /// One trial. Column order is the CSV schema (README "Output files").
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct TrialRow {
     /// `initialized` or `pretrained` (the Q/K/V weight source).
     pub model: String,
@@ -53,6 +53,23 @@ pub struct TrialRow {
     /// visited; empty for every other method.
     #[serde(default)]
     pub keys: Option<f64>,
+    /// ⟨O, Ô⟩/(‖O‖_F‖Ô‖_F) on the head's flattened output (METHODS.md §8.5); the columns from here
+    /// on came with quantized attention and are empty in files written before it.
+    #[serde(default)]
+    pub cos_sim: Option<f64>,
+    /// Σ|O − Ô|/Σ|O|.
+    #[serde(default)]
+    pub rel_l1: Option<f64>,
+    /// √(mean (O − Ô)²).
+    #[serde(default)]
+    pub rmse: Option<f64>,
+    /// Bits per stored K/V value read (§8.5): the §8 formats' own, 16 for restrict-and-renormalise
+    /// methods (keys from an f16 cache), empty for methods that read no cache.
+    #[serde(default)]
+    pub kv_bits: Option<f64>,
+    /// The fraction of dense f16 attention's K/V traffic, Σ_i |S_i|·kv_bits / (16·Σ_i |D_i|).
+    #[serde(default)]
+    pub kv_read: Option<f64>,
 }
 
 impl TrialRow {
@@ -215,6 +232,11 @@ pub const HEADER: &[&str] = &[
     "kv_head",
     "mass",
     "keys",
+    "cos_sim",
+    "rel_l1",
+    "rmse",
+    "kv_bits",
+    "kv_read",
 ];
 
 /// Keys of rows, for skipping on resume.
@@ -249,6 +271,7 @@ mod tests {
             kv_head: Some(0),
             mass: None,
             keys: None,
+            ..TrialRow::default()
         }
     }
 
@@ -275,7 +298,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let p = dir.path().join("trials.csv");
         // The header before `target` and the decoder columns (mask, kv_head, mass, keys).
-        let old_header = HEADER[..HEADER.len() - 5].join(",");
+        let old_header = HEADER[..HEADER.len() - 10].join(",");
         std::fs::write(
             &p,
             format!("{old_header}\ninitialized,m,0,8,0,0,vmean,4,1,0.5,0.1,0.7,5.0,0,32.0,0.001\n"),
@@ -294,7 +317,10 @@ mod tests {
         let text = std::fs::read_to_string(&p).unwrap();
         assert!(text.starts_with(&HEADER.join(",")), "{text}");
         assert!(
-            text.lines().nth(1).unwrap().ends_with(",softmax,none,,,"),
+            text.lines()
+                .nth(1)
+                .unwrap()
+                .ends_with(",softmax,none,,,,,,,,"),
             "{text}"
         );
         assert_eq!(read_rows(&p).unwrap(), vec![old_row, kernelized]);

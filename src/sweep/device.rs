@@ -139,7 +139,10 @@ impl TrialContext<'_> {
         let batched = !env_is(HEAD_BATCH_VAR, "0");
         let mut rows = Vec::new();
         for (mi, m) in self.methods.iter().enumerate() {
-            for (di, &d) in cfg.features.iter().enumerate() {
+            for (di, d) in attention::budgets(m.id(), &cfg.features)
+                .into_iter()
+                .enumerate()
+            {
                 let need: Vec<bool> = jobs.iter().map(|&h| missing(h, m.id(), d)).collect();
                 if !need.contains(&true) {
                     continue;
@@ -190,6 +193,10 @@ impl TrialContext<'_> {
                     let result = TrialResult {
                         seed: seeds[b],
                         norms: norms[b],
+                        agreement: crate::numerics::agreement::agreement(
+                            &target.get(b)?,
+                            &a.output,
+                        )?,
                         exact_norm: exact_norms[b].spectral,
                         nonfinite_rows: flagged[b],
                         seconds,

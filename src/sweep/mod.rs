@@ -11,6 +11,7 @@ use candle_core::DType;
 use crate::attention::{self, Approximation, HeadInputs};
 use crate::config::{Choice, RunConfig};
 use crate::inputs;
+use crate::numerics::agreement::{agreement, Agreement};
 use crate::numerics::{sampling::TrialKey, spectral};
 use crate::report::manifest::{self, InputFile, Manifest};
 use crate::report::summary::{self, SummaryRow};
@@ -161,6 +162,7 @@ pub fn run_with(
         None => (0..all_heads).collect(),
     };
     prepared.corpus.check_fits(&cfg.lengths, cfg.windows)?;
+    let p = prepared.head_dim();
     let methods: Vec<Box<dyn attention::Method>> = cfg
         .methods
         .iter()
@@ -169,6 +171,15 @@ pub fn run_with(
             None => attention::by_id(m).map_err(|e| usage!("{e}")),
         })
         .collect::<Result<_>>()?;
+    for m in &methods {
+        m.check_head_dim(p).map_err(|why| {
+            usage!(
+                "--methods {}: {why}; the model's heads have p = {p} — leave {} out for this model",
+                m.id(),
+                m.id()
+            )
+        })?;
+    }
 
     let inputs_list = prepared
         .files
@@ -192,7 +203,12 @@ pub fn run_with(
     let units_taken = (0..cfg.lengths.len() * cfg.windows)
         .filter(|&u| opts.shard.is_none_or(|s| s.takes(u)))
         .count();
-    let total = units_taken * heads.len() * methods.len() * cfg.features.len();
+    let total = units_taken
+        * heads.len()
+        * methods
+            .iter()
+            .map(|m| attention::budgets(m.id(), &cfg.features).len())
+            .sum::<usize>();
     let todo = total.saturating_sub(done.len());
     let bar = progress_bar(todo as u64, opts.quiet);
     let mut new_trials = 0;
@@ -205,23 +221,18 @@ pub fn run_with(
             let missing = |h: usize, m: &str, d: usize| {
                 !done.contains(&(model_name.clone(), n, w, h, m.to_string(), d))
             };
-            let window_needed = heads.iter().any(|&h| {
-                methods
-                    .iter()
-                    .any(|m| cfg.features.iter().any(|&d| missing(h, m.id(), d)))
-            });
+            let head_needed = |h: usize| {
+                methods.iter().any(|m| {
+                    attention::budgets(m.id(), &cfg.features)
+                        .into_iter()
+                        .any(|d| missing(h, m.id(), d))
+                })
+            };
+            let window_needed = heads.iter().any(|&h| head_needed(h));
             if !window_needed {
                 continue;
             }
-            let jobs: Vec<usize> = heads
-                .iter()
-                .copied()
-                .filter(|&h| {
-                    methods
-                        .iter()
-                        .any(|m| cfg.features.iter().any(|&d| missing(h, m.id(), d)))
-                })
-                .collect();
+            let jobs: Vec<usize> = heads.iter().copied().filter(|&h| head_needed(h)).collect();
             let trial = TrialContext {
                 cfg,
                 n,
@@ -344,7 +355,7 @@ impl TrialContext<'_> {
         let exact_norm = spectral::matrix_norms(&exact64)?.spectral;
         let mut rows = Vec::new();
         for m in self.methods {
-            for &d in &cfg.features {
+            for d in attention::budgets(m.id(), &cfg.features) {
                 if !missing(h, m.id(), d) {
                     continue;
                 }
@@ -371,6 +382,7 @@ impl TrialContext<'_> {
                 let result = TrialResult {
                     seed: trial_seed,
                     norms: spectral::error_norms(&exact64, &approx.output)?,
+                    agreement: agreement(&exact64, &approx.output)?,
                     exact_norm,
                     nonfinite_rows: flagged_rows(&approx)?,
                     seconds,
@@ -402,6 +414,7 @@ fn trial_mass(
 struct TrialResult {
     seed: u64,
     norms: spectral::ErrorNorms,
+    agreement: Agreement,
     exact_norm: f64,
     nonfinite_rows: usize,
     seconds: f64,
@@ -420,6 +433,7 @@ impl TrialContext<'_> {
         r: TrialResult,
     ) -> TrialRow {
         let cfg = self.cfg;
+        let (mass, keys, kv_bits, kv_read) = cache_columns(m, &r, self.n, cfg.mask);
         TrialRow {
             model: self.model_name.to_string(),
             model_id: self.prepared.model_id.clone(),
@@ -440,10 +454,39 @@ impl TrialContext<'_> {
             target: cfg.target,
             mask: cfg.mask,
             kv_head: Some(kv_head),
-            mass: r.mass,
-            keys: r.keys,
+            mass,
+            keys,
+            cos_sim: Some(r.agreement.cos_sim),
+            rel_l1: Some(r.agreement.rel_l1),
+            rmse: Some(r.agreement.rmse),
+            kv_bits,
+            kv_read,
         }
     }
+}
+
+/// A trial's `mass`, `keys`, `kv_bits` and `kv_read` (METHODS.md §8.5): a method without a budget
+/// (the §8 family) visits every key (the dense count, mass 1) at its own width; a
+/// restrict-and-renormalise method (one with a key support) reads its keys from an f16 cache (16
+/// bits); every other method reads no cache (all four empty but what it measured).
+fn cache_columns(
+    m: &dyn attention::Method,
+    r: &TrialResult,
+    n: usize,
+    mask: attention::Mask,
+) -> (Option<f64>, Option<f64>, Option<f64>, Option<f64>) {
+    use attention::quantized::{dense_keys, kv_read};
+    let (mass, keys) = if m.has_budget() {
+        (r.mass, r.keys)
+    } else {
+        (Some(1.0), Some(dense_keys(n, mask)))
+    };
+    let kv_bits = m.kv_bits(n).or(r.keys.map(|_| 16.0));
+    let read = match (kv_bits, keys) {
+        (Some(b), Some(k)) => Some(kv_read(b, k, n, mask)),
+        _ => None,
+    };
+    (mass, keys, kv_bits, read)
 }
 
 fn progress_bar(len: u64, quiet: bool) -> indicatif::ProgressBar {

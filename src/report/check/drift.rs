@@ -219,6 +219,6 @@ pub fn grid_contains(m: &Manifest, model: &str, n: usize, method: &str, d: usize
     let cfg = &m.config;
     cfg.inputs.model.name() == model
         && cfg.lengths.contains(&n)
-        && cfg.features.contains(&d)
         && cfg.methods.iter().any(|x| x == method)
+        && crate::attention::budgets(method, &cfg.features).contains(&d)
 }

@@ -100,6 +100,7 @@ fn trials(method: &str, seed: u64, grid: &Grid, f: Approx) -> Vec<TrialRow> {
                         kv_head: Some(h),
                         mass: None,
                         keys: None,
+                        ..TrialRow::default()
                     });
                 }
             }
@@ -389,6 +390,11 @@ fn honest_noise_from_a_seeded_distribution_passes_at_the_nominal_rate() {
                     mask: Default::default(),
                     keys_mean: None,
                     mass_mean: None,
+                    cos_sim_mean: None,
+                    rel_l1_mean: None,
+                    rmse_mean: None,
+                    kv_bits: None,
+                    kv_read_mean: None,
                 }
             })
             .collect()

@@ -23,6 +23,8 @@ pub fn decoder(rows: &[SummaryRow], stat: Statistic) -> Option<Figure> {
     let rows: Vec<SummaryRow> = rows
         .iter()
         .filter(|r| r.mask == Mask::Causal && r.d < r.n)
+        // The quantized family (d = 0, no key axis) has its own figure, quant.png.
+        .filter(|r| r.d > 0)
         .cloned()
         .collect();
     if rows.is_empty() {
@@ -156,6 +158,11 @@ mod tests {
             mask: Mask::Causal,
             keys_mean: keys,
             mass_mean: mass,
+            cos_sim_mean: None,
+            rel_l1_mean: None,
+            rmse_mean: None,
+            kv_bits: None,
+            kv_read_mean: None,
         }
     }
 

@@ -97,6 +97,16 @@ pub(super) fn field_style(method: &str, methods: &[String]) -> SeriesStyle {
                 RGBColor(140, 86, 75),
                 RGBColor(188, 189, 34),
             ],
+            // The quantized family: ggml/KV caches in oranges, KIVI and SageAttention after them.
+            Family::Quantized => &[
+                RGBColor(230, 85, 13),
+                RGBColor(253, 141, 60),
+                RGBColor(166, 54, 3),
+                RGBColor(120, 120, 0),
+                RGBColor(217, 72, 1),
+                RGBColor(255, 180, 100),
+                RGBColor(200, 30, 120),
+            ],
             Family::Reference => &[RGBColor(150, 150, 150)],
             Family::User => &[RGBColor(0, 0, 0)],
         }

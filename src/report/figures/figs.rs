@@ -22,6 +22,8 @@ pub(super) enum XOf {
     Macs,
     /// Realised keys per query (restrict-and-renormalise methods), else d (METHODS.md §7.6).
     Keys,
+    /// The fraction of dense f16 attention's K/V traffic (METHODS.md §8.5); NaN without one.
+    KvRead,
 }
 
 impl XOf {
@@ -31,6 +33,7 @@ impl XOf {
             XOf::Seconds => r.seconds_mean,
             XOf::Macs => r.macs,
             XOf::Keys => r.keys_mean.unwrap_or(r.d as f64),
+            XOf::KvRead => r.kv_read_mean.unwrap_or(f64::NAN),
         }
     }
 }

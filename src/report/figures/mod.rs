@@ -7,6 +7,7 @@
 //! * `all-methods-<model>.png`: every method present, one panel per n, the SVD optimum as a grey floor; log y.
 //! * `accuracy-cost-<model>.png`: per n, error against measured seconds per head and against
 //!   analytic multiply-adds, one series per method across d.
+//! * `quant.png` (a run with the quantized family, METHODS.md §8.5): see `quant.rs`.
 //! * `field.png` (a run with the field's sparse or hybrid methods) and `kernelized.png` (a
 //!   `--target kernelized` run): see `field.rs`. Kernelized rows appear in no other figure.
 //!
@@ -28,6 +29,7 @@ mod decoder;
 mod draw;
 mod field;
 mod figs;
+mod quant;
 mod style;
 
 pub use draw::Figure;
@@ -155,8 +157,12 @@ impl Statistic {
 /// earlier run wins. `stat` picks what the points show (median figures get a `-median` suffix).
 pub fn draw_all(runs: &[RunData], out_dir: &Path, stat: Statistic) -> Result<Vec<PathBuf>> {
     // Causal rows (decoder attention) belong to no encoder figure; the decoder figure is their own.
-    let (causal, rows): (Vec<SummaryRow>, Vec<SummaryRow>) = combine(runs)
+    let all = combine(runs);
+    let quant_fig = quant::quant(&stat.apply(all.clone()), stat);
+    // The quantized family (d = 0, no budget axis) is drawn in quant.png only.
+    let (causal, rows): (Vec<SummaryRow>, Vec<SummaryRow>) = all
         .into_iter()
+        .filter(|r| r.d > 0)
         .partition(|r| r.mask == crate::attention::Mask::Causal);
     let (kernelized, rows): (Vec<SummaryRow>, Vec<SummaryRow>) = rows
         .into_iter()
@@ -166,6 +172,9 @@ pub fn draw_all(runs: &[RunData], out_dir: &Path, stat: Statistic) -> Result<Vec
     let mut figures: Vec<(String, Figure)> = vec![];
     if let Some(f) = decoder::decoder(&stat.apply(causal), stat) {
         figures.push((format!("decoder{sfx}.png"), f));
+    }
+    if let Some(f) = quant_fig {
+        figures.push((format!("quant{sfx}.png"), f));
     }
     if let Some(f) = field::field(&rows, stat) {
         figures.push((format!("field{sfx}.png"), f));

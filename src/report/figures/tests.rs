@@ -25,6 +25,11 @@ fn row(model: &str, n: usize, method: &str, d: usize, mean: f64) -> SummaryRow {
         mask: Default::default(),
         keys_mean: None,
         mass_mean: None,
+        cos_sim_mean: None,
+        rel_l1_mean: None,
+        rmse_mean: None,
+        kv_bits: None,
+        kv_read_mean: None,
     }
 }
 

@@ -1,0 +1,109 @@
+//! `kivi4`, `kivi2` — KIVI (Liu, Yuan, Jin, Zhong, Xu, Braverman, Chen & Hu, ICML 2024, "KIVI: A
+//! Tuning-Free Asymmetric 2bit Quantization for KV Cache"; code `jy-yuan/KIVI`,
+//! `models/llama_kivi.py`, `quant/new_pack.py`), the cache's state after a prefill of n tokens
+//! (METHODS.md §8.3):
+//!
+//! - **K per channel**: each channel's tokens in groups of G = 32 consecutive tokens from token 0,
+//!   asymmetric b-bit groups (§8.2); the last n mod R tokens (R = 128, the residual) stay in full
+//!   precision.
+//! - **V per token**: each token's p channels in groups of 32; the last R tokens (all of V when
+//!   n ≤ R) stay in full precision.
+//! - Q unquantized; the softmax and products in the run's dtype.
+//!
+//! [P≠C] KIVI computes in the model's fp16 and stores s and mn in fp16; here they are the run's
+//! dtype (§8.2: far below the 2–4-bit error). KIVI prefills in full precision and quantizes
+//! afterwards: the error is what each position would see as a decode query.
+
+use anyhow::Result;
+
+use super::{check_blocks_of_32, dense_macs, in_run_dtype, quantized, HostMat, Real};
+use crate::attention::exact::ExactAttention;
+use crate::attention::{Approximation, HeadInputs, Mask, Method, MethodInfo};
+use crate::numerics::formats::asym_group_roundtrip;
+use crate::numerics::sampling::TrialRng;
+
+/// Tokens per K group and channels per V group.
+pub const GROUP: usize = 32;
+/// The full-precision residual R.
+pub const RESIDUAL: usize = 128;
+
+pub struct Kivi {
+    /// Bits per quantized value: 4 or 2.
+    pub bits: u32,
+}
+
+pub const KIVI4: MethodInfo = quantized("kivi4");
+pub const KIVI2: MethodInfo = quantized("kivi2");
+
+/// The tokens of K that are quantized: all but the last n mod R (a multiple of R, so of G).
+pub fn k_quantized_tokens(n: usize) -> usize {
+    n - n % RESIDUAL
+}
+
+/// The tokens of V that are quantized: all but the last R (none when n ≤ R).
+pub fn v_quantized_tokens(n: usize) -> usize {
+    n.saturating_sub(RESIDUAL)
+}
+
+impl Kivi {
+    /// K̂ and V̂ as the cache holds them after a prefill of n tokens, on the host.
+    pub fn quantize_kv<T: Real>(&self, k: &mut HostMat<T>, v: &mut HostMat<T>) {
+        let (n, p) = (k.rows, k.cols);
+        let mut group = vec![T::ZERO; GROUP];
+        for t0 in (0..k_quantized_tokens(n)).step_by(GROUP) {
+            for c in 0..p {
+                for (r, g) in group.iter_mut().enumerate() {
+                    *g = k.data[(t0 + r) * p + c];
+                }
+                asym_group_roundtrip(&mut group, self.bits);
+                for (r, g) in group.iter().enumerate() {
+                    k.data[(t0 + r) * p + c] = *g;
+                }
+            }
+        }
+        for g in v.data[..v_quantized_tokens(n) * p].chunks_exact_mut(GROUP) {
+            asym_group_roundtrip(g, self.bits);
+        }
+    }
+}
+
+fn kivi_kv<T: Real>(
+    m: &Kivi,
+    head: &HeadInputs,
+) -> Result<(candle_core::Tensor, candle_core::Tensor)> {
+    let (mut k, mut v) = (HostMat::<T>::of(&head.k)?, HostMat::<T>::of(&head.v)?);
+    m.quantize_kv(&mut k, &mut v);
+    Ok((k.tensor(&head.k)?, v.tensor(&head.v)?))
+}
+
+impl Method for Kivi {
+    fn info(&self) -> Option<&'static MethodInfo> {
+        Some(if self.bits == 4 { &KIVI4 } else { &KIVI2 })
+    }
+    fn macs(&self, n: usize, p: usize, _d: usize) -> f64 {
+        dense_macs(n, p, Mask::None)
+    }
+    fn macs_masked(&self, n: usize, p: usize, _d: usize, mask: Mask) -> f64 {
+        dense_macs(n, p, mask)
+    }
+    fn check(&self, _n: usize, _d: usize) -> std::result::Result<(), String> {
+        Ok(())
+    }
+    fn check_head_dim(&self, p: usize) -> std::result::Result<(), String> {
+        check_blocks_of_32(p)
+    }
+    /// Quantized tokens count b + 1 bits (b-bit codes, an f16 scale and zero per 32 values),
+    /// residual tokens 16; averaged over K's and V's tokens (§8.3: `kivi2` at n = 2048 is 3.41).
+    fn kv_bits(&self, n: usize) -> Option<f64> {
+        let b = self.bits as f64 + 32.0 / GROUP as f64;
+        let width =
+            |quantized: usize| (quantized as f64 * b + (n - quantized) as f64 * 16.0) / n as f64;
+        Some((width(k_quantized_tokens(n)) + width(v_quantized_tokens(n))) / 2.0)
+    }
+    fn approximate(&self, head: &HeadInputs, _d: usize, _: &mut TrialRng) -> Result<Approximation> {
+        super::check_head(self, head)?;
+        let (k, v) = in_run_dtype!(head.dtype(), kivi_kv(self, head))?;
+        let out = ExactAttention::compute_masked(&head.q, &k, &v, head.mask)?.output;
+        Ok(Approximation::plain(out))
+    }
+}

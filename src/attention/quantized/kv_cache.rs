@@ -1,0 +1,172 @@
+//! The KV-cache methods of METHODS.md §8.3: every query row reads the window's K and V from a
+//! cache stored in a low-precision format, Ô = softmax(Q̂K̂ᵀ/√p)V̂ under the run's mask.
+//!
+//! - `kv_f16` — f16 Q, K, V: llama.cpp's default cache (`-ctk f16`), whose CPU kernel converts Q
+//!   to f16 for the dot product. [P≠C] llama.cpp's CPU kernel also accumulates V·P in f16; its
+//!   GPU kernels and this method accumulate in the run's dtype.
+//! - `kv_bf16` — bf16 Q, K, V: vLLM and SGLang serving a bf16 model.
+//! - `kv_fp8` — K̂ = s_K·E4M3(K/s_K), s_K = max|K|/448 over the K/V head's window (vLLM's
+//!   `calculate_kv_scales` granularity), V likewise, Q unquantized.
+//! - `kv_q8_0` … `kv_q4_0` — llama.cpp's `-ctk T -ctv T`: K and V in the ggml type, blocks of 32
+//!   along p, always in f32 (§8.2); Q in the K type's dot type (`ggml-cpu`'s `k_vec_dot_type`):
+//!   Q8_0, or Q8_1 for Q5_1/Q4_1, whose values are Q8_0's ([P≠C] Q8_1's f16 d·Σq offset term is
+//!   left out, §8.3).
+//!
+//! For llama.cpp this is also what prefill computes (its ubatch writes K/V to the cache, then
+//! attention reads the cache); vLLM prefills in full precision and quantizes afterwards, so there
+//! the error is what each position would see as a decode query (§8.3).
+//!
+//! Where the scale goes (§8.1): llama.cpp applies 1/√p after the dot product; exact attention's
+//! block kernel scales Q̂ by 1/√p before it. For p = 64 (1/8, a power of two) the two are the same
+//! numbers; for other p they differ by one rounding in the run's dtype, never by a code.
+
+use anyhow::Result;
+use candle_core::Tensor;
+
+use super::{check_blocks_of_32, check_f16_range, dense_macs, in_run_dtype, quantized};
+use super::{HostMat, Real};
+use crate::attention::exact::ExactAttention;
+use crate::attention::{Approximation, HeadInputs, Mask, Method, MethodInfo};
+use crate::numerics::formats::{ggml_roundtrip, GgmlType, E4M3_MAX};
+use crate::numerics::sampling::TrialRng;
+
+/// What the cache stores K and V (and the kernel Q) in.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CacheFormat {
+    F16,
+    Bf16,
+    Fp8,
+    Ggml(GgmlType),
+}
+
+/// A KV-cache method: exact attention over a cache in `format`.
+pub struct KvCache {
+    pub format: CacheFormat,
+}
+
+pub const KV_F16: MethodInfo = quantized("kv_f16");
+pub const KV_BF16: MethodInfo = quantized("kv_bf16");
+pub const KV_FP8: MethodInfo = quantized("kv_fp8");
+pub const KV_Q8_0: MethodInfo = quantized("kv_q8_0");
+pub const KV_Q5_1: MethodInfo = quantized("kv_q5_1");
+pub const KV_Q5_0: MethodInfo = quantized("kv_q5_0");
+pub const KV_Q4_1: MethodInfo = quantized("kv_q4_1");
+pub const KV_Q4_0: MethodInfo = quantized("kv_q4_0");
+
+impl KvCache {
+    /// The eight cache methods, in the order of §8.3 (widest first).
+    pub fn all() -> Vec<KvCache> {
+        let mut v = vec![CacheFormat::F16, CacheFormat::Bf16, CacheFormat::Fp8];
+        v.extend(GgmlType::ALL.iter().map(|&t| CacheFormat::Ggml(t)));
+        v.into_iter().map(|format| KvCache { format }).collect()
+    }
+
+    /// The cache method of one ggml type.
+    pub fn ggml(ty: GgmlType) -> KvCache {
+        KvCache {
+            format: CacheFormat::Ggml(ty),
+        }
+    }
+
+    /// Q̂, K̂, V̂ as the cache and the kernel hold them, in the head's dtype and on its device.
+    pub fn quantized_qkv(&self, head: &HeadInputs) -> Result<(Tensor, Tensor, Tensor)> {
+        in_run_dtype!(head.dtype(), quantize_qkv(self, head))
+    }
+}
+
+fn quantize_qkv<T: Real>(m: &KvCache, head: &HeadInputs) -> Result<(Tensor, Tensor, Tensor)> {
+    let (mut q, mut k, mut v) = super::host_qkv::<T>(head)?;
+    let id = m.id();
+    match m.format {
+        CacheFormat::F16 => {
+            for (name, x) in [("Q", &mut q), ("K", &mut k), ("V", &mut v)] {
+                check_f16_range(id, name, x)?;
+                x.map(T::round_f16);
+            }
+        }
+        CacheFormat::Bf16 => {
+            for x in [&mut q, &mut k, &mut v] {
+                x.map(T::round_bf16);
+            }
+        }
+        CacheFormat::Fp8 => {
+            per_tensor_e4m3(&mut k);
+            per_tensor_e4m3(&mut v);
+        }
+        CacheFormat::Ggml(ty) => {
+            ggml(id, "Q", &mut q, GgmlType::Q8_0)?;
+            ggml(id, "K", &mut k, ty)?;
+            ggml(id, "V", &mut v, ty)?;
+        }
+    }
+    Ok((q.tensor(&head.q)?, k.tensor(&head.k)?, v.tensor(&head.v)?))
+}
+
+/// x̂ = s·E4M3(x/s), s = max|x|/448 over the whole tensor (one dynamic scale per K/V head, §8.3);
+/// an all-zero tensor stays zero.
+pub fn per_tensor_e4m3<T: Real>(x: &mut HostMat<T>) {
+    let s = x.abs_max() / T::from_f64(E4M3_MAX);
+    if s == T::ZERO {
+        x.map(|_| T::ZERO);
+        return;
+    }
+    x.map(|v| s * (v / s).round_e4m3());
+}
+
+/// Rounds x to f32 (the cache write), then quantizes and dequantizes each block of 32 along p
+/// in `ty`, always in f32 (§8.2), and widens back; a scale or offset that overflows f16 is a
+/// usage error naming the tensor.
+fn ggml<T: Real>(method: &str, tensor: &str, x: &mut HostMat<T>, ty: GgmlType) -> Result<()> {
+    let mut f: Vec<f32> = x.data.iter().map(|v| v.to_f64() as f32).collect();
+    ggml_roundtrip(ty, &mut f).map_err(|e| {
+        crate::usage!(
+            "method {method}: {tensor} cannot be stored as {} ({e}; f16 holds at most 65504, METHODS.md §8.2) — leave {method} out for this model",
+            ty.name().to_uppercase()
+        )
+    })?;
+    x.data = f.into_iter().map(|v| T::from_f64(v as f64)).collect();
+    Ok(())
+}
+
+impl Method for KvCache {
+    fn info(&self) -> Option<&'static MethodInfo> {
+        Some(match self.format {
+            CacheFormat::F16 => &KV_F16,
+            CacheFormat::Bf16 => &KV_BF16,
+            CacheFormat::Fp8 => &KV_FP8,
+            CacheFormat::Ggml(GgmlType::Q8_0) => &KV_Q8_0,
+            CacheFormat::Ggml(GgmlType::Q5_1) => &KV_Q5_1,
+            CacheFormat::Ggml(GgmlType::Q5_0) => &KV_Q5_0,
+            CacheFormat::Ggml(GgmlType::Q4_1) => &KV_Q4_1,
+            CacheFormat::Ggml(GgmlType::Q4_0) => &KV_Q4_0,
+        })
+    }
+    fn macs(&self, n: usize, p: usize, _d: usize) -> f64 {
+        dense_macs(n, p, Mask::None)
+    }
+    fn macs_masked(&self, n: usize, p: usize, _d: usize, mask: Mask) -> f64 {
+        dense_macs(n, p, mask)
+    }
+    fn check(&self, _n: usize, _d: usize) -> std::result::Result<(), String> {
+        Ok(())
+    }
+    fn check_head_dim(&self, p: usize) -> std::result::Result<(), String> {
+        match self.format {
+            CacheFormat::Ggml(_) => check_blocks_of_32(p),
+            _ => Ok(()),
+        }
+    }
+    fn kv_bits(&self, _n: usize) -> Option<f64> {
+        Some(match self.format {
+            CacheFormat::F16 | CacheFormat::Bf16 => 16.0,
+            CacheFormat::Fp8 => 8.0,
+            CacheFormat::Ggml(t) => t.bits_per_value(),
+        })
+    }
+    fn approximate(&self, head: &HeadInputs, _d: usize, _: &mut TrialRng) -> Result<Approximation> {
+        super::check_head(self, head)?;
+        let (q, k, v) = self.quantized_qkv(head)?;
+        let out = ExactAttention::compute_masked(&q, &k, &v, head.mask)?.output;
+        Ok(Approximation::plain(out))
+    }
+}

@@ -1,0 +1,81 @@
+//! The literature's agreement measures between O and Ô (METHODS.md §8.5; SageAttention2 App. A.7,
+//! `thu-ml/SpargeAttn`'s `precision_metric`), on one head's flattened n×p output, in f64:
+//! `cos_sim` = ⟨O, Ô⟩/(‖O‖_F‖Ô‖_F), `rel_l1` = Σ|O − Ô|/Σ|O|, `rmse` = √(mean (O − Ô)²). Papers
+//! flatten every head and layer into one vector; these are per head (a summary's mean over heads
+//! is the comparable figure).
+
+use anyhow::Result;
+use candle_core::{DType, Tensor};
+
+/// cos_sim, rel_l1 and rmse of one trial.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Agreement {
+    pub cos_sim: f64,
+    pub rel_l1: f64,
+    pub rmse: f64,
+}
+
+/// The agreement of `approx` with `exact` (same shape, any dtype, on any device): six sums in f64
+/// on the tensors' device, one copy of six numbers to the host. Non-finite Ô gives NaN measures.
+pub fn agreement(exact: &Tensor, approx: &Tensor) -> Result<Agreement> {
+    let o = exact.to_dtype(DType::F64)?.flatten_all()?;
+    let a = approx.to_dtype(DType::F64)?.flatten_all()?;
+    let e = (&o - &a)?;
+    let sums = Tensor::stack(
+        &[
+            (&o * &a)?.sum_all()?,
+            o.sqr()?.sum_all()?,
+            a.sqr()?.sum_all()?,
+            e.abs()?.sum_all()?,
+            o.abs()?.sum_all()?,
+            e.sqr()?.sum_all()?,
+        ],
+        0,
+    )?
+    .to_vec1::<f64>()?;
+    let count = o.elem_count() as f64;
+    Ok(Agreement {
+        cos_sim: sums[0] / (sums[1].sqrt() * sums[2].sqrt()),
+        rel_l1: sums[3] / sums[4],
+        rmse: (sums[5] / count).sqrt(),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::tensor_util::test_device;
+
+    #[test]
+    fn closed_forms_on_small_matrices() {
+        let dev = test_device();
+        let o = Tensor::new(&[[1f64, 2.0], [3.0, -4.0]], &dev).unwrap();
+        let same = agreement(&o, &o).unwrap();
+        assert!((same.cos_sim - 1.0).abs() < 1e-15);
+        assert_eq!((same.rel_l1, same.rmse), (0.0, 0.0));
+        // Ô = 2O: cos 1, Σ|O − Ô| = Σ|O| → rel_l1 1, rmse = √(Σ o²/4) = √(30/4).
+        let twice = agreement(&o, &(&o * 2.0).unwrap()).unwrap();
+        assert!((twice.cos_sim - 1.0).abs() < 1e-15);
+        assert!((twice.rel_l1 - 1.0).abs() < 1e-15);
+        assert!((twice.rmse - (30f64 / 4.0).sqrt()).abs() < 1e-15);
+        // An orthogonal Ô: ⟨O, Ô⟩ = 1·2 + 2·(−1) + 3·4 + (−4)·3 = 0.
+        let orth = Tensor::new(&[[2f64, -1.0], [4.0, 3.0]], &dev).unwrap();
+        let g = agreement(&o, &orth).unwrap();
+        assert!(g.cos_sim.abs() < 1e-15);
+        // Σ|O − Ô| = 1 + 3 + 1 + 7 = 12 over Σ|O| = 10; Σ(O − Ô)² = 1 + 9 + 1 + 49 = 60.
+        assert!((g.rel_l1 - 1.2).abs() < 1e-15);
+        assert!((g.rmse - 15f64.sqrt()).abs() < 1e-15);
+        // f32 Ô is widened exactly.
+        let f = agreement(&o, &o.to_dtype(DType::F32).unwrap()).unwrap();
+        assert_eq!(f.rmse, 0.0);
+    }
+
+    #[test]
+    fn non_finite_output_gives_nan() {
+        let dev = test_device();
+        let o = Tensor::new(&[[1f64, 2.0]], &dev).unwrap();
+        let bad = Tensor::new(&[[f64::NAN, 2.0]], &dev).unwrap();
+        let g = agreement(&o, &bad).unwrap();
+        assert!(g.cos_sim.is_nan() && g.rel_l1.is_nan() && g.rmse.is_nan());
+    }
+}
