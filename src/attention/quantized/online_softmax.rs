@@ -8,11 +8,16 @@
 //!   acc ← acc·exp(m⁽ᶜ⁻¹⁾ − m⁽ᶜ⁾) + Σ_{j∈c} Q_P(p_ij)·V̂_j,      Ô_i = acc/ℓ.
 //!
 //! P is quantized against the **running** maximum m⁽ᶜ⁾, as the kernels do. The accumulator's
-//! rescalings telescope: acc = Σ_c exp(m⁽ᶜ⁾ − m_last) Σ_{j∈c} Q_P(p_ij)·V̂_j, so each query block
-//! builds W_ij = exp(m⁽ᶜ⁽ʲ⁾⁾ − m_last)·Q_P(p_ij) on the host and takes acc = W·V̂ as one product on
-//! the head's device (the n²p work), instead of a p-vector update per key block. ℓ follows the
+//! rescalings telescope: acc = Σ_c exp(m⁽ᶜ⁾ − m_last) Σ_{j∈c} Q_P(p_ij)·V̂_j, so the rows build
+//! W_ij = exp(m⁽ᶜ⁽ʲ⁾⁾ − m_last)·Q_P(p_ij) on the host and take acc = W·V̂ as one product on the
+//! head's device (the n²p work), instead of a p-vector update per key block. ℓ follows the
 //! recursion literally (a scalar per block). With Q_P the identity this is exact softmax
-//! attention (a test checks, in f64, to rounding).
+//! attention (a test checks, in f64, to rounding; another checks the literal recursion).
+//!
+//! Each row's arithmetic depends on its logits and its visible keys only, so the rows are
+//! processed in chunks of several query blocks (a multiple of 128 rows, as large as exact
+//! attention's blocks) for the two products: the query blocks matter to the kernels' quantizers
+//! (scales, smoothing), which the caller applies, not to the softmax.
 
 use anyhow::Result;
 use candle_core::Tensor;
@@ -25,90 +30,143 @@ pub const QUERY_BLOCK: usize = 128;
 /// Keys per key block.
 pub const KEY_BLOCK: usize = 64;
 
-/// Ô ([n, p], the scores' dtype) of the online softmax over the logits `scores(a, len, kend)`
-/// (rows a..a+len against keys 0..kend, [len, kend], already scaled) and V̂ ([n, p]), with P
-/// quantized by `quant_p`. Query blocks run in parallel on the CPU (each block's arithmetic is
-/// its own, so the result does not depend on the thread count) and in order elsewhere.
+/// Rows per chunk of the products: exact attention's block rows rounded up to whole query blocks.
+pub fn chunk_rows(n: usize) -> usize {
+    crate::attention::exact::block_rows(n).div_ceil(QUERY_BLOCK) * QUERY_BLOCK
+}
+
+/// Ô ([n, p], V̂'s dtype) of the online softmax over the logits `scores(a, len, kend)` (rows
+/// a..a+len against keys 0..kend, row-major on the host, already scaled; `a` and `len` whole query
+/// blocks but for a ragged end) and V̂ ([n, p]), with P quantized by `quant_p`. Chunks run in
+/// parallel on the CPU (each row's arithmetic is its own, so the result does not depend on the
+/// thread count) and in order elsewhere.
 pub fn online_softmax<T: Real>(
     n: usize,
     mask: Mask,
-    scores: &(dyn Fn(usize, usize, usize) -> Result<Tensor> + Sync),
+    scores: &(dyn Fn(usize, usize, usize) -> Result<Vec<T>> + Sync),
     v: &Tensor,
-    quant_p: &(dyn Fn(T) -> T + Sync),
+    quant_p: impl Fn(T) -> T + Sync,
+) -> Result<Tensor> {
+    online_softmax_in_chunks(n, mask, scores, v, quant_p, chunk_rows(n))
+}
+
+/// [`online_softmax`] with chunks of `step` rows (a multiple of [`QUERY_BLOCK`]): the result does
+/// not depend on `step` (a test checks, bit for bit).
+pub fn online_softmax_in_chunks<T: Real>(
+    n: usize,
+    mask: Mask,
+    scores: &(dyn Fn(usize, usize, usize) -> Result<Vec<T>> + Sync),
+    v: &Tensor,
+    quant_p: impl Fn(T) -> T + Sync,
+    step: usize,
 ) -> Result<Tensor> {
     use rayon::prelude::*;
-    let starts: Vec<usize> = (0..n).step_by(QUERY_BLOCK).collect();
-    let block = |&a: &usize| -> Result<Tensor> {
-        let len = QUERY_BLOCK.min(n - a);
-        // The key blocks up to the diagonal: keys past the block's last row are masked for all
+    debug_assert!(step % QUERY_BLOCK == 0);
+    let starts: Vec<usize> = (0..n).step_by(step).collect();
+    let chunk = |&a: &usize| -> Result<Tensor> {
+        let len = step.min(n - a);
+        // The key blocks up to the diagonal: keys past the chunk's last row are masked for all
         // of its rows.
         let kend = match mask {
             Mask::None => n,
             Mask::Causal => a + len,
         };
-        let s: Vec<T> = T::host(&scores(a, len, kend)?)?;
-        let (w, l) = weights(&s, a, len, kend, mask, quant_p);
+        let mut w = scores(a, len, kend)?;
+        let mut l = vec![T::ZERO; len];
+        let mut maxima = Vec::with_capacity(kend.div_ceil(KEY_BLOCK));
+        for (r, (row, l)) in w.chunks_exact_mut(kend).zip(&mut l).enumerate() {
+            let visible = match mask {
+                Mask::None => kend,
+                Mask::Causal => a + r + 1,
+            };
+            *l = row_weights(row, visible, &quant_p, &mut maxima);
+        }
         let w = T::tensor(w, (len, kend), v.device())?;
         let l = T::tensor(l, (len, 1), v.device())?;
         Ok(w.matmul(&v.narrow(0, 0, kend)?)?.broadcast_div(&l)?)
     };
     let outs = if v.device().is_cpu() {
-        starts.par_iter().map(block).collect::<Result<Vec<_>>>()?
+        starts.par_iter().map(chunk).collect::<Result<Vec<_>>>()?
     } else {
-        starts.iter().map(block).collect::<Result<Vec<_>>>()?
+        starts.iter().map(chunk).collect::<Result<Vec<_>>>()?
     };
     Ok(Tensor::cat(&outs, 0)?)
 }
 
-/// The weights W ([len, kend], row-major) and the row sums ℓ ([len]) of query rows a..a+len
-/// from their logits `s` ([len, kend]).
-fn weights<T: Real>(
-    s: &[T],
-    a: usize,
-    len: usize,
-    kend: usize,
-    mask: Mask,
-    quant_p: &(dyn Fn(T) -> T + Sync),
-) -> (Vec<T>, Vec<T>) {
-    let mut w = vec![T::ZERO; len * kend];
-    let mut l = vec![T::ZERO; len];
-    let mut block_max = Vec::with_capacity(kend.div_ceil(KEY_BLOCK));
-    for r in 0..len {
-        let i = a + r;
-        // Keys row i sees: all, or 0..=i.
-        let visible = match mask {
-            Mask::None => kend,
-            Mask::Causal => i + 1,
-        };
-        let (srow, wrow) = (
-            &s[r * kend..(r + 1) * kend],
-            &mut w[r * kend..(r + 1) * kend],
-        );
-        let (mut m, mut sum) = (T::NEG_INFINITY, T::ZERO);
-        block_max.clear();
-        // Blocks wholly past the diagonal hold only −∞ logits: they move neither m nor ℓ.
-        for c0 in (0..visible).step_by(KEY_BLOCK) {
-            let c1 = (c0 + KEY_BLOCK).min(visible);
-            let bmax = srow[c0..c1].iter().fold(T::NEG_INFINITY, |x, &y| x.max(y));
-            let m_new = m.max(bmax);
-            let mut bsum = T::ZERO;
-            for j in c0..c1 {
-                let p = (srow[j] - m_new).exp();
-                bsum = bsum + p;
-                wrow[j] = quant_p(p);
-            }
-            // exp(−∞ − m) = 0 at the first block.
-            sum = sum * (m - m_new).exp() + bsum;
-            m = m_new;
-            block_max.push(m);
-        }
-        for (c, &mc) in block_max.iter().enumerate() {
-            let f = (mc - m).exp();
-            let c0 = c * KEY_BLOCK;
-            let c1 = (c0 + KEY_BLOCK).min(visible);
-            wrow[c0..c1].iter_mut().for_each(|x| *x = *x * f);
-        }
-        l[r] = sum;
+/// Turns one row's logits into its weights W in place (keys ≥ `visible` become 0) and returns ℓ.
+/// `maxima` is scratch space for the running maximum after each key block.
+fn row_weights<T: Real>(
+    row: &mut [T],
+    visible: usize,
+    quant_p: &impl Fn(T) -> T,
+    maxima: &mut Vec<T>,
+) -> T {
+    #[cfg(target_arch = "x86_64")]
+    if std::arch::is_x86_feature_detected!("avx2") {
+        // SAFETY: the CPU supports AVX2 (checked just above).
+        return unsafe { row_weights_avx2(row, visible, quant_p, maxima) };
     }
-    (w, l)
+    row_weights_body(row, visible, quant_p, maxima)
+}
+
+/// The same arithmetic compiled for 8-wide vectors: plain multiplies and adds (Rust never
+/// contracts them into FMA), so the result is bit-identical to the portable build.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+unsafe fn row_weights_avx2<T: Real>(
+    row: &mut [T],
+    visible: usize,
+    quant_p: &impl Fn(T) -> T,
+    maxima: &mut Vec<T>,
+) -> T {
+    row_weights_body(row, visible, quant_p, maxima)
+}
+
+/// Lanes of the partial sums of a key block: a fixed number, so that the summation order (and
+/// so ℓ's bits) does not depend on the CPU.
+const LANES: usize = 8;
+
+/// The arithmetic of [`row_weights`], in passes that vectorise: each key block's maximum, its
+/// exponentials, their sum in [`LANES`] fixed partial sums, their quantization; then the
+/// telescoped rescaling of the blocks whose maximum was overtaken.
+#[inline(always)]
+fn row_weights_body<T: Real>(
+    row: &mut [T],
+    visible: usize,
+    quant_p: &impl Fn(T) -> T,
+    maxima: &mut Vec<T>,
+) -> T {
+    let (mut m, mut sum) = (T::NEG_INFINITY, T::ZERO);
+    maxima.clear();
+    for block in row[..visible].chunks_mut(KEY_BLOCK) {
+        // The maximum is exact whatever the order of comparisons.
+        let bmax = block.iter().fold(T::NEG_INFINITY, |x, &y| x.max(y));
+        let m_new = m.max(bmax);
+        block.iter_mut().for_each(|x| *x = (*x - m_new).exp());
+        let mut lanes = [T::ZERO; LANES];
+        let mut chunks = block.chunks_exact(LANES);
+        for c in &mut chunks {
+            for i in 0..LANES {
+                lanes[i] += c[i];
+            }
+        }
+        for (i, &x) in chunks.remainder().iter().enumerate() {
+            lanes[i] += x;
+        }
+        let bsum = lanes.iter().fold(T::ZERO, |a, &b| a + b);
+        block.iter_mut().for_each(|x| *x = quant_p(*x));
+        // exp(−∞ − m) = 0 at the first block.
+        sum = sum * (m - m_new).exp() + bsum;
+        m = m_new;
+        maxima.push(m);
+    }
+    for (block, &mc) in row[..visible].chunks_mut(KEY_BLOCK).zip(maxima.iter()) {
+        if mc != m {
+            let f = (mc - m).exp();
+            block.iter_mut().for_each(|x| *x = *x * f);
+        }
+    }
+    // Blocks wholly past the diagonal hold only −∞ logits: they move neither m nor ℓ.
+    row[visible..].iter_mut().for_each(|x| *x = T::ZERO);
+    sum
 }

@@ -144,32 +144,35 @@ fn sage_output<T: Real>(m: &Sage, head: &HeadInputs) -> Result<Tensor> {
             e4m3_per_channel(&mut v);
         }
     }
-    let dev = head.q.device();
     let qhat = q.tensor(&head.q)?;
     let kt = k.tensor(&head.k)?.t()?.contiguous()?;
-    let k_smooth_t = k_smooth.t()?.contiguous()?;
-    let q_means = if q_means.is_empty() {
+    // sage2_4b: q̄_b·K̃ᵀ for every query block b ([blocks, n], on the device), added to its rows.
+    let mean_logits = if q_means.is_empty() {
         None
     } else {
-        Some(T::tensor(q_means, (n.div_ceil(QUERY_BLOCK), p), dev)?)
+        let means = T::tensor(q_means, (n.div_ceil(QUERY_BLOCK), p), head.q.device())?;
+        Some(T::host(&means.matmul(&k_smooth.t()?.contiguous()?)?)?)
     };
-    let scores = |a: usize, len: usize, kend: usize| -> Result<Tensor> {
-        let kt = kt.narrow(1, 0, kend)?;
-        let s = qhat.narrow(0, a, len)?.matmul(&kt)?;
-        Ok(match &q_means {
-            None => s,
-            Some(means) => {
-                let mean = means.narrow(0, a / QUERY_BLOCK, 1)?;
-                s.broadcast_add(&mean.matmul(&k_smooth_t.narrow(1, 0, kend)?)?)?
+    let scores = |a: usize, len: usize, kend: usize| -> Result<Vec<T>> {
+        let s = qhat
+            .narrow(0, a, len)?
+            .matmul(&kt.narrow(1, 0, kend)?.contiguous()?)?;
+        let mut s = T::host(&s)?;
+        if let Some(ml) = &mean_logits {
+            for (r, row) in s.chunks_exact_mut(kend).enumerate() {
+                let b = (a + r) / QUERY_BLOCK;
+                row.iter_mut()
+                    .zip(&ml[b * n..b * n + kend])
+                    .for_each(|(x, &y)| *x += y);
             }
-        })
+        }
+        Ok(s)
     };
     let vhat = v.tensor(&head.v)?;
-    let quant_p: &(dyn Fn(T) -> T + Sync) = match m.kernel {
-        SageKernel::Sage1 => &|x: T| x.round_f16(),
-        _ => &e4m3_p::<T>,
-    };
-    online_softmax(n, head.mask, &scores, &vhat, quant_p)
+    match m.kernel {
+        SageKernel::Sage1 => online_softmax(n, head.mask, &scores, &vhat, T::round_f16),
+        _ => online_softmax(n, head.mask, &scores, &vhat, e4m3_p::<T>),
+    }
 }
 
 impl Method for Sage {

@@ -155,13 +155,13 @@ fn online_softmax_follows_the_literal_recursion_and_is_exact_with_identity_p() {
         .map(|r| r.into_iter().map(|x| 3.0 * x).collect())
         .collect();
     let st = Tensor::new(s.clone(), &test_device()).unwrap();
-    let scores = |a: usize, len: usize, kend: usize| -> anyhow::Result<Tensor> {
-        Ok(st.narrow(0, a, len)?.narrow(1, 0, kend)?)
+    let scores = |a: usize, len: usize, kend: usize| -> anyhow::Result<Vec<f64>> {
+        to_vec_f64(&st.narrow(0, a, len)?.narrow(1, 0, kend)?)
     };
     for mask in [Mask::None, Mask::Causal] {
         let causal = mask == Mask::Causal;
         let f16 = |x: f64| x.round_f16();
-        let got = online_softmax::<f64>(n, mask, &scores, &h.v, &f16).unwrap();
+        let got = online_softmax::<f64>(n, mask, &scores, &h.v, f16).unwrap();
         let want = literal_online_softmax(&s, &v, causal, f16);
         let got = to_vec_f64(&got).unwrap();
         let worst = want
@@ -172,10 +172,24 @@ fn online_softmax_follows_the_literal_recursion_and_is_exact_with_identity_p() {
             .fold(0.0, f64::max);
         assert!(worst < 1e-13, "{mask:?}: {worst}");
         // The identity P quantizer: exact attention of the same logits.
-        let ident = online_softmax::<f64>(n, mask, &scores, &h.v, &|x| x).unwrap();
+        let ident = online_softmax::<f64>(n, mask, &scores, &h.v, |x| x).unwrap();
         let sh = HeadInputs::masked((&h.q * 3.0).unwrap(), h.k.clone(), h.v.clone(), mask).unwrap();
         let diff = max_abs_diff(&ident, &exact(&sh));
         assert!(diff < 1e-13, "{mask:?}: {diff}");
+        // Chunks of one or three query blocks for the products: the same bits.
+        for step in [QUERY_BLOCK, 3 * QUERY_BLOCK] {
+            let other = super::online_softmax::online_softmax_in_chunks::<f64>(
+                n, mask, &scores, &h.v, f16, step,
+            )
+            .unwrap();
+            assert_eq!(
+                max_abs_diff(
+                    &other,
+                    &Tensor::new(to_vec2(&got, p), &test_device()).unwrap()
+                ),
+                0.0
+            );
+        }
         // A quantized P moves the output (the test would pass vacuously otherwise).
         assert!(
             max_abs_diff(

@@ -41,7 +41,18 @@ fn round_to_grid(x: f64, mant_bits: i32, emin: i32) -> f64 {
     // k: the exponent of the ulp at x. The rounded r ≤ 2^(mant_bits+1); near f64's top r·2^k
     // overflows to inf, which every caller treats as out of range anyway.
     let k = e.max(emin) - mant_bits;
-    (x * pow2(-k)).round_ties_even() * pow2(k)
+    round_ties_even_small(x * pow2(-k)) * pow2(k)
+}
+
+/// Round half to even of |y| < 2⁵¹, exactly: adding 2⁵² rounds |y| to an integer in the default
+/// rounding mode (the ulp there is 1), and subtracting it back is exact. The same result as
+/// `f64::round_ties_even` (a test checks), without its libm call on CPUs the baseline target
+/// gives no rounding instruction (SSE4.1): the P quantizers of the SageAttention kernels round
+/// every probability of a head through here.
+#[inline(always)]
+fn round_ties_even_small(y: f64) -> f64 {
+    const TWO52: f64 = 4_503_599_627_370_496.0;
+    ((y.abs() + TWO52) - TWO52).copysign(y)
 }
 
 /// One round-to-nearest-even of x to IEEE binary16, returned widened (exact). |x| ≥ 65520 gives
@@ -58,9 +69,42 @@ pub fn round_f16(x: f64) -> f64 {
     }
 }
 
-/// [`round_f16`] of an f32 (f32 → f64 is exact, so this is still one rounding).
+/// [`round_f16`] of an f32, in f32 bit arithmetic (branch-free, so that a slice of them
+/// vectorises: the P quantizer of `sage1` rounds every probability of a head); equal to
+/// `round_f16(x as f64) as f32` on every input (tests check, with the committed tables).
 pub fn round_f16_f32(x: f32) -> f32 {
-    round_f16(x as f64) as f32
+    let r = round_f32_to_grid(x, 10, -14);
+    if r.abs() > F16_MAX as f32 {
+        f32::INFINITY.copysign(x)
+    } else {
+        r
+    }
+}
+
+/// One round-to-nearest-even of an f32 to `mant_bits` fraction bits with the exponent clamped
+/// below at `emin`, in f32 bit arithmetic: at or above 2^emin, adding half an ulp of the target
+/// (less one, plus the kept lowest bit: ties to even) to the bit pattern and clearing the dropped
+/// bits rounds the mantissa, a carry moving into the exponent as it should; below 2^emin the fixed
+/// step 2^(emin − mant_bits) is the ulp of c = 2^(emin − mant_bits + 23), so (|x| + c) − c rounds
+/// to it exactly. NaN stays NaN; ±∞ stays; a result past f32's range is ±∞ (callers decide
+/// overflow and saturation).
+#[inline(always)]
+fn round_f32_to_grid(x: f32, mant_bits: u32, emin: i32) -> f32 {
+    let a = x.abs();
+    let shift = 23 - mant_bits;
+    let bits = a.to_bits();
+    let lowest_kept = (bits >> shift) & 1;
+    let normal =
+        f32::from_bits((bits + ((1 << (shift - 1)) - 1) + lowest_kept) & !((1 << shift) - 1));
+    let c = f32::from_bits(((emin - mant_bits as i32 + 23 + 127) as u32) << 23);
+    let sub = (a + c) - c;
+    let two_emin = f32::from_bits(((emin + 127) as u32) << 23);
+    let r = if a < two_emin { sub } else { normal };
+    if x.is_nan() {
+        x
+    } else {
+        r.copysign(x)
+    }
 }
 
 /// One round-to-nearest-even of x to bfloat16 (8 exponent bits, 7 fraction bits, f32's range
@@ -77,9 +121,9 @@ pub fn round_bf16(x: f64) -> f64 {
     }
 }
 
-/// [`round_bf16`] of an f32.
+/// [`round_bf16`] of an f32, in f32 bit arithmetic (as [`round_f16_f32`]).
 pub fn round_bf16_f32(x: f32) -> f32 {
-    round_bf16(x as f64) as f32
+    round_f32_to_grid(x, 7, -126)
 }
 
 /// One round-to-nearest-even of x to E4M3 (`float8_e4m3fn`: bias 7, normals 2⁻⁶..448,
@@ -98,9 +142,15 @@ pub fn round_e4m3(x: f64) -> f64 {
     }
 }
 
-/// [`round_e4m3`] of an f32.
+/// [`round_e4m3`] of an f32, in f32 bit arithmetic (as [`round_f16_f32`]; `sage2_*` round
+/// every probability of a head through here), saturating at ±448.
 pub fn round_e4m3_f32(x: f32) -> f32 {
-    round_e4m3(x as f64) as f32
+    let r = round_f32_to_grid(x, 3, -6);
+    if r.abs() > E4M3_MAX as f32 {
+        (E4M3_MAX as f32).copysign(x)
+    } else {
+        r
+    }
 }
 
 /// Bit pattern of a value already on a format's grid (`r` finite, in range). `bias` and
@@ -297,6 +347,24 @@ run_float!(f64, round_f16, round_bf16, round_e4m3);
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn small_ties_even_rounding_is_round_ties_even() {
+        let mut x = 0x9e37_79b9_7f4a_7c15u64;
+        for i in 0..200_000u64 {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            // Halves, quarters and random values across magnitudes below 2^12, both signs.
+            let y = match i % 3 {
+                0 => (x % 8192) as f64 / 2.0 - 2048.0,
+                1 => (x % 32768) as f64 / 8.0 - 2048.0,
+                _ => (f64::from_bits(0x3ff0_0000_0000_0000 | (x >> 12)) - 1.5) * 4096.0,
+            };
+            let (a, b) = (round_ties_even_small(y), y.round_ties_even());
+            assert_eq!(a.to_bits(), b.to_bits(), "{y}");
+        }
+    }
 
     #[test]
     fn f16_closed_forms() {

@@ -371,3 +371,52 @@ fn f32_paths_equal_the_exact_widening() {
         }
     }
 }
+
+/// The f32 bit-arithmetic roundings against the f64 ones (verified above by brute force) where
+/// they can differ: at and around every midpoint of each format's grid (and the overflow and
+/// saturation edges), on a stride through every f32 bit pattern, and on both signs.
+#[test]
+fn f32_bit_roundings_equal_the_f64_ones_around_every_midpoint() {
+    let check = |x: f32| {
+        for y in [x, -x] {
+            for (a, b) in [
+                (round_f16_f32(y), round_f16(y as f64)),
+                (round_bf16_f32(y), round_bf16(y as f64)),
+                (round_e4m3_f32(y), round_e4m3(y as f64)),
+            ] {
+                assert!(same(a as f64, b), "{y:e}: {a:e} vs {b:e}");
+            }
+        }
+    };
+    let around = |m: f64| {
+        let c = m as f32;
+        let mut x = c;
+        for _ in 0..3 {
+            x = f32::from_bits(x.to_bits().saturating_sub(1));
+        }
+        for _ in 0..7 {
+            check(x);
+            x = f32::from_bits(x.to_bits() + 1);
+        }
+    };
+    // f16: every pair of neighbours; E4M3: every code; bf16: every pattern with the low byte of
+    // its f32 exponent range sampled (its midpoints are f32 values exactly).
+    let f16s: Vec<f64> = (0u16..0x7c00).map(f16_from_bits).collect();
+    let e4m3s: Vec<f64> = (0u8..0x7f).map(e4m3_from_bits).collect();
+    for grid in [&f16s, &e4m3s] {
+        for w in grid.windows(2) {
+            around(w[0]);
+            around(0.5 * (w[0] + w[1]));
+        }
+    }
+    for b in (0u16..0x7f80).step_by(7) {
+        let (lo, hi) = (bf16_from_bits(b), bf16_from_bits(b + 1));
+        around(0.5 * (lo + hi));
+    }
+    for m in [65504.0, 65520.0, 65536.0, 448.0, 464.0, 480.0, 3.4e38] {
+        around(m);
+    }
+    for bits in (0u32..=u32::MAX).step_by(4099) {
+        check(f32::from_bits(bits));
+    }
+}
