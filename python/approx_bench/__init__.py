@@ -30,6 +30,7 @@ __all__ = [
     "plot",
     "exact",
     "spectral_error",
+    "agreement",
     "approximate",
     "trial_seed",
     "methods",
@@ -68,15 +69,25 @@ def spectral_error(o, o_hat) -> tuple[float, float, float]:
     return _core.spectral_error(o.astype(dtype, copy=False), o_hat.astype(dtype, copy=False))
 
 
+def agreement(o, o_hat) -> tuple[float, float, float]:
+    """(cos_sim, rel_l1, rmse) of Ô against O on the flattened output, in float64, as trials.csv
+    records them (METHODS.md §8.5; the units of SageAttention's and KV-cache papers' tables)."""
+    o, o_hat = _head("o", o), _head("o_hat", o_hat)
+    dtype = np.result_type(o, o_hat)
+    return _core.agreement(o.astype(dtype, copy=False), o_hat.astype(dtype, copy=False))
+
+
 def approximate(method: str, q, k, v, d: int, seed: int, mask: str = "none") -> np.ndarray:
     """Ô of built-in method ``method`` with budget ``d`` for one head (its causal form with
     ``mask="causal"``, METHODS.md §7.4; a method without one raises ValueError).
 
     ``seed`` is the trial's derived seed (the ``seed`` column of trials.csv, or
     :func:`trial_seed`); with the same Q, K, V the result equals the CLI's trial bit for bit.
+    The quantized family (``kv_q4_0``, ``kivi2``, ``sage2_8b``, …; METHODS.md §8) has no budget:
+    pass ``d=0`` (trials.csv's d) and any seed.
     """
-    if int(d) < 1:
-        raise ValueError(f"d = {d}: the budget must be a positive integer")
+    if int(d) < 0:
+        raise ValueError(f"d = {d}: the budget must be a non-negative integer")
     return _core.approximate(method, *_qkv(q, k, v), int(d), int(seed), mask)
 
 

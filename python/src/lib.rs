@@ -135,8 +135,8 @@ fn exact<'py>(
 }
 
 /// (‖O − Ô‖₂, ‖O − Ô‖₂/‖O‖₂, ‖O − Ô‖_F): the benchmark's metric, in float64.
-#[pyfunction]
-fn spectral_error(o: &Bound<'_, PyAny>, o_hat: &Bound<'_, PyAny>) -> PyResult<(f64, f64, f64)> {
+/// O and Ô as tensors of one shape (the metric's inputs), or a ValueError naming both shapes.
+fn output_pair(o: &Bound<'_, PyAny>, o_hat: &Bound<'_, PyAny>) -> PyResult<(Tensor, Tensor)> {
     let (o, oh) = (tensor("o", o)?, tensor("o_hat", o_hat)?);
     if o.dims() != oh.dims() {
         return Err(PyValueError::new_err(format!(
@@ -145,10 +145,25 @@ fn spectral_error(o: &Bound<'_, PyAny>, o_hat: &Bound<'_, PyAny>) -> PyResult<(f
             oh.dims()
         )));
     }
+    Ok((o, oh))
+}
+
+#[pyfunction]
+fn spectral_error(o: &Bound<'_, PyAny>, o_hat: &Bound<'_, PyAny>) -> PyResult<(f64, f64, f64)> {
+    let (o, oh) = output_pair(o, o_hat)?;
     let e = spectral::error_norms(&o, &oh).map_err(err)?;
     let o64 = o.to_dtype(DType::F64).map_err(cerr)?;
     let norm = spectral::matrix_norms(&o64).map_err(err)?.spectral;
     Ok((e.spectral, e.spectral / norm, e.frobenius))
+}
+
+/// cos_sim, rel_l1 and rmse of Ô against O on the flattened output (METHODS.md §8.5), as trials.csv
+/// records them.
+#[pyfunction]
+fn agreement(o: &Bound<'_, PyAny>, o_hat: &Bound<'_, PyAny>) -> PyResult<(f64, f64, f64)> {
+    let (o, oh) = output_pair(o, o_hat)?;
+    let a = approx_bench::numerics::agreement::agreement(&o, &oh).map_err(err)?;
+    Ok((a.cos_sim, a.rel_l1, a.rmse))
 }
 
 /// Ô of a built-in method for one head, with the trial generator of derived seed `seed`
@@ -346,6 +361,7 @@ fn plot(
 fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(exact, m)?)?;
     m.add_function(wrap_pyfunction!(spectral_error, m)?)?;
+    m.add_function(wrap_pyfunction!(agreement, m)?)?;
     m.add_function(wrap_pyfunction!(approximate, m)?)?;
     m.add_function(wrap_pyfunction!(trial_seed, m)?)?;
     m.add_function(wrap_pyfunction!(methods, m)?)?;

@@ -117,3 +117,40 @@ def _window_row(q, k, v, i, d):
     s = k[lo:i + 1] @ q[i] / np.sqrt(q.shape[1])
     e = np.exp(s - s.max())
     return (e / e.sum()) @ v[lo:i + 1]
+
+
+def q8_0(x):
+    """llama.cpp's Q8_0 round trip (quantize_row_q8_0_ref) in float32, blocks of 32 along rows."""
+    b = np.asarray(x, dtype=np.float32).reshape(-1, 32)
+    d = (np.abs(b).max(axis=1, keepdims=True) / np.float32(127)).astype(np.float32)
+    inv = np.where(d != 0, np.float32(1) / np.where(d != 0, d, 1), 0).astype(np.float32)
+    y = (b * inv).astype(np.float32)
+    q = np.sign(y) * np.floor(np.abs(y) + np.float32(0.5))  # roundf: half away from zero
+    return (d.astype(np.float16).astype(np.float32) * q).astype(np.float32).reshape(np.shape(x))
+
+
+@pytest.mark.parametrize("mask", ["none", "causal"])
+def test_quantized_caches_against_numpy(mask):
+    q, k, v = head(n=96, p=64, seed=3, dtype=np.float64)
+    ref = lambda q_, k_, v_: ab.exact(q_, k_, v_, mask=mask)
+    # kv_f16: numpy's float64 → float16 cast rounds once, as METHODS.md §8.2 asks.
+    f16 = lambda x: x.astype(np.float16).astype(np.float64)
+    got = ab.approximate("kv_f16", q, k, v, 0, 0, mask=mask)
+    assert np.abs(got - ref(f16(q), f16(k), f16(v))).max() < 1e-13
+    # kv_q8_0: Q, K and V in Q8_0 (the cache write rounds to f32 first).
+    q8 = lambda x: q8_0(x.astype(np.float32)).astype(np.float64)
+    got = ab.approximate("kv_q8_0", q, k, v, 0, 0, mask=mask)
+    assert np.abs(got - ref(q8(q), q8(k), q8(v))).max() < 1e-13
+    # A budget method still refuses d = 0, naming it.
+    with pytest.raises(ValueError, match="d must be at least 1"):
+        ab.approximate("window", q, k, v, 0, 0, mask=mask)
+
+
+def test_agreement_is_the_literatures_three_measures():
+    r = np.random.default_rng(4)
+    o = r.standard_normal((50, 8))
+    o_hat = o + 0.05 * r.standard_normal((50, 8))
+    cos, l1, rmse = ab.agreement(o, o_hat)
+    assert cos == pytest.approx((o * o_hat).sum() / np.linalg.norm(o) / np.linalg.norm(o_hat), rel=1e-13)
+    assert l1 == pytest.approx(np.abs(o - o_hat).sum() / np.abs(o).sum(), rel=1e-13)
+    assert rmse == pytest.approx(np.sqrt(((o - o_hat) ** 2).mean()), rel=1e-13)

@@ -235,3 +235,32 @@ def test_a_causal_sweep_tells_a_users_function_the_mask_and_scores_it_like_the_b
 
     with pytest.raises(RuntimeError, match="mask=None"):
         ab.sweep([unaware], out=tmp_path / "u", mask="causal", **tiny, **GRID)
+
+
+def test_quantized_methods_run_once_per_head_with_the_new_columns(tiny, tmp_path):
+    # The tiny BERT has p = 8: the formats that take any p (f16, FP8, SageAttention) run, beside a
+    # sparse method and a user's function.
+    out = tmp_path / "quant"
+    ab.sweep(["kv_f16", "kv_fp8", "sage2_8b", "window", window_attention], out=out, **tiny, **GRID)
+    got = rows(out)
+    quant = [r for r in got if r["method"] in ("kv_f16", "kv_fp8", "sage2_8b")]
+    assert len(quant) == 3 * 2 * 2 * 4  # methods × n × windows × heads, d = 0 only
+    assert {r["d"] for r in quant} == {"0"}
+    for r, (n, w, h, d, seed), (q, k, v) in with_inputs(got, tiny):
+        o = ab.exact(q, k, v)
+        if r["method"] == "window_attention":
+            o_hat = window_attention(q, k, v, d, None)
+        else:
+            o_hat = ab.approximate(r["method"], q, k, v, d, seed)
+        cos, l1, rmse = ab.agreement(o, o_hat)
+        assert float(r["cos_sim"]) == pytest.approx(cos, rel=1e-12), r
+        assert float(r["rel_l1"]) == pytest.approx(l1, rel=1e-12, abs=1e-15), r
+        assert float(r["rmse"]) == pytest.approx(rmse, rel=1e-12, abs=1e-15), r
+        bits = {"kv_f16": "16.0", "kv_fp8": "8.0", "sage2_8b": "8.0", "window": "16.0"}.get(r["method"], "")
+        assert r["kv_bits"] == bits, r
+        if r["method"] in ("kv_f16", "kv_fp8", "sage2_8b"):
+            assert float(r["kv_read"]) == float(bits) / 16 and r["mass"] == "1.0"
+        elif r["method"] == "window":
+            assert float(r["kv_read"]) == pytest.approx(float(r["keys"]) / n, rel=1e-15)
+        else:
+            assert r["kv_read"] == ""  # a user's function reads no declared cache

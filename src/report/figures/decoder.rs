@@ -8,8 +8,8 @@
 use super::axis::{Axis, Scale, TickFormat};
 use super::draw::Figure;
 use super::field::{field_style, ordered_methods, shown_lengths};
-use super::figs::{panel, Tally, XOf};
-use super::{lengths_of, models, Statistic};
+use super::figs::{panel, SideColumn, Tally, XOf};
+use super::{models, Statistic};
 use crate::attention::Mask;
 use crate::report::summary::SummaryRow;
 
@@ -67,45 +67,14 @@ pub fn decoder(rows: &[SummaryRow], stat: Statistic) -> Option<Figure> {
         }
         // The mass panel: the same x, y = mean mass captured (restricted methods only), at the
         // model's largest length with data.
-        let Some(mass_n) = lengths_of(&rows, model)
-            .into_iter()
-            .filter(|n| ns.contains(n))
-            .max()
-        else {
-            cells.push(None);
-            continue;
+        let mass = SideColumn {
+            value: &|r: &SummaryRow| r.mass_mean,
+            x: (XOf::Keys, x_axis.clone(), X_KEYS),
+            y_scale: Scale::Linear,
+            title: "mass captured",
+            y_label: "mass on the visited keys, mean_i Σ_{j∈S_i} P_ij",
         };
-        let mass_rows: Vec<SummaryRow> = rows
-            .iter()
-            .filter(|r| r.model == *model && r.n == mass_n)
-            .filter_map(|r| {
-                r.mass_mean.map(|m| SummaryRow {
-                    mean: m,
-                    stderr: 0.0,
-                    ..r.clone()
-                })
-            })
-            .collect();
-        let with_mass: Vec<String> = draw
-            .iter()
-            .filter(|m| mass_rows.iter().any(|r| &r.method == *m))
-            .cloned()
-            .collect();
-        let mut scratch = Tally::causal();
-        let x = (XOf::Keys, x_axis.clone(), X_KEYS);
-        let mut p = panel(
-            &mass_rows,
-            model,
-            mass_n,
-            &with_mass,
-            &style_of,
-            x,
-            Scale::Linear,
-            &mut scratch,
-        );
-        p.title = format!("{model} n={mass_n}: mass captured");
-        p.y_label = "mass on the visited keys, mean_i Σ_{j∈S_i} P_ij".into();
-        cells.push(Some(p));
+        cells.push(mass.panel(&rows, model, &ns, &draw, &style_of));
     }
     let style_all = |m: &str| field_style(m, &legend_order);
     Some(Figure {

@@ -458,3 +458,62 @@ pub fn accuracy_cost(rows: &[SummaryRow], model: &str, stat: Statistic) -> Optio
         panel_h: 500,
     })
 }
+
+/// What a figure's last column plots for each method: another statistic of the same points
+/// (decoder.png: the mass captured; quant.png: 1 − cos_sim), against the same x, at the model's
+/// largest shown length with data; None when the model has no such length.
+pub(super) struct SideColumn<'a> {
+    /// The point's y, None where the method has no such statistic (it is then not drawn).
+    pub value: &'a dyn Fn(&SummaryRow) -> Option<f64>,
+    pub x: (XOf, Axis, &'a str),
+    pub y_scale: Scale,
+    /// Appended to "{model} n={n}: " in the panel title.
+    pub title: &'a str,
+    pub y_label: &'a str,
+}
+
+impl SideColumn<'_> {
+    pub(super) fn panel(
+        &self,
+        rows: &[SummaryRow],
+        model: &str,
+        shown: &[usize],
+        methods: &[String],
+        style_of: &dyn Fn(&str) -> SeriesStyle,
+    ) -> Option<Panel> {
+        let n = super::lengths_of(rows, model)
+            .into_iter()
+            .filter(|n| shown.contains(n))
+            .max()?;
+        let side: Vec<SummaryRow> = rows
+            .iter()
+            .filter(|r| r.model == model && r.n == n)
+            .filter_map(|r| {
+                (self.value)(r).map(|y| SummaryRow {
+                    mean: y,
+                    stderr: 0.0,
+                    ..r.clone()
+                })
+            })
+            .collect();
+        let with_value: Vec<String> = methods
+            .iter()
+            .filter(|m| side.iter().any(|r| &r.method == *m))
+            .cloned()
+            .collect();
+        let mut scratch = Tally::default();
+        let mut p = panel(
+            &side,
+            model,
+            n,
+            &with_value,
+            style_of,
+            self.x.clone(),
+            self.y_scale,
+            &mut scratch,
+        );
+        p.title = format!("{model} n={n}: {}", self.title);
+        p.y_label = self.y_label.into();
+        Some(p)
+    }
+}

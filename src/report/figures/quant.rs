@@ -10,8 +10,8 @@
 use super::axis::{Axis, Scale, TickFormat};
 use super::draw::Figure;
 use super::field::{field_style, ordered_methods, shown_lengths};
-use super::figs::{panel, Tally, XOf};
-use super::{lengths_of, models, Statistic};
+use super::figs::{panel, SideColumn, Tally, XOf};
+use super::{models, Statistic};
 use crate::attention::Mask;
 use crate::report::summary::SummaryRow;
 
@@ -102,40 +102,14 @@ pub fn quant(rows: &[SummaryRow], stat: Statistic) -> Option<Figure> {
             )));
         }
         // 1 − cos_sim at the model's largest length (the papers' unit, on a log axis).
-        let Some(top) = lengths_of(&rows, model)
-            .into_iter()
-            .filter(|n| ns.contains(n))
-            .max()
-        else {
-            cells.push(None);
-            continue;
+        let cos = SideColumn {
+            value: &|r: &SummaryRow| r.cos_sim_mean.map(|c| 1.0 - c),
+            x: (XOf::KvRead, x_axis.clone(), X_READ),
+            y_scale: Scale::Log10,
+            title: "1 − cos_sim",
+            y_label: "1 − ⟨O, Ô⟩/(‖O‖_F‖Ô‖_F), mean over heads",
         };
-        let cos_rows: Vec<SummaryRow> = rows
-            .iter()
-            .filter(|r| r.model == *model && r.n == top)
-            .filter_map(|r| {
-                r.cos_sim_mean.map(|c| SummaryRow {
-                    mean: 1.0 - c,
-                    stderr: 0.0,
-                    ..r.clone()
-                })
-            })
-            .collect();
-        let mut scratch = Tally::default();
-        let x = (XOf::KvRead, x_axis.clone(), X_READ);
-        let mut p = panel(
-            &cos_rows,
-            model,
-            top,
-            &draw,
-            &style_of,
-            x,
-            Scale::Log10,
-            &mut scratch,
-        );
-        p.title = format!("{model} n={top}: 1 − cos_sim");
-        p.y_label = "1 − ⟨O, Ô⟩/(‖O‖_F‖Ô‖_F), mean over heads".into();
-        cells.push(Some(p));
+        cells.push(cos.panel(&rows, model, &ns, &draw, &style_of));
     }
     let style_all = |m: &str| field_style(m, &legend_order);
     Some(Figure {
