@@ -189,6 +189,11 @@ fn approximate<'py>(
             attention::mask_method_ids(Target::Softmax, mask).join(", ")
         )));
     }
+    if d == 0 && m.has_budget() {
+        return Err(PyValueError::new_err(format!(
+            "{method}: d = 0, but its budget d must be at least 1 (only the quantized family, METHODS.md §8, runs at d = 0)"
+        )));
+    }
     let h = head(q, k, v)?;
     let h = HeadInputs::masked(h.q.clone(), h.k.clone(), h.v.clone(), mask).map_err(err)?;
     m.check(h.n(), d)

@@ -398,8 +398,11 @@ pub trait Method: Send + Sync {
     fn macs(&self, n: usize, p: usize, d: usize) -> f64;
     /// Why (n, d) cannot be run, if it cannot.
     fn check(&self, n: usize, d: usize) -> std::result::Result<(), String> {
-        if d == 0 {
-            return Err("d must be at least 1".into());
+        if d == 0 && self.has_budget() {
+            return Err(
+                "d must be at least 1: it is the method's budget (only the quantized family runs without one, at d = 0)"
+                    .into(),
+            );
         }
         let _ = n;
         Ok(())

@@ -86,9 +86,6 @@ impl Method for Kivi {
     fn macs_masked(&self, n: usize, p: usize, _d: usize, mask: Mask) -> f64 {
         dense_macs(n, p, mask)
     }
-    fn check(&self, _n: usize, _d: usize) -> std::result::Result<(), String> {
-        Ok(())
-    }
     fn check_head_dim(&self, p: usize) -> std::result::Result<(), String> {
         check_blocks_of_32(p)
     }

@@ -189,9 +189,6 @@ impl Method for Sage {
     fn macs_masked(&self, n: usize, p: usize, _d: usize, mask: Mask) -> f64 {
         dense_macs(n, p, mask)
     }
-    fn check(&self, _n: usize, _d: usize) -> std::result::Result<(), String> {
-        Ok(())
-    }
     /// K and V as the kernel takes them (§8.4): 8 + 16 → 12 for `sage1`, 8 for `sage2_8b`,
     /// (4 + 8)/2 = 6 for `sage2_4b` (scales negligible).
     fn kv_bits(&self, _n: usize) -> Option<f64> {
