@@ -53,6 +53,7 @@ import bisect
 import json
 import math
 import struct
+import sys
 from fractions import Fraction
 from pathlib import Path
 
@@ -345,6 +346,37 @@ def gen_ggml(rng, index):
                                      "blocks_with_f16_overflow": overflow}
 
 
+def check_committed(fixtures: Path) -> int:
+    """Recomputes the committed ggml tables from their committed inputs with the installed gguf-py
+    (and the f16 tables with numpy's one-rounding cast), whatever numpy's random streams do in the
+    installed version: the `.ci/run` step. Returns the number of mismatching records."""
+    bad = 0
+    blocks = np.frombuffer((fixtures / "ggml_input.bin").read_bytes(), dtype="<f4").reshape(-1, 32)
+    for name, qt in GGML:
+        with np.errstate(all="ignore"):
+            raw = quants.quantize(blocks, qt)
+            deq = quants.dequantize(raw, qt).astype("<f4")
+        rows = np.concatenate([raw, deq.view(np.uint8).reshape(len(blocks), 128)], axis=1)
+        want = np.frombuffer((fixtures / f"ggml_{name}.bin").read_bytes(), dtype=np.uint8).reshape(rows.shape)
+        n = int(np.sum(np.any(rows != want, axis=1)))
+        print(f"ggml_{name}.bin: {len(blocks)} blocks, {n} differ from gguf-py {version_of('gguf')}")
+        bad += n
+    for f, xt in (("f16_f64.bin", "<f8"), ("f16_f32.bin", "<f4")):
+        rec = np.dtype([("x", xt), ("bits", "<u2")])
+        t = np.frombuffer((fixtures / f).read_bytes(), dtype=rec)
+        with np.errstate(all="ignore"):
+            got = t["x"].astype(np.float16).view(np.uint16)
+        n = int(np.sum(got != t["bits"]))
+        print(f"{f}: {len(t)} values, {n} differ from numpy {np.__version__}'s float16 cast")
+        bad += n
+    return bad
+
+
+def version_of(pkg):
+    from importlib.metadata import version
+    return version(pkg)
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     g = ap.add_mutually_exclusive_group()
@@ -352,7 +384,11 @@ def main():
     g.add_argument("--no-torch", action="store_true", help="ml_dtypes only")
     ap.add_argument("--out", default=None, help="write here instead of fixtures/formats (CI regenerates the "
                     "tables with gguf-py and compares them with the committed ones)")
+    ap.add_argument("--check", default=None, metavar="DIR",
+                    help="recompute the committed tables in DIR from their inputs instead of writing; exit 1 on a difference")
     args = ap.parse_args()
+    if args.check:
+        sys.exit(1 if check_committed(Path(args.check)) else 0)
     global OUT
     if args.out:
         OUT = Path(args.out)
