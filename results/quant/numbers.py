@@ -22,12 +22,14 @@ LENGTHS = [2048, 8192]
 QUANT = ["kv_f16", "kv_bf16", "kv_fp8", "kv_q8_0", "kv_q5_1", "kv_q5_0", "kv_q4_1", "kv_q4_0",
          "kivi4", "kivi2", "sage1", "sage2_8b", "sage2_4b"]
 SPARSE = ["window", "streaming", "quest", "xattention"]  # efficient ones; topk is the oracle
+EIGHT_BIT = ["kv_fp8", "kv_q8_0", "sage2_8b"]  # kv_read 0.50–0.53
+FOUR_BIT = ["kv_q4_1", "kv_q4_0", "kivi4", "kivi2"]  # kv_read 0.21–0.34
 ORACLE = "topk"
 
 
-def points(path, keep):
+def points(path, keep, windows=None):
     """(method, d) → (mean error, mean kv_read or None, mean cos_sim or None, trials) over the run's
-    trials of the methods in `keep`; {} if the run is absent."""
+    trials of the methods in `keep` (and of `windows` only, if given); {} if the run is absent."""
     acc = collections.defaultdict(list)
     try:
         f = open(f"{path}/trials.csv")
@@ -35,7 +37,7 @@ def points(path, keep):
         return {}
     with f:
         for r in csv.DictReader(f):
-            if r["method"] not in keep:
+            if r["method"] not in keep or (windows is not None and int(r["window"]) not in windows):
                 continue
             n = int(r["n"])
             read = float(r["kv_read"]) if r.get("kv_read") else (
@@ -45,6 +47,11 @@ def points(path, keep):
     mean = lambda xs: sum(xs) / len(xs) if xs and None not in xs else None
     return {k: (mean([e for e, _, _ in v]), mean([x for _, x, _ in v]), mean([c for _, _, c in v]), len(v))
             for k, v in acc.items()}
+
+
+def windows_of(path):
+    with open(f"{path}/trials.csv") as f:
+        return {int(r["window"]) for r in csv.DictReader(f)}
 
 
 def shards_of(path):
@@ -57,27 +64,25 @@ def shards_of(path):
 
 
 def facts():
-    """Per (run, n) with data: the §8 points, the sparse points, the best of each class."""
+    """Per (run, n) with data: the §8 points, the best 8-bit-class and 4-bit-class formats, and the
+    best sparse points at no more traffic than the best 4-bit-class format."""
     out = []
     for run, label in RUNS:
         for n in LENGTHS:
             q = points(f"{Q}/{run}-n{n}", set(QUANT))
             if not q:
                 continue
-            s = points(f"{D}/{run}-n{n}", set(SPARSE + [ORACLE]))
+            # The sparse methods on the same windows as the §8 trials (results/decoder has all of them).
+            s = points(f"{D}/{run}-n{n}", set(SPARSE + [ORACLE]), windows_of(f"{Q}/{run}-n{n}"))
             quant = {m: q[(m, 0)] for m in QUANT if (m, 0) in q}
-            q4 = min((m for m in quant if quant[m][1] <= 0.3), key=lambda m: quant[m][0])
-            q8 = min((m for m in quant if quant[m][1] <= 0.55 and quant[m][1] > 0.3),
-                     key=lambda m: quant[m][0])
+            best = lambda ms: min((m for m in ms if m in quant), key=lambda m: quant[m][0])
+            q8, q4 = best(EIGHT_BIT), best(FOUR_BIT)
             budget = quant[q4][1]
-            # The best efficient sparse point at no more traffic than the best 4-bit format.
-            cands = [(e, m, d, x) for (m, d), (e, x, _, _) in s.items()
-                     if m in SPARSE and x is not None and x <= budget]
-            best_sparse = min(cands) if cands else None
-            oracle = [(e, d, x) for (m, d), (e, x, _, _) in s.items()
-                      if m == ORACLE and x is not None and x <= budget]
+            # The best efficient sparse point and the oracle at no more traffic than that format.
+            near = lambda keep: min(((e, m, d, x) for (m, d), (e, x, _, _) in s.items()
+                                     if m in keep and x is not None and x <= budget), default=None)
             out.append(dict(run=run, label=label, n=n, quant=quant, q4=q4, q8=q8,
-                            sparse=best_sparse, oracle=min(oracle) if oracle else None,
+                            sparse=near(SPARSE), oracle=near([ORACLE]),
                             trials=quant[q4][3], shards=shards_of(f"{Q}/{run}-n{n}")))
     return out
 
@@ -94,41 +99,48 @@ def table(fs):
         sp = f["sparse"]
         sp_cell = f"`{sp[1]}` d = {sp[2]}: {g(sp[0])} ({sp[3]:.2f})" if sp else "–"
         o = f["oracle"]
-        o_cell = f"d = {o[1]}: {g(o[0])} ({o[2]:.2f})" if o else "–"
+        o_cell = f"d = {o[2]}: {g(o[0])} ({o[3]:.2f})" if o else "–"
         lines.append(f"| {f['label']}, {f['n']} | " + " | ".join(cells) + f" | {sp_cell} | {o_cell} |")
     reads = " · ".join(f"`{m}` {next(iter(fs))['quant'][m][1]:.2f}" for m in QUANT if m in fs[0]["quant"])
     return "\n".join(lines) + f"\n\nkv_read of each §8 method (n = {fs[0]['n']}): {reads}.\n"
 
 
+def span(xs):
+    xs = sorted(xs)
+    return str(xs[0]) if len(xs) == 1 else f"{xs[0]}–{xs[-1]}" if xs == list(range(xs[0], xs[-1] + 1)) else ", ".join(map(str, xs))
+
+
 def sentences(fs):
-    q4s = collections.Counter(f["q4"] for f in fs)
-    q8s = collections.Counter(f["q8"] for f in fs)
-    top4, top8 = q4s.most_common(1)[0][0], q8s.most_common(1)[0][0]
+    N = len(fs)
+    top8 = collections.Counter(f["q8"] for f in fs).most_common(1)[0][0]
+    top4 = collections.Counter(f["q4"] for f in fs).most_common(1)[0][0]
+    k8, k4 = sum(f["q8"] == top8 for f in fs), sum(f["q4"] == top4 for f in fs)
+    where = lambda fl: "; ".join(
+        f"{f['label']} at n = {f['n']}: `{f['sparse'][1]}` (d = {f['sparse'][2]}) {g(f['sparse'][0])} "
+        f"against `{f['q4']}`'s {g(f['quant'][f['q4']][0])}" for f in fl)
     wins = [f for f in fs if f["sparse"] and f["sparse"][0] < f["quant"][f["q4"]][0]]
-    loses = [f for f in fs if f not in wins]
-    where = lambda fl: ", ".join(f"{f['label']} at n = {f['n']}" for f in fl) or "none of the runs"
-    s1 = (f"At about half of dense f16 attention's K/V traffic, `{top8}` loses least "
-          f"({sum(1 for f in fs if f['q8'] == top8)} of {len(fs)} runs); at a quarter to a third "
-          f"(`kv_read` ≤ 0.3), `{top4}` ({sum(1 for f in fs if f['q4'] == top4)} of {len(fs)}).")
+    loses = [f for f in fs if f["sparse"] and f not in wins]
+    oracle_wins = [f for f in fs if f["oracle"] and f["oracle"][0] < f["quant"][f["q4"]][0]]
+    s1 = (f"Of the caches and kernels that read half of dense f16 attention's K/V bytes (`kv_read` "
+          f"0.50–0.53: `kv_fp8`, `kv_q8_0`, `sage2_8b`), `{top8}` loses least in {k8} of {N} runs; of "
+          f"those that read a third or less (`kv_q4_1`, `kv_q4_0`, `kivi4`, `kivi2`), `{top4}` in {k4} of {N}.")
     if wins:
-        w = wins[0]
-        s2 = (f"A sparse method beats the best 4-bit format at no more traffic on {where(wins)} "
-              f"(e.g. `{w['sparse'][1]}` at d = {w['sparse'][2]}: {g(w['sparse'][0])} against "
-              f"`{w['q4']}`'s {g(w['quant'][w['q4']][0])}),")
+        s2 = (f" An efficient sparse method beats the best of those 4-bit formats at no more traffic only in "
+              f"{where(wins)}")
     else:
-        s2 = "No efficient sparse method beats the best 4-bit format at equal traffic in any run,"
-    if loses:
-        l = loses[0]
-        ratio = (l["sparse"][0] / l["quant"][l["q4"]][0]) if l["sparse"] else float("nan")
-        s3 = (f" and the 4-bit format wins on {where(loses)} (e.g. `{l['q4']}` {g(l['quant'][l['q4']][0])} "
-              f"against the best sparse method's {g(l['sparse'][0]) if l['sparse'] else '–'}, {ratio:.1f}×).")
-    else:
-        s3 = " everywhere."
-    shards = sorted({tuple(f["shards"]) for f in fs})
-    state = ("all 16 shards" if all(len(f["shards"]) == 16 for f in fs)
-             else f"shards {', '.join('–'.join(map(str, (s[0], s[-1]))) if len(s) > 1 else str(s[0]) for s in shards)} of 16 so far, "
-                  f"{min(f['trials'] for f in fs)}–{max(f['trials'] for f in fs)} trials per point")
-    return f"{s1} {s2}{s3} ({state}; [the numbers](docs/reproductions.md#quantized-attention).)"
+        s2 = " No efficient sparse method beats the best 4-bit format at no more traffic"
+    if oracle_wins:
+        s2 += (f"; the top-k oracle does in {len(oracle_wins)} of {N} runs (e.g. "
+               f"{oracle_wins[0]['label']} at n = {oracle_wins[0]['n']}: {g(oracle_wins[0]['oracle'][0])})")
+    s2 += "."
+    s3 = (f" Elsewhere the 4-bit cache wins ({where(loses[:2])}{'; …' if len(loses) > 2 else ''})."
+          if loses else "")
+    complete = all(len(f["shards"]) == 16 for f in fs)
+    shards = sorted({i for f in fs for i in f["shards"]})
+    state = ("all 16 shards" if complete else
+             f"shard{'s' if len(shards) > 1 else ''} {span(shards)} of 16 so far, "
+             f"{min(f['trials'] for f in fs)}–{max(f['trials'] for f in fs)} trials per point")
+    return f"{s1}{s2}{s3} ({state}; [the numbers](docs/reproductions.md#quantized-attention).)"
 
 
 def replace(path, text):
