@@ -472,6 +472,37 @@ fn quantized_methods_run_once_per_head_and_refuse_what_they_cannot_store() {
         assert_eq!(bits[i], Some(16.0));
         assert_eq!(read[i], Some(keys[i].unwrap() / 32.5));
     }
+    // The device path (a window's heads batched, one issuing thread) on the CPU: the same rows
+    // within the rounding of the batched f64 targets (f64 run: far below 1e-9).
+    let dev_out = tmp.path().join("device-path");
+    let mut args: Vec<String> = flags.split_whitespace().map(String::from).collect();
+    for a in [
+        "--model-dir",
+        model.to_str().unwrap(),
+        "--corpus",
+        c.to_str().unwrap(),
+    ] {
+        args.push(a.into());
+    }
+    args.extend([
+        "--out".into(),
+        dev_out.to_str().unwrap().into(),
+        "--quiet".into(),
+    ]);
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let o = run(&args, &[("APPROX_BENCH_DEVICE_PATH", "1")]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let dev_trials = dev_out.join("trials.csv");
+    assert_eq!(column(&dev_trials, "method"), methods);
+    for name in ["error", "cos_sim", "rel_l1", "rmse", "kv_read"] {
+        for (a, b) in column(&trials, name).iter().zip(column(&dev_trials, name)) {
+            let (a, b): (f64, f64) = (a.parse().unwrap(), b.parse().unwrap());
+            assert!(
+                (a - b).abs() <= 1e-9 * a.abs().max(1e-12),
+                "{name}: {a} vs {b}"
+            );
+        }
+    }
     // A second run resumes with nothing left to do.
     let again = decoder_run(&model, &c, &out, flags);
     assert!(again.status.success(), "{}", stderr(&again));
