@@ -183,3 +183,39 @@ fn unwritable_out_is_refused() {
         "cannot create the directory",
     );
 }
+
+/// One writer per run directory (issue 32): while another process holds `--out`'s lock (here this
+/// test, through the library), a sweep into it is refused with exit 2 naming the holder; once the
+/// holder lets go, the same sweep runs.
+#[test]
+fn a_second_writer_into_one_out_is_refused() {
+    let tmp = tempfile::tempdir().unwrap();
+    let model = tiny_model(&tmp.path().join("m"), false);
+    let out = tmp.path().join("run");
+    std::fs::create_dir_all(&out).unwrap();
+    let corpus = corpus_path();
+    let args = with_tiny(
+        model.to_str().unwrap(),
+        corpus.to_str().unwrap(),
+        out.to_str().unwrap(),
+        &[
+            "--lengths",
+            "16",
+            "--windows",
+            "1",
+            "--features",
+            "4",
+            "--methods",
+            "vmean",
+        ],
+    );
+    let held = approx_bench::sweep::run_lock::acquire(&out).unwrap();
+    expect_usage_error(&args, "is being written by another approx-bench run");
+    assert!(
+        !out.join("trials.csv").exists(),
+        "the refused run wrote nothing"
+    );
+    drop(held);
+    let o = run(&args, &[]);
+    assert!(o.status.success(), "{}", stderr(&o));
+}

@@ -38,6 +38,7 @@ pub struct SweepOutcome {
 }
 
 mod device;
+pub mod run_lock;
 pub use device::{HEAD_BATCH_VAR, PROFILE_VAR};
 
 /// Rows whose output is non-finite or whose estimated normalizer is ≤ 0 or non-finite.
@@ -66,13 +67,22 @@ fn count_flagged(row_check: &[f64], norm: Option<&[f64]>) -> usize {
         .count()
 }
 
-fn prepare_out(cfg: &RunConfig, opts: &SweepOptions) -> Result<()> {
+/// Creates `opts.out`, takes its lock (one writer per run directory) and clears or checks what it
+/// holds; the lock is held until the returned value is dropped, at the end of the sweep.
+fn prepare_out(cfg: &RunConfig, opts: &SweepOptions) -> Result<run_lock::RunLock> {
     std::fs::create_dir_all(&opts.out).map_err(|e| {
         usage!(
             "--out {}: cannot create the directory ({e}); choose a writable --out",
             opts.out.display()
         )
     })?;
+    let lock = run_lock::acquire(&opts.out)?;
+    check_out(cfg, opts)?;
+    Ok(lock)
+}
+
+/// What `--out` holds: cleared with `--force`, else a resume of the same configuration only.
+fn check_out(cfg: &RunConfig, opts: &SweepOptions) -> Result<()> {
     let probe = opts.out.join(".write-test");
     std::fs::write(&probe, b"ok").map_err(|e| {
         usage!(
@@ -133,7 +143,7 @@ pub fn run_with(
     opts: &SweepOptions,
     mut extra: Vec<Box<dyn attention::Method>>,
 ) -> Result<SweepOutcome> {
-    prepare_out(cfg, opts)?;
+    let _lock = prepare_out(cfg, opts)?;
     // The windows all start at the corpus's beginning: the longest length times the window count
     // is every token the run reads, so only that prefix is tokenized.
     let need = cfg.lengths.iter().max().copied().unwrap_or(0) * cfg.windows;
