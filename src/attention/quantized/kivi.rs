@@ -73,7 +73,7 @@ fn kivi_kv<T: Real>(
 ) -> Result<(candle_core::Tensor, candle_core::Tensor)> {
     let (mut k, mut v) = (HostMat::<T>::of(&head.k)?, HostMat::<T>::of(&head.v)?);
     m.quantize_kv(&mut k, &mut v);
-    Ok((k.tensor(&head.k)?, v.tensor(&head.v)?))
+    Ok((k.into_tensor(&head.k)?, v.into_tensor(&head.v)?))
 }
 
 impl Method for Kivi {

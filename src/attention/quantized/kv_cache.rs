@@ -99,7 +99,11 @@ fn quantize_qkv<T: Real>(m: &KvCache, head: &HeadInputs) -> Result<(Tensor, Tens
             ggml(id, "V", &mut v, ty)?;
         }
     }
-    Ok((q.tensor(&head.q)?, k.tensor(&head.k)?, v.tensor(&head.v)?))
+    Ok((
+        q.into_tensor(&head.q)?,
+        k.into_tensor(&head.k)?,
+        v.into_tensor(&head.v)?,
+    ))
 }
 
 /// x̂ = s·E4M3(x/s), s = max|x|/448 over the whole tensor (one dynamic scale per K/V head, §8.3);

@@ -107,8 +107,13 @@ impl<T: Real> HostMat<T> {
     pub fn row(&self, i: usize) -> &[T] {
         &self.data[i * self.cols..(i + 1) * self.cols]
     }
+    /// A tensor of these values on `like`'s device (a copy: the host values stay usable).
     pub fn tensor(&self, like: &Tensor) -> Result<Tensor> {
         T::tensor(self.data.clone(), (self.rows, self.cols), like.device())
+    }
+    /// The values as a tensor on `like`'s device, without a copy on the host.
+    pub fn into_tensor(self, like: &Tensor) -> Result<Tensor> {
+        T::tensor(self.data, (self.rows, self.cols), like.device())
     }
     /// Applies `f` to the value at (row, col) in place.
     pub fn map(&mut self, f: impl Fn(T) -> T) {

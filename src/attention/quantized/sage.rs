@@ -144,8 +144,8 @@ fn sage_output<T: Real>(m: &Sage, head: &HeadInputs) -> Result<Tensor> {
             e4m3_per_channel(&mut v);
         }
     }
-    let qhat = q.tensor(&head.q)?;
-    let kt = k.tensor(&head.k)?.t()?.contiguous()?;
+    let qhat = q.into_tensor(&head.q)?;
+    let kt = k.into_tensor(&head.k)?.t()?.contiguous()?;
     // sage2_4b: q̄_b·K̃ᵀ for every query block b ([blocks, n], on the device), added to its rows.
     let mean_logits = if q_means.is_empty() {
         None
@@ -168,7 +168,7 @@ fn sage_output<T: Real>(m: &Sage, head: &HeadInputs) -> Result<Tensor> {
         }
         Ok(s)
     };
-    let vhat = v.tensor(&head.v)?;
+    let vhat = v.into_tensor(&head.v)?;
     match m.kernel {
         SageKernel::Sage1 => online_softmax(n, head.mask, &scores, &vhat, T::round_f16),
         _ => online_softmax(n, head.mask, &scores, &vhat, e4m3_p::<T>),
