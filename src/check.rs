@@ -45,8 +45,8 @@ pub fn execute(req: &CheckRequest) -> Result<i32> {
     // The report goes where --report says, else into the re-run's own output directory, else into
     // the working directory: never into the baseline or the run checked, which are inputs (a
     // committed baseline must not gain a file).
-    let (current, report_dir) = match &req.against {
-        Against::Current(path) => (load(path, "--current")?, PathBuf::new()),
+    let (current, report_dir, _lock) = match &req.against {
+        Against::Current(path) => (load(path, "--current")?, PathBuf::new(), None),
         Against::Rerun { out } => {
             let manifest = baseline.manifest.as_ref().ok_or_else(|| {
                 usage!(
@@ -89,8 +89,9 @@ pub fn execute(req: &CheckRequest) -> Result<i32> {
                 command: req.command.clone(),
                 shard: None,
             };
-            crate::sweep::run(&manifest.config, &sweep_opts)?;
-            (load(&out, "--out")?, out)
+            // The outcome holds the re-run's lock until the report is written into it.
+            let outcome = crate::sweep::run(&manifest.config, &sweep_opts)?;
+            (load(&out, "--out")?, out, outcome.lock)
         }
     };
     let report = check(&baseline, &current, opts)?;
@@ -99,8 +100,8 @@ pub fn execute(req: &CheckRequest) -> Result<i32> {
         .report
         .clone()
         .unwrap_or_else(|| report_dir.join(REPORT_FILE));
-    std::fs::write(&p, render::markdown(&report))
-        .map_err(|e| usage!("--report {}: cannot write ({e})", p.display()))?;
+    crate::atomic_file::write(&p, render::markdown(&report).as_bytes())
+        .map_err(|e| usage!("--report {}: cannot write ({e:#})", p.display()))?;
     eprintln!("report written to {}", p.display());
     Ok(report.exit_code())
 }

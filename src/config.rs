@@ -283,6 +283,42 @@ impl InputConfig {
 }
 
 /// Parses a comma-separated list of positive integers for `flag`.
+/// The longest window accepted (2²⁴ tokens): far past any model's context, and small enough that
+/// no product of a length with a window count, a head count or a head dimension wraps around.
+pub const MAX_LENGTH: usize = 1 << 24;
+
+/// The most windows per length accepted (every window is a separate forward).
+pub const MAX_WINDOWS: usize = 1 << 20;
+
+/// Checks a window length `n` given by `flag` (`--lengths` of the sweep, `--length` of
+/// `dump-qkv`): the one place that says what a length may be.
+pub fn check_length(flag: &str, n: usize) -> Result<usize> {
+    if n == 0 {
+        return Err(usage!(
+            "{flag}: 0 is not allowed; a window holds at least 1 token"
+        ));
+    }
+    if n > MAX_LENGTH {
+        return Err(usage!(
+            "{flag} {n}: longer than the {MAX_LENGTH} tokens a window may hold; give a length of at most {MAX_LENGTH}"
+        ));
+    }
+    Ok(n)
+}
+
+/// Checks a window count (`--windows`).
+pub fn check_windows(count: usize) -> Result<usize> {
+    match count {
+        0 => Err(usage!(
+            "--windows 0: at least one window per length is needed"
+        )),
+        c if c > MAX_WINDOWS => Err(usage!(
+            "--windows {c}: more than {MAX_WINDOWS} windows per length; give at most {MAX_WINDOWS}"
+        )),
+        c => Ok(c),
+    }
+}
+
 pub fn parse_positive_list(flag: &str, values: &[String]) -> Result<Vec<usize>> {
     let values: Vec<&str> = values
         .iter()
@@ -353,6 +389,9 @@ impl RunConfig {
             Mask::None => strings(&["8", "16", "32", "64", "128", "256"]),
         };
         let lengths = parse_positive_list("--lengths", a.lengths.as_ref().unwrap_or(&def_lengths))?;
+        for &n in &lengths {
+            check_length("--lengths", n)?;
+        }
         let features =
             parse_positive_list("--features", a.features.as_ref().unwrap_or(&def_features))?;
         for name in a.user_methods.keys() {
@@ -364,11 +403,7 @@ impl RunConfig {
             a.target,
             mask,
         )?;
-        if a.windows == 0 {
-            return Err(usage!(
-                "--windows 0: at least one window per length is needed"
-            ));
-        }
+        check_windows(a.windows)?;
         // d > n asks for more features (landmarks, samples, projected rows) than there are tokens:
         // no figure does it and most methods would silently cap it, so it is refused.
         // (A run of budget-free methods only, the quantized family, ignores the d grid.)

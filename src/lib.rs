@@ -7,12 +7,13 @@
 //! `check` runs the `check` command (re-running a baseline with `sweep` for `--rerun`, comparing
 //! with `report`, which reads runs and runs none). `runtime` sets the process-wide thread budget
 //! and allocator behaviour once at start-up; `bench` times the stages. The ground floor (`choice`,
-//! `device`, `tensor_util`, `file_hash`, `runtime`) imports nothing of the house.
+//! `device`, `tensor_util`, `file_hash`, `runtime`, `interrupt`, `atomic_file`) imports nothing of the house.
 //!
 //! The library takes plain configuration (`config`: [`config::RunOptions`] →
 //! [`config::RunConfig`], [`check::CheckRequest`], …) and knows nothing of the command line:
 //! the CLI (`src/main.rs`, `src/cli.rs`, in the binary) turns its arguments into it at the edge.
 
+pub mod atomic_file;
 pub mod attention;
 pub mod bench;
 pub mod check;
@@ -21,6 +22,7 @@ pub mod config;
 pub mod device;
 pub mod file_hash;
 pub mod inputs;
+pub mod interrupt;
 pub mod numerics;
 pub mod report;
 pub mod runtime;

@@ -151,14 +151,23 @@ fn print_summary(o: &sweep::SweepOutcome) {
 
 fn main() {
     let cli = Cli::parse();
-    let code = match approx_bench::runtime::configure(cli.threads).and_then(|_| run(cli)) {
+    let code = match approx_bench::runtime::configure(cli.threads)
+        .and_then(|_| approx_bench::interrupt::install())
+        .and_then(|_| run(cli))
+    {
         Ok(code) => code,
         Err(e) => {
-            eprintln!("error: {e:#}");
-            if e.downcast_ref::<UsageError>().is_some() {
-                EXIT_USAGE
+            if let Some(i) = e.downcast_ref::<approx_bench::interrupt::Interrupted>() {
+                // Not an error: what was computed is kept, and the message says how to go on.
+                eprintln!("{i}");
+                i.exit_code()
             } else {
-                EXIT_RUNTIME
+                eprintln!("error: {e:#}");
+                if e.downcast_ref::<UsageError>().is_some() {
+                    EXIT_USAGE
+                } else {
+                    EXIT_RUNTIME
+                }
             }
         }
     };

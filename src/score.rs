@@ -12,10 +12,9 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result};
 use candle_core::{DType, Device, Tensor};
-use serde::{Deserialize, Serialize};
 
 use crate::attention::HeadInputs;
-use crate::config::{Choice, InputConfig, RunConfig, UserMethod};
+use crate::config::{Choice, RunConfig, UserMethod};
 use crate::numerics::{sampling::TrialKey, spectral};
 use crate::report::manifest::{self, InputFile, Manifest};
 use crate::report::summary;
@@ -23,40 +22,7 @@ use crate::report::trials::{TrialRow, TrialWriter};
 use crate::sweep::SweepOutcome;
 use crate::usage;
 
-/// The sidecar `dump-qkv` writes next to its safetensors file.
-#[derive(Debug, Clone, Serialize, Deserialize)]
-pub struct DumpInfo {
-    pub tool: String,
-    pub version: String,
-    pub inputs: InputConfig,
-    pub model_id: String,
-    pub n: usize,
-    pub window: usize,
-    pub heads: usize,
-    pub head_dim: usize,
-    /// K/V heads: `k` and `v` are [kv_heads, n, p] and query head h reads K/V head
-    /// ⌊h·kv_heads/heads⌋ (METHODS.md §7.1). Absent in dumps from before it: = heads.
-    #[serde(default)]
-    pub kv_heads: Option<usize>,
-    /// The mask of the model's own attention (causal for a decoder): what `score` measures Ô
-    /// against. Absent in dumps from before it: none.
-    #[serde(default, skip_serializing_if = "crate::attention::Mask::is_none")]
-    pub mask: crate::attention::Mask,
-}
-
-impl DumpInfo {
-    /// K/V heads of the dump.
-    pub fn kv_heads(&self) -> usize {
-        self.kv_heads.unwrap_or(self.heads)
-    }
-}
-
-/// The sidecar's path for a dump file.
-pub fn sidecar(dump: &Path) -> PathBuf {
-    let mut s = dump.as_os_str().to_owned();
-    s.push(".json");
-    PathBuf::from(s)
-}
+pub use crate::inputs::dump::{sidecar, DumpInfo};
 
 /// What `score` needs to know.
 #[derive(Debug, Clone)]
@@ -129,9 +95,53 @@ fn parse_approx_name(file: &str, name: &str) -> Option<(usize, usize, usize)> {
     Some((n.parse().ok()?, w.parse().ok()?, d.parse().ok()?))
 }
 
+/// The tensor `key` of a safetensors file (or its only tensor), read from the header alone:
+/// its shape must be `shape` and its values floating point.
+fn check_header(path: &Path, key: &str, shape: &[usize]) -> Result<()> {
+    // SAFETY: mapped read-only; only the header is read here.
+    let st = unsafe { candle_core::safetensors::MmapedSafetensors::new(path) }.map_err(|e| {
+        let em = crate::tensor_util::candle_message(&e);
+        usage!("{}: not a readable safetensors file ({em})", path.display())
+    })?;
+    let tensors = st.tensors();
+    let view = match tensors.iter().find(|(n, _)| n == key) {
+        Some((_, v)) => v,
+        None if tensors.len() == 1 => &tensors[0].1,
+        None => {
+            return Err(usage!(
+                "{}: no tensor named {key} (it holds {})",
+                path.display(),
+                tensors
+                    .iter()
+                    .map(|(n, _)| n.as_str())
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ))
+        }
+    };
+    use safetensors::Dtype as D;
+    if view.shape() != shape {
+        return Err(usage!(
+            "{}: {key} has shape {:?}; expected [heads, n, p] = {shape:?}",
+            path.display(),
+            view.shape()
+        ));
+    }
+    if !matches!(view.dtype(), D::F16 | D::BF16 | D::F32 | D::F64) {
+        return Err(usage!(
+            "{}: {key} holds {:?} values; write it as floating point (f16, bf16, f32 or f64)",
+            path.display(),
+            view.dtype()
+        ));
+    }
+    Ok(())
+}
+
 fn load_tensor(path: &Path, key: &str, shape: &[usize]) -> Result<Tensor> {
-    let map = candle_core::safetensors::load(path, &Device::Cpu)
-        .map_err(|e| usage!("{}: not a readable safetensors file ({e})", path.display()))?;
+    let map = candle_core::safetensors::load(path, &Device::Cpu).map_err(|e| {
+        let em = crate::tensor_util::candle_message(&e);
+        usage!("{}: not a readable safetensors file ({em})", path.display())
+    })?;
     let t = match map.get(key) {
         Some(t) => t.clone(),
         None if map.len() == 1 => map.into_values().next().expect("one tensor"),
@@ -150,6 +160,13 @@ fn load_tensor(path: &Path, key: &str, shape: &[usize]) -> Result<Tensor> {
             t.dims()
         ));
     }
+    if !t.dtype().is_float() {
+        return Err(usage!(
+            "{}: {key} holds {:?} values; write it as floating point (f16, bf16, f32 or f64)",
+            path.display(),
+            t.dtype()
+        ));
+    }
     Ok(t)
 }
 
@@ -158,6 +175,13 @@ pub fn score(req: &ScoreRequest) -> Result<SweepOutcome> {
     crate::config::check_user_name(&req.name)?;
     let dumps = read_dumps(&req.qkv)?;
     let info0 = dumps[0].info.clone();
+    if req.target == crate::attention::Target::Kernelized && !info0.mask.is_none() {
+        return Err(usage!(
+            "--target kernelized: the kernelized target is defined without a mask, and the dumps in --qkv {} are of a {} model; score them against the softmax target",
+            req.qkv.display(),
+            info0.mask
+        ));
+    }
     let by_unit: BTreeMap<(usize, usize), &Dump> = dumps
         .iter()
         .map(|d| ((d.info.n, d.info.window), d))
@@ -223,6 +247,12 @@ pub fn score(req: &ScoreRequest) -> Result<SweepOutcome> {
         ));
     }
 
+    // Every Ô file's header is checked before anything is written: a refused score leaves --out
+    // as it was.
+    for (&(n, w, _), path) in &approx {
+        let info = &by_unit[&(n, w)].info;
+        check_header(path, "o_hat", &[info.heads, n, info.head_dim])?;
+    }
     let files = dumps
         .iter()
         .map(|d| ("qkv", d.path.clone()))
@@ -260,17 +290,11 @@ pub fn score(req: &ScoreRequest) -> Result<SweepOutcome> {
         )]),
     };
 
-    std::fs::create_dir_all(&req.out).map_err(|e| {
-        usage!(
-            "--out {}: cannot create the directory ({e})",
-            req.out.display()
-        )
-    })?;
+    let lock = crate::report::run_lock::create_and_lock(&req.out)?;
+    crate::report::run_lock::probe_writable(&req.out)?;
     let trials_path = req.out.join("trials.csv");
     if req.force {
-        for f in ["trials.csv", "summary.csv", "manifest.json"] {
-            let _ = std::fs::remove_file(req.out.join(f));
-        }
+        crate::report::remove_run_outputs(&req.out)?;
     } else if trials_path.exists() {
         return Err(usage!(
             "--out {} already holds a run; use another --out, or --force to replace it",
@@ -294,6 +318,12 @@ pub fn score(req: &ScoreRequest) -> Result<SweepOutcome> {
             let q = load_tensor(&dump.path, "q", &shape);
             let [k, v] = ["k", "v"].map(|key| load_tensor(&dump.path, key, &kv_shape));
             let (q, k, v) = (q?, k?, v?);
+            // A non-finite input would surface as a failed exact target (the device message).
+            for (name, t) in [("q", &q), ("k", &k), ("v", &v)] {
+                crate::tensor_util::check_finite(t, || {
+                    format!("--qkv {}: tensor {name}", dump.path.display())
+                })?;
+            }
             let q = q.to_dtype(cfg.inputs.candle_dtype())?;
             let k = k.to_dtype(cfg.inputs.candle_dtype())?;
             let v = v.to_dtype(cfg.inputs.candle_dtype())?;
@@ -376,6 +406,7 @@ pub fn score(req: &ScoreRequest) -> Result<SweepOutcome> {
         summary: summary_rows,
         new_trials: rows.len(),
         total_trials: rows.len(),
+        lock: Some(lock),
     })
 }
 

@@ -82,3 +82,89 @@ pub fn test_device() -> Device {
         })
         .clone()
 }
+
+/// The first non-finite entry of a float tensor, as (its multi-index, its value); None when every
+/// entry is finite (or the tensor holds integers). One reduction on the tensor's device
+/// (0·x sums to 0 exactly when every x is finite), and a host copy only when one is there.
+pub fn first_non_finite(t: &Tensor) -> Result<Option<(Vec<usize>, f64)>> {
+    if !t.dtype().is_float() || t.elem_count() == 0 {
+        return Ok(None);
+    }
+    let probe = (t * 0.0)?
+        .sum_all()?
+        .to_dtype(DType::F64)?
+        .to_scalar::<f64>()?;
+    if probe.is_finite() {
+        return Ok(None);
+    }
+    let flat = t.flatten_all()?.to_dtype(DType::F64)?.to_vec1::<f64>()?;
+    Ok(flat.iter().position(|x| !x.is_finite()).map(|mut i| {
+        let value = flat[i];
+        let mut index = vec![0; t.rank()];
+        for (slot, &d) in index.iter_mut().zip(t.dims()).rev() {
+            *slot = i % d;
+            i /= d;
+        }
+        (index, value)
+    }))
+}
+
+/// A usage error if `t` holds a non-finite value: `what` names the tensor and where it comes
+/// from, the message adds the first bad position and says the input is corrupt.
+pub fn check_finite(t: &Tensor, what: impl FnOnce() -> String) -> Result<()> {
+    match first_non_finite(t)? {
+        None => Ok(()),
+        Some((index, value)) => Err(crate::usage!(
+            "{} holds {value} at index {index:?}: the input is corrupt (a weight or input value that is not a finite number); restore or re-download it",
+            what()
+        )),
+    }
+}
+
+#[cfg(test)]
+mod finite_tests {
+    use super::*;
+
+    #[test]
+    fn the_first_non_finite_entry_is_located() {
+        let dev = Device::Cpu;
+        let ok = Tensor::new(&[[1f32, -2.0], [3.0, 4.0]], &dev).unwrap();
+        assert_eq!(first_non_finite(&ok).unwrap(), None);
+        let bad = Tensor::new(&[[1f32, 2.0, 3.0], [4.0, f32::NAN, f32::INFINITY]], &dev).unwrap();
+        let (i, v) = first_non_finite(&bad).unwrap().unwrap();
+        assert_eq!(i, vec![1, 1]);
+        assert!(v.is_nan());
+        let inf = Tensor::new(&[0f64, f64::NEG_INFINITY], &dev).unwrap();
+        assert_eq!(
+            first_non_finite(&inf).unwrap(),
+            Some((vec![1], f64::NEG_INFINITY))
+        );
+        // f16 (a GGUF scale) and integers.
+        let h = Tensor::new(&[1f32, f32::NAN], &dev)
+            .unwrap()
+            .to_dtype(DType::F16)
+            .unwrap();
+        assert_eq!(first_non_finite(&h).unwrap().unwrap().0, vec![1]);
+        let ints = Tensor::new(&[1u32, 2], &dev).unwrap();
+        assert_eq!(first_non_finite(&ints).unwrap(), None);
+        let e = check_finite(&bad, || "weights m.safetensors: tensor 'x'".into()).unwrap_err();
+        assert!(e.downcast_ref::<crate::UsageError>().is_some());
+        let msg = e.to_string();
+        assert!(
+            msg.contains("tensor 'x' holds NaN at index [1, 1]") && msg.contains("corrupt"),
+            "{msg}"
+        );
+    }
+}
+
+/// A candle error's message without the backtrace candle attaches under `RUST_BACKTRACE=1`: it
+/// goes into messages about the user's files, where a stack of candle frames says nothing.
+pub fn candle_message(e: &candle_core::Error) -> String {
+    match e {
+        candle_core::Error::WithBacktrace { inner, .. } => candle_message(inner),
+        candle_core::Error::Context { inner, context } => {
+            format!("{context}: {}", candle_message(inner))
+        }
+        other => other.to_string(),
+    }
+}

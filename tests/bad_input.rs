@@ -209,7 +209,7 @@ fn a_second_writer_into_one_out_is_refused() {
             "vmean",
         ],
     );
-    let held = approx_bench::sweep::run_lock::acquire(&out).unwrap();
+    let held = approx_bench::report::run_lock::acquire(&out).unwrap();
     expect_usage_error(&args, "is being written by another approx-bench run");
     assert!(
         !out.join("trials.csv").exists(),

@@ -541,3 +541,45 @@ fn quantized_methods_run_once_per_head_and_refuse_what_they_cannot_store() {
         "{line}"
     );
 }
+
+/// Documented behaviour (issue 32, docs/guide.md): a config.json beside a GGUF is read for its
+/// `model_type` only; the GGUF's metadata is the configuration, so even a config.json whose sizes
+/// disagree changes nothing in the Q/K/V.
+#[test]
+fn a_config_json_beside_a_gguf_is_read_for_model_type_only() {
+    let tmp = tempfile::tempdir().unwrap();
+    let c = corpus(tmp.path());
+    let dump = |dir: &Path, with_config: bool| -> Vec<u8> {
+        std::fs::create_dir_all(dir).unwrap();
+        std::fs::copy(fixtures().join("llama_gguf.gguf"), dir.join("model.gguf")).unwrap();
+        std::fs::copy(
+            fixtures().join("tokenizers/with_bos/tokenizer.json"),
+            dir.join("tokenizer.json"),
+        )
+        .unwrap();
+        if with_config {
+            std::fs::write(
+                dir.join("config.json"),
+                r#"{"model_type": "llama", "hidden_size": 9999, "num_attention_heads": 7, "rope_theta": 1.0}"#,
+            )
+            .unwrap();
+        }
+        let out = dir.join("qkv.safetensors");
+        let o = decoder_cli(
+            dir,
+            &c,
+            &format!(
+                "dump-qkv --model pretrained --length 32 --out {}",
+                out.display()
+            ),
+        );
+        assert!(o.status.success(), "{}", stderr(&o));
+        std::fs::read(out).unwrap()
+    };
+    let plain = dump(&tmp.path().join("plain"), false);
+    let with = dump(&tmp.path().join("with"), true);
+    assert!(
+        plain == with,
+        "a config.json beside the GGUF changed the Q/K/V"
+    );
+}

@@ -11,8 +11,9 @@
 //! - `numerics/` never imports `attention` (or anything above it).
 //! - `config` never imports `inputs` (or the sweep, the outputs, `score`, `check`): they read the
 //!   configuration, so it cannot point back at them.
-//! - The ground floor (`tensor_util`, `file_hash`, `runtime`, `choice`, `device`) imports nothing of
-//!   the house.
+//! - `inputs/` never imports `score`, `sweep`, `report`, `check` or `bench`: they read its outputs.
+//! - The ground floor (`tensor_util`, `file_hash`, `runtime`, `choice`, `device`, `interrupt`,
+//!   `atomic_file`) imports nothing of the house.
 //! - The library never sees clap (only `main.rs` and `cli.rs`, the binary, do) and never PyO3.
 
 use std::path::{Path, PathBuf};
@@ -37,6 +38,8 @@ const GROUND: &[&str] = &[
     "runtime.rs",
     "choice.rs",
     "device.rs",
+    "interrupt.rs",
+    "atomic_file.rs",
 ];
 
 fn src() -> PathBuf {
@@ -155,6 +158,14 @@ fn violations(under: &str, modules: &[&str]) -> Vec<String> {
 
 fn assert_none(rule: &str, found: Vec<String>) {
     assert!(found.is_empty(), "{rule}, but:\n{}", found.join("\n"));
+}
+
+#[test]
+fn the_inputs_know_nothing_of_their_readers() {
+    assert_none(
+        "inputs/ never imports score, sweep, report, check or bench (the dump's sidecar format lives with its writer)",
+        violations("inputs", &["score", "sweep", "report", "check", "bench"]),
+    );
 }
 
 #[test]

@@ -318,3 +318,65 @@ fn kernelized_runs_score_against_c_v() {
         stderr(&o)
     );
 }
+
+/// Inputs `score` cannot measure are usage errors naming the file (issue 32): a Q/K/V dump with a
+/// non-finite value (not blamed on the device), an integer Ô, and the kernelized target on a
+/// causal model's dumps (the target is defined without a mask).
+#[test]
+fn corrupt_dumps_integer_outputs_and_a_masked_kernelized_target_are_refused() {
+    let tmp = tempfile::tempdir().unwrap();
+    let model = tiny_model(&tmp.path().join("m"), false);
+    let (qkv, approx) = (tmp.path().join("qkv"), tmp.path().join("approx"));
+    std::fs::create_dir_all(&qkv).unwrap();
+    std::fs::create_dir_all(&approx).unwrap();
+    let f = dump(&model, &qkv, 16, 0);
+    write_outputs(&f, &approx, "mine", "vmean", 16, 0, &[4]);
+    let out = tmp.path().join("out");
+
+    // An integer Ô.
+    let ints = tmp.path().join("ints");
+    std::fs::create_dir_all(&ints).unwrap();
+    let o_hat =
+        candle_core::safetensors::load(approx.join("mine-n16-w0-d4.safetensors"), &Device::Cpu)
+            .unwrap()["o_hat"]
+            .to_dtype(candle_core::DType::U32)
+            .unwrap();
+    candle_core::safetensors::save(
+        &HashMap::from([("o_hat".to_string(), o_hat)]),
+        ints.join("mine-n16-w0-d4.safetensors"),
+    )
+    .unwrap();
+    assert_usage_error(
+        &score(&qkv, &ints, "mine", &out, &[]),
+        "o_hat holds U32 values",
+    );
+
+    // The kernelized target on dumps whose sidecar says causal.
+    let side = qkv.join("qkv-n16-w0.safetensors.json");
+    let mut info: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&side).unwrap()).unwrap();
+    info["mask"] = "causal".into();
+    std::fs::write(&side, info.to_string()).unwrap();
+    assert_usage_error(
+        &score(&qkv, &approx, "mine", &out, &["--target", "kernelized"]),
+        "the kernelized target is defined without a mask",
+    );
+    info.as_object_mut().unwrap().remove("mask");
+    std::fs::write(&side, info.to_string()).unwrap();
+
+    // A NaN in the dumped K.
+    let mut t = candle_core::safetensors::load(&f, &Device::Cpu).unwrap();
+    let k = &t["k"];
+    let mut v: Vec<f32> = k.flatten_all().unwrap().to_vec1().unwrap();
+    let p = k.dims()[2];
+    v[16 * p + 3] = f32::INFINITY; // head 1, row 0, column 3
+    let dims = k.dims().to_vec();
+    t.insert("k".into(), Tensor::from_vec(v, dims, &Device::Cpu).unwrap());
+    candle_core::safetensors::save(&t, &f).unwrap();
+    let o = score(&qkv, &approx, "mine", &out, &[]);
+    assert_usage_error(
+        &o,
+        "tensor k holds inf at index [1, 0, 3]: the input is corrupt",
+    );
+    assert!(!stderr(&o).contains("device"), "{}", stderr(&o));
+}

@@ -164,6 +164,39 @@ fn dump_qkv_of_minilm_matches_hugging_face_transformers() {
     }
 }
 
+/// A corpus without newlines is tokenized in pieces of at most 16 kB (issue 32), and the pieces
+/// give the tokens the whole line gives, with BERT's WordPiece and with SmolLM2's byte-level BPE.
+#[test]
+#[ignore = "needs ../shared/data"]
+fn a_corpus_without_newlines_tokenizes_as_its_whole_line() {
+    let text = std::fs::read_to_string(shared("wikitext-2/wiki.test.raw")).unwrap();
+    // ~200 kB of Wikitext as one line (each newline a space).
+    let line: String = text
+        .chars()
+        .take(200_000)
+        .map(|c| if c == '\n' || c == '\r' { ' ' } else { c })
+        .collect();
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("one-line.txt");
+    std::fs::write(&path, format!("{line}\n")).unwrap();
+    let rows = corpus::text_rows(&path).unwrap();
+    assert!(rows.len() > 10, "split into pieces: {}", rows.len());
+    for (tok, vocab) in [
+        ("bert-base-cased/tokenizer.json", 28996),
+        ("SmolLM2-135M-Instruct-Q4_1/tokenizer.json", 49152),
+    ] {
+        let t = corpus::load_tokenizer(&shared(tok)).unwrap();
+        let whole = t
+            .encode(format!("{line}\n"), false)
+            .unwrap()
+            .get_ids()
+            .to_vec();
+        let pieces = corpus::tokenize(&path, &t, vocab).unwrap().ids;
+        assert_eq!(pieces.len(), whole.len(), "{tok}");
+        assert!(pieces == whole, "{tok}: the pieces tokenize differently");
+    }
+}
+
 #[test]
 #[ignore = "needs ../shared/data"]
 fn wikitext2_token_counts_with_the_bert_base_cased_tokenizer() {

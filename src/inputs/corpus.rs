@@ -50,12 +50,54 @@ pub fn text_rows(path: &Path) -> Result<Vec<String>> {
             e.utf8_error().valid_up_to()
         )
     })?;
-    Ok(text
+    let mut rows = Vec::new();
+    for line in text
         .split('\n')
         .map(|l| l.strip_suffix('\r').unwrap_or(l))
         .filter(|l| !l.trim().is_empty())
-        .map(|l| format!("{l}\n"))
-        .collect())
+    {
+        let pieces = split_long_row(line);
+        let last = pieces.len() - 1;
+        for (i, piece) in pieces.into_iter().enumerate() {
+            rows.push(if i == last {
+                format!("{piece}\n")
+            } else {
+                piece.to_string()
+            });
+        }
+    }
+    Ok(rows)
+}
+
+/// The longest row tokenized as one piece. Wikitext-2's longest line is 2.6 kB; a corpus without
+/// newlines (one 20 MB row) would otherwise be tokenized whole: 2.4 GB of memory and 9.7 s, where
+/// the same text with newlines takes 0.2 GB and 0.6 s, and a run that needs a prefix would still
+/// pay for all of it.
+const MAX_ROW_BYTES: usize = 16 * 1024;
+
+/// `line` cut into pieces of at most [`MAX_ROW_BYTES`], each cut just before a space so that the
+/// space starts the next piece: a whitespace pre-tokenizer (BERT) and a byte-level BPE (which
+/// attaches a space to the word after it) then see the same words as in the whole line. A run of
+/// [`MAX_ROW_BYTES`] without a space is cut at a character boundary (the only case that can
+/// tokenize differently from the whole line; no natural-language corpus has one).
+fn split_long_row(line: &str) -> Vec<&str> {
+    let mut pieces = Vec::new();
+    let mut rest = line;
+    while rest.len() > MAX_ROW_BYTES {
+        // Bytes, not chars: byte MAX_ROW_BYTES may be inside a character (a space never is).
+        let mut cut = rest.as_bytes()[..=MAX_ROW_BYTES]
+            .iter()
+            .rposition(|&b| b == b' ')
+            .filter(|&i| i > 0)
+            .unwrap_or(MAX_ROW_BYTES);
+        while !rest.is_char_boundary(cut) {
+            cut -= 1;
+        }
+        pieces.push(&rest[..cut]);
+        rest = &rest[cut..];
+    }
+    pieces.push(rest);
+    pieces
 }
 
 /// The `text` column of a hub parquet file.
@@ -198,6 +240,15 @@ pub fn tokenize_prefix(
     })
 }
 
+/// "only 3 windows of n = 512 fit" / "no window of n = 512 fits".
+fn fit_phrase(fit: usize, n: usize) -> String {
+    match fit {
+        0 => format!("no window of n = {n} fits"),
+        1 => format!("only 1 window of n = {n} fits"),
+        f => format!("only {f} windows of n = {n} fit"),
+    }
+}
+
 impl Corpus {
     /// How many non-overlapping n-token windows fit (n − 1 stream tokens each with a BOS).
     pub fn windows_available(&self, n: usize) -> usize {
@@ -217,16 +268,17 @@ impl Corpus {
     /// [BOS] + tokens [w(n−1), (w+1)(n−1)).
     pub fn window(&self, n: usize, w: usize) -> Result<Vec<u32>> {
         let fit = self.windows_available(n);
-        if w >= fit {
-            return Err(usage!(
-                "corpus {} has {}: only {fit} windows of n = {n} fit, but window {} was requested; \
-                 lower --windows to at most {fit}, use shorter --lengths, or a longer corpus",
+        let window = (n > 0 && w < fit)
+            .then(|| super::models::decoder_window(&self.ids, n, w, self.bos))
+            .flatten();
+        window.ok_or_else(|| {
+            usage!(
+                "corpus {} has {}: {}, so window {w} (0-based) does not exist; use a smaller window index or length, or a longer corpus",
                 self.path.display(),
                 self.token_count(),
-                w + 1
-            ));
-        }
-        Ok(super::models::decoder_window(&self.ids, n, w, self.bos).expect("the window fits"))
+                fit_phrase(fit, n),
+            )
+        })
     }
 
     /// Checks that `count` windows of every length fit.
@@ -234,11 +286,16 @@ impl Corpus {
         for &n in lengths {
             let fit = self.windows_available(n);
             if fit < count {
+                let fix = if fit == 0 {
+                    "use shorter --lengths, or a longer corpus".to_string()
+                } else {
+                    format!("lower --windows to at most {fit}, use shorter --lengths, or a longer corpus")
+                };
                 return Err(usage!(
-                    "corpus {} has {}: only {fit} windows of n = {n} fit, but --windows {count} were requested; \
-                     lower --windows to at most {fit}, use shorter --lengths, or a longer corpus",
+                    "corpus {} has {}: {}, but --windows {count} were requested; {fix}",
                     self.path.display(),
-                    self.token_count()
+                    self.token_count(),
+                    fit_phrase(fit, n)
                 ));
             }
         }
@@ -263,6 +320,28 @@ mod tests {
                 " Some text , here .\n".to_string()
             ]
         );
+    }
+
+    #[test]
+    fn long_rows_are_cut_before_a_space_into_pieces_that_rebuild_the_line() {
+        let word = "héllo wörld , ";
+        let line = word.repeat(3 * MAX_ROW_BYTES / word.len());
+        let pieces = split_long_row(&line);
+        assert!(pieces.len() >= 3);
+        assert_eq!(pieces.concat(), line);
+        for p in &pieces {
+            assert!(p.len() <= MAX_ROW_BYTES);
+        }
+        for p in &pieces[1..] {
+            assert!(p.starts_with(' '), "cut just before a space: {:?}", &p[..8]);
+        }
+        // No space at all: cut at character boundaries.
+        let solid = "ü".repeat(MAX_ROW_BYTES);
+        let pieces = split_long_row(&solid);
+        assert_eq!(pieces.concat(), solid);
+        assert!(pieces.iter().all(|p| p.len() <= MAX_ROW_BYTES));
+        // Short rows are one piece.
+        assert_eq!(split_long_row("a b"), vec!["a b"]);
     }
 
     #[test]

@@ -1,10 +1,13 @@
 //! `approx-bench dump-qkv`: one window's per-head Q, K, V and token ids as a safetensors file, for
-//! cross-checks against other implementations (tests/reference).
+//! cross-checks against other implementations (tests/reference), and its sidecar: the format
+//! `score` reads back (it lives here, with its writer, so that `inputs` imports nothing of `score`).
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use anyhow::Result;
 use candle_core::DType;
+
+use serde::{Deserialize, Serialize};
 
 use crate::config::InputConfig;
 use crate::inputs;
@@ -15,6 +18,7 @@ use crate::usage;
 /// not their f32 roundings) and token ids to a safetensors file; the sidecar JSON says H_kv and
 /// the model's mask. Both files go to a temporary name and are renamed into place.
 pub fn dump_qkv(inputs_cfg: &InputConfig, n: usize, window: usize, out: &Path) -> Result<()> {
+    crate::config::check_length("--length", n)?;
     let prepared = inputs::prepare(inputs_cfg)?;
     let ids = prepared.corpus.window(n, window)?;
     let (q, k, v) = prepared.window_qkv(inputs_cfg, n, window)?;
@@ -41,7 +45,7 @@ pub fn dump_qkv(inputs_cfg: &InputConfig, n: usize, window: usize, out: &Path) -
         .map_err(|e| usage!("--out {}: cannot write ({e})", out.display()))?;
     // What the file holds, for `score` (a user's Ô computed on these inputs is scored as a run
     // of this configuration).
-    let info = crate::score::DumpInfo {
+    let info = DumpInfo {
         tool: "approx-bench".into(),
         version: env!("CARGO_PKG_VERSION").into(),
         inputs: inputs_cfg.clone(),
@@ -53,10 +57,45 @@ pub fn dump_qkv(inputs_cfg: &InputConfig, n: usize, window: usize, out: &Path) -
         kv_heads: Some(prepared.kv_heads()),
         mask: prepared.native_mask(),
     };
-    let side = crate::score::sidecar(out);
+    let side = sidecar(out);
     let side_tmp = side.with_extension("json.tmp");
     std::fs::write(&side_tmp, serde_json::to_string_pretty(&info)? + "\n")
         .and_then(|_| std::fs::rename(&side_tmp, &side))
         .map_err(|e| usage!("--out {}: cannot write ({e})", side.display()))?;
     Ok(())
+}
+
+/// The sidecar `dump-qkv` writes next to its safetensors file.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct DumpInfo {
+    pub tool: String,
+    pub version: String,
+    pub inputs: InputConfig,
+    pub model_id: String,
+    pub n: usize,
+    pub window: usize,
+    pub heads: usize,
+    pub head_dim: usize,
+    /// K/V heads: `k` and `v` are [kv_heads, n, p] and query head h reads K/V head
+    /// ⌊h·kv_heads/heads⌋ (METHODS.md §7.1). Absent in dumps from before it: = heads.
+    #[serde(default)]
+    pub kv_heads: Option<usize>,
+    /// The mask of the model's own attention (causal for a decoder): what `score` measures Ô
+    /// against. Absent in dumps from before it: none.
+    #[serde(default, skip_serializing_if = "crate::attention::Mask::is_none")]
+    pub mask: crate::attention::Mask,
+}
+
+impl DumpInfo {
+    /// K/V heads of the dump.
+    pub fn kv_heads(&self) -> usize {
+        self.kv_heads.unwrap_or(self.heads)
+    }
+}
+
+/// The sidecar's path for a dump file.
+pub fn sidecar(dump: &Path) -> PathBuf {
+    let mut s = dump.as_os_str().to_owned();
+    s.push(".json");
+    PathBuf::from(s)
 }

@@ -92,7 +92,7 @@ impl Prepared {
         candle_core::Tensor,
     )> {
         let ids = self.corpus.window(n, window)?;
-        match &self.model {
+        let (q, k, v) = match &self.model {
             Model::Bert { config, weights } => qkv::window_qkv_dropout(
                 weights,
                 config,
@@ -104,7 +104,19 @@ impl Prepared {
             Model::Decoder { config, weights } => {
                 models::window_qkv(weights, config, &ids, inputs.candle_dtype())
             }
+        }?;
+        // The weights were checked finite when loaded: a NaN or ∞ here comes from the forward
+        // itself (an overflow), and is named here rather than blamed on the device later.
+        for (name, t) in [("Q", &q), ("K", &k), ("V", &v)] {
+            if let Some((at, value)) = crate::tensor_util::first_non_finite(t)? {
+                return Err(crate::usage!(
+                    "layer {}'s {name} of window {window} at n = {n} holds {value} at [head, position, dim] = {at:?}, although every weight is finite: the forward overflowed in {:?}; try --dtype f64, or check the model's weights and config",
+                    inputs.layer,
+                    inputs.candle_dtype()
+                ));
+            }
         }
+        Ok((q, k, v))
     }
 }
 

@@ -134,8 +134,9 @@ impl TensorSource for Pretrained<'_> {
             )
         })?;
         let t = self.st.load(found, &self.device).map_err(|e| {
+            let em = crate::tensor_util::candle_message(&e);
             usage!(
-                "weights {}: cannot read tensor '{found}' ({e})",
+                "weights {}: cannot read tensor '{found}' ({em})",
                 self.path.display()
             )
         })?;
@@ -147,6 +148,9 @@ impl TensorSource for Pretrained<'_> {
                 shape
             ));
         }
+        crate::tensor_util::check_finite(&t, || {
+            format!("weights {}: tensor '{found}'", self.path.display())
+        })?;
         Ok(t.to_dtype(DType::F32)?)
     }
 }
@@ -314,7 +318,8 @@ fn source<'a>(
         WeightSource::Pretrained(path) => {
             // SAFETY: the file is mapped read-only and not modified while the run holds it.
             let st = unsafe { MmapedSafetensors::new(path) }.map_err(|e| {
-                usage!("weights {}: not a readable safetensors file ({e}); re-download it or pass another --model-dir", path.display())
+                let em = crate::tensor_util::candle_message(&e);
+                usage!("weights {}: not a readable safetensors file ({em}); re-download it or pass another --model-dir", path.display())
             })?;
             Box::new(Pretrained {
                 st,

@@ -116,12 +116,10 @@ impl Manifest {
     }
 
     pub fn write(&self, dir: &Path) -> Result<()> {
-        let tmp = dir.join("manifest.json.tmp");
-        std::fs::write(&tmp, serde_json::to_string_pretty(self)? + "\n")
-            .with_context(|| format!("writing {}", tmp.display()))?;
-        std::fs::rename(&tmp, dir.join("manifest.json"))
-            .with_context(|| format!("writing {}/manifest.json", dir.display()))?;
-        Ok(())
+        crate::atomic_file::write(
+            &dir.join("manifest.json"),
+            (serde_json::to_string_pretty(self)? + "\n").as_bytes(),
+        )
     }
 
     pub fn read(dir: &Path) -> Result<Self> {

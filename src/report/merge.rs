@@ -107,8 +107,8 @@ pub fn merge(dirs: &[PathBuf], out: &Path) -> Result<Merged> {
             by_key.insert(rank, r);
         }
     }
-    std::fs::create_dir_all(out)
-        .map_err(|e| usage!("--out {}: cannot create the directory ({e})", out.display()))?;
+    // One writer per run directory, the merged one too (issue 32).
+    let _lock = super::run_lock::create_and_lock(out)?;
     let path = out.join("trials.csv");
     if path.exists() {
         return Err(usage!(

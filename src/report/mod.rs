@@ -6,5 +6,29 @@ pub mod console;
 pub mod figures;
 pub mod manifest;
 pub mod merge;
+pub mod run_lock;
 pub mod summary;
 pub mod trials;
+
+/// Removes what a run writes into its directory (rows, summary, manifest and figures), so that
+/// `--force` leaves nothing of the previous run; anything else there is the user's and stays.
+pub fn remove_run_outputs(dir: &std::path::Path) -> anyhow::Result<()> {
+    for f in ["trials.csv", "summary.csv", "manifest.json"] {
+        remove_if_present(&dir.join(f))?;
+    }
+    for e in std::fs::read_dir(dir)?.flatten() {
+        if figures::is_figure_name(&e.file_name().to_string_lossy()) {
+            remove_if_present(&e.path())?;
+        }
+    }
+    Ok(())
+}
+
+fn remove_if_present(p: &std::path::Path) -> anyhow::Result<()> {
+    match std::fs::remove_file(p) {
+        Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+            Err(anyhow::Error::new(e).context(format!("removing {}", p.display())))
+        }
+        _ => Ok(()),
+    }
+}

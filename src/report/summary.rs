@@ -58,7 +58,7 @@ pub struct SummaryRow {
 use std::collections::BTreeMap;
 use std::path::Path;
 
-use anyhow::Result;
+use anyhow::{Context, Result};
 
 use super::trials::TrialRow;
 
@@ -174,17 +174,16 @@ fn mean_of(values: impl Iterator<Item = Option<f64>>) -> Option<f64> {
 }
 
 pub fn write(path: &Path, rows: &[SummaryRow]) -> Result<()> {
-    let tmp = path.with_extension("csv.tmp");
-    {
-        let mut w = csv::Writer::from_path(&tmp)
-            .map_err(|e| crate::usage!("cannot write {} ({e})", tmp.display()))?;
+    crate::atomic_file::write_with(path, |tmp| {
+        let mut w = csv::Writer::from_path(tmp)
+            .map_err(|e| crate::usage!("cannot write {} ({e})", path.display()))?;
         for r in rows {
             w.serialize(r)?;
         }
-        w.flush()?;
-    }
-    std::fs::rename(&tmp, path)?;
-    Ok(())
+        w.flush()
+            .with_context(|| format!("writing {} (disk full?)", path.display()))?;
+        Ok(())
+    })
 }
 
 pub fn read(path: &Path) -> Result<Vec<SummaryRow>> {

@@ -195,18 +195,16 @@ impl TrialWriter {
 /// Replaces `path` by `rows` under the current header, through a temporary file renamed over it
 /// (a crash leaves either the old file or the new one).
 fn rewrite(path: &Path, rows: &[TrialRow]) -> Result<()> {
-    let tmp = path.with_extension("csv.rewrite");
-    {
-        let mut w = csv::Writer::from_path(&tmp)
-            .with_context(|| format!("writing {} (disk full?)", tmp.display()))?;
+    crate::atomic_file::write_with(path, |tmp| {
+        let mut w = csv::Writer::from_path(tmp)
+            .with_context(|| format!("writing {} (disk full?)", path.display()))?;
         for r in rows {
             w.serialize(r)?;
         }
         w.flush()
-            .with_context(|| format!("writing {} (disk full?)", tmp.display()))?;
-    }
-    std::fs::rename(&tmp, path).with_context(|| format!("replacing {}", path.display()))?;
-    Ok(())
+            .with_context(|| format!("writing {} (disk full?)", path.display()))?;
+        Ok(())
+    })
 }
 
 /// The CSV header, in [`TrialRow`] field order.

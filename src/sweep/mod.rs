@@ -35,11 +35,15 @@ pub struct SweepOutcome {
     pub summary: Vec<SummaryRow>,
     pub new_trials: usize,
     pub total_trials: usize,
+    /// The run directory's lock, held until the outcome is dropped: the caller draws the figures
+    /// under it.
+    pub lock: Option<RunLock>,
 }
 
 mod device;
-pub mod run_lock;
 pub use device::{HEAD_BATCH_VAR, PROFILE_VAR};
+
+use crate::report::run_lock::RunLock;
 
 /// Rows whose output is non-finite or whose estimated normalizer is ≤ 0 or non-finite.
 pub fn flagged_rows(a: &Approximation) -> Result<usize> {
@@ -68,67 +72,155 @@ fn count_flagged(row_check: &[f64], norm: Option<&[f64]>) -> usize {
 }
 
 /// Creates `opts.out`, takes its lock (one writer per run directory) and clears or checks what it
-/// holds; the lock is held until the returned value is dropped, at the end of the sweep.
-fn prepare_out(cfg: &RunConfig, opts: &SweepOptions) -> Result<run_lock::RunLock> {
-    std::fs::create_dir_all(&opts.out).map_err(|e| {
-        usage!(
-            "--out {}: cannot create the directory ({e}); choose a writable --out",
-            opts.out.display()
-        )
-    })?;
-    let lock = run_lock::acquire(&opts.out)?;
-    check_out(cfg, opts)?;
-    Ok(lock)
+/// holds; the lock is held until the returned value is dropped, after the figures are drawn.
+/// Returns the manifest of the run being resumed, if any.
+fn prepare_out(cfg: &RunConfig, opts: &SweepOptions) -> Result<(RunLock, Option<Manifest>)> {
+    let lock = crate::report::run_lock::create_and_lock(&opts.out)?;
+    let resumed = check_out(cfg, opts)?;
+    Ok((lock, resumed))
 }
 
-/// What `--out` holds: cleared with `--force`, else a resume of the same configuration only.
-fn check_out(cfg: &RunConfig, opts: &SweepOptions) -> Result<()> {
-    let probe = opts.out.join(".write-test");
-    std::fs::write(&probe, b"ok").map_err(|e| {
-        usage!(
-            "--out {}: not writable ({e}); choose a writable --out",
-            opts.out.display()
-        )
-    })?;
-    let _ = std::fs::remove_file(&probe);
-    let manifest_path = opts.out.join("manifest.json");
+/// What `--out` holds: cleared with `--force` (the previous run's figures too), else a resume of
+/// the same configuration only, whose manifest is returned.
+fn check_out(cfg: &RunConfig, opts: &SweepOptions) -> Result<Option<Manifest>> {
+    crate::report::run_lock::probe_writable(&opts.out)?;
     if opts.force {
         // --force always starts over, whatever the directory holds.
-        for f in ["trials.csv", "summary.csv", "manifest.json"] {
-            let _ = std::fs::remove_file(opts.out.join(f));
-        }
-        return Ok(());
+        crate::report::remove_run_outputs(&opts.out)?;
+        return Ok(None);
     }
-    if manifest_path.exists() {
+    if opts.out.join("manifest.json").exists() {
         let old = Manifest::read(&opts.out)?;
         let (a, b) = (
             serde_json::to_value(&old.config)?,
             serde_json::to_value(cfg)?,
         );
         if a != b {
-            if opts.force {
-                for f in ["trials.csv", "summary.csv", "manifest.json"] {
-                    let _ = std::fs::remove_file(opts.out.join(f));
-                }
-            } else {
-                let mut diff = Vec::new();
-                manifest::json_diff("", &a, &b, &mut diff);
-                return Err(usage!(
-                    "--out {} holds a run with another configuration ({}); use another --out, or --force to start over",
-                    opts.out.display(),
-                    diff.join("; ")
-                ));
-            }
+            let mut diff = Vec::new();
+            manifest::json_diff("", &a, &b, &mut diff);
+            return Err(usage!(
+                "--out {} holds a run with another configuration ({}); use another --out, or --force to start over",
+                opts.out.display(),
+                diff.join("; ")
+            ));
         }
-    } else if opts.out.join("trials.csv").exists() && !opts.force {
+        return Ok(Some(old));
+    }
+    if opts.out.join("trials.csv").exists() {
         return Err(usage!(
             "--out {} holds a trials.csv without manifest.json; use another --out, or --force to start over",
             opts.out.display()
         ));
-    } else if opts.force {
-        let _ = std::fs::remove_file(opts.out.join("trials.csv"));
+    }
+    Ok(None)
+}
+
+/// A resume continues only what was computed from the same inputs: for every role (corpus,
+/// tokenizer, config, weights — a sharded checkpoint has several weight files) the resumed run and
+/// this one read files of the same sha256s, whatever their paths (a run moved to another machine
+/// resumes). The run hashes its inputs anyway for its manifest, memoized per process, so comparing
+/// hashes costs nothing more than a size-and-mtime shortcut would.
+fn check_same_inputs(old: &[InputFile], new: &[InputFile], out: &std::path::Path) -> Result<()> {
+    let hashes = |files: &[InputFile], role: &str| -> Vec<String> {
+        let mut h: Vec<String> = files
+            .iter()
+            .filter(|f| f.role == role)
+            .map(|f| f.sha256.clone())
+            .collect();
+        h.sort();
+        h
+    };
+    let mut roles: Vec<&str> = old.iter().chain(new).map(|f| f.role.as_str()).collect();
+    roles.sort();
+    roles.dedup();
+    for role in roles {
+        let (was, now) = (hashes(old, role), hashes(new, role));
+        if was == now {
+            continue;
+        }
+        // Name a file of this run whose content the resumed run did not read, else one that it
+        // read and this run does not.
+        let changed = new
+            .iter()
+            .find(|f| f.role == role && !was.contains(&f.sha256))
+            .map(|f| {
+                format!(
+                    "the {role} {} changed since this run started (its sha256 is now {}…)",
+                    f.path,
+                    &f.sha256[..f.sha256.len().min(12)]
+                )
+            })
+            .or_else(|| {
+                old.iter()
+                    .find(|f| f.role == role && !now.contains(&f.sha256))
+                    .map(|f| {
+                        format!(
+                            "the run being resumed read a {role} ({}) that this run does not",
+                            f.path
+                        )
+                    })
+            })
+            .unwrap_or_else(|| format!("the {role} files differ"));
+        return Err(usage!(
+            "--out {}: {changed}; its rows would mix two inputs. Restore the file, use another --out, or --force to start over",
+            out.display()
+        ));
     }
     Ok(())
+}
+
+/// The trial grid of a run, to check the rows a resume finds against.
+struct Grid<'a> {
+    cfg: &'a RunConfig,
+    model: &'a str,
+    heads: &'a [usize],
+    shard: Option<crate::config::Shard>,
+}
+
+impl Grid<'_> {
+    /// Why `r` is not a trial of this run, if it is not.
+    fn outside(&self, r: &TrialRow) -> Option<String> {
+        let cfg = self.cfg;
+        let li = cfg.lengths.iter().position(|&n| n == r.n);
+        Some(if r.model != self.model {
+            format!("model {} (this run: {})", r.model, self.model)
+        } else if r.layer != cfg.inputs.layer {
+            format!("layer {} (this run: {})", r.layer, cfg.inputs.layer)
+        } else if li.is_none() {
+            format!("n = {} (not in --lengths)", r.n)
+        } else if r.window >= cfg.windows {
+            format!("window {} (--windows {})", r.window, cfg.windows)
+        } else if self
+            .shard
+            .is_some_and(|s| !s.takes(li.unwrap_or(0) * cfg.windows + r.window))
+        {
+            format!("n = {}, window {} (not in this shard)", r.n, r.window)
+        } else if !self.heads.contains(&r.head) {
+            format!("head {} (not in --heads)", r.head)
+        } else if !cfg.methods.contains(&r.method) {
+            format!("method {} (not in --methods)", r.method)
+        } else if !attention::budgets(&r.method, &cfg.features).contains(&r.d) {
+            format!("{} at d = {} (not in --features)", r.method, r.d)
+        } else if r.target != cfg.target || r.mask != cfg.mask {
+            format!("target {:?}, mask {:?}", r.target, r.mask)
+        } else {
+            return None;
+        })
+    }
+
+    /// The first row outside the grid, as a usage error naming it.
+    fn check(&self, rows: &[TrialRow], path: &std::path::Path) -> Result<()> {
+        for (i, r) in rows.iter().enumerate() {
+            if let Some(why) = self.outside(r) {
+                return Err(usage!(
+                    "{}: row {} is not a trial of this run: {why}; this directory holds rows of another run. Use another --out, or --force to start over",
+                    path.display(),
+                    i + 2
+                ));
+            }
+        }
+        Ok(())
+    }
 }
 
 /// Runs (or resumes) a sweep into `opts.out`.
@@ -143,7 +235,7 @@ pub fn run_with(
     opts: &SweepOptions,
     mut extra: Vec<Box<dyn attention::Method>>,
 ) -> Result<SweepOutcome> {
-    let _lock = prepare_out(cfg, opts)?;
+    let (lock, resumed) = prepare_out(cfg, opts)?;
     // The windows all start at the corpus's beginning: the longest length times the window count
     // is every token the run reads, so only that prefix is tokenized.
     let need = cfg.lengths.iter().max().copied().unwrap_or(0) * cfg.windows;
@@ -167,7 +259,15 @@ pub fn run_with(
                     all_heads - 1
                 ));
             }
-            h.clone()
+            // Each head once, in the order given (as --lengths and --methods): a repeated head
+            // would weigh twice in the means and fake a standard error.
+            let mut unique = Vec::with_capacity(h.len());
+            for &x in h {
+                if !unique.contains(&x) {
+                    unique.push(x);
+                }
+            }
+            unique
         }
         None => (0..all_heads).collect(),
     };
@@ -196,6 +296,20 @@ pub fn run_with(
         .iter()
         .map(|(role, path)| InputFile::hashed(role, path))
         .collect::<Result<Vec<_>>>()?;
+    if let Some(old) = &resumed {
+        check_same_inputs(&old.inputs, &inputs_list, &opts.out)?;
+    }
+    let model_name = cfg.inputs.model.name().to_string();
+    let trials_path = opts.out.join("trials.csv");
+    let (mut writer, old_rows) = TrialWriter::open(&trials_path)?;
+    Grid {
+        cfg,
+        model: &model_name,
+        heads: &heads,
+        shard: opts.shard,
+    }
+    .check(&old_rows, &trials_path)?;
+    // Every check is done: only now is the manifest rewritten (a refused resume leaves it as it was).
     let mut manifest = Manifest {
         model_id: prepared.model_id.clone(),
         heads: all_heads,
@@ -206,10 +320,7 @@ pub fn run_with(
     };
     manifest.write(&opts.out)?;
 
-    let trials_path = opts.out.join("trials.csv");
-    let (mut writer, old_rows) = TrialWriter::open(&trials_path)?;
     let done = trials::keys(&old_rows);
-    let model_name = cfg.inputs.model.name().to_string();
     let units_taken = (0..cfg.lengths.len() * cfg.windows)
         .filter(|&u| opts.shard.is_none_or(|s| s.takes(u)))
         .count();
@@ -223,82 +334,101 @@ pub fn run_with(
     let bar = progress_bar(todo as u64, opts.quiet);
     let mut new_trials = 0;
 
-    for (li, &n) in cfg.lengths.iter().enumerate() {
-        for w in 0..cfg.windows {
-            if opts.shard.is_some_and(|s| !s.takes(li * cfg.windows + w)) {
-                continue;
-            }
-            let missing = |h: usize, m: &str, d: usize| {
-                !done.contains(&(model_name.clone(), n, w, h, m.to_string(), d))
-            };
-            let head_needed = |h: usize| {
-                methods.iter().any(|m| {
-                    attention::budgets(m.id(), &cfg.features)
-                        .into_iter()
-                        .any(|d| missing(h, m.id(), d))
-                })
-            };
-            let window_needed = heads.iter().any(|&h| head_needed(h));
-            if !window_needed {
-                continue;
-            }
-            let jobs: Vec<usize> = heads.iter().copied().filter(|&h| head_needed(h)).collect();
-            let trial = TrialContext {
-                cfg,
-                n,
-                window: w,
-                model_name: &model_name,
-                prepared: &prepared,
-                methods: &methods,
-                bar: &bar,
-            };
-            if device_path(&prepared.device) {
-                // A device's work is issued from one host thread, batched over the window's
-                // heads (device.rs); the window's rows are written when it finishes.
-                let rows = crate::runtime::on_device_thread(&prepared.device, || {
-                    trial.window_on_device(&jobs, &missing)
-                })?;
-                for row in rows {
-                    writer.append(&row)?;
-                    new_trials += 1;
+    // The units in order; stops between trials once a signal arrived (every finished row is on
+    // disk), returning Ok so that the run's files are brought up to date below.
+    let mut run_units = || -> Result<()> {
+        for (li, &n) in cfg.lengths.iter().enumerate() {
+            for w in 0..cfg.windows {
+                if opts.shard.is_some_and(|s| !s.takes(li * cfg.windows + w)) {
+                    continue;
                 }
-                continue;
-            }
-            let (q, k, v) = prepared.window_qkv(&cfg.inputs, n, w)?;
-            // Heads run in parallel (each trial's result depends only on its own inputs and seed);
-            // their rows are appended in head order through a reorder buffer, so trials.csv has
-            // the same order whatever the thread count, and every finished head is on disk.
-            std::thread::scope(|scope| -> Result<()> {
-                let (tx, rx) = std::sync::mpsc::channel::<(usize, Result<Vec<TrialRow>>)>();
-                let (q, k, v, jobs_ref, missing_ref, trial_ref) =
-                    (&q, &k, &v, &jobs, &missing, &trial);
-                scope.spawn(move || {
-                    use rayon::prelude::*;
-                    jobs_ref
-                        .par_iter()
-                        .enumerate()
-                        .for_each_with(tx, |tx, (i, &h)| {
-                            let rows = trial_ref.head_trials(h, q, k, v, missing_ref);
-                            let _ = tx.send((i, rows));
-                        });
-                });
-                let mut pending = std::collections::BTreeMap::new();
-                let mut next = 0;
-                for (i, rows) in rx {
-                    pending.insert(i, rows);
-                    while let Some(rows) = pending.remove(&next) {
-                        for row in rows? {
-                            writer.append(&row)?;
-                            new_trials += 1;
-                        }
-                        next += 1;
+                if crate::interrupt::requested().is_some() {
+                    return Ok(());
+                }
+                let missing = |h: usize, m: &str, d: usize| {
+                    !done.contains(&(model_name.clone(), n, w, h, m.to_string(), d))
+                };
+                let head_needed = |h: usize| {
+                    methods.iter().any(|m| {
+                        attention::budgets(m.id(), &cfg.features)
+                            .into_iter()
+                            .any(|d| missing(h, m.id(), d))
+                    })
+                };
+                let window_needed = heads.iter().any(|&h| head_needed(h));
+                if !window_needed {
+                    continue;
+                }
+                let jobs: Vec<usize> = heads.iter().copied().filter(|&h| head_needed(h)).collect();
+                let trial = TrialContext {
+                    cfg,
+                    n,
+                    window: w,
+                    model_name: &model_name,
+                    prepared: &prepared,
+                    methods: &methods,
+                    bar: &bar,
+                };
+                if device_path(&prepared.device) {
+                    // A device's work is issued from one host thread, batched over the window's
+                    // heads (device.rs); the window's rows are written when it finishes.
+                    let rows = crate::runtime::on_device_thread(&prepared.device, || {
+                        trial.window_on_device(&jobs, &missing)
+                    })?;
+                    for row in rows {
+                        writer.append(&row)?;
+                        new_trials += 1;
                     }
+                    continue;
                 }
-                Ok(())
-            })?;
+                let (q, k, v) = match prepared.window_qkv(&cfg.inputs, n, w) {
+                    Ok(qkv) => qkv,
+                    Err(e) if e.downcast_ref::<crate::interrupt::Interrupted>().is_some() => {
+                        return Ok(())
+                    }
+                    Err(e) => return Err(e),
+                };
+                // Heads run in parallel (each trial's result depends only on its own inputs and seed);
+                // their rows are appended in head order through a reorder buffer, so trials.csv has
+                // the same order whatever the thread count, and every finished head is on disk.
+                std::thread::scope(|scope| -> Result<()> {
+                    let (tx, rx) = std::sync::mpsc::channel::<(usize, Result<Vec<TrialRow>>)>();
+                    let (q, k, v, jobs_ref, missing_ref, trial_ref) =
+                        (&q, &k, &v, &jobs, &missing, &trial);
+                    scope.spawn(move || {
+                        use rayon::prelude::*;
+                        jobs_ref
+                            .par_iter()
+                            .enumerate()
+                            .for_each_with(tx, |tx, (i, &h)| {
+                                let rows = trial_ref.head_trials(h, q, k, v, missing_ref);
+                                let _ = tx.send((i, rows));
+                            });
+                    });
+                    let mut pending = std::collections::BTreeMap::new();
+                    let mut next = 0;
+                    for (i, rows) in rx {
+                        pending.insert(i, rows);
+                        while let Some(rows) = pending.remove(&next) {
+                            for row in rows? {
+                                writer.append(&row)?;
+                                new_trials += 1;
+                            }
+                            next += 1;
+                        }
+                    }
+                    Ok(())
+                })?;
+            }
         }
-    }
+        Ok(())
+    };
+    let ran = run_units();
     bar.finish_and_clear();
+    let interrupted = crate::interrupt::requested();
+    if interrupted.is_none() {
+        ran?;
+    }
     if let Some(report) = device::profile_report() {
         eprintln!("{report}");
     }
@@ -306,18 +436,30 @@ pub fn run_with(
     let summary_rows = summary::summarize(&rows, &cfg.methods);
     summary::write(&opts.out.join("summary.csv"), &summary_rows)?;
     manifest.finished = Some(manifest::now());
-    manifest.status = if opts.shard.is_some() {
-        "partial".into()
-    } else {
-        "complete".into()
+    manifest.status = match (interrupted, opts.shard) {
+        (Some(_), _) => "interrupted".into(),
+        (None, Some(_)) => "partial".into(),
+        (None, None) => "complete".into(),
     };
     manifest.trials = rows.len();
     manifest.write(&opts.out)?;
+    if let Some(signal) = interrupted {
+        return Err(crate::interrupt::Interrupted {
+            signal,
+            progress: Some(format!(
+                "after {} of {} trials ({new_trials} in this session); rerun the same command to resume",
+                rows.len(),
+                total
+            )),
+        }
+        .into());
+    }
     Ok(SweepOutcome {
         out: opts.out.clone(),
         summary: summary_rows,
         new_trials,
         total_trials: rows.len(),
+        lock: Some(lock),
     })
 }
 
@@ -368,6 +510,11 @@ impl TrialContext<'_> {
             for d in attention::budgets(m.id(), &cfg.features) {
                 if !missing(h, m.id(), d) {
                     continue;
+                }
+                // A signal: the finished trials are returned (and written), the rest wait for
+                // the resume.
+                if crate::interrupt::requested().is_some() {
+                    return Ok(rows);
                 }
                 let key = TrialKey {
                     seed: cfg.seed,

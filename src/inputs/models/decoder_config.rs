@@ -308,6 +308,16 @@ fn rope_config(v: &Value, file: &str) -> Result<RopeConfig> {
                 .and_then(Value::as_f64)
         })
         .unwrap_or(10000.0);
+    // null means none; any other value that is not an object (e.g. "yes") is a malformed
+    // config, not "no scaling".
+    match v.get("rope_scaling") {
+        None | Some(Value::Null) | Some(Value::Object(_)) => {}
+        Some(other) => {
+            return Err(usage!(
+                "config {file}: rope_scaling is {other}, but it must be an object such as {{\"rope_type\": \"linear\", \"factor\": 2.0}}, or null for none"
+            ))
+        }
+    }
     let scaling = v.get("rope_scaling").filter(|x| x.is_object()).or(params);
     let Some(s) = scaling else {
         return Ok(RopeConfig {
@@ -471,6 +481,25 @@ mod tests {
         .unwrap();
         assert_eq!(c.rope.theta, 500000.0);
         assert!(matches!(c.rope.scaling, RopeScaling::Llama3 { factor, .. } if factor == 8.0));
+    }
+
+    #[test]
+    fn a_rope_scaling_that_is_not_an_object_is_refused_and_null_is_none() {
+        for bad in [r#""yes""#, "true", "2.0", r#"["linear"]"#] {
+            let e = DecoderConfig::from_json(
+                &base(&format!(r#", "rope_scaling": {bad}"#)),
+                "d/config.json",
+            )
+            .unwrap_err();
+            assert!(e.downcast_ref::<crate::UsageError>().is_some(), "{bad}");
+            assert!(
+                e.to_string().contains("rope_scaling is")
+                    && e.to_string().contains("d/config.json"),
+                "{e}"
+            );
+        }
+        let c = DecoderConfig::from_json(&base(r#", "rope_scaling": null"#), "c").unwrap();
+        assert!(matches!(c.rope.scaling, RopeScaling::Default));
     }
 
     #[test]

@@ -46,7 +46,8 @@ impl GgufFile {
         let file = File::open(path).map_err(|e| usage!("GGUF {shown}: cannot open it ({e})"))?;
         let mut reader = BufReader::new(file);
         let content = Content::read(&mut reader).map_err(|e| {
-            usage!("GGUF {shown}: not a readable GGUF file ({e}); it may be truncated or corrupt: download it again")
+            let em = crate::tensor_util::candle_message(&e);
+            usage!("GGUF {shown}: not a readable GGUF file ({em}); it may be truncated or corrupt: download it again")
         })?;
         // A file cut short still parses (the header and tensor table come first), and the
         // tensors of the first layers may lie before the cut: every tensor's extent is checked
@@ -54,10 +55,32 @@ impl GgufFile {
         let len = std::fs::metadata(path)
             .map_err(|e| usage!("GGUF {shown}: cannot read its size ({e})"))?
             .len();
-        for (name, info) in &content.tensor_infos {
+        // In file order (the table is a hash map): the message names the first tensor cut off,
+        // the same on every run. The sizes are checked arithmetic: a corrupt dimension (2^63)
+        // must not wrap to a small size and pass.
+        let mut infos: Vec<_> = content.tensor_infos.iter().collect();
+        infos.sort_by_key(|(name, info)| (info.offset, name.as_str()));
+        for (name, info) in infos {
             let dt = info.ggml_dtype;
-            let bytes = (info.shape.elem_count() / dt.block_size() * dt.type_size()) as u64;
-            let end = content.tensor_data_offset + info.offset + bytes;
+            let elems = info
+                .shape
+                .dims()
+                .iter()
+                .try_fold(1u64, |acc, &d| acc.checked_mul(d as u64));
+            let bytes = elems
+                .filter(|e| e % dt.block_size() as u64 == 0)
+                .and_then(|e| (e / dt.block_size() as u64).checked_mul(dt.type_size() as u64));
+            let end = bytes.and_then(|b| {
+                (content.tensor_data_offset)
+                    .checked_add(info.offset)
+                    .and_then(|o| o.checked_add(b))
+            });
+            let Some(end) = end else {
+                return Err(usage!(
+                    "GGUF {shown}: tensor {name} declares dimensions {:?} of {dt:?}, which no file can hold; the file is corrupt: download it again",
+                    info.shape.dims()
+                ));
+            };
             if end > len {
                 return Err(usage!(
                     "GGUF {shown}: truncated: tensor {name} ends at byte {end} but the file has {len} bytes; download it again"
@@ -124,12 +147,18 @@ impl GgufFile {
             .content
             .tensor(&mut self.reader, name, &Device::Cpu)
             .map_err(|e| {
+                let em = crate::tensor_util::candle_message(&e);
                 usage!(
-                    "GGUF {}: cannot read tensor '{name}' ({e}); the file may be truncated",
+                    "GGUF {}: cannot read tensor '{name}' ({em}); the file may be truncated",
                     self.path
                 )
             })?;
-        Ok(q.dequantize(&Device::Cpu)?.to_dtype(DType::F32)?)
+        let t = q.dequantize(&Device::Cpu)?.to_dtype(DType::F32)?;
+        // A NaN or ∞ scale (or value) would reach the exact target and be blamed on the device.
+        crate::tensor_util::check_finite(&t, || {
+            format!("GGUF {}: tensor '{name}' (dequantized)", self.path)
+        })?;
+        Ok(t)
     }
 
     /// The decoder config from the `{arch}.*` metadata.
@@ -160,6 +189,16 @@ impl GgufFile {
             Some(p) => p,
             None => hidden / heads.max(1),
         };
+        // Partial rotary (RoPE on the first rope.dimension_count dims only) is not implemented:
+        // refused, rather than rotating the whole head.
+        if let Some(rot) = self.meta_usize(&k("rope.dimension_count"))? {
+            if rot != head_dim {
+                return Err(usage!(
+                    "GGUF {}: {arch}.rope.dimension_count is {rot} but the heads have {head_dim} dimensions: partial rotary embeddings are not supported (RoPE on the whole head only)",
+                    self.path
+                ));
+            }
+        }
         let layers = self.req(&k("block_count"))?;
         let embd = self
             .content
@@ -386,6 +425,66 @@ mod tests {
             .unwrap_err()
             .to_string()
             .contains("text.gguf"));
+    }
+
+    /// The tiny fixture with `patch(bytes, tensor data start, info)` applied to tensor `name`.
+    fn patched(
+        dir: &Path,
+        name: &str,
+        patch: impl FnOnce(&mut Vec<u8>, usize, &candle_core::quantized::gguf_file::TensorInfo),
+    ) -> std::path::PathBuf {
+        let mut bytes = std::fs::read(tiny()).unwrap();
+        let content = Content::read(&mut std::io::Cursor::new(&bytes)).expect("the fixture parses");
+        let info = &content.tensor_infos[name];
+        let start = (content.tensor_data_offset + info.offset) as usize;
+        patch(&mut bytes, start, info);
+        let path = dir.join(format!("{name}.gguf"));
+        std::fs::write(&path, &bytes).unwrap();
+        path
+    }
+
+    #[test]
+    fn a_dimension_no_file_can_hold_is_refused_not_wrapped() {
+        let dir = tempfile::tempdir().unwrap();
+        let name = "blk.0.attn_norm.weight";
+        let path = patched(dir.path(), name, |bytes, _, info| {
+            // The tensor table: name (u64 length + bytes), n_dims (u32), dims (u64 each).
+            let key = name.as_bytes();
+            let at = bytes
+                .windows(key.len())
+                .position(|w| w == key)
+                .expect("the name is in the table");
+            let dim0 = at + key.len() + 4;
+            let old = u64::from_le_bytes(bytes[dim0..dim0 + 8].try_into().unwrap());
+            assert_eq!(old as usize, info.shape.dims()[0]);
+            bytes[dim0..dim0 + 8].copy_from_slice(&(1u64 << 63).to_le_bytes());
+        });
+        let e = load_gguf(&path, 0, &Device::Cpu).unwrap_err();
+        assert!(e.downcast_ref::<crate::UsageError>().is_some(), "{e}");
+        let m = e.to_string();
+        assert!(m.contains(name) && m.contains("corrupt"), "{m}");
+    }
+
+    #[test]
+    fn a_non_finite_weight_is_named_as_a_corrupt_file() {
+        use candle_core::quantized::GgmlDType;
+        let dir = tempfile::tempdir().unwrap();
+        let name = "blk.0.attn_q.weight";
+        let path = patched(dir.path(), name, |bytes, start, info| {
+            // The first value (F32, F16) or the first block's f16 scale d (every quantized type).
+            let nan: &[u8] = match info.ggml_dtype {
+                GgmlDType::F32 => &[0x00, 0x00, 0xC0, 0x7F],
+                _ => &[0x00, 0x7E],
+            };
+            bytes[start..start + nan.len()].copy_from_slice(nan);
+        });
+        let e = load_gguf(&path, 0, &Device::Cpu).unwrap_err();
+        assert!(e.downcast_ref::<crate::UsageError>().is_some(), "{e}");
+        let m = e.to_string();
+        assert!(
+            m.contains(name) && m.contains("NaN at index [0,") && m.contains("corrupt"),
+            "{m}"
+        );
     }
 
     #[test]

@@ -251,6 +251,8 @@ fn measured_layer_input(
     let (cos, sin) = rope::cos_sin(&cfg.rope, cfg.head_dim, n, dtype, dev)?;
     let (_, earlier) = w.layers.split_last().expect("at least one layer");
     for (l, lw) in earlier.iter().enumerate() {
+        // A layer at n = 8192 takes seconds: a signal stops the forward here (nothing of it is kept).
+        crate::interrupt::check()?;
         x = decoder_layer(&x, lw, cfg, &cos, &sin, cfg.sliding_window[l])?;
     }
     Ok((x, cos, sin))

@@ -191,10 +191,10 @@ impl TensorSource for Safetensors {
                     self.family
                 )
             })?;
-        let t = self
-            .st
-            .load(found, &self.device)
-            .map_err(|e| usage!("weights {}: cannot read tensor '{found}' ({e})", self.what))?;
+        let t = self.st.load(found, &self.device).map_err(|e| {
+            let em = crate::tensor_util::candle_message(&e);
+            usage!("weights {}: cannot read tensor '{found}' ({em})", self.what)
+        })?;
         if t.dims() != shape {
             return Err(usage!(
                 "weights {}: tensor '{found}' has shape {:?} but config.json implies {:?}; the weights do not fit the config",
@@ -203,6 +203,9 @@ impl TensorSource for Safetensors {
                 shape
             ));
         }
+        crate::tensor_util::check_finite(&t, || {
+            format!("weights {}: tensor '{found}'", self.what)
+        })?;
         // bf16/f16 checkpoints are widened once on load (METHODS.md §7.1 "Weights").
         Ok(t.to_dtype(DType::F32)?)
     }
@@ -235,8 +238,9 @@ pub fn load_safetensors(
     }
     // SAFETY: the files are mapped read-only and not modified while the run holds them.
     let st = unsafe { MmapedSafetensors::multi(&files) }.map_err(|e| {
+        let em = crate::tensor_util::candle_message(&e);
         usage!(
-            "weights {}: not readable safetensors ({e}); re-download it",
+            "weights {}: not readable safetensors ({em}); re-download it",
             path.display()
         )
     })?;

@@ -98,6 +98,19 @@ pub fn load_run(dir: &Path) -> Result<RunData> {
     })
 }
 
+/// Whether `name` is one of the figures [`draw_all`] writes (what `--force` removes).
+pub fn is_figure_name(name: &str) -> bool {
+    let Some(stem) = name.strip_suffix(".png") else {
+        return false;
+    };
+    let stem = stem.strip_suffix("-median").unwrap_or(stem);
+    matches!(
+        stem,
+        "decoder" | "quant" | "field" | "kernelized" | "skyformer-fig1" | "skeinformer-fig1"
+    ) || stem.starts_with("all-methods-")
+        || stem.starts_with("accuracy-cost-")
+}
+
 /// Loads the run in `out_dir` and draws its figures into it.
 pub fn draw_after_sweep(out_dir: &Path) -> Result<Vec<PathBuf>> {
     let run = load_run(out_dir)?;
@@ -203,7 +216,9 @@ pub fn draw_all(runs: &[RunData], out_dir: &Path, stat: Statistic) -> Result<Vec
     let mut written = vec![];
     for (name, f) in figures {
         let path = out_dir.join(name);
-        f.save_png(&path)?;
+        // Drawn under a temporary name and renamed: a kill or a full disk mid-drawing leaves the
+        // previous figure, never a torn one.
+        crate::atomic_file::write_with(&path, |tmp| f.save_png(tmp))?;
         written.push(path);
     }
     Ok(written)

@@ -1,0 +1,73 @@
+//! Files written whole or not at all (issue 32): the content goes to a temporary name in the
+//! target's directory, is flushed to disk, and is renamed over the target, so a kill or a full
+//! disk leaves either the old file or the new one, never a torn one.
+
+use std::path::{Path, PathBuf};
+
+use anyhow::{Context, Result};
+
+/// The temporary name for `path`: hidden, unique to this process, and with the same extension
+/// (plotters picks the image format from it).
+pub fn temporary_name(path: &Path) -> PathBuf {
+    let name = path
+        .file_name()
+        .map(|s| s.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    let ext = path
+        .extension()
+        .map(|e| format!(".{}", e.to_string_lossy()))
+        .unwrap_or_default();
+    path.with_file_name(format!(".{name}.partial-{}{ext}", std::process::id()))
+}
+
+/// Writes `path` through `write`, which is given the temporary path to create; renames it into
+/// place once `write` succeeded and the file is on disk. On failure the temporary file is removed
+/// and `path` is untouched.
+pub fn write_with(path: &Path, write: impl FnOnce(&Path) -> Result<()>) -> Result<()> {
+    let tmp = temporary_name(path);
+    let done = write(&tmp).and_then(|()| {
+        // Durable before it replaces the old file (best effort where the FS cannot sync).
+        if let Ok(f) = std::fs::File::open(&tmp) {
+            let _ = f.sync_all();
+        }
+        std::fs::rename(&tmp, path).with_context(|| format!("replacing {}", path.display()))
+    });
+    if done.is_err() {
+        let _ = std::fs::remove_file(&tmp);
+    }
+    done
+}
+
+/// Writes `bytes` to `path` atomically.
+pub fn write(path: &Path, bytes: &[u8]) -> Result<()> {
+    write_with(path, |tmp| {
+        std::fs::write(tmp, bytes)
+            .with_context(|| format!("writing {} (disk full?)", path.display()))
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_failed_write_leaves_the_old_file_and_no_temporary() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("figure.png");
+        write(&p, b"old").unwrap();
+        let e = write_with(&p, |tmp| {
+            std::fs::write(tmp, b"half")?;
+            anyhow::bail!("disk full")
+        });
+        assert!(e.is_err());
+        assert_eq!(std::fs::read(&p).unwrap(), b"old");
+        let names: Vec<_> = std::fs::read_dir(dir.path())
+            .unwrap()
+            .map(|e| e.unwrap().file_name())
+            .collect();
+        assert_eq!(names, vec![std::ffi::OsString::from("figure.png")]);
+        write(&p, b"new").unwrap();
+        assert_eq!(std::fs::read(&p).unwrap(), b"new");
+        assert_eq!(temporary_name(&p).extension().unwrap(), "png");
+    }
+}

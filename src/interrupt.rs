@@ -1,0 +1,107 @@
+//! Interruption by SIGINT or SIGTERM (issue 32). The CLI installs the handlers once at start-up;
+//! a signal only sets a flag, and the long loops poll it where stopping loses nothing: a sweep
+//! between trials (every finished row is on disk), the decoder forward between layers. The run
+//! then ends with [`Interrupted`], which says how far it got and how to resume, and the CLI exits
+//! 128 + the signal's number (130, 143) as a shell does. A second signal ends the process at once
+//! (the files are consistent at every moment anyway: rows are whole lines, the rest is renamed
+//! into place).
+//!
+//! The library never installs handlers itself: an embedding host (the Python face) keeps its own.
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, OnceLock};
+
+use anyhow::Result;
+
+/// The last signal received (0: none); shared with the handlers.
+static SIGNAL: OnceLock<Arc<AtomicUsize>> = OnceLock::new();
+
+fn flag() -> &'static Arc<AtomicUsize> {
+    SIGNAL.get_or_init(|| Arc::new(AtomicUsize::new(0)))
+}
+
+/// A run stopped by a signal: every row finished before it is kept.
+#[derive(Debug, thiserror::Error)]
+#[error("interrupted by {}{}", signal_name(*.signal), .progress.as_deref().map(|p| format!(" {p}")).unwrap_or_default())]
+pub struct Interrupted {
+    pub signal: i32,
+    /// e.g. "after 12 of 40 trials; rerun the same command to resume".
+    pub progress: Option<String>,
+}
+
+impl Interrupted {
+    /// The shell's convention for a process ended by a signal.
+    pub fn exit_code(&self) -> i32 {
+        128 + self.signal
+    }
+}
+
+fn signal_name(signal: i32) -> &'static str {
+    match signal {
+        libc::SIGINT => "SIGINT",
+        libc::SIGTERM => "SIGTERM",
+        _ => "a signal",
+    }
+}
+
+/// Installs the SIGINT and SIGTERM handlers (Unix; a no-op elsewhere). The first signal sets the
+/// flag; a second one of either kind ends the process at once with 128 + its number.
+pub fn install() -> Result<()> {
+    #[cfg(unix)]
+    {
+        use signal_hook::consts::{SIGINT, SIGTERM};
+        let armed = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        for sig in [SIGINT, SIGTERM] {
+            // The shutdown goes first: on the first signal `armed` is still false.
+            signal_hook::flag::register_conditional_shutdown(sig, 128 + sig, armed.clone())?;
+            signal_hook::flag::register(sig, armed.clone())?;
+            signal_hook::flag::register_usize(sig, flag().clone(), sig as usize)?;
+        }
+    }
+    Ok(())
+}
+
+/// The signal received so far, if any.
+pub fn requested() -> Option<i32> {
+    match flag().load(Ordering::SeqCst) {
+        0 => None,
+        s => Some(s as i32),
+    }
+}
+
+/// `Err(Interrupted)` once a signal has arrived: for loops whose partial work is worth nothing
+/// (a forward through the layers), so they stop at once.
+pub fn check() -> Result<()> {
+    match requested() {
+        None => Ok(()),
+        Some(signal) => Err(Interrupted {
+            signal,
+            progress: None,
+        }
+        .into()),
+    }
+}
+
+/// Marks the process as interrupted without a signal: for tests of the polling loops.
+#[doc(hidden)]
+pub fn request_for_test(signal: i32) {
+    flag().store(signal as usize, Ordering::SeqCst);
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn the_exit_codes_are_the_shells() {
+        let i = super::Interrupted {
+            signal: libc::SIGINT,
+            progress: Some("after 3 of 9 trials".into()),
+        };
+        assert_eq!(i.exit_code(), 130);
+        assert_eq!(i.to_string(), "interrupted by SIGINT after 3 of 9 trials");
+        let t = super::Interrupted {
+            signal: libc::SIGTERM,
+            progress: None,
+        };
+        assert_eq!(t.exit_code(), 143);
+    }
+}

@@ -1,0 +1,151 @@
+//! One writer per run directory (issue 32): every command that writes a run directory (the sweep,
+//! `merge`, `score`, `check --rerun`) holds an exclusive lock on `OUT/.lock` (flock on Unix,
+//! through `std::fs::File::try_lock`) from before it touches OUT's files until it is done with
+//! them, figures included. A second writer, which would append duplicate rows to trials.csv, is
+//! refused at once with a usage error naming the directory and the holder (host, process, start
+//! time). The OS drops the lock when its holder exits or dies, so a lock left by a killed run is
+//! simply taken over: the file's presence means nothing, only a live holder's lock does.
+
+use std::fs::{File, TryLockError};
+use std::io::Write;
+use std::path::Path;
+
+use anyhow::{anyhow, Result};
+
+/// The file locked inside a run directory.
+pub const LOCK_FILE: &str = ".lock";
+
+/// A held run-directory lock; released on drop (or when the process ends).
+#[derive(Debug)]
+pub struct RunLock {
+    _file: File,
+}
+
+/// Creates `out` if needed and takes its lock.
+pub fn create_and_lock(out: &Path) -> Result<RunLock> {
+    std::fs::create_dir_all(out).map_err(|e| {
+        crate::usage!(
+            "--out {}: cannot create the directory ({e}); choose a writable --out",
+            out.display()
+        )
+    })?;
+    acquire(out)
+}
+
+/// Takes `out`'s lock (the directory must exist), or a usage error if another process holds it.
+pub fn acquire(out: &Path) -> Result<RunLock> {
+    let path = out.join(LOCK_FILE);
+    let mut file = File::options()
+        .create(true)
+        .truncate(false)
+        .read(true)
+        .write(true)
+        .open(&path)
+        .map_err(|e| {
+            crate::usage!(
+                "--out {}: cannot write its lock file {LOCK_FILE} ({e}); choose a writable --out",
+                out.display()
+            )
+        })?;
+    match file.try_lock() {
+        Ok(()) => {
+            // Who holds it, for the message a second writer gets (informative only).
+            let _ = file.set_len(0);
+            let _ = writeln!(
+                file,
+                "process {} on {}, since {}",
+                std::process::id(),
+                hostname(),
+                crate::report::manifest::now()
+            );
+            Ok(RunLock { _file: file })
+        }
+        Err(TryLockError::WouldBlock) => {
+            let holder = std::fs::read_to_string(&path).unwrap_or_default();
+            Err(crate::usage!(
+                "--out {} is being written by another approx-bench run ({}); wait for it to finish, or choose another --out (two writers would duplicate rows)",
+                out.display(),
+                match holder.trim() {
+                    "" => "holder unknown",
+                    h => h,
+                }
+            ))
+        }
+        Err(TryLockError::Error(e)) => {
+            Err(anyhow!(e).context(format!("locking {}", path.display())))
+        }
+    }
+}
+
+/// Checks that files can be created in `out`. A directory the user cannot write is theirs to fix
+/// (exit 2); a full disk or an I/O error is a runtime failure (exit 1), as everywhere else.
+pub fn probe_writable(out: &Path) -> Result<()> {
+    let probe = out.join(".write-test");
+    if let Err(e) = std::fs::write(&probe, b"ok") {
+        let _ = std::fs::remove_file(&probe);
+        return Err(match e.kind() {
+            std::io::ErrorKind::PermissionDenied | std::io::ErrorKind::ReadOnlyFilesystem => {
+                crate::usage!(
+                    "--out {}: not writable ({e}); choose a writable --out",
+                    out.display()
+                )
+            }
+            _ => anyhow!(e).context(format!("writing into --out {}", out.display())),
+        });
+    }
+    let _ = std::fs::remove_file(&probe);
+    Ok(())
+}
+
+fn hostname() -> String {
+    let mut buf = [0u8; 256];
+    // SAFETY: the buffer is valid for its length; gethostname writes at most that many bytes.
+    let ok = unsafe { libc::gethostname(buf.as_mut_ptr().cast(), buf.len()) } == 0;
+    let end = buf.iter().position(|&b| b == 0).unwrap_or(buf.len());
+    if ok && end > 0 {
+        String::from_utf8_lossy(&buf[..end]).into_owned()
+    } else {
+        "an unknown host".into()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_second_writer_is_refused_and_the_lock_is_released_on_drop() {
+        let dir = tempfile::tempdir().unwrap();
+        let first = acquire(dir.path()).unwrap();
+        let e = acquire(dir.path()).err().expect("refused while held");
+        assert!(e.downcast_ref::<crate::UsageError>().is_some(), "{e}");
+        let msg = e.to_string();
+        assert!(msg.contains("another approx-bench run"), "{msg}");
+        assert!(
+            msg.contains(&format!("process {} on {}", std::process::id(), hostname())),
+            "{msg}"
+        );
+        assert!(msg.contains("since 20"), "{msg}");
+        drop(first);
+        assert!(
+            acquire(dir.path()).is_ok(),
+            "free again after the holder ends"
+        );
+    }
+
+    #[test]
+    fn a_stale_lock_file_without_a_holder_is_taken_over() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(
+            dir.path().join(LOCK_FILE),
+            "process 1 on elsewhere, since 2020-01-01T00:00:00Z\n",
+        )
+        .unwrap();
+        let _held = acquire(dir.path()).expect("nobody holds it");
+        let now = std::fs::read_to_string(dir.path().join(LOCK_FILE)).unwrap();
+        assert!(
+            now.starts_with(&format!("process {} ", std::process::id())),
+            "{now}"
+        );
+    }
+}

@@ -1,0 +1,349 @@
+//! What the tool promises on failure (issue 32; docs/guide.md "What the tool promises on
+//! failure"): one writer per run directory, resumes that check their inputs and rows, signals
+//! that stop between trials and lose nothing, corrupt inputs named as such, never a panic.
+
+mod common;
+
+use std::path::Path;
+use std::process::{Command, Stdio};
+
+use common::*;
+
+/// The tiny sweep's arguments into `out`, with `extra` flags after them.
+fn grid(m: &str, c: &str, out: &Path, extra: &[&str]) -> Vec<String> {
+    [
+        "--model",
+        "initialized",
+        "--model-dir",
+        m,
+        "--corpus",
+        c,
+        "--methods",
+        "vmean,informer,skeinformer",
+        "--lengths",
+        "16,32",
+        "--windows",
+        "2",
+        "--features",
+        "2,4,8",
+        "--quiet",
+        "--out",
+        out.to_str().unwrap(),
+    ]
+    .iter()
+    .chain(extra)
+    .map(|s| s.to_string())
+    .collect()
+}
+
+fn sweep(args: &[String]) -> std::process::Output {
+    Command::new(bin()).args(args).output().unwrap()
+}
+
+fn manifest(out: &Path) -> serde_json::Value {
+    serde_json::from_str(&std::fs::read_to_string(out.join("manifest.json")).unwrap()).unwrap()
+}
+
+/// SIGINT and SIGTERM stop the sweep between trials: it says how far it got and how to go on,
+/// exits 130 / 143, keeps every finished row, and the rerun completes exactly the rows of an
+/// uninterrupted run.
+#[test]
+fn a_signal_stops_between_trials_and_the_rerun_completes_the_same_rows() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (m, c) = tiny_inputs(&tmp.path().join("m"), false);
+    let features: String = (1..=48)
+        .map(|d| d.to_string())
+        .collect::<Vec<_>>()
+        .join(",");
+    let big = |out: &Path| -> Vec<String> {
+        let mut a = grid(&m, &c, out, &[]);
+        let i = a.iter().position(|x| x == "--features").unwrap();
+        a[i + 1] = features.clone();
+        let i = a.iter().position(|x| x == "--lengths").unwrap();
+        a[i + 1] = "64,128".into();
+        a
+    };
+    let full = tmp.path().join("full");
+    let o = sweep(&big(&full));
+    assert!(o.status.success(), "{}", stderr(&o));
+    let count = |p: &Path| approx_bench::report::trials::read_rows(p).unwrap().len();
+    let total = count(&full.join("trials.csv"));
+    for (signal, code, name) in [
+        (libc::SIGINT, 130, "SIGINT"),
+        (libc::SIGTERM, 143, "SIGTERM"),
+    ] {
+        let cut = tmp.path().join(name);
+        let trials = cut.join("trials.csv");
+        let mut child = Command::new(bin())
+            .args(big(&cut))
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        loop {
+            let lines = std::fs::read_to_string(&trials)
+                .map(|s| s.lines().count())
+                .unwrap_or(0);
+            if lines > 100 {
+                break;
+            }
+            assert!(
+                child.try_wait().unwrap().is_none(),
+                "the sweep finished before the signal; enlarge the grid"
+            );
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        }
+        // SAFETY: kill(2) on our own child's pid.
+        assert_eq!(unsafe { libc::kill(child.id() as i32, signal) }, 0);
+        let (o, _) = wait(child, std::time::Duration::from_secs(120));
+        let e = stderr(&o);
+        assert_eq!(o.status.code(), Some(code), "{e}");
+        assert!(
+            e.contains(&format!("interrupted by {name} after"))
+                && e.contains(&format!("of {total} trials"))
+                && e.contains("rerun the same command to resume"),
+            "{e}"
+        );
+        assert!(!e.contains("panicked"), "{e}");
+        let kept = count(&trials);
+        assert!(kept > 0 && kept < total, "{kept} of {total}");
+        let man = manifest(&cut);
+        assert_eq!(man["status"], "interrupted");
+        assert_eq!(man["trials"], kept);
+        let o = sweep(&big(&cut));
+        assert!(o.status.success(), "{}", stderr(&o));
+        assert_same_rows(&trials, &full.join("trials.csv"));
+        assert_eq!(manifest(&cut)["status"], "complete");
+    }
+}
+
+/// Two sweeps started together into one directory: one writes, the other is refused (or, if it
+/// starts after the first finished, resumes with nothing to do); never a duplicated row.
+#[test]
+fn two_writers_racing_for_one_out_never_duplicate_rows() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (m, c) = tiny_inputs(&tmp.path().join("m"), false);
+    let out = tmp.path().join("run");
+    let args = grid(&m, &c, &out, &[]);
+    let spawn = || {
+        Command::new(bin())
+            .args(&args)
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap()
+    };
+    let (a, b) = (spawn(), spawn());
+    let (oa, _) = wait(a, std::time::Duration::from_secs(120));
+    let (ob, _) = wait(b, std::time::Duration::from_secs(120));
+    let mut ok = 0;
+    for o in [&oa, &ob] {
+        match o.status.code() {
+            Some(0) => ok += 1,
+            Some(2) => assert!(
+                stderr(o).contains("is being written by another approx-bench run (process "),
+                "{}",
+                stderr(o)
+            ),
+            other => panic!("exit {other:?}: {}", stderr(o)),
+        }
+    }
+    assert!(ok >= 1);
+    let rows = rows_without_timing(&out.join("trials.csv"));
+    assert_eq!(rows[0].split(',').next(), Some("model"), "the header, once");
+    let rows = &rows[1..];
+    let mut unique = rows.to_vec();
+    unique.sort();
+    unique.dedup();
+    assert_eq!(rows.len(), unique.len(), "a duplicated row");
+    // 2 lengths × 2 windows × 4 heads × 3 methods × 3 d.
+    assert_eq!(rows.len(), 144);
+}
+
+/// A resume compares the inputs with the manifest: a corpus edited between two runs into one
+/// directory is refused naming the file, and the refused run leaves the manifest as it was.
+#[test]
+fn a_resume_over_a_changed_corpus_is_refused_and_leaves_the_manifest() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (m, _) = tiny_inputs(&tmp.path().join("m"), false);
+    let corpus = tmp.path().join("corpus.txt");
+    std::fs::copy(corpus_path(), &corpus).unwrap();
+    let out = tmp.path().join("run");
+    let args = grid(&m, corpus.to_str().unwrap(), &out, &[]);
+    assert!(sweep(&args).status.success());
+    let before = std::fs::read(out.join("manifest.json")).unwrap();
+    let mut text = std::fs::read_to_string(&corpus).unwrap();
+    text.insert_str(0, "an edited first line .\n");
+    std::fs::write(&corpus, text).unwrap();
+    let o = sweep(&args);
+    let e = stderr(&o);
+    assert_eq!(o.status.code(), Some(2), "{e}");
+    assert!(
+        e.contains("the corpus")
+            && e.contains("corpus.txt")
+            && e.contains("changed since this run started")
+            && e.contains("--force"),
+        "{e}"
+    );
+    assert_eq!(std::fs::read(out.join("manifest.json")).unwrap(), before);
+    // --force starts over from the new corpus.
+    let mut forced = args.clone();
+    forced.push("--force".into());
+    assert!(sweep(&forced).status.success());
+}
+
+/// Rows that are not trials of the run (here: a head outside --heads) are refused on resume,
+/// naming the first, and the manifest is left as it was.
+#[test]
+fn a_resume_refuses_rows_outside_its_grid() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (m, c) = tiny_inputs(&tmp.path().join("m"), false);
+    let out = tmp.path().join("run");
+    let args = grid(&m, &c, &out, &["--heads", "0,1"]);
+    assert!(sweep(&args).status.success());
+    let trials = out.join("trials.csv");
+    let text = std::fs::read_to_string(&trials).unwrap();
+    let header: Vec<&str> = text.lines().next().unwrap().split(',').collect();
+    let head_col = header.iter().position(|h| *h == "head").unwrap();
+    let mut lines: Vec<String> = text.lines().map(String::from).collect();
+    let mut cells: Vec<String> = lines[3].split(',').map(String::from).collect();
+    cells[head_col] = "3".into();
+    lines[3] = cells.join(",");
+    std::fs::write(&trials, lines.join("\n") + "\n").unwrap();
+    let before = std::fs::read(out.join("manifest.json")).unwrap();
+    let o = sweep(&args);
+    let e = stderr(&o);
+    assert_eq!(o.status.code(), Some(2), "{e}");
+    assert!(
+        e.contains("row 4 is not a trial of this run: head 3 (not in --heads)"),
+        "{e}"
+    );
+    assert_eq!(std::fs::read(out.join("manifest.json")).unwrap(), before);
+}
+
+/// `--heads 0,2,0,2` measures heads 0 and 2 once each, as --lengths and --methods deduplicate.
+#[test]
+fn repeated_heads_are_measured_once() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (m, c) = tiny_inputs(&tmp.path().join("m"), false);
+    let out = tmp.path().join("run");
+    let o = sweep(&grid(&m, &c, &out, &["--heads", "0,2,0,2"]));
+    assert!(o.status.success(), "{}", stderr(&o));
+    let rows = approx_bench::report::trials::read_rows(&out.join("trials.csv")).unwrap();
+    // 2 lengths × 2 windows × 2 heads × 3 methods × 3 d.
+    assert_eq!(rows.len(), 72);
+    let heads: std::collections::BTreeSet<usize> = rows.iter().map(|r| r.head).collect();
+    assert_eq!(heads, [0, 2].into());
+}
+
+/// `--force` removes the previous run's figures with its rows; files that are not the run's stay.
+#[test]
+fn force_removes_the_previous_runs_figures_too() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (m, c) = tiny_inputs(&tmp.path().join("m"), false);
+    let out = tmp.path().join("run");
+    assert!(sweep(&grid(&m, &c, &out, &[])).status.success());
+    // A figure an encoder run never draws, as a previous decoder run into this directory left it.
+    std::fs::write(out.join("decoder.png"), b"old figure").unwrap();
+    std::fs::write(out.join("notes.txt"), b"mine").unwrap();
+    let o = sweep(&grid(&m, &c, &out, &["--seed", "7", "--force"]));
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(!out.join("decoder.png").exists());
+    assert!(out.join("notes.txt").exists());
+    let leftovers: Vec<String> = std::fs::read_dir(&out)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .filter(|n| n.contains(".partial-"))
+        .collect();
+    assert!(leftovers.is_empty(), "temporary files left: {leftovers:?}");
+}
+
+/// Lengths are validated in one place for the sweep and dump-qkv: 0 and lengths past 2^24 are
+/// usage errors (not a panic, not a wrapped-around message), and a window past the corpus's end
+/// names dump-qkv's own flags.
+#[test]
+fn lengths_and_windows_are_validated_once_for_every_command() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (m, c) = tiny_inputs(&tmp.path().join("m"), false);
+    let out = tmp.path().join("d.safetensors");
+    let dump = |length: &str, window: &str| {
+        vec![
+            "dump-qkv",
+            "--model",
+            "initialized",
+            "--model-dir",
+            &m,
+            "--corpus",
+            &c,
+            "--length",
+            length,
+            "--window",
+            window,
+            "--out",
+            out.to_str().unwrap(),
+        ]
+        .into_iter()
+        .map(String::from)
+        .collect::<Vec<_>>()
+    };
+    let usage = |args: Vec<String>, needle: &str| {
+        let a: Vec<&str> = args.iter().map(String::as_str).collect();
+        expect_usage_error(&a, needle);
+    };
+    usage(dump("0", "0"), "--length: 0 is not allowed");
+    usage(
+        dump("4294967296", "0"),
+        "--length 4294967296: longer than the 16777216 tokens",
+    );
+    let past = dump("16", "5000");
+    let a: Vec<&str> = past.iter().map(String::as_str).collect();
+    expect_usage_error(&a, "window 5000 (0-based) does not exist");
+    let o = run(&a, &[]);
+    assert!(!stderr(&o).contains("--windows"), "{}", stderr(&o));
+    let run_dir = tmp.path().join("run");
+    let mut s = grid(&m, &c, &run_dir, &[]);
+    let i = s.iter().position(|x| x == "--lengths").unwrap();
+    s[i + 1] = "4294967296".into();
+    usage(
+        s.clone(),
+        "--lengths 4294967296: longer than the 16777216 tokens",
+    );
+    s[i + 1] = "100000".into();
+    let j = s.iter().position(|x| x == "--features").unwrap();
+    s[j + 1] = "4".into();
+    usage(s, "no window of n = 100000 fits");
+}
+
+/// A NaN in a safetensors weight is named as a corrupt file (exit 2), not blamed on the device.
+#[test]
+fn a_non_finite_weight_is_a_usage_error_naming_the_tensor() {
+    let tmp = tempfile::tempdir().unwrap();
+    let model = tiny_model(&tmp.path().join("m"), true);
+    let weights = model.join("model.safetensors");
+    let mut map = candle_core::safetensors::load(&weights, &candle_core::Device::Cpu).unwrap();
+    let name = map
+        .keys()
+        .find(|k| k.ends_with("layer.0.attention.self.key.weight"))
+        .unwrap()
+        .clone();
+    let t = &map[&name];
+    let mut v: Vec<f32> = t.flatten_all().unwrap().to_vec1().unwrap();
+    v[5] = f32::NAN;
+    let dims = t.dims().to_vec();
+    map.insert(
+        name.clone(),
+        candle_core::Tensor::from_vec(v, dims, &candle_core::Device::Cpu).unwrap(),
+    );
+    candle_core::safetensors::save(&map, &weights).unwrap();
+    let out = tmp.path().join("run");
+    let mut args = grid(
+        model.to_str().unwrap(),
+        corpus_path().to_str().unwrap(),
+        &out,
+        &["--layer", "0"],
+    );
+    args[1] = "pretrained".into();
+    let a: Vec<&str> = args.iter().map(String::as_str).collect();
+    expect_usage_error(
+        &a,
+        &format!("tensor '{name}' holds NaN at index [0, 5]: the input is corrupt"),
+    );
+}
