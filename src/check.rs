@@ -87,6 +87,7 @@ pub fn execute(req: &CheckRequest) -> Result<i32> {
                 force: false,
                 quiet: false,
                 command: req.command.clone(),
+                qkv_cache: Default::default(),
                 shard: None,
             };
             // The outcome holds the re-run's lock until the report is written into it.

@@ -129,6 +129,13 @@ pub struct InputArgs {
     /// Working dtype of Q/K/V, exact attention and the methods (Skyformer's kernel and core, and the metric, use f64 regardless).
     #[arg(long, value_parser = ChoiceParser::<Dtype>::new(), default_value = "f32")]
     pub dtype: Dtype,
+    /// Where a window's computed Q/K/V are kept, so that a rerun of the same model, layer, window
+    /// and n skips the forward: a directory (any model), or `off`. Default: decoders only, in
+    /// $APPROX_BENCH_QKV_CACHE, else $XDG_CACHE_HOME/approx-bench/qkv (~/.cache/...); at most
+    /// $APPROX_BENCH_QKV_CACHE_MAX_GB (16) GB, least recently used first out. Results do not
+    /// depend on it.
+    #[arg(long)]
+    pub qkv_cache: Option<String>,
 }
 
 #[derive(Debug, Clone, Args)]
@@ -289,6 +296,14 @@ pub struct CheckArgs {
 }
 
 impl InputArgs {
+    /// The `--qkv-cache` setting.
+    pub fn qkv_cache(&self) -> approx_bench::inputs::qkv_cache::CacheSetting {
+        self.qkv_cache
+            .as_deref()
+            .map(approx_bench::inputs::qkv_cache::CacheSetting::parse)
+            .unwrap_or_default()
+    }
+
     /// The library's input options (validated by `InputConfig::new`).
     pub fn options(&self) -> InputOptions {
         InputOptions {

@@ -34,6 +34,7 @@ fn run(cli: Cli) -> anyhow::Result<i32> {
                 force: cli.sweep.force,
                 quiet: cli.sweep.quiet,
                 command: std::env::args().collect(),
+                qkv_cache: cli.sweep.inputs.qkv_cache(),
                 shard: cli
                     .sweep
                     .shard
@@ -91,7 +92,13 @@ fn run(cli: Cli) -> anyhow::Result<i32> {
         }
         Some(Command::DumpQkv(a)) => {
             let inputs = InputConfig::new(&a.inputs.options())?;
-            approx_bench::inputs::dump::dump_qkv(&inputs, a.length, a.window, &a.out)?;
+            approx_bench::inputs::dump::dump_qkv(
+                &inputs,
+                &a.inputs.qkv_cache(),
+                a.length,
+                a.window,
+                &a.out,
+            )?;
             Ok(0)
         }
         Some(Command::Plot(a)) => {

@@ -583,3 +583,70 @@ fn a_config_json_beside_a_gguf_is_read_for_model_type_only() {
         "a config.json beside the GGUF changed the Q/K/V"
     );
 }
+
+/// The Q/K/V cache (issue 33): a second sweep of the same decoder inputs reads every window's
+/// Q/K/V back instead of running the forward (the manifest counts the hits), and its rows equal
+/// the uncached run's; an entry whose bytes were damaged is recomputed, with the same rows.
+#[test]
+fn a_second_decoder_sweep_reads_its_qkv_from_the_cache() {
+    let tmp = tempfile::tempdir().unwrap();
+    let model = llama_dir(&tmp.path().join("llama"), true);
+    let c = corpus(tmp.path());
+    let cache = tmp.path().join("qkv-cache");
+    let flags = |out: &str, extra: &str| {
+        format!(
+            "--model pretrained --layer 2 --lengths 32,64 --windows 2 --features 8 --methods window,topk --qkv-cache {} {extra} --out {} --quiet",
+            cache.display(),
+            tmp.path().join(out).display()
+        )
+    };
+    let manifest = |out: &str| -> serde_json::Value {
+        serde_json::from_str(
+            &std::fs::read_to_string(tmp.path().join(out).join("manifest.json")).unwrap(),
+        )
+        .unwrap()
+    };
+    let plain = decoder_cli(
+        &model,
+        &c,
+        &flags("plain", "").replace(
+            &format!("--qkv-cache {}", cache.display()),
+            "--qkv-cache off",
+        ),
+    );
+    assert!(plain.status.success(), "{}", stderr(&plain));
+    assert!(manifest("plain").get("qkv_cache").is_none());
+    let first = decoder_cli(&model, &c, &flags("first", ""));
+    assert!(first.status.success(), "{}", stderr(&first));
+    assert_eq!(manifest("first")["qkv_cache"]["misses"], 4);
+    assert_eq!(manifest("first")["qkv_cache"]["hits"], 0);
+    let second = decoder_cli(&model, &c, &flags("second", ""));
+    assert!(second.status.success(), "{}", stderr(&second));
+    assert_eq!(
+        manifest("second")["qkv_cache"]["hits"],
+        4,
+        "the forward was skipped"
+    );
+    assert_eq!(manifest("second")["qkv_cache"]["misses"], 0);
+    for run in ["first", "second"] {
+        assert_same_rows(
+            &tmp.path().join(run).join("trials.csv"),
+            &tmp.path().join("plain").join("trials.csv"),
+        );
+    }
+    // Damage every entry's last byte: each is recomputed and replaced, the rows unchanged.
+    for e in std::fs::read_dir(&cache).unwrap() {
+        let p = e.unwrap().path();
+        let mut b = std::fs::read(&p).unwrap();
+        let last = b.len() - 1;
+        b[last] ^= 0x11;
+        std::fs::write(&p, b).unwrap();
+    }
+    let third = decoder_cli(&model, &c, &flags("second", "--force"));
+    assert!(third.status.success(), "{}", stderr(&third));
+    assert_eq!(manifest("second")["qkv_cache"]["rejected"], 4);
+    assert_same_rows(
+        &tmp.path().join("second").join("trials.csv"),
+        &tmp.path().join("plain").join("trials.csv"),
+    );
+}

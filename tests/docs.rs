@@ -352,6 +352,7 @@ fn run_offline(cwd: &Path, args: &[String]) -> (Output, bool) {
         .env_remove("HF_HUB_CACHE")
         .env_remove("HF_TOKEN")
         .env("HF_ENDPOINT", "http://127.0.0.1:9")
+        .env("APPROX_BENCH_QKV_CACHE", cwd.join(".qkv-cache"))
         .stdin(Stdio::null())
         .stdout(Stdio::null())
         .stderr(Stdio::piped())

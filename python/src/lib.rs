@@ -269,7 +269,8 @@ fn inputs<'py>(
     let cfg = InputConfig::new(&opts).map_err(err)?;
     let (q, k, v) = py
         .detach(|| -> anyhow::Result<_> {
-            let prepared = approx_bench::inputs::prepare(&cfg)?;
+            let mut prepared = approx_bench::inputs::prepare(&cfg)?;
+            prepared.use_qkv_cache(&Default::default(), &cfg)?;
             prepared.corpus.check_fits(&[n], window + 1)?;
             prepared.window_qkv(&cfg, n, window)
         })
@@ -318,6 +319,7 @@ fn sweep(
         force,
         quiet,
         command,
+        qkv_cache: Default::default(),
         shard: None,
     };
     approx_bench::inputs::hub::allow_progress(!quiet);

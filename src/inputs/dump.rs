@@ -17,9 +17,16 @@ use crate::usage;
 /// `--dtype f64`: a float64 cross-check then sees the very values the sweep quantizes or rounds,
 /// not their f32 roundings) and token ids to a safetensors file; the sidecar JSON says H_kv and
 /// the model's mask. Both files go to a temporary name and are renamed into place.
-pub fn dump_qkv(inputs_cfg: &InputConfig, n: usize, window: usize, out: &Path) -> Result<()> {
+pub fn dump_qkv(
+    inputs_cfg: &InputConfig,
+    cache: &inputs::qkv_cache::CacheSetting,
+    n: usize,
+    window: usize,
+    out: &Path,
+) -> Result<()> {
     crate::config::check_length("--length", n)?;
-    let prepared = inputs::prepare(inputs_cfg)?;
+    let mut prepared = inputs::prepare(inputs_cfg)?;
+    prepared.use_qkv_cache(cache, inputs_cfg)?;
     let ids = prepared.corpus.window(n, window)?;
     let (q, k, v) = prepared.window_qkv(inputs_cfg, n, window)?;
     let cpu = candle_core::Device::Cpu;

@@ -10,6 +10,7 @@ pub mod hub;
 pub mod model;
 pub mod models;
 pub mod qkv;
+pub mod qkv_cache;
 
 use std::path::PathBuf;
 
@@ -41,6 +42,8 @@ pub struct Prepared {
     pub model_id: String,
     /// Every input file read (for the manifest's hashes).
     pub files: Vec<(String, PathBuf)>,
+    /// Where computed Q/K/V are kept and found again ([`Prepared::use_qkv_cache`]); None: none.
+    pub qkv_cache: Option<qkv_cache::QkvCache>,
 }
 
 impl Prepared {
@@ -79,6 +82,20 @@ impl Prepared {
         }
     }
 
+    /// Turns the Q/K/V cache on as `setting` says for this model (decoders by default).
+    pub fn use_qkv_cache(
+        &mut self,
+        setting: &qkv_cache::CacheSetting,
+        inputs: &InputConfig,
+    ) -> Result<()> {
+        let decoder = matches!(self.model, Model::Decoder { .. });
+        self.qkv_cache = match setting.resolve(decoder) {
+            Some(dir) => Some(qkv_cache::QkvCache::open(&dir, inputs, &self.files)?),
+            None => None,
+        };
+        Ok(())
+    }
+
     /// Q ([H, n, p]), K and V ([H_kv, n, p]) in the run's dtype, of window `window` of length
     /// `n`: what the sweep measures, `dump-qkv` writes and the Python package's `inputs` returns.
     pub fn window_qkv(
@@ -92,7 +109,7 @@ impl Prepared {
         candle_core::Tensor,
     )> {
         let ids = self.corpus.window(n, window)?;
-        let (q, k, v) = match &self.model {
+        let compute = || match &self.model {
             Model::Bert { config, weights } => qkv::window_qkv_dropout(
                 weights,
                 config,
@@ -104,7 +121,11 @@ impl Prepared {
             Model::Decoder { config, weights } => {
                 models::window_qkv(weights, config, &ids, inputs.candle_dtype())
             }
-        }?;
+        };
+        let (q, k, v) = match &self.qkv_cache {
+            Some(cache) => cache.get_or_compute(n, window, &self.device, compute)?,
+            None => compute()?,
+        };
         // The weights were checked finite when loaded: a NaN or ∞ here comes from the forward
         // itself (an overflow), and is named here rather than blamed on the device later.
         for (name, t) in [("Q", &q), ("K", &k), ("V", &v)] {
@@ -174,6 +195,7 @@ pub fn prepare_for(inputs: &InputConfig, need_tokens: usize) -> Result<Prepared>
             device,
             model_id: hub::source_name(&source),
             files: list,
+            qkv_cache: None,
         });
     }
     let files = hub::model_files(
@@ -218,5 +240,6 @@ pub fn prepare_for(inputs: &InputConfig, need_tokens: usize) -> Result<Prepared>
         device,
         model_id: hub::source_name(&source),
         files: list,
+        qkv_cache: None,
     })
 }

@@ -50,6 +50,19 @@ pub struct Manifest {
     /// trials. Absent from unmerged runs.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub merged_from: Vec<MergedPart>,
+    /// How the run's windows' Q/K/V came: from the cache or computed (absent: no cache used).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub qkv_cache: Option<QkvCacheUse>,
+}
+
+/// A run's use of the Q/K/V cache (`--qkv-cache`): windows read back (`hits`), computed and
+/// stored (`misses`), and of those, entries that failed verification and were replaced.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct QkvCacheUse {
+    pub dir: String,
+    pub hits: usize,
+    pub misses: usize,
+    pub rejected: usize,
 }
 
 /// One directory that went into a merge.
@@ -112,6 +125,7 @@ impl Manifest {
             features_cuda: cfg!(feature = "cuda"),
             shard: None,
             merged_from: Vec::new(),
+            qkv_cache: None,
         }
     }
 

@@ -133,6 +133,8 @@ pub fn merge(dirs: &[PathBuf], out: &Path) -> Result<Merged> {
     let expected = first.config.lengths.len() * first.config.windows * heads * budgets;
     let mut manifest = first.clone();
     manifest.shard = None;
+    // The parts' cache use says nothing of the merged directory.
+    manifest.qkv_cache = None;
     manifest.trials = rows.len();
     manifest.status = if rows.len() == expected {
         "complete".into()

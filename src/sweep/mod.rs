@@ -27,6 +27,8 @@ pub struct SweepOptions {
     pub command: Vec<String>,
     /// Run only this shard of the (n, window) units.
     pub shard: Option<crate::config::Shard>,
+    /// Where the windows' Q/K/V are cached (decoders by default).
+    pub qkv_cache: inputs::qkv_cache::CacheSetting,
 }
 
 /// What a finished sweep reports.
@@ -239,7 +241,8 @@ pub fn run_with(
     // The windows all start at the corpus's beginning: the longest length times the window count
     // is every token the run reads, so only that prefix is tokenized.
     let need = cfg.lengths.iter().max().copied().unwrap_or(0) * cfg.windows;
-    let prepared = inputs::prepare_for(&cfg.inputs, need)?;
+    let mut prepared = inputs::prepare_for(&cfg.inputs, need)?;
+    prepared.use_qkv_cache(&opts.qkv_cache, &cfg.inputs)?;
     // Decoders only: BERT's pipeline handles lengths past 512 by its embedding policy (§1.4).
     let decoder = matches!(prepared.model, inputs::Model::Decoder { .. });
     if let Some(&n) = cfg.lengths.iter().find(|&&n| n > prepared.max_positions()) {
@@ -442,6 +445,15 @@ pub fn run_with(
         (None, None) => "complete".into(),
     };
     manifest.trials = rows.len();
+    manifest.qkv_cache = prepared.qkv_cache.as_ref().map(|c| {
+        let u = c.usage();
+        manifest::QkvCacheUse {
+            dir: u.dir,
+            hits: u.hits,
+            misses: u.misses,
+            rejected: u.rejected,
+        }
+    });
     manifest.write(&opts.out)?;
     if let Some(signal) = interrupted {
         return Err(crate::interrupt::Interrupted {

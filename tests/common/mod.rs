@@ -184,6 +184,8 @@ fn command(args: &[&str], env: &[(&str, &str)]) -> Command {
     c.env("HF_ENDPOINT", "http://127.0.0.1:9");
     c.env_remove("HF_TOKEN");
     c.env_remove("HF_HUB_OFFLINE");
+    // No Q/K/V cache in the user's home from tests; a test that exercises it names its own.
+    c.env("APPROX_BENCH_QKV_CACHE", "off");
     for (k, v) in env {
         c.env(k, v);
     }

@@ -185,6 +185,7 @@ fn manifest(grid: &Grid, methods: &[&str], corpus_sha: &str, source: &str) -> Ma
         features_cuda: false,
         shard: None,
         merged_from: Vec::new(),
+        qkv_cache: None,
     }
 }
 
