@@ -160,12 +160,29 @@ fn timed(cfg: &RunConfig, reps: usize, prepared: &inputs::Prepared) -> Result<()
             );
         }
         println!(
-            "  exact attention per head {:.2} ms = {:.1} GFLOP/s (4n²p flops + n² exp); its two matmuls alone, same blocks: {:.1} GFLOP/s ({:.0} %)",
+            "  exact attention per head {:.2} ms = {:.1} GFLOP/s (4n²p flops + n² exp); the two-pass kernel's block matmuls alone: {:.1} GFLOP/s ({:.0} %)",
             t_exact * 1e3,
             flops / t_exact / 1e9,
             peak,
             100.0 * flops / t_exact / 1e9 / peak
         );
+        if dev.is_cpu() {
+            let t_two = time(dev, reps, || {
+                attention::exact::ExactAttention::compute_with(
+                    &qh,
+                    &kh,
+                    &vh,
+                    mask,
+                    attention::exact::ExactKernel::TwoPass,
+                )
+            })?;
+            println!(
+                "  the two-pass kernel the fused one replaced (score blocks written out, exponentiated, then ·V) {:.2} ms = {:.1} GFLOP/s: fused/two-pass time {:.2}",
+                t_two * 1e3,
+                flops / t_two / 1e9,
+                t_exact / t_two
+            );
+        }
         let heads = q.dim(0)?;
         if let Some(t_batched) = t_batched {
             println!(

@@ -8,6 +8,7 @@ use anyhow::Result;
 use candle_core::{DType, Tensor, D};
 
 use super::target::Mask;
+use crate::numerics::flash::{self, Visible};
 use crate::numerics::shifted_exp::shifted_exp_rows_in_place;
 
 mod batched;
@@ -113,9 +114,12 @@ pub fn scaled_operands(q: &Tensor, k: &Tensor) -> Result<(Tensor, Tensor)> {
 /// The arithmetic of exact attention's row blocks.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ExactKernel {
-    /// The in-place vectorised exponentials with f64 row sums where they apply (CPU, f32), else
-    /// [`ExactKernel::Generic`].
+    /// The fused online-softmax kernel ([`crate::numerics::flash`]) on the CPU in f32 and f64,
+    /// else [`ExactKernel::Generic`].
     Auto,
+    /// The two-pass kernel it replaced: each row block's scores written out, exponentiated in
+    /// place (f32, f64 row sums), then multiplied by V. Kept for comparison (`bench`) and tests.
+    TwoPass,
     /// candle's max-shifted softmax and products in the working dtype: what every non-CPU device
     /// runs. Selectable on the CPU so that tests exercise it there.
     Generic,
@@ -140,11 +144,28 @@ impl ExactAttention {
     ) -> Result<Self> {
         let (qs, kt) = scaled_operands(q, k)?;
         let p = v.dim(1)?;
+        if kernel == ExactKernel::Auto && q.device().is_cpu() {
+            let visible = match mask {
+                Mask::None => Visible::All,
+                Mask::Causal => Visible::Causal { window: None },
+            };
+            if let Some((output, log_d)) = flash::on_host(&qs, k, v, visible)? {
+                let log_rowsum = std::sync::OnceLock::new();
+                let _ = log_rowsum.set(log_d.squeeze(0)?);
+                return Ok(Self {
+                    output: output.squeeze(0)?,
+                    q: qs,
+                    k: kt,
+                    mask,
+                    log_rowsum,
+                });
+            }
+        }
         let blocks = map_masked_score_blocks(&qs, &kt, mask, |_, _, s| {
             // The keys this block sees: all of them, or 0..a+b under the causal mask.
             let v = &v.narrow(0, 0, s.dim(1)?)?;
             let in_place = match kernel {
-                ExactKernel::Auto => shifted_exp_rows_in_place(&s)?,
+                ExactKernel::Auto | ExactKernel::TwoPass => shifted_exp_rows_in_place(&s)?,
                 ExactKernel::Generic => None,
             };
             Ok(match in_place {
@@ -280,6 +301,89 @@ mod tests {
             })
             .sum();
         assert!((ld[0] - s0.ln()).abs() < 1e-12);
+    }
+
+    /// The fused kernel's accuracy contract (issue 33) at long n, both masks: in f32 within 2e-6
+    /// of max |O| of the float64 result, and in f64 equal to the two-pass float64 computation
+    /// (candle's softmax and products) to rounding; log D likewise.
+    #[test]
+    fn the_fused_kernel_meets_the_accuracy_contract_at_long_n() {
+        use crate::numerics::sampling::{normal_values, TrialRng};
+        use rand::SeedableRng;
+        let p = 64;
+        for n in [4096, 16384] {
+            let mut rng = TrialRng::seed_from_u64(n as u64);
+            let mut mk = |std: f64| {
+                crate::tensor_util::from_f64(
+                    normal_values(&mut rng, n, p, std),
+                    (n, p),
+                    &candle_core::Device::Cpu,
+                    DType::F64,
+                )
+                .unwrap()
+            };
+            let (q, k, v) = (mk(0.9), mk(0.9), mk(1.0));
+            for mask in [Mask::None, Mask::Causal] {
+                let want =
+                    ExactAttention::compute_with(&q, &k, &v, mask, ExactKernel::Generic).unwrap();
+                let want_ld = want.log_rowsum().unwrap().to_vec1::<f64>().unwrap();
+                let want_o = want.output.flatten_all().unwrap().to_vec1::<f64>().unwrap();
+                let scale = want_o.iter().fold(0f64, |a, b| a.max(b.abs()));
+                let f64_fused = ExactAttention::compute_masked(&q, &k, &v, mask).unwrap();
+                let got = f64_fused
+                    .output
+                    .flatten_all()
+                    .unwrap()
+                    .to_vec1::<f64>()
+                    .unwrap();
+                let worst = got
+                    .iter()
+                    .zip(&want_o)
+                    .map(|(a, b)| (a - b).abs())
+                    .fold(0.0, f64::max);
+                assert!(worst <= 1e-13 * scale, "f64 n={n} {mask:?}: {worst:e}");
+                let ld = f64_fused.log_rowsum().unwrap().to_vec1::<f64>().unwrap();
+                let worst = ld
+                    .iter()
+                    .zip(&want_ld)
+                    .map(|(a, b)| (a - b).abs())
+                    .fold(0.0, f64::max);
+                assert!(worst <= 1e-12, "f64 log D n={n} {mask:?}: {worst:e}");
+                let f = |t: &Tensor| t.to_dtype(DType::F32).unwrap();
+                let fused32 = ExactAttention::compute_masked(&f(&q), &f(&k), &f(&v), mask).unwrap();
+                let got = fused32
+                    .output
+                    .to_dtype(DType::F64)
+                    .unwrap()
+                    .flatten_all()
+                    .unwrap()
+                    .to_vec1::<f64>()
+                    .unwrap();
+                let worst = got
+                    .iter()
+                    .zip(&want_o)
+                    .map(|(a, b)| (a - b).abs())
+                    .fold(0.0, f64::max);
+                assert!(
+                    worst <= 2e-6 * scale,
+                    "f32 n={n} {mask:?}: {:e} of max |O|",
+                    worst / scale
+                );
+                let ld = fused32
+                    .log_rowsum()
+                    .unwrap()
+                    .to_dtype(DType::F64)
+                    .unwrap()
+                    .to_vec1::<f64>()
+                    .unwrap();
+                let worst = ld
+                    .iter()
+                    .zip(&want_ld)
+                    .map(|(a, b)| (a - b).abs() / b.abs().max(1.0))
+                    .fold(0.0, f64::max);
+                assert!(worst <= 2e-6, "f32 log D n={n} {mask:?}: {worst:e}");
+            }
+        }
     }
 
     /// The f32 CPU path (vectorised exponentials, normalisation after E·V) against the same

@@ -93,7 +93,14 @@ pub fn causal_attention(
     v: &Tensor,
     window: Option<usize>,
 ) -> Result<Tensor> {
-    let (heads, n, _) = q.dims3()?;
+    let (heads, n, p) = q.dims3()?;
+    // On the host: the fused kernel, every head's query blocks in parallel on all cores (Q scaled
+    // by 1/√p first, where transformers' eager path scales the scores: a rounding apart).
+    let qs = (q * (1.0 / (p as f64).sqrt()))?;
+    let visible = crate::numerics::flash::Visible::Causal { window };
+    if let Some((o, _)) = crate::numerics::flash::on_host(&qs, k, v, visible)? {
+        return Ok(o);
+    }
     causal_attention_blocks(q, k, v, window, block_rows(heads, n))
 }
 

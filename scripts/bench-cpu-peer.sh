@@ -1,0 +1,25 @@
+#!/usr/bin/env bash
+# Issue 33, side by side with PyTorch in one run (BENCHMARKS.md "Exact attention and the decoder
+# forward against PyTorch"): exact causal attention per head (the fused kernel, the two-pass kernel
+# it replaced, PyTorch's SDPA), and SmolLM2's Q/K/V of layer 15 (`dump-qkv`, against transformers'
+# SDPA forward through the layers before it, loading excluded), then the Q/K/V cache's read.
+# Needs ../shared/data and a Python with torch, transformers, gguf and accelerate (PY).
+set -euo pipefail
+BIN=${BIN:-./target/release/approx-bench}
+PY=${PY:-python3}
+THREADS=${THREADS:-2}
+SMOL=(--model pretrained --model-dir ../shared/data/SmolLM2-135M-Instruct-Q4_1 --corpus ../shared/data/wikitext-2/wiki.test.raw)
+export RAYON_NUM_THREADS=$THREADS
+for n in ${LENGTHS:-4096 8192 32768}; do
+  echo "== n = $n: exact causal attention per head (layer 0's Q/K/V), fused and two-pass"
+  $BIN bench "${SMOL[@]}" --layer 0 --lengths "$n" --methods window --features 64 --repeats 3 --qkv-cache off \
+    | grep -E "matmul peak|exact attention per head|two-pass kernel"
+done
+for n in ${FORWARD_LENGTHS:-4096 8192}; do
+  echo "== n = $n: Q/K/V of layer 15 (dump-qkv, whole process) and the PyTorch peer"
+  /usr/bin/time -f "approx-bench dump-qkv: %e s wall, %U s user" \
+    $BIN dump-qkv "${SMOL[@]}" --layer 15 --length "$n" --qkv-cache off --out "$(mktemp -d)/qkv.safetensors"
+  $PY scripts/peer-forward.py --n "$n" --layer 15 --threads "$THREADS" 2>/dev/null | tail -1
+  $BIN bench "${SMOL[@]}" --layer 15 --lengths "$n" --methods window --features 64 --repeats 1 \
+    | grep -E "Q/K/V of one window|read back"
+done
