@@ -83,18 +83,24 @@ pub fn probe_writable(out: &Path) -> Result<()> {
     let probe = out.join(".write-test");
     if let Err(e) = std::fs::write(&probe, b"ok") {
         let _ = std::fs::remove_file(&probe);
-        return Err(match e.kind() {
-            std::io::ErrorKind::PermissionDenied | std::io::ErrorKind::ReadOnlyFilesystem => {
-                crate::usage!(
-                    "--out {}: not writable ({e}); choose a writable --out",
-                    out.display()
-                )
-            }
-            _ => anyhow!(e).context(format!("writing into --out {}", out.display())),
-        });
+        return Err(unwritable(e, out));
     }
     let _ = std::fs::remove_file(&probe);
     Ok(())
+}
+
+/// What a failed write into `out` is: the user's to fix (permissions, a read-only file system:
+/// exit 2), or a runtime failure (a full disk, an I/O error: exit 1).
+fn unwritable(e: std::io::Error, out: &Path) -> anyhow::Error {
+    match e.kind() {
+        std::io::ErrorKind::PermissionDenied | std::io::ErrorKind::ReadOnlyFilesystem => {
+            crate::usage!(
+                "--out {}: not writable ({e}); choose a writable --out",
+                out.display()
+            )
+        }
+        _ => anyhow!(e).context(format!("writing into --out {}", out.display())),
+    }
 }
 
 fn hostname() -> String {
@@ -131,6 +137,19 @@ mod tests {
             acquire(dir.path()).is_ok(),
             "free again after the holder ends"
         );
+    }
+
+    #[test]
+    fn a_full_disk_is_a_runtime_failure_and_a_read_only_directory_a_usage_error() {
+        use std::io::{Error, ErrorKind};
+        let out = Path::new("/runs/x");
+        let full = unwritable(Error::from(ErrorKind::StorageFull), out);
+        assert!(full.downcast_ref::<crate::UsageError>().is_none(), "{full}");
+        assert!(format!("{full:#}").contains("/runs/x"));
+        for kind in [ErrorKind::PermissionDenied, ErrorKind::ReadOnlyFilesystem] {
+            let e = unwritable(Error::from(kind), out);
+            assert!(e.downcast_ref::<crate::UsageError>().is_some(), "{e}");
+        }
     }
 
     #[test]

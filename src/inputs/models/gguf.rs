@@ -487,6 +487,82 @@ mod tests {
         );
     }
 
+    /// The fixture rewritten with `extra` metadata added (every tensor kept).
+    fn with_metadata(dir: &Path, extra: &[(&str, Value)]) -> std::path::PathBuf {
+        let mut reader = std::io::BufReader::new(std::fs::File::open(tiny()).unwrap());
+        let content = Content::read(&mut reader).unwrap();
+        let mut names: Vec<&String> = content.tensor_infos.keys().collect();
+        names.sort();
+        let tensors: Vec<(String, candle_core::quantized::QTensor)> = names
+            .iter()
+            .map(|n| {
+                (
+                    n.to_string(),
+                    content.tensor(&mut reader, n, &Device::Cpu).unwrap(),
+                )
+            })
+            .collect();
+        let mut meta: Vec<(&str, &Value)> = content
+            .metadata
+            .iter()
+            .map(|(k, v)| (k.as_str(), v))
+            .collect();
+        meta.extend(extra.iter().map(|(k, v)| (*k, v)));
+        let path = dir.join("extra.gguf");
+        let mut f = std::fs::File::create(&path).unwrap();
+        let t: Vec<(&str, &candle_core::quantized::QTensor)> =
+            tensors.iter().map(|(n, t)| (n.as_str(), t)).collect();
+        candle_core::quantized::gguf_file::write(&mut f, &meta, &t).unwrap();
+        path
+    }
+
+    #[test]
+    fn partial_rotary_is_refused_and_a_full_rotary_count_accepted() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = load_gguf(&tiny(), 0, &Device::Cpu).unwrap().0.head_dim;
+        let full = with_metadata(
+            dir.path(),
+            &[("llama.rope.dimension_count", Value::U32(p as u32))],
+        );
+        assert!(load_gguf(&full, 0, &Device::Cpu).is_ok());
+        let half = with_metadata(
+            dir.path(),
+            &[("llama.rope.dimension_count", Value::U32(p as u32 / 2))],
+        );
+        let e = load_gguf(&half, 0, &Device::Cpu).unwrap_err();
+        assert!(e.downcast_ref::<crate::UsageError>().is_some(), "{e}");
+        assert!(
+            e.to_string()
+                .contains("partial rotary embeddings are not supported"),
+            "{e}"
+        );
+    }
+
+    /// A truncated file's message is the same on every run (the first tensor cut off in file
+    /// order, not in hash-map order) and carries no backtrace, even under RUST_BACKTRACE=1.
+    #[test]
+    fn the_truncation_message_is_stable_and_free_of_backtraces() {
+        let bytes = std::fs::read(tiny()).unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("cut.gguf");
+        std::fs::write(&path, &bytes[..bytes.len() * 2 / 3]).unwrap();
+        let first = load_gguf(&path, 0, &Device::Cpu).unwrap_err().to_string();
+        for _ in 0..5 {
+            assert_eq!(
+                load_gguf(&path, 0, &Device::Cpu).unwrap_err().to_string(),
+                first
+            );
+        }
+        // A header cut inside the metadata: candle's own error, whose backtrace (captured under
+        // RUST_BACKTRACE) must not reach the message.
+        let e = candle_core::Error::Msg("boom".into()).bt();
+        let e = candle_core::Error::WithBacktrace {
+            inner: Box::new(e),
+            backtrace: Box::new(std::backtrace::Backtrace::force_capture()),
+        };
+        assert_eq!(crate::tensor_util::candle_message(&e), "boom");
+    }
+
     #[test]
     fn other_architectures_are_refused_by_name() {
         use candle_core::quantized::{gguf_file, QTensor};
