@@ -1,10 +1,11 @@
-//! Interruption by SIGINT or SIGTERM (issue 32). The CLI installs the handlers once at start-up;
-//! a signal only sets a flag, and the long loops poll it where stopping loses nothing: a sweep
-//! between trials (every finished row is on disk), the decoder forward between layers. The run
-//! then ends with [`Interrupted`], which says how far it got and how to resume, and the CLI exits
-//! 128 + the signal's number (130, 143) as a shell does. A second signal ends the process at once
-//! (the files are consistent at every moment anyway: rows are whole lines, the rest is renamed
-//! into place).
+//! Interruption by SIGINT or SIGTERM (issue 32). The CLI installs the handlers once at start-up.
+//! While a loop that polls the flag is running ([`polling`]: the sweep, which stops between
+//! trials with every finished row on disk, and the decoder forward inside it, between layers), a
+//! signal only sets the flag; the run then ends with [`Interrupted`], which says how far it got
+//! and how to resume, and the CLI exits 128 + the signal's number (130, 143) as a shell does.
+//! Outside such a loop (plotting, merging, a dump), and at a second signal, the process ends at
+//! once with that status (the files are consistent at every moment anyway: rows are whole lines,
+//! the rest is renamed into place).
 //!
 //! The library never installs handlers itself: an embedding host (the Python face) keeps its own.
 
@@ -18,6 +19,31 @@ static SIGNAL: OnceLock<Arc<AtomicUsize>> = OnceLock::new();
 
 fn flag() -> &'static Arc<AtomicUsize> {
     SIGNAL.get_or_init(|| Arc::new(AtomicUsize::new(0)))
+}
+
+/// True while no loop polls the flag: a signal then ends the process at once.
+static NOT_POLLING: OnceLock<Arc<std::sync::atomic::AtomicBool>> = OnceLock::new();
+
+fn not_polling() -> &'static Arc<std::sync::atomic::AtomicBool> {
+    NOT_POLLING.get_or_init(|| Arc::new(std::sync::atomic::AtomicBool::new(true)))
+}
+
+/// While alive, a signal sets the flag instead of ending the process: hold it around a loop that
+/// polls [`requested`] or [`check`].
+pub struct Polling {
+    _private: (),
+}
+
+/// Starts a polling section (see [`Polling`]).
+pub fn polling() -> Polling {
+    not_polling().store(false, Ordering::SeqCst);
+    Polling { _private: () }
+}
+
+impl Drop for Polling {
+    fn drop(&mut self) {
+        not_polling().store(true, Ordering::SeqCst);
+    }
 }
 
 /// A run stopped by a signal: every row finished before it is kept.
@@ -44,15 +70,22 @@ fn signal_name(signal: i32) -> &'static str {
     }
 }
 
-/// Installs the SIGINT and SIGTERM handlers (Unix; a no-op elsewhere). The first signal sets the
-/// flag; a second one of either kind ends the process at once with 128 + its number.
+/// Installs the SIGINT and SIGTERM handlers (Unix; a no-op elsewhere). Inside a polling section
+/// the first signal sets the flag; outside one, or a second time, it ends the process at once with
+/// 128 + its number.
 pub fn install() -> Result<()> {
     #[cfg(unix)]
     {
         use signal_hook::consts::{SIGINT, SIGTERM};
         let armed = Arc::new(std::sync::atomic::AtomicBool::new(false));
         for sig in [SIGINT, SIGTERM] {
-            // The shutdown goes first: on the first signal `armed` is still false.
+            // The shutdowns go first: on the first signal inside a polling section both
+            // conditions are false, and the flags below are set.
+            signal_hook::flag::register_conditional_shutdown(
+                sig,
+                128 + sig,
+                not_polling().clone(),
+            )?;
             signal_hook::flag::register_conditional_shutdown(sig, 128 + sig, armed.clone())?;
             signal_hook::flag::register(sig, armed.clone())?;
             signal_hook::flag::register_usize(sig, flag().clone(), sig as usize)?;

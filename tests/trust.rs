@@ -347,3 +347,48 @@ fn a_non_finite_weight_is_a_usage_error_naming_the_tensor() {
         &format!("tensor '{name}' holds NaN at index [0, 5]: the input is corrupt"),
     );
 }
+
+/// A command that does not poll for signals (here `bench`) ends at the first SIGINT, with the
+/// shell's status 130, rather than waiting for a second one.
+#[test]
+fn a_signal_ends_a_command_that_does_not_poll_at_once() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (m, c) = tiny_inputs(&tmp.path().join("m"), false);
+    let mut child = Command::new(bin())
+        .args([
+            "bench",
+            "--model",
+            "initialized",
+            "--model-dir",
+            &m,
+            "--corpus",
+            &c,
+            "--lengths",
+            "16384",
+            "--methods",
+            "vmean",
+            "--features",
+            "8",
+            "--repeats",
+            "1000",
+        ])
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(std::time::Duration::from_millis(1500));
+    assert!(
+        child.try_wait().unwrap().is_none(),
+        "bench finished before the signal"
+    );
+    let t0 = std::time::Instant::now();
+    // SAFETY: kill(2) on our own child's pid.
+    assert_eq!(unsafe { libc::kill(child.id() as i32, libc::SIGINT) }, 0);
+    let (o, _) = wait(child, std::time::Duration::from_secs(60));
+    assert_eq!(o.status.code(), Some(130), "{}", stderr(&o));
+    assert!(
+        t0.elapsed() < std::time::Duration::from_secs(5),
+        "took {:?}",
+        t0.elapsed()
+    );
+}

@@ -426,7 +426,10 @@ pub fn run_with(
         }
         Ok(())
     };
-    let ran = run_units();
+    let ran = {
+        let _polling = crate::interrupt::polling();
+        run_units()
+    };
     bar.finish_and_clear();
     let interrupted = crate::interrupt::requested();
     if interrupted.is_none() {
