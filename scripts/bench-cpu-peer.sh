@@ -23,3 +23,9 @@ for n in ${FORWARD_LENGTHS:-4096 8192}; do
   $BIN bench "${SMOL[@]}" --layer 15 --lengths "$n" --methods window --features 64 --repeats 1 \
     | grep -E "Q/K/V of one window|read back"
 done
+echo "== a decoder sweep twice into a fresh Q/K/V cache: the second run skips the forward"
+CACHE=$(mktemp -d)
+SWEEP=("${SMOL[@]}" --layer 15 --lengths 2048 --windows 2 --methods window,streaming --features 64,256 --quiet --qkv-cache "$CACHE" --force)
+/usr/bin/time -f "first sweep: %e s wall" $BIN "${SWEEP[@]}" --out "$CACHE/run1"
+/usr/bin/time -f "second sweep: %e s wall" $BIN "${SWEEP[@]}" --out "$CACHE/run2"
+rm -rf "$CACHE"
