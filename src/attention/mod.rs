@@ -15,6 +15,7 @@ use candle_core::{DType, Device, Tensor};
 use crate::numerics::sampling::TrialRng;
 
 pub mod batch;
+pub mod decode;
 pub mod exact;
 pub mod exact_kernelized;
 pub mod features;

@@ -10,6 +10,7 @@ pub mod formats;
 pub mod inverse;
 pub mod key_sets;
 pub mod lsh;
+pub mod pooling;
 pub mod sampling;
 pub mod shifted_exp;
 pub mod spectral;
