@@ -559,3 +559,32 @@ fn titles_name_a_decoder_runs_layer() {
     let bert = title(&root.join("minilm-pretrained"));
     assert!(!bert.contains("layer"), "{bert}");
 }
+
+/// A figure whose drawing fails part way (here: its temporary file cannot be created, as on a full
+/// disk) leaves the previous figure as it was and no temporary file (issue 32).
+#[test]
+fn a_failed_drawing_leaves_the_previous_figure_intact() {
+    let dir = tempfile::tempdir().unwrap();
+    let run = RunData::new("bert-base-cased", synthetic());
+    let out = dir.path().join("figs");
+    draw_all(&[run.clone()], &out, Statistic::Mean).unwrap();
+    let fig = out.join("skyformer-fig1.png");
+    let before = std::fs::read(&fig).unwrap();
+    assert!(before.starts_with(b"\x89PNG"));
+    // The temporary name this process would write is taken by a directory.
+    let blocker = crate::atomic_file::temporary_name(&fig);
+    std::fs::create_dir(&blocker).unwrap();
+    assert!(draw_all(&[run], &out, Statistic::Mean).is_err());
+    assert_eq!(
+        std::fs::read(&fig).unwrap(),
+        before,
+        "the old figure is intact"
+    );
+    std::fs::remove_dir(&blocker).unwrap();
+    let stray: Vec<String> = std::fs::read_dir(&out)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .filter(|n| n.contains(".partial-"))
+        .collect();
+    assert!(stray.is_empty(), "{stray:?}");
+}
