@@ -109,9 +109,11 @@ def inputs(n: int, window: int = 0, **options):
     Options are the CLI's long flags with underscores and mean the same: ``model``
     ("pretrained" | "initialized"), ``model_id``, ``revision``, ``model_dir``, ``corpus``,
     ``split``, ``embedding``, ``embeddings_from``, ``embedding_dropout``, ``layer``,
-    ``model_seed``, ``init``, ``dtype`` ("f32" | "f64").
+    ``model_seed``, ``init``, ``dtype`` ("f32" | "f64"), ``qkv_cache`` (a directory where the
+    window's Q/K/V are kept for the next call, or "off"; default: decoders only, in the user's
+    cache directory).
     """
-    for key in ("model_dir", "corpus"):
+    for key in ("model_dir", "corpus", "qkv_cache"):
         if options.get(key) is not None:
             options[key] = os.fspath(options[key])
     return _core.inputs(int(n), int(window), **options)
@@ -172,7 +174,7 @@ def sweep(
         origin, digest = _describe(f)
         names.append(name)
         user.append((name, f, origin, digest))
-    for key in ("model_dir", "corpus"):
+    for key in ("model_dir", "corpus", "qkv_cache"):
         if options.get(key) is not None:
             options[key] = os.fspath(options[key])
     command = [os.path.basename(sys.executable)] + list(sys.argv)

@@ -264,13 +264,14 @@ fn inputs<'py>(
     kwargs: Option<&Bound<'py, PyDict>>,
 ) -> PyResult<(Bound<'py, PyAny>, Bound<'py, PyAny>, Bound<'py, PyAny>)> {
     let kw = kwargs.cloned().unwrap_or_else(|| PyDict::new(py));
+    let cache = run::qkv_cache(&kw)?;
     let opts = run::input_options(&kw)?;
     run::reject_leftovers(&kw)?;
     let cfg = InputConfig::new(&opts).map_err(err)?;
     let (q, k, v) = py
         .detach(|| -> anyhow::Result<_> {
             let mut prepared = approx_bench::inputs::prepare(&cfg)?;
-            prepared.use_qkv_cache(&Default::default(), &cfg)?;
+            prepared.use_qkv_cache(&cache, &cfg)?;
             prepared.corpus.check_fits(&[n], window + 1)?;
             prepared.window_qkv(&cfg, n, window)
         })
@@ -295,6 +296,7 @@ fn sweep(
     kwargs: Option<&Bound<'_, PyDict>>,
 ) -> PyResult<String> {
     let kw = kwargs.cloned().unwrap_or_else(|| PyDict::new(py));
+    let cache = run::qkv_cache(&kw)?;
     let mut opts = run::run_options(&kw, methods)?;
     let mut extra: Vec<Box<dyn attention::Method>> = Vec::new();
     for (name, func, origin, sha256) in user {
@@ -319,7 +321,7 @@ fn sweep(
         force,
         quiet,
         command,
-        qkv_cache: Default::default(),
+        qkv_cache: cache,
         shard: None,
     };
     approx_bench::inputs::hub::allow_progress(!quiet);

@@ -132,6 +132,22 @@ pub fn run_options(kw: &Bound<'_, PyDict>, methods: Vec<String>) -> PyResult<Run
     Ok(o)
 }
 
+/// `qkv_cache` (the CLI's `--qkv-cache`: a directory, or "off"), removed from `kw`; absent or
+/// None: the default (decoders only, in the user's cache directory).
+pub fn qkv_cache(
+    kw: &Bound<'_, PyDict>,
+) -> PyResult<approx_bench::inputs::qkv_cache::CacheSetting> {
+    use approx_bench::inputs::qkv_cache::CacheSetting;
+    let Some(v) = kw.get_item("qkv_cache")? else {
+        return Ok(CacheSetting::Default);
+    };
+    kw.del_item("qkv_cache")?;
+    if v.is_none() {
+        return Ok(CacheSetting::Default);
+    }
+    Ok(CacheSetting::parse(&v.str()?.to_string()))
+}
+
 pub fn reject_leftovers(kw: &Bound<'_, PyDict>) -> PyResult<()> {
     if let Some((k, _)) = kw.iter().next() {
         return Err(PyValueError::new_err(format!(

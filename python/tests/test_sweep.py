@@ -71,6 +71,22 @@ def test_inputs_are_the_pipelines_q_k_v(tiny):
         ab.inputs(16, dtype="f16", **tiny)
 
 
+def test_a_qkv_cache_directory_serves_the_second_sweep_with_the_same_rows(tiny, tmp_path):
+    cache = tmp_path / "qkv-cache"
+    first = ab.sweep(["vmean"], out=tmp_path / "a", qkv_cache=cache, **GRID, **tiny)
+    second = ab.sweep(["vmean"], out=tmp_path / "b", qkv_cache=cache, **GRID, **tiny)
+    used = [json.loads((Path(o) / "manifest.json").read_text())["qkv_cache"] for o in (first, second)]
+    # 2 lengths × 2 windows: computed the first time, read back the second.
+    assert (used[0]["misses"], used[0]["hits"]) == (4, 0)
+    assert (used[1]["misses"], used[1]["hits"]) == (0, 4)
+    assert len(list(cache.glob("*.safetensors"))) == 4
+    strip = lambda rs: [{k: v for k, v in r.items() if k != "seconds"} for r in rs]
+    assert strip(rows(Path(first))) == strip(rows(Path(second)))
+    q, _, _ = ab.inputs(16, window=1, qkv_cache=cache, **tiny)
+    q_off, _, _ = ab.inputs(16, window=1, qkv_cache="off", **tiny)
+    assert np.array_equal(q, q_off)
+
+
 def test_every_row_is_reproduced_from_the_inputs_and_its_seed(tiny, tmp_path):
     out = tmp_path / "run"
     ab.sweep(["skeinformer", "vmean", window_attention, noisy_mean], out=out, **tiny, **GRID)
