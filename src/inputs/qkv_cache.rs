@@ -293,23 +293,15 @@ fn read_entry(path: &Path, key: &str, device: &Device) -> Result<(Tensor, Tensor
     for name in NAMES {
         let view = st.tensor(name)?;
         payload.update(view.data());
+        // The stored little-endian bytes, read back as the dtype they were written in (the
+        // host is little-endian: x86_64 and aarch64, as candle assumes too).
         let t = match view.dtype() {
-            safetensors::Dtype::F64 => Tensor::from_vec(
-                view.data()
-                    .chunks_exact(8)
-                    .map(|c| f64::from_le_bytes(c.try_into().expect("8 bytes")))
-                    .collect::<Vec<_>>(),
-                view.shape(),
-                device,
-            )?,
-            safetensors::Dtype::F32 => Tensor::from_vec(
-                view.data()
-                    .chunks_exact(4)
-                    .map(|c| f32::from_le_bytes(c.try_into().expect("4 bytes")))
-                    .collect::<Vec<_>>(),
-                view.shape(),
-                device,
-            )?,
+            safetensors::Dtype::F64 => {
+                Tensor::from_raw_buffer(view.data(), DType::F64, view.shape(), device)?
+            }
+            safetensors::Dtype::F32 => {
+                Tensor::from_raw_buffer(view.data(), DType::F32, view.shape(), device)?
+            }
             other => anyhow::bail!("unexpected dtype {other:?}"),
         };
         out.push(t);

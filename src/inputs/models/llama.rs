@@ -96,10 +96,13 @@ pub fn causal_attention(
     let (heads, n, p) = q.dims3()?;
     // On the host: the fused kernel, every head's query blocks in parallel on all cores (Q scaled
     // by 1/√p first, where transformers' eager path scales the scores: a rounding apart).
-    let qs = (q * (1.0 / (p as f64).sqrt()))?;
-    let visible = crate::numerics::flash::Visible::Causal { window };
-    if let Some((o, _)) = crate::numerics::flash::on_host(&qs, k, v, visible)? {
-        return Ok(o);
+    // Other devices take the blocked candle path below, which scales the scores itself.
+    if q.device().is_cpu() {
+        let qs = (q * (1.0 / (p as f64).sqrt()))?;
+        let visible = crate::numerics::flash::Visible::Causal { window };
+        if let Some((o, _)) = crate::numerics::flash::on_host(&qs, k, v, visible)? {
+            return Ok(o);
+        }
     }
     causal_attention_blocks(q, k, v, window, block_rows(heads, n))
 }
