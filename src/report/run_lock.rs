@@ -7,7 +7,7 @@
 //! simply taken over: the file's presence means nothing, only a live holder's lock does.
 
 use std::fs::{File, TryLockError};
-use std::io::Write;
+use std::io::{Seek, SeekFrom, Write};
 use std::path::Path;
 
 use anyhow::{anyhow, Result};
@@ -49,19 +49,23 @@ pub fn acquire(out: &Path) -> Result<RunLock> {
         })?;
     match file.try_lock() {
         Ok(()) => {
-            // Who holds it, for the message a second writer gets (informative only).
-            let _ = file.set_len(0);
-            let _ = writeln!(
-                file,
-                "process {} on {}, since {}",
+            // Who holds it, for the message a second writer gets (informative only): one write of
+            // the whole line at offset 0, then the length cut to it, so a reader sees the previous
+            // holder's line, or this one, never an empty file once the first holder wrote.
+            let line = format!(
+                "process {} on {}, since {}\n",
                 std::process::id(),
                 hostname(),
                 crate::report::manifest::now()
             );
+            let _ = file
+                .seek(SeekFrom::Start(0))
+                .and_then(|_| file.write_all(line.as_bytes()))
+                .and_then(|_| file.set_len(line.len() as u64));
             Ok(RunLock { _file: file })
         }
         Err(TryLockError::WouldBlock) => {
-            let holder = std::fs::read_to_string(&path).unwrap_or_default();
+            let holder = read_holder(&path);
             Err(crate::usage!(
                 "--out {} is being written by another approx-bench run ({}); wait for it to finish, or choose another --out (two writers would duplicate rows)",
                 out.display(),
@@ -75,6 +79,20 @@ pub fn acquire(out: &Path) -> Result<RunLock> {
             Err(anyhow!(e).context(format!("locking {}", path.display())))
         }
     }
+}
+
+/// The holder's line. A lock file just created by a holder that has not yet written its line is
+/// empty for a few microseconds (two runs started together, as CI's race test does): wait briefly
+/// for a complete line rather than report an unknown holder.
+fn read_holder(path: &Path) -> String {
+    for _ in 0..40 {
+        let text = std::fs::read_to_string(path).unwrap_or_default();
+        if text.ends_with('\n') && !text.trim().is_empty() {
+            return text;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(25));
+    }
+    String::new()
 }
 
 /// Checks that files can be created in `out`. A directory the user cannot write is theirs to fix
@@ -150,6 +168,34 @@ mod tests {
             let e = unwritable(Error::from(kind), out);
             assert!(e.downcast_ref::<crate::UsageError>().is_some(), "{e}");
         }
+    }
+
+    /// The race CI met: the second of two runs started together found the lock held and the file
+    /// still empty ("holder unknown"). It now waits for the holder's line.
+    #[test]
+    fn a_holder_that_has_not_yet_written_its_line_is_waited_for() {
+        let dir = tempfile::tempdir().unwrap();
+        let _first = acquire(dir.path()).unwrap();
+        let path = dir.path().join(LOCK_FILE);
+        std::fs::File::options()
+            .write(true)
+            .open(&path)
+            .unwrap()
+            .set_len(0)
+            .unwrap();
+        let writer = {
+            let path = path.clone();
+            std::thread::spawn(move || {
+                std::thread::sleep(std::time::Duration::from_millis(100));
+                std::fs::write(&path, "process 7 on late-host, since 2026\n").unwrap();
+            })
+        };
+        let msg = acquire(dir.path()).err().expect("refused").to_string();
+        writer.join().unwrap();
+        assert!(
+            msg.contains("(process 7 on late-host, since 2026)"),
+            "{msg}"
+        );
     }
 
     #[test]
