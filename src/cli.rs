@@ -191,6 +191,12 @@ pub struct SweepArgs {
     /// List every method (id, family, masks, target, bits per K/V value, what d means) and exit.
     #[arg(long)]
     pub list_methods: bool,
+    /// The decode protocol (METHODS.md §9.1): each window is a prompt and a continuation of N_F
+    /// tokens; the §9 methods compress the prompt's cache, and the error is that of the N_F
+    /// continuation queries reading it. 256 is the recommended value. Decoders only; implies
+    /// --mask causal; default methods `decode` (the §9 family; `quant` adds the §8 KV caches).
+    #[arg(long, value_name = "N_F")]
+    pub decode: Option<usize>,
     /// Run only shard K of N (1-based): a deterministic 1/N slice of the (n, window) units, whose rows are
     /// identical to the same rows of an unsharded run. Combine shards with `approx-bench merge`.
     #[arg(long)]
@@ -340,6 +346,7 @@ impl SweepArgs {
             heads: self.heads.clone(),
             seed: self.seed,
             user_methods: Default::default(),
+            decode: self.decode,
         }
     }
 }

@@ -18,7 +18,8 @@ mod methods;
 pub(crate) use choices::choice;
 pub use choices::{Choice, Dtype, EmbeddingPolicy, FigurePreset, InitScheme, ModelKind};
 pub use methods::{
-    check_user_name, parse_methods, parse_methods_masked, parse_methods_with, PRESETS,
+    check_user_name, parse_methods, parse_methods_decode, parse_methods_masked, parse_methods_with,
+    PRESETS,
 };
 
 /// The methods of both papers' Figure 1 (Skyformer's four, Skeinformer's four; Informer is
@@ -125,6 +126,9 @@ pub struct RunOptions {
     pub seed: u64,
     /// The caller's own methods (e.g. Python functions), by the names `methods` uses for them.
     pub user_methods: BTreeMap<String, UserMethod>,
+    /// The decode protocol's continuation length n_f (METHODS.md §9.1, `--decode N_F`); None:
+    /// prefill (every row scored).
+    pub decode: Option<usize>,
 }
 
 impl Default for RunOptions {
@@ -142,6 +146,7 @@ impl Default for RunOptions {
             heads: None,
             seed: 0,
             user_methods: BTreeMap::new(),
+            decode: None,
         }
     }
 }
@@ -210,6 +215,9 @@ pub struct RunConfig {
     /// The user's methods among `methods` (absent from manifests of runs without any).
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub user_methods: BTreeMap<String, UserMethod>,
+    /// The decode protocol's n_f (METHODS.md §9.1); absent from manifests of prefill runs.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub decode: Option<usize>,
 }
 
 impl InputConfig {
@@ -350,7 +358,28 @@ pub fn parse_positive_list(flag: &str, values: &[String]) -> Result<Vec<usize>> 
 impl RunConfig {
     pub fn new(a: &RunOptions) -> Result<Self> {
         let strings = |v: &[&str]| v.iter().map(|s| s.to_string()).collect::<Vec<_>>();
-        let mask = a.mask.unwrap_or_default();
+        // The decode protocol (§9.1) is causal: a continuation reads the tokens before it.
+        if let (Some(n_f), Some(Mask::None)) = (a.decode, a.mask) {
+            return Err(usage!(
+                "--decode {n_f} with --mask none: a continuation query reads only the tokens before it (METHODS.md §9.1); drop --mask none"
+            ));
+        }
+        if a.decode == Some(0) {
+            return Err(usage!(
+                "--decode 0: give the continuation length n_f, at least 1 ({} recommended)",
+                attention::decode::RECOMMENDED_N_F
+            ));
+        }
+        if let (Some(_), Some(fig)) = (a.decode, a.figure) {
+            return Err(usage!(
+                "--figure {fig} reproduces a prefill figure; drop --decode"
+            ));
+        }
+        let mask = if a.decode.is_some() {
+            Mask::Causal
+        } else {
+            a.mask.unwrap_or_default()
+        };
         if let (Some(fig), Mask::Causal) = (a.figure, mask) {
             return Err(usage!(
                 "--figure {fig} reproduces a bidirectional (BERT) figure; drop --mask causal"
@@ -380,9 +409,10 @@ impl RunConfig {
         }
         // Under the causal mask (METHODS.md §7.3) d is keys per query on 16..2048, at the lengths
         // of decoder prefills (SmolLM2's trained context is 8192), every causal method.
-        let (def_lengths, def_methods) = match mask {
-            Mask::Causal => (strings(&["2048", "8192"]), strings(&["all"])),
-            Mask::None => (def_lengths, def_methods),
+        let (def_lengths, def_methods) = match (mask, a.decode) {
+            (Mask::Causal, Some(_)) => (strings(&["2048", "8192"]), strings(&["decode"])),
+            (Mask::Causal, None) => (strings(&["2048", "8192"]), strings(&["all"])),
+            (Mask::None, _) => (def_lengths, def_methods),
         };
         let def_features = match mask {
             Mask::Causal => strings(&["16", "32", "64", "128", "256", "512", "1024", "2048"]),
@@ -397,12 +427,20 @@ impl RunConfig {
         for name in a.user_methods.keys() {
             check_user_name(name)?;
         }
-        let methods = parse_methods_masked(
+        let methods = parse_methods_decode(
             a.methods.as_ref().unwrap_or(&def_methods),
             &a.user_methods,
             a.target,
             mask,
+            a.decode,
         )?;
+        if let Some(n_f) = a.decode {
+            if let Some(&n) = lengths.iter().find(|&&n| n <= n_f) {
+                return Err(usage!(
+                    "--decode {n_f} leaves no prompt at n = {n}: every length must exceed n_f (the prompt is n − n_f tokens)"
+                ));
+            }
+        }
         check_windows(a.windows)?;
         // d > n asks for more features (landmarks, samples, projected rows) than there are tokens:
         // no figure does it and most methods would silently cap it, so it is refused.
@@ -434,6 +472,7 @@ impl RunConfig {
             heads: a.heads.clone(),
             seed: a.seed,
             user_methods: a.user_methods.clone(),
+            decode: a.decode,
         })
     }
 }

@@ -288,6 +288,7 @@ pub fn score(req: &ScoreRequest) -> Result<SweepOutcome> {
                 sha256: approx_sha,
             },
         )]),
+        decode: None,
     };
 
     let lock = crate::report::run_lock::create_and_lock(&req.out)?;
@@ -388,6 +389,8 @@ pub fn score(req: &ScoreRequest) -> Result<SweepOutcome> {
                         rmse: Some(agreement.rmse),
                         kv_bits: None,
                         kv_read: None,
+                        n_f: None,
+                        kv_union: None,
                     };
                     writer.append(&row)?;
                     rows.push(row);

@@ -57,6 +57,22 @@ pub fn registry() -> Vec<Box<dyn Method>> {
         Box::new(prefill::block_sparse::BlockSparse),
         Box::new(prefill::xattention::XAttention),
         Box::new(prefill::vertical_slash::VerticalSlash),
+        // Decode-time KV-cache compression (METHODS.md §9), `--decode N_F` only.
+        Box::new(decode::methods::StaticDecode(decode::kept::Static::Window)),
+        Box::new(decode::methods::StaticDecode(decode::kept::Static::Streaming)),
+        Box::new(decode::methods::StaticDecode(decode::kept::Static::SnapKv(
+            decode::kept::Pool::Max7,
+        ))),
+        Box::new(decode::methods::StaticDecode(decode::kept::Static::SnapKv(
+            decode::kept::Pool::Avg5,
+        ))),
+        Box::new(decode::methods::StaticDecode(decode::kept::Static::PyramidKv)),
+        Box::new(decode::methods::StaticDecode(decode::kept::Static::AdaKv)),
+        Box::new(decode::methods::StaticDecode(decode::kept::Static::H2o)),
+        Box::new(decode::methods::StaticDecode(decode::kept::Static::Tova)),
+        Box::new(decode::methods::QuestDec),
+        Box::new(decode::methods::TopkDec),
+        Box::new(decode::methods::StaticDecode(decode::kept::Static::EvictOracle)),
         // Quantized attention (METHODS.md §8): the KV caches, KIVI, SageAttention's kernels.
         Box::new(quantized::kv_cache::KvCache {
             format: quantized::kv_cache::CacheFormat::F16,
@@ -138,7 +154,7 @@ pub fn field_method_ids_masked(mask: Mask) -> Vec<&'static str> {
     registry()
         .iter()
         .filter(|m| m.targets().contains(&Target::Softmax) && m.masks().contains(&mask))
-        .filter(|m| m.has_budget())
+        .filter(|m| m.has_budget() && m.family() != Family::Decode)
         .map(|m| m.id())
         .collect()
 }
@@ -160,6 +176,15 @@ pub fn budgets(id: &str, grid: &[usize]) -> Vec<usize> {
         Some((Family::Quantized, _)) => vec![0],
         _ => grid.to_vec(),
     }
+}
+
+/// The methods that run under `--decode` (METHODS.md §9.1): the §9 family, then the §8 KV caches.
+pub fn decode_method_ids() -> Vec<&'static str> {
+    registry()
+        .iter()
+        .filter(|m| m.decodes())
+        .map(|m| m.id())
+        .collect()
 }
 
 /// The ids of every registered method.

@@ -10,7 +10,7 @@ use crate::attention::{self, Mask, Target};
 use crate::usage;
 
 /// The method presets `--methods` expands, besides single ids.
-pub const PRESETS: &[&str] = &["all", "field", "figure", "kernelized", "quant"];
+pub const PRESETS: &[&str] = &["all", "field", "figure", "kernelized", "quant", "decode"];
 
 /// Expands the presets and checks every id, for the softmax target.
 pub fn parse_methods(values: &[String]) -> Result<Vec<String>> {
@@ -63,6 +63,67 @@ pub fn parse_methods_with(
     parse_methods_masked(values, user, target, Mask::None)
 }
 
+/// [`parse_methods_masked`] for a run under the decode protocol (`decode` = Some(n_f), METHODS.md
+/// §9.1) or not: under it the methods are the §9 family and the §8 KV caches (`decode`: the §9
+/// family; `quant`: the caches; `all`: both), anything else is refused naming them; without it a
+/// §9 method or the `decode` preset is refused naming `--decode`. A user's method runs in
+/// either (it is told the split).
+pub fn parse_methods_decode(
+    values: &[String],
+    user: &BTreeMap<String, UserMethod>,
+    target: Target,
+    mask: Mask,
+    decode: Option<usize>,
+) -> Result<Vec<String>> {
+    let decode_ids = attention::decode_method_ids();
+    let family = attention::family_method_ids(attention::Family::Decode);
+    let Some(n_f) = decode else {
+        if let Some(v) = values
+            .iter()
+            .map(|s| s.trim())
+            .find(|v| *v == "decode" || family.contains(v))
+        {
+            return Err(usage!(
+                "--methods {v}: a decode-time method (METHODS.md §9) runs only under the continuation protocol; add --decode N_F (e.g. --decode {})",
+                attention::decode::RECOMMENDED_N_F
+            ));
+        }
+        return parse_methods_masked(values, user, target, mask);
+    };
+    let mut out: Vec<String> = Vec::new();
+    for v in values.iter().map(|s| s.trim()).filter(|s| !s.is_empty()) {
+        let ids: Vec<String> = match v {
+            "decode" => family.iter().map(|s| s.to_string()).collect(),
+            "quant" => decode_ids
+                .iter()
+                .filter(|id| !family.contains(id))
+                .map(|s| s.to_string())
+                .collect(),
+            "all" => decode_ids.iter().map(|s| s.to_string()).collect(),
+            id if user.contains_key(id) => vec![id.to_string()],
+            id if decode_ids.contains(&id) => vec![id.to_string()],
+            id => {
+                return Err(usage!(
+                    "--methods {id}: not a method of the decode protocol (--decode {n_f}, METHODS.md §9.1); it runs: {} (presets decode, quant, all)",
+                    decode_ids.join(", ")
+                ))
+            }
+        };
+        for id in ids {
+            if !out.contains(&id) {
+                out.push(id);
+            }
+        }
+    }
+    if out.is_empty() {
+        return Err(usage!(
+            "--methods is empty; under --decode: {}",
+            decode_ids.join(", ")
+        ));
+    }
+    Ok(out)
+}
+
 /// Why `id` has no form under `mask`, naming the methods that have one.
 fn mask_mismatch(id: &str, mask: Mask) -> anyhow::Error {
     usage!(
@@ -105,6 +166,10 @@ pub fn parse_methods_masked(
                 attention::mask_method_ids(target, mask)
                     .into_iter()
                     .filter(|id| attention::budgets(id, &[1]) != [0])
+                    .filter(|id| {
+                        attention::describe(id)
+                            .is_none_or(|(f, _)| f != attention::Family::Decode)
+                    })
                     .collect(),
             ),
             "field" => {

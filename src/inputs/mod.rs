@@ -67,6 +67,13 @@ impl Prepared {
             Model::Decoder { config, .. } => config.head_dim,
         }
     }
+    /// The model's layer count L.
+    pub fn layers(&self) -> usize {
+        match &self.model {
+            Model::Bert { config, .. } => config.num_hidden_layers,
+            Model::Decoder { config, .. } => config.num_hidden_layers,
+        }
+    }
     /// The positions the model was trained on.
     pub fn max_positions(&self) -> usize {
         match &self.model {

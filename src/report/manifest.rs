@@ -53,6 +53,18 @@ pub struct Manifest {
     /// How the run's windows' Q/K/V came: from the cache or computed (absent: no cache used).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub qkv_cache: Option<QkvCacheUse>,
+    /// The decode protocol (METHODS.md §9.1): n_f, and the layer ℓ of the model's L that
+    /// PyramidKV's schedule read. Absent from prefill runs.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub decode: Option<DecodeInfo>,
+}
+
+/// A decode run's protocol and the layer's place in the model.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct DecodeInfo {
+    pub n_f: usize,
+    pub layer: usize,
+    pub layers: usize,
 }
 
 /// A run's use of the Q/K/V cache (`--qkv-cache`): windows read back (`hits`), computed and
@@ -126,6 +138,7 @@ impl Manifest {
             shard: None,
             merged_from: Vec::new(),
             qkv_cache: None,
+            decode: None,
         }
     }
 

@@ -70,6 +70,14 @@ pub struct TrialRow {
     /// The fraction of dense f16 attention's K/V traffic, Σ_i |S_i|·kv_bits / (16·Σ_i |D_i|).
     #[serde(default)]
     pub kv_read: Option<f64>,
+    /// The decode protocol's continuation length (METHODS.md §9.1): the rows scored are the n_f
+    /// last of the window; empty for prefill runs and in files written before it.
+    #[serde(default)]
+    pub n_f: Option<usize>,
+    /// Decode methods: the prompt keys the row's K/V head holds for its group of query heads,
+    /// the union of their sets (§9.1, GQA traffic; per query sets: mean over the continuation).
+    #[serde(default)]
+    pub kv_union: Option<f64>,
 }
 
 impl TrialRow {
@@ -235,6 +243,8 @@ pub const HEADER: &[&str] = &[
     "rmse",
     "kv_bits",
     "kv_read",
+    "n_f",
+    "kv_union",
 ];
 
 /// Keys of rows, for skipping on resume.
@@ -296,7 +306,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let p = dir.path().join("trials.csv");
         // The header before `target` and the decoder columns (mask, kv_head, mass, keys).
-        let old_header = HEADER[..HEADER.len() - 10].join(",");
+        let old_header = HEADER[..HEADER.len() - 12].join(",");
         std::fs::write(
             &p,
             format!("{old_header}\ninitialized,m,0,8,0,0,vmean,4,1,0.5,0.1,0.7,5.0,0,32.0,0.001\n"),
@@ -318,7 +328,7 @@ mod tests {
             text.lines()
                 .nth(1)
                 .unwrap()
-                .ends_with(",softmax,none,,,,,,,,"),
+                .ends_with(",softmax,none,,,,,,,,,,"),
             "{text}"
         );
         assert_eq!(read_rows(&p).unwrap(), vec![old_row, kernelized]);

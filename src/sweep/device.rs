@@ -202,6 +202,7 @@ impl TrialContext<'_> {
                         seconds,
                         mass: super::trial_mass(a, &batch.heads[b], cfg.target)?,
                         keys: a.support.as_ref().map(|s| s.keys),
+                        kv_union: None,
                     };
                     let h = jobs[b];
                     rows.push((

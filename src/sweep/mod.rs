@@ -253,6 +253,13 @@ pub fn run_with(
             );
         }
     }
+    // The decode protocol (§9.1) needs a causal continuation: an encoder has none.
+    if let (Some(n_f), false) = (cfg.decode, decoder) {
+        return Err(usage!(
+            "--decode {n_f}: {} is an encoder (BERT), which has no causal continuation to decode (METHODS.md §9.1); use a decoder model (--model-dir with a Llama, Mistral or Qwen checkpoint or GGUF)",
+            prepared.model_id
+        ));
+    }
     let all_heads = prepared.heads();
     let heads: Vec<usize> = match &cfg.heads {
         Some(h) => {
@@ -321,6 +328,11 @@ pub fn run_with(
         shard: opts.shard,
         ..Manifest::starting(opts.command.clone(), cfg.clone(), inputs_list)
     };
+    manifest.decode = cfg.decode.map(|n_f| manifest::DecodeInfo {
+        n_f,
+        layer: cfg.inputs.layer,
+        layers: prepared.layers(),
+    });
     manifest.write(&opts.out)?;
 
     let done = trials::keys(&old_rows);
@@ -372,7 +384,7 @@ pub fn run_with(
                     methods: &methods,
                     bar: &bar,
                 };
-                if device_path(&prepared.device) {
+                if device_path(&prepared.device) && cfg.decode.is_none() {
                     // A device's work is issued from one host thread, batched over the window's
                     // heads (device.rs); the window's rows are written when it finishes.
                     let rows = crate::runtime::on_device_thread(&prepared.device, || {
@@ -391,20 +403,50 @@ pub fn run_with(
                     }
                     Err(e) => return Err(e),
                 };
+                // Under the decode protocol every head's trial may read the whole layer (§9.2's
+                // layer-level methods): one context per window, shared by its heads.
+                let layer = match cfg.decode {
+                    Some(n_f) => Some(std::sync::Arc::new(attention::decode::LayerContext::new(
+                        q.clone(),
+                        k.clone(),
+                        v.clone(),
+                        n_f,
+                        cfg.inputs.layer,
+                        prepared.layers(),
+                    )?)),
+                    None => None,
+                };
+                if !prepared.device.is_cpu() {
+                    // A decode run on a device: its heads one after another from one host thread
+                    // (the device path's batching over heads is for the prefill targets).
+                    let rows = crate::runtime::on_device_thread(&prepared.device, || {
+                        let mut rows = Vec::new();
+                        for &h in &jobs {
+                            rows.extend(trial.head_trials(h, &q, &k, &v, layer.as_ref(), &missing)?);
+                        }
+                        Ok::<_, anyhow::Error>(rows)
+                    })?;
+                    for row in rows {
+                        writer.append(&row)?;
+                        new_trials += 1;
+                    }
+                    continue;
+                }
                 // Heads run in parallel (each trial's result depends only on its own inputs and seed);
                 // their rows are appended in head order through a reorder buffer, so trials.csv has
                 // the same order whatever the thread count, and every finished head is on disk.
                 std::thread::scope(|scope| -> Result<()> {
                     let (tx, rx) = std::sync::mpsc::channel::<(usize, Result<Vec<TrialRow>>)>();
-                    let (q, k, v, jobs_ref, missing_ref, trial_ref) =
-                        (&q, &k, &v, &jobs, &missing, &trial);
+                    let (q, k, v, jobs_ref, missing_ref, trial_ref, layer_ref) =
+                        (&q, &k, &v, &jobs, &missing, &trial, layer.as_ref());
                     scope.spawn(move || {
                         use rayon::prelude::*;
                         jobs_ref
                             .par_iter()
                             .enumerate()
                             .for_each_with(tx, |tx, (i, &h)| {
-                                let rows = trial_ref.head_trials(h, q, k, v, missing_ref);
+                                let rows =
+                                    trial_ref.head_trials(h, q, k, v, layer_ref, missing_ref);
                                 let _ = tx.send((i, rows));
                             });
                     });
@@ -507,13 +549,20 @@ impl TrialContext<'_> {
         q: &candle_core::Tensor,
         k: &candle_core::Tensor,
         v: &candle_core::Tensor,
+        layer: Option<&std::sync::Arc<attention::decode::LayerContext>>,
         missing: &(dyn Fn(usize, &str, usize) -> bool + Sync),
     ) -> Result<Vec<TrialRow>> {
         let (cfg, n, w) = (self.cfg, self.n, self.window);
         // Grouped-query heads (METHODS.md §7.1): query head h reads K/V head ⌊h·H_kv/H⌋.
         let kv_head = h * k.dim(0)? / q.dim(0)?;
         let (qh, kh, vh) = (q.get(h)?, k.get(kv_head)?, v.get(kv_head)?);
-        let head = HeadInputs::masked(qh, kh, vh, cfg.mask)?;
+        let mut head = HeadInputs::masked(qh, kh, vh, cfg.mask)?;
+        if let Some(layer) = layer {
+            head = head.decoding(attention::decode::DecodeHead {
+                head: h,
+                layer: layer.clone(),
+            });
+        }
         // The run's target in f64, once per head (error_norms then takes it as is), before any
         // method's clock starts; a sample of its rows is checked against float64 first.
         let exact64 = head
@@ -560,6 +609,7 @@ impl TrialContext<'_> {
                     seconds,
                     mass: trial_mass(&approx, &head, cfg.target)?,
                     keys: approx.support.as_ref().map(|s| s.keys),
+                    kv_union: approx.support.as_ref().and_then(|s| s.kv_union),
                 };
                 rows.push(self.row(h, kv_head, m.as_ref(), d, result));
                 self.bar.inc(1);
@@ -577,7 +627,9 @@ fn trial_mass(
     target: attention::Target,
 ) -> Result<Option<f64>> {
     match (&approx.support, target) {
-        (Some(_), attention::Target::Softmax) => approx.mass(head.exact()?.log_rowsum()?),
+        (Some(_), attention::Target::Softmax) => {
+            approx.mass(&head.scored(head.exact()?.log_rowsum()?)?)
+        }
         _ => Ok(None),
     }
 }
@@ -592,6 +644,7 @@ struct TrialResult {
     seconds: f64,
     mass: Option<f64>,
     keys: Option<f64>,
+    kv_union: Option<f64>,
 }
 
 impl TrialContext<'_> {
@@ -605,7 +658,12 @@ impl TrialContext<'_> {
         r: TrialResult,
     ) -> TrialRow {
         let cfg = self.cfg;
-        let (mass, keys, kv_bits, kv_read) = cache_columns(m, &r, self.n, cfg.mask);
+        let (mass, keys, kv_bits, kv_read) = cache_columns(m, &r, self.n, cfg.mask, cfg.decode);
+        let p = self.prepared.head_dim();
+        let macs = match cfg.decode {
+            Some(n_f) => m.macs_decode(self.n, p, d, n_f),
+            None => m.macs_masked(self.n, p, d, cfg.mask),
+        };
         TrialRow {
             model: self.model_name.to_string(),
             model_id: self.prepared.model_id.clone(),
@@ -621,7 +679,7 @@ impl TrialContext<'_> {
             frob_error: r.norms.frobenius,
             exact_norm: r.exact_norm,
             nonfinite_rows: r.nonfinite_rows,
-            macs: m.macs_masked(self.n, self.prepared.head_dim(), d, cfg.mask),
+            macs,
             seconds: r.seconds,
             target: cfg.target,
             mask: cfg.mask,
@@ -633,6 +691,8 @@ impl TrialContext<'_> {
             rmse: Some(r.agreement.rmse),
             kv_bits,
             kv_read,
+            n_f: cfg.decode,
+            kv_union: r.kv_union,
         }
     }
 }
@@ -640,22 +700,34 @@ impl TrialContext<'_> {
 /// A trial's `mass`, `keys`, `kv_bits` and `kv_read` (METHODS.md §8.5): a method without a budget
 /// (the §8 family) visits every key (the dense count, mass 1) at its own width; a
 /// restrict-and-renormalise method (one with a key support) reads its keys from an f16 cache (16
-/// bits); every other method reads no cache (all four empty but what it measured).
+/// bits); every other method reads no cache (all four empty but what it measured). Under the
+/// decode protocol (`decode` = n_f, §9.1) the rows are the continuation's: the dense count is the
+/// mean of t + 1 over F and `kv_read`'s denominator Σ_{t∈F}(t + 1).
 fn cache_columns(
     m: &dyn attention::Method,
     r: &TrialResult,
     n: usize,
     mask: attention::Mask,
+    decode: Option<usize>,
 ) -> (Option<f64>, Option<f64>, Option<f64>, Option<f64>) {
     use attention::quantized::{dense_keys, kv_read};
+    let dense = match decode {
+        Some(n_f) => attention::decode::dense_pairs(n, n_f) / n_f as f64,
+        None => dense_keys(n, mask),
+    };
     let (mass, keys) = if m.has_budget() {
         (r.mass, r.keys)
     } else {
-        (Some(1.0), Some(dense_keys(n, mask)))
+        (Some(1.0), Some(dense))
     };
-    let kv_bits = m.kv_bits(n).or(r.keys.map(|_| 16.0));
-    let read = match (kv_bits, keys) {
-        (Some(b), Some(k)) => Some(kv_read(b, k, n, mask)),
+    let bits = match decode {
+        Some(n_f) => m.kv_bits_decode(n, n_f),
+        None => m.kv_bits(n),
+    };
+    let kv_bits = bits.or(r.keys.map(|_| 16.0));
+    let read = match (kv_bits, keys, decode) {
+        (Some(b), Some(k), None) => Some(kv_read(b, k, n, mask)),
+        (Some(b), Some(k), Some(_)) => Some(if k == dense { b / 16.0 } else { b / 16.0 * k / dense }),
         _ => None,
     };
     (mass, keys, kv_bits, read)

@@ -1,7 +1,230 @@
-//! Decode-time KV-cache compression (METHODS.md §9, issue 35), being built: the continuation
-//! protocol (`--decode N_F`) and the methods (SnapKV, PyramidKV, Ada-KV, H2O, TOVA, Quest at
-//! decode, the oracles) come next. What is here is what they share and what can be checked by
-//! hand on its own: the layer budgets of PyramidKV and Ada-KV (`budgets`). The pooling of their
-//! scores is `numerics::pooling`; the stable top-k is the prefill family's.
+//! Decode-time KV-cache compression (METHODS.md §9, issue 35): the continuation protocol and the
+//! methods that compress a prompt's cache before decoding (SnapKV, PyramidKV, Ada-KV, H2O, TOVA,
+//! StreamingLLM), Quest's per-query pages, and two oracles.
+//!
+//! **Protocol** (§9.1, `--decode N_F`): a window of n tokens is a prompt of n_p = n − n_f tokens
+//! and a continuation F = {n_p..n−1}. Q, K, V come from one teacher-forced forward. A method
+//! compresses from prompt-side tensors (the oracles also read F) and gives each query head a kept
+//! set C_h ⊆ {0..n_p−1} (per continuation query for `quest_dec` and `topk_dec`); continuation
+//! query t then reads S_t = C_h ∪ {n_p..t}. Ô_F is the restricted softmax over S_t, scored against
+//! the exact causal rows O_F: every column over the n_f rows. d is the prompt keys kept per query
+//! head; d ≥ n_p keeps every prompt key for every method, whatever its schedule (exact).
+//!
+//! **Layer-level methods.** `adakv` and `tova` read every query head of the layer, `pyramidkv` the
+//! layer index and the model's layer count: a [`LayerContext`] (one per window, shared by the
+//! window's heads) carries all heads' Q and K and memoises per-head prompt scores across heads and
+//! budgets, so the per-head trial stays the unit (each trial's Ô depends only on the window, its
+//! head and d). They use all heads even when `--heads` measures a subset.
+//!
+//! Files: [`budgets`] (PyramidKV's and Ada-KV's schedules), [`scores`] (the per-head prompt
+//! scores, computed once per window and head), [`kept`] (the static sets), [`methods`] (the
+//! `Method`s). Pooling is `numerics::pooling`; the stable top-k the prefill family's
+//! `select::top_indices`; the restricted softmax `numerics::key_sets`.
 
 pub mod budgets;
+pub mod kept;
+pub mod methods;
+pub mod scores;
+
+#[cfg(test)]
+mod tests;
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, OnceLock};
+
+use anyhow::{anyhow, ensure, Result};
+use candle_core::Tensor;
+
+use crate::attention::{Approximation, HeadInputs, Mask};
+use crate::numerics::key_sets::{key_set_softmax, per_row_groups, KeyGroup};
+
+/// The recommended continuation length n_f (§9.1: the method-to-oracle ratios and the rankings
+/// are stable from 256 on).
+pub const RECOMMENDED_N_F: usize = 256;
+
+/// Everything of one window that a decode trial of any head may read: all query heads' Q
+/// ([H, n, p]), all K/V heads' K and V ([H_kv, n, p]), the split, and the layer's place in the
+/// model. Per-head prompt scores are memoised here ([`LayerContext::scores`]), so a layer-level
+/// method computes each head's scores once per window, whichever head's trial asks first.
+pub struct LayerContext {
+    pub q: Tensor,
+    pub k: Tensor,
+    pub v: Tensor,
+    /// Continuation tokens n_f (the prompt is the first n − n_f).
+    pub n_f: usize,
+    /// This layer ℓ and the model's layer count L (PyramidKV's schedule).
+    pub layer: usize,
+    pub layers: usize,
+    memo: Mutex<HashMap<(&'static str, usize), Arc<OnceLock<Result<Arc<Vec<f64>>, String>>>>>,
+}
+
+impl LayerContext {
+    pub fn new(q: Tensor, k: Tensor, v: Tensor, n_f: usize, layer: usize, layers: usize) -> Result<Self> {
+        let (h, n, _) = q.dims3()?;
+        let (hkv, nk, _) = k.dims3()?;
+        ensure!(
+            h % hkv == 0 && n == nk && v.dims3()?.1 == n,
+            "decode: Q [{h}, {n}, ·] does not fit K [{hkv}, {nk}, ·]"
+        );
+        ensure!(
+            n_f >= 1 && n_f < n,
+            "--decode {n_f}: the continuation must leave a prompt of at least one token at n = {n}"
+        );
+        Ok(Self {
+            q,
+            k,
+            v,
+            n_f,
+            layer,
+            layers,
+            memo: Mutex::new(HashMap::new()),
+        })
+    }
+
+    /// Window length n.
+    pub fn n(&self) -> usize {
+        self.q.dims()[1]
+    }
+    /// Prompt length n_p = n − n_f.
+    pub fn n_p(&self) -> usize {
+        self.n() - self.n_f
+    }
+    /// Query heads H.
+    pub fn heads(&self) -> usize {
+        self.q.dims()[0]
+    }
+    /// The K/V head query head `g` reads, ⌊g·H_kv/H⌋ (§7.1).
+    pub fn kv_head(&self, g: usize) -> usize {
+        g * self.k.dims()[0] / self.heads()
+    }
+    /// The query heads that share `g`'s K/V head (its GQA group), in order.
+    pub fn group(&self, g: usize) -> Vec<usize> {
+        let kv = self.kv_head(g);
+        (0..self.heads()).filter(|&x| self.kv_head(x) == kv).collect()
+    }
+    /// Query head g's Q and its K/V head's K, V ([n, p] each).
+    pub fn head_qkv(&self, g: usize) -> Result<(Tensor, Tensor, Tensor)> {
+        let kv = self.kv_head(g);
+        Ok((self.q.get(g)?, self.k.get(kv)?, self.v.get(kv)?))
+    }
+
+    /// The scores `kind` of head `head`, computed by `f` once per window (concurrent first calls
+    /// of one key wait for one computation). An error is kept and returned to every caller.
+    pub fn scores(
+        &self,
+        kind: &'static str,
+        head: usize,
+        f: impl FnOnce() -> Result<Vec<f64>>,
+    ) -> Result<Arc<Vec<f64>>> {
+        let cell = self
+            .memo
+            .lock()
+            .map_err(|_| anyhow!("decode score memo poisoned"))?
+            .entry((kind, head))
+            .or_default()
+            .clone();
+        cell.get_or_init(|| f().map(Arc::new).map_err(|e| format!("{e:#}")))
+            .clone()
+            .map_err(|e| anyhow!(e))
+    }
+}
+
+/// What a head's trial under the protocol knows beyond its own Q, K, V: which query head it is,
+/// and its window's [`LayerContext`].
+#[derive(Clone)]
+pub struct DecodeHead {
+    pub head: usize,
+    pub layer: Arc<LayerContext>,
+}
+
+impl DecodeHead {
+    pub fn n_f(&self) -> usize {
+        self.layer.n_f
+    }
+    pub fn n_p(&self) -> usize {
+        self.layer.n_p()
+    }
+}
+
+/// The decode context of `head`, or an error naming `id` (a §9 method needs `--decode`).
+pub fn require_decode<'a>(head: &'a HeadInputs, id: &str) -> Result<&'a DecodeHead> {
+    ensure!(
+        head.mask == Mask::Causal,
+        "{id} is a decode-time method (METHODS.md §9): it needs the causal mask"
+    );
+    head.decode.as_ref().ok_or_else(|| {
+        crate::usage!("{id} is a decode-time method (METHODS.md §9): run it with --decode N_F (e.g. --decode {RECOMMENDED_N_F})")
+    })
+}
+
+/// The continuation's dense key count Σ_{t∈F} (t + 1): `kv_read`'s denominator (§9.1).
+pub fn dense_pairs(n: usize, n_f: usize) -> f64 {
+    let n_p = n - n_f;
+    // Σ_{t=n_p}^{n−1} (t + 1) = Σ_{u=n_p+1}^{n} u.
+    (n * (n + 1) / 2 - n_p * (n_p + 1) / 2) as f64
+}
+
+/// The mean over F of |S_t| for a static set of `kept` prompt keys: |C| + (n_f + 1)/2 (§9.1).
+pub fn static_keys(kept: usize, n_f: usize) -> f64 {
+    kept as f64 + (n_f as f64 + 1.0) / 2.0
+}
+
+/// Ô_F of the continuation rows reading one static prompt set `kept` (sorted, < n_p) plus the
+/// continuation so far, with its support (mean keys, log-normalisers), on the head's device and in
+/// its dtype: one key group of the n_f rows, the causal filter j < n_p or j ≤ t.
+pub fn static_rows(head: &HeadInputs, dec: &DecodeHead, kept: &[usize]) -> Result<Approximation> {
+    let (n, n_p, n_f) = (head.n(), dec.n_p(), dec.n_f());
+    ensure!(
+        kept.windows(2).all(|w| w[0] < w[1]) && kept.last().is_none_or(|&j| j < n_p),
+        "decode: a kept set must be sorted prompt positions"
+    );
+    let mut keys = kept.to_vec();
+    keys.extend(n_p..n);
+    let groups = [KeyGroup {
+        rows: (0..n_f).collect(),
+        keys,
+    }];
+    let filter = move |i: usize, j: usize| j < n_p || j <= n_p + i;
+    let q_f = head.q.narrow(0, n_p, n_f)?;
+    let out = key_set_softmax(&q_f, &head.k, &head.v, &groups, Some(&filter), true)?;
+    Approximation::restricted(out, static_keys(kept.len(), n_f))
+}
+
+/// Ô_F with a prompt set per continuation query (`per_row[i]` for t = n_p + i, sorted, < n_p).
+pub fn per_query_rows(
+    head: &HeadInputs,
+    dec: &DecodeHead,
+    per_row: Vec<Vec<usize>>,
+) -> Result<Approximation> {
+    let (n_p, n_f) = (dec.n_p(), dec.n_f());
+    ensure!(per_row.len() == n_f, "decode: one prompt set per continuation query");
+    let mut total = 0usize;
+    let sets: Vec<Vec<usize>> = per_row
+        .into_iter()
+        .enumerate()
+        .map(|(i, mut s)| {
+            s.extend(n_p..=n_p + i);
+            total += s.len();
+            s
+        })
+        .collect();
+    let q_f = head.q.narrow(0, n_p, n_f)?;
+    let out = key_set_softmax(&q_f, &head.k, &head.v, &per_row_groups(sets), None, true)?;
+    Approximation::restricted(out, total as f64 / n_f as f64)
+}
+
+/// Sets the support's `kv_union` (§9.1: the prompt keys a K/V head holds for its group).
+pub fn with_union(mut a: Approximation, union: f64) -> Approximation {
+    if let Some(s) = a.support.as_mut() {
+        s.kv_union = Some(union);
+    }
+    a
+}
+
+/// |∪ sets|, for sorted sets of prompt positions.
+pub fn union_size(sets: &[&[usize]]) -> usize {
+    let mut all: Vec<usize> = sets.iter().flat_map(|s| s.iter().copied()).collect();
+    all.sort_unstable();
+    all.dedup();
+    all.len()
+}

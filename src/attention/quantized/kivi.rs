@@ -76,6 +76,49 @@ fn kivi_kv<T: Real>(
     Ok((k.into_tensor(&head.k)?, v.into_tensor(&head.v)?))
 }
 
+/// The continuation rows t = n_p..n−1 under the decode protocol, each reading the cache as it
+/// stands after t + 1 tokens. KIVI's groups run from token 0 and never change once formed (K's
+/// groups of 32 tokens complete with each residual flush of R = 128, V's tokens one by one), so
+/// the cache after t + 1 tokens is the window's quantized K̂, V̂ on the positions quantized by
+/// then and K, V elsewhere. Host loops in the run's dtype, rows in parallel: n_f·n·p.
+fn decode_rows<T: Real>(m: &Kivi, head: &HeadInputs, n_p: usize) -> Result<candle_core::Tensor> {
+    use rayon::prelude::*;
+    let (q, k, v) = super::host_qkv::<T>(head)?;
+    let (mut kq, mut vq) = (HostMat::<T>::of(&head.k)?, HostMat::<T>::of(&head.v)?);
+    m.quantize_kv(&mut kq, &mut vq);
+    let (n, p) = (q.rows, q.cols);
+    let scale = T::from_f64(1.0 / (p as f64).sqrt());
+    let rows: Vec<Vec<T>> = (n_p..n)
+        .into_par_iter()
+        .map(|t| {
+            let len = t + 1;
+            let (k_to, v_to) = (k_quantized_tokens(len), v_quantized_tokens(len));
+            let qt = q.row(t);
+            let s: Vec<T> = (0..len)
+                .map(|j| {
+                    let kj = if j < k_to { kq.row(j) } else { k.row(j) };
+                    qt.iter().zip(kj).fold(T::ZERO, |a, (&x, &y)| a + x * y) * scale
+                })
+                .collect();
+            let mx = s.iter().fold(T::NEG_INFINITY, |a, &x| a.max(x));
+            let mut out = vec![T::ZERO; p];
+            let mut sum = T::ZERO;
+            for (j, &x) in s.iter().enumerate() {
+                let e = (x - mx).exp();
+                sum = sum + e;
+                let vj = if j < v_to { vq.row(j) } else { v.row(j) };
+                for (o, &y) in out.iter_mut().zip(vj) {
+                    *o = *o + e * y;
+                }
+            }
+            out.iter_mut().for_each(|o| *o = *o / sum);
+            out
+        })
+        .collect();
+    let data: Vec<T> = rows.into_iter().flatten().collect();
+    T::tensor(data, (n - n_p, p), head.q.device())
+}
+
 impl Method for Kivi {
     fn info(&self) -> Option<&'static MethodInfo> {
         Some(if self.bits == 4 { &KIVI4 } else { &KIVI2 })
@@ -97,8 +140,29 @@ impl Method for Kivi {
             |quantized: usize| (quantized as f64 * b + (n - quantized) as f64 * 16.0) / n as f64;
         Some((width(k_quantized_tokens(n)) + width(v_quantized_tokens(n))) / 2.0)
     }
+    /// Under `--decode` (§9.1): row t reads the cache after t + 1 tokens, K quantized for
+    /// j < (t+1) − (t+1) mod R and V for j < t + 1 − R; per value read, the read-weighted mean
+    /// over the continuation rows of (K's width + V's width)/2, so kv_read = kv_bits/16 still.
+    fn kv_bits_decode(&self, n: usize, n_f: usize) -> Option<f64> {
+        let b = self.bits as f64 + 32.0 / GROUP as f64;
+        let (mut bits, mut reads) = (0.0, 0.0);
+        for t in n - n_f..n {
+            let len = t + 1;
+            let width = |quantized: usize| quantized as f64 * b + (len - quantized) as f64 * 16.0;
+            bits += (width(k_quantized_tokens(len)) + width(v_quantized_tokens(len))) / 2.0;
+            reads += len as f64;
+        }
+        Some(bits / reads)
+    }
+    fn decodes(&self) -> bool {
+        true
+    }
     fn approximate(&self, head: &HeadInputs, _d: usize, _: &mut TrialRng) -> Result<Approximation> {
         super::check_head(self, head)?;
+        if let Some(dec) = &head.decode {
+            let out = in_run_dtype!(head.dtype(), decode_rows(self, head, dec.n_p()))?;
+            return Ok(Approximation::plain(out));
+        }
         let (k, v) = in_run_dtype!(head.dtype(), kivi_kv(self, head))?;
         let out = ExactAttention::compute_masked(&head.q, &k, &v, head.mask)?.output;
         Ok(Approximation::plain(out))

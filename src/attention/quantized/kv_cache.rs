@@ -164,10 +164,16 @@ impl Method for KvCache {
             CacheFormat::Ggml(t) => t.bits_per_value(),
         })
     }
+    /// Under `--decode` (§9.1) a continuation row reads the per-token cache as it stands after
+    /// t + 1 tokens, which is this computation's row t: §8.3 restricted to F. (`kv_fp8`'s one
+    /// scale per K/V head stays the window's, as §9.1 says.)
+    fn decodes(&self) -> bool {
+        true
+    }
     fn approximate(&self, head: &HeadInputs, _d: usize, _: &mut TrialRng) -> Result<Approximation> {
         super::check_head(self, head)?;
         let (q, k, v) = self.quantized_qkv(head)?;
         let out = ExactAttention::compute_masked(&q, &k, &v, head.mask)?.output;
-        Ok(Approximation::plain(out))
+        Ok(Approximation::plain(head.scored(&out)?))
     }
 }

@@ -166,6 +166,7 @@ fn manifest(grid: &Grid, methods: &[&str], corpus_sha: &str, source: &str) -> Ma
             heads: None,
             seed: 0,
             user_methods: Default::default(),
+            decode: None,
         },
         model_id: "test".into(),
         heads: grid.heads,
@@ -186,6 +187,7 @@ fn manifest(grid: &Grid, methods: &[&str], corpus_sha: &str, source: &str) -> Ma
         shard: None,
         merged_from: Vec::new(),
         qkv_cache: None,
+        decode: None,
     }
 }
 

@@ -97,6 +97,20 @@ pub(super) fn field_style(method: &str, methods: &[String]) -> SeriesStyle {
                 RGBColor(140, 86, 75),
                 RGBColor(188, 189, 34),
             ],
+            // The decode family (§9): blues and greens, the oracles grey elsewhere.
+            Family::Decode => &[
+                RGBColor(31, 119, 180),
+                RGBColor(255, 127, 14),
+                RGBColor(44, 160, 44),
+                RGBColor(152, 223, 138),
+                RGBColor(214, 39, 40),
+                RGBColor(148, 103, 189),
+                RGBColor(140, 86, 75),
+                RGBColor(227, 119, 194),
+                RGBColor(23, 190, 207),
+                RGBColor(120, 120, 120),
+                RGBColor(60, 60, 60),
+            ],
             // The quantized family (one colour each, registry order): the float caches in
             // browns, llama.cpp's blocks from orange (8 bits) to deep red (4), KIVI in olive,
             // SageAttention in magentas.
