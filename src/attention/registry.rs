@@ -59,20 +59,26 @@ pub fn registry() -> Vec<Box<dyn Method>> {
         Box::new(prefill::vertical_slash::VerticalSlash),
         // Decode-time KV-cache compression (METHODS.md §9), `--decode N_F` only.
         Box::new(decode::methods::StaticDecode(decode::kept::Static::Window)),
-        Box::new(decode::methods::StaticDecode(decode::kept::Static::Streaming)),
+        Box::new(decode::methods::StaticDecode(
+            decode::kept::Static::Streaming,
+        )),
         Box::new(decode::methods::StaticDecode(decode::kept::Static::SnapKv(
             decode::kept::Pool::Max7,
         ))),
         Box::new(decode::methods::StaticDecode(decode::kept::Static::SnapKv(
             decode::kept::Pool::Avg5,
         ))),
-        Box::new(decode::methods::StaticDecode(decode::kept::Static::PyramidKv)),
+        Box::new(decode::methods::StaticDecode(
+            decode::kept::Static::PyramidKv,
+        )),
         Box::new(decode::methods::StaticDecode(decode::kept::Static::AdaKv)),
         Box::new(decode::methods::StaticDecode(decode::kept::Static::H2o)),
         Box::new(decode::methods::StaticDecode(decode::kept::Static::Tova)),
         Box::new(decode::methods::QuestDec),
         Box::new(decode::methods::TopkDec),
-        Box::new(decode::methods::StaticDecode(decode::kept::Static::EvictOracle)),
+        Box::new(decode::methods::StaticDecode(
+            decode::kept::Static::EvictOracle,
+        )),
         // Quantized attention (METHODS.md §8): the KV caches, KIVI, SageAttention's kernels.
         Box::new(quantized::kv_cache::KvCache {
             format: quantized::kv_cache::CacheFormat::F16,

@@ -422,7 +422,14 @@ pub fn run_with(
                     let rows = crate::runtime::on_device_thread(&prepared.device, || {
                         let mut rows = Vec::new();
                         for &h in &jobs {
-                            rows.extend(trial.head_trials(h, &q, &k, &v, layer.as_ref(), &missing)?);
+                            rows.extend(trial.head_trials(
+                                h,
+                                &q,
+                                &k,
+                                &v,
+                                layer.as_ref(),
+                                &missing,
+                            )?);
                         }
                         Ok::<_, anyhow::Error>(rows)
                     })?;
@@ -727,7 +734,11 @@ fn cache_columns(
     let kv_bits = bits.or(r.keys.map(|_| 16.0));
     let read = match (kv_bits, keys, decode) {
         (Some(b), Some(k), None) => Some(kv_read(b, k, n, mask)),
-        (Some(b), Some(k), Some(_)) => Some(if k == dense { b / 16.0 } else { b / 16.0 * k / dense }),
+        (Some(b), Some(k), Some(_)) => Some(if k == dense {
+            b / 16.0
+        } else {
+            b / 16.0 * k / dense
+        }),
         _ => None,
     };
     (mass, keys, kv_bits, read)

@@ -115,7 +115,12 @@ impl Method for StaticDecode {
         }
     }
     fn macs(&self, n: usize, p: usize, d: usize) -> f64 {
-        self.macs_decode(n, p, d, super::RECOMMENDED_N_F.min(n.saturating_sub(1)).max(1))
+        self.macs_decode(
+            n,
+            p,
+            d,
+            super::RECOMMENDED_N_F.min(n.saturating_sub(1)).max(1),
+        )
     }
     fn macs_decode(&self, n: usize, p: usize, d: usize, n_f: usize) -> f64 {
         let (n_p, pf) = ((n - n_f) as f64, p as f64);
@@ -249,7 +254,12 @@ impl Method for QuestDec {
         Some(&QUEST_DEC)
     }
     fn macs(&self, n: usize, p: usize, d: usize) -> f64 {
-        self.macs_decode(n, p, d, super::RECOMMENDED_N_F.min(n.saturating_sub(1)).max(1))
+        self.macs_decode(
+            n,
+            p,
+            d,
+            super::RECOMMENDED_N_F.min(n.saturating_sub(1)).max(1),
+        )
     }
     fn macs_decode(&self, n: usize, p: usize, d: usize, n_f: usize) -> f64 {
         let n_p = n - n_f;
@@ -267,7 +277,12 @@ impl Method for TopkDec {
         Some(&TOPK_DEC)
     }
     fn macs(&self, n: usize, p: usize, d: usize) -> f64 {
-        self.macs_decode(n, p, d, super::RECOMMENDED_N_F.min(n.saturating_sub(1)).max(1))
+        self.macs_decode(
+            n,
+            p,
+            d,
+            super::RECOMMENDED_N_F.min(n.saturating_sub(1)).max(1),
+        )
     }
     fn macs_decode(&self, n: usize, p: usize, d: usize, n_f: usize) -> f64 {
         (n_f * (n - n_f) * p) as f64 + static_pair_macs(n, p, d, n_f)

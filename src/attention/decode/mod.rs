@@ -59,7 +59,14 @@ pub struct LayerContext {
 }
 
 impl LayerContext {
-    pub fn new(q: Tensor, k: Tensor, v: Tensor, n_f: usize, layer: usize, layers: usize) -> Result<Self> {
+    pub fn new(
+        q: Tensor,
+        k: Tensor,
+        v: Tensor,
+        n_f: usize,
+        layer: usize,
+        layers: usize,
+    ) -> Result<Self> {
         let (h, n, _) = q.dims3()?;
         let (hkv, nk, _) = k.dims3()?;
         ensure!(
@@ -100,7 +107,9 @@ impl LayerContext {
     /// The query heads that share `g`'s K/V head (its GQA group), in order.
     pub fn group(&self, g: usize) -> Vec<usize> {
         let kv = self.kv_head(g);
-        (0..self.heads()).filter(|&x| self.kv_head(x) == kv).collect()
+        (0..self.heads())
+            .filter(|&x| self.kv_head(x) == kv)
+            .collect()
     }
     /// Query head g's Q and its K/V head's K, V ([n, p] each).
     pub fn head_qkv(&self, g: usize) -> Result<(Tensor, Tensor, Tensor)> {
@@ -197,7 +206,10 @@ pub fn per_query_rows(
     per_row: Vec<Vec<usize>>,
 ) -> Result<Approximation> {
     let (n_p, n_f) = (dec.n_p(), dec.n_f());
-    ensure!(per_row.len() == n_f, "decode: one prompt set per continuation query");
+    ensure!(
+        per_row.len() == n_f,
+        "decode: one prompt set per continuation query"
+    );
     let mut total = 0usize;
     let sets: Vec<Vec<usize>> = per_row
         .into_iter()

@@ -36,7 +36,10 @@ fn column_sums(p: &Tensor) -> Result<Vec<f64>> {
 pub fn snap(ctx: &LayerContext, g: usize) -> Result<Arc<Vec<f64>>> {
     ctx.scores("snapkv", g, || {
         let n_p = ctx.n_p();
-        ensure!(n_p > WINDOW, "SnapKV scores need a prompt longer than w = {WINDOW}");
+        ensure!(
+            n_p > WINDOW,
+            "SnapKV scores need a prompt longer than w = {WINDOW}"
+        );
         let (q, k, _) = ctx.head_qkv(g)?;
         let a = causal_rows(&q, &k, n_p - WINDOW, WINDOW)?;
         let mut s = column_sums(&a)?;
