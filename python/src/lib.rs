@@ -310,7 +310,7 @@ fn sweep(
         );
         extra.push(Box::new(user_method::PyMethod::new(&name, func)));
     }
-    if opts.mask.is_none() {
+    if opts.mask.is_none() && opts.decode.is_none() {
         // The model's own mask (causal for a decoder), as the CLI chooses it.
         let inputs = InputConfig::new(&opts.inputs).map_err(err)?;
         opts.mask = Some(approx_bench::inputs::decoder::native_mask(&inputs).map_err(err)?);

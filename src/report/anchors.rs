@@ -429,6 +429,8 @@ mod tests {
             rmse_mean: None,
             kv_bits: None,
             kv_read_mean: None,
+            n_f: None,
+            kv_union_mean: None,
         };
         let exact: Vec<SummaryRow> = ANCHORS
             .iter()

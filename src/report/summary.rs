@@ -53,6 +53,13 @@ pub struct SummaryRow {
     pub kv_bits: Option<f64>,
     #[serde(default)]
     pub kv_read_mean: Option<f64>,
+    /// The decode protocol's n_f (METHODS.md §9.1): the rows scored were the last n_f of each
+    /// window. Part of the point's identity (a decode and a prefill run never share a point).
+    #[serde(default)]
+    pub n_f: Option<usize>,
+    /// Mean `kv_union` over the trials (decode methods), else empty.
+    #[serde(default)]
+    pub kv_union_mean: Option<f64>,
 }
 
 use std::collections::BTreeMap;
@@ -91,7 +98,7 @@ pub fn mean_stderr(values: &[f64]) -> (f64, f64) {
     (mean, (var / k as f64).sqrt())
 }
 
-/// Groups trials by (target, mask, model, n, method, d) and averages over the finite ones (rows
+/// Groups trials by (target, mask, n_f, model, n, method, d) and averages over the finite ones (rows
 /// of different targets or masks never share a point). Order: target, mask, model, n, method in
 /// `method_order` (unknown ones last, by name), d.
 pub fn summarize(rows: &[TrialRow], method_order: &[String]) -> Vec<SummaryRow> {
@@ -104,6 +111,7 @@ pub fn summarize(rows: &[TrialRow], method_order: &[String]) -> Vec<SummaryRow> 
     type Key = (
         crate::attention::Target,
         crate::attention::Mask,
+        Option<usize>,
         String,
         usize,
         usize,
@@ -116,6 +124,7 @@ pub fn summarize(rows: &[TrialRow], method_order: &[String]) -> Vec<SummaryRow> 
             .entry((
                 r.target,
                 r.mask,
+                r.n_f,
                 r.model.clone(),
                 r.n,
                 rank(&r.method),
@@ -127,7 +136,7 @@ pub fn summarize(rows: &[TrialRow], method_order: &[String]) -> Vec<SummaryRow> 
     }
     groups
         .into_iter()
-        .map(|((target, mask, model, n, _, method, d), rs)| {
+        .map(|((target, mask, n_f, model, n, _, method, d), rs)| {
             let finite: Vec<&&TrialRow> = rs.iter().filter(|r| r.error.is_finite()).collect();
             let errs: Vec<f64> = finite.iter().map(|r| r.error).collect();
             let rels: Vec<f64> = finite
@@ -161,6 +170,8 @@ pub fn summarize(rows: &[TrialRow], method_order: &[String]) -> Vec<SummaryRow> 
                 rmse_mean: mean_of(rs.iter().map(|r| r.rmse)),
                 kv_bits: mean_of(rs.iter().map(|r| r.kv_bits)),
                 kv_read_mean: mean_of(rs.iter().map(|r| r.kv_read)),
+                n_f,
+                kv_union_mean: mean_of(rs.iter().map(|r| r.kv_union)),
             }
         })
         .collect()

@@ -3,6 +3,7 @@
 
 #![allow(dead_code)]
 
+pub mod decoder_fixture;
 pub mod mock_hub;
 
 use std::collections::{BTreeSet, HashMap};

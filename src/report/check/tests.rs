@@ -398,6 +398,8 @@ fn honest_noise_from_a_seeded_distribution_passes_at_the_nominal_rate() {
                     rmse_mean: None,
                     kv_bits: None,
                     kv_read_mean: None,
+                    n_f: None,
+                    kv_union_mean: None,
                 }
             })
             .collect()

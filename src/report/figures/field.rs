@@ -105,7 +105,7 @@ pub(super) fn field_style(method: &str, methods: &[String]) -> SeriesStyle {
                 RGBColor(152, 223, 138),
                 RGBColor(214, 39, 40),
                 RGBColor(148, 103, 189),
-                RGBColor(140, 86, 75),
+                RGBColor(70, 70, 200),
                 RGBColor(227, 119, 194),
                 RGBColor(23, 190, 207),
                 RGBColor(120, 120, 120),

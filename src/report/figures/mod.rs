@@ -8,6 +8,8 @@
 //! * `accuracy-cost-<model>.png`: per n, error against measured seconds per head and against
 //!   analytic multiply-adds, one series per method across d.
 //! * `quant.png` (a run with the quantized family, METHODS.md §8.5): see `quant.rs`.
+//! * `decode.png` (a `--decode` run, METHODS.md §9.3): see `decode.rs`; its rows are in no other
+//!   figure.
 //! * `field.png` (a run with the field's sparse or hybrid methods) and `kernelized.png` (a
 //!   `--target kernelized` run): see `field.rs`. Kernelized rows appear in no other figure.
 //!
@@ -25,6 +27,7 @@ use super::summary::{self, SummaryRow};
 use crate::config::{choice, Choice, SKEINFORMER_FIGURE, SKYFORMER_FIGURE};
 
 mod axis;
+mod decode;
 mod decoder;
 mod draw;
 mod field;
@@ -106,7 +109,13 @@ pub fn is_figure_name(name: &str) -> bool {
     let stem = stem.strip_suffix("-median").unwrap_or(stem);
     matches!(
         stem,
-        "decoder" | "quant" | "field" | "kernelized" | "skyformer-fig1" | "skeinformer-fig1"
+        "decode"
+            | "decoder"
+            | "quant"
+            | "field"
+            | "kernelized"
+            | "skyformer-fig1"
+            | "skeinformer-fig1"
     ) || stem.starts_with("all-methods-")
         || stem.starts_with("accuracy-cost-")
 }
@@ -171,6 +180,10 @@ impl Statistic {
 pub fn draw_all(runs: &[RunData], out_dir: &Path, stat: Statistic) -> Result<Vec<PathBuf>> {
     // Causal rows (decoder attention) belong to no encoder figure; the decoder figure is their own.
     let all = combine(runs);
+    // Decode rows (METHODS.md §9: the continuation's rows) are decode.png's alone.
+    let (decoding, all): (Vec<SummaryRow>, Vec<SummaryRow>) =
+        all.into_iter().partition(|r| r.n_f.is_some());
+    let decode_fig = decode::decode(&stat.apply(decoding), stat);
     let quant_fig = quant::quant(&stat.apply(all.clone()), stat);
     // The quantized family (d = 0, no budget axis) is drawn in quant.png only.
     let (causal, rows): (Vec<SummaryRow>, Vec<SummaryRow>) = all
@@ -185,6 +198,9 @@ pub fn draw_all(runs: &[RunData], out_dir: &Path, stat: Statistic) -> Result<Vec
     let mut figures: Vec<(String, Figure)> = vec![];
     if let Some(f) = decoder::decoder(&stat.apply(causal), stat) {
         figures.push((format!("decoder{sfx}.png"), f));
+    }
+    if let Some(f) = decode_fig {
+        figures.push((format!("decode{sfx}.png"), f));
     }
     if let Some(f) = quant_fig {
         figures.push((format!("quant{sfx}.png"), f));
@@ -258,7 +274,15 @@ fn combine(runs: &[RunData]) -> Vec<SummaryRow> {
     for run in runs {
         for r in &run.rows {
             let label = model_label(&r.model, &run.model_id, run.embeddings_from.as_deref());
-            if seen.insert((r.target, r.mask, label.clone(), r.n, r.method.clone(), r.d)) {
+            if seen.insert((
+                r.target,
+                r.mask,
+                r.n_f,
+                label.clone(),
+                r.n,
+                r.method.clone(),
+                r.d,
+            )) {
                 out.push(SummaryRow {
                     model: label,
                     ..r.clone()

@@ -172,6 +172,8 @@ mod tests {
             rmse_mean: None,
             kv_bits: read.map(|r| 16.0 * r),
             kv_read_mean: read,
+            n_f: None,
+            kv_union_mean: None,
         }
     }
 

@@ -30,6 +30,8 @@ fn row(model: &str, n: usize, method: &str, d: usize, mean: f64) -> SummaryRow {
         rmse_mean: None,
         kv_bits: None,
         kv_read_mean: None,
+        n_f: None,
+        kv_union_mean: None,
     }
 }
 

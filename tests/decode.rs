@@ -1,0 +1,168 @@
+//! The decode protocol end to end (METHODS.md §9, `--decode N_F`) on the tiny decoder fixture: the
+//! rows, columns and manifest of a decode run, exactness at d ≥ n_p, the same rows whatever the
+//! thread count, resume, and the refusals (an encoder, a prefill method, a §9 method without the
+//! protocol, a continuation that leaves no prompt). No ../shared, no network.
+
+mod common;
+
+use common::decoder_fixture::*;
+use common::*;
+
+/// 2 windows of n = 64 split 48 + 16 over the tiny llama's layer 1 (4 query heads on 2 K/V heads,
+/// 3 layers).
+const FLAGS: &str = "--model pretrained --lengths 64 --windows 2 --decode 16 --features 8,16,33,48 --layer 1 --methods decode";
+
+#[test]
+fn a_decode_run_scores_the_continuation_rows_of_every_method() {
+    let tmp = tempfile::tempdir().unwrap();
+    let model = llama_dir(&tmp.path().join("llama"), true);
+    let c = corpus(tmp.path());
+    let out = tmp.path().join("out");
+    let o = decoder_run(&model, &c, &out, FLAGS);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let trials = out.join("trials.csv");
+    let family =
+        approx_bench::attention::family_method_ids(approx_bench::attention::Family::Decode);
+    assert_eq!(family.len(), 11);
+    // 2 windows × 4 heads × 11 methods × 4 d.
+    assert_eq!(column(&trials, "method").len(), 2 * 4 * 11 * 4);
+    assert!(column(&trials, "n_f").iter().all(|v| v == "16"));
+    assert!(column(&trials, "kv_union").iter().all(|v| !v.is_empty()));
+    let (ds, errs, rel) = (
+        column(&trials, "d"),
+        column(&trials, "error"),
+        column(&trials, "rel_error"),
+    );
+    let keys = column(&trials, "keys");
+    for i in 0..ds.len() {
+        let d: usize = ds[i].parse().unwrap();
+        let k: f64 = keys[i].parse().unwrap();
+        // keys = |C| + (n_f + 1)/2 with |C| ≤ n_p = 48 (Ada-KV's caps may pass d per head).
+        assert!(k <= 48.0 + 8.5 + 1e-9, "row {i}: keys {k}");
+        if d >= 48 {
+            // Every prompt key kept: exact (rounding only), keys the dense continuation count.
+            let r: f64 = rel[i].parse().unwrap();
+            assert!(r < 1e-5, "row {i}: d = {d}, rel_error {r}");
+            assert_eq!(k, 48.0 + 8.5);
+        } else {
+            assert!(errs[i].parse::<f64>().unwrap() > 0.0, "row {i}");
+        }
+    }
+    let man: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(out.join("manifest.json")).unwrap()).unwrap();
+    assert_eq!(
+        man["decode"],
+        serde_json::json!({"n_f": 16, "layer": 1, "layers": 3})
+    );
+    assert_eq!(man["config"]["decode"], 16);
+    assert!(out.join("decode.png").is_file());
+    assert!(!out.join("decoder.png").exists());
+    // The summary keeps n_f as the points' identity.
+    let summary = std::fs::read_to_string(out.join("summary.csv")).unwrap();
+    assert!(summary.lines().next().unwrap().contains("n_f"));
+
+    // A rerun resumes with nothing to do; another n_f into the same directory is refused.
+    let before = std::fs::read(&trials).unwrap();
+    let o = decoder_run(&model, &c, &out, FLAGS);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert_eq!(std::fs::read(&trials).unwrap(), before);
+    let o = decoder_run(
+        &model,
+        &c,
+        &out,
+        &FLAGS.replace("--decode 16", "--decode 8"),
+    );
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+}
+
+/// The rows do not depend on the thread count (layer-level methods share one context per window
+/// across heads running in parallel).
+#[test]
+fn decode_rows_are_the_same_on_one_thread_and_many() {
+    let tmp = tempfile::tempdir().unwrap();
+    let model = llama_dir(&tmp.path().join("llama"), true);
+    let c = corpus(tmp.path());
+    let mut outs = vec![];
+    for threads in ["1", "4"] {
+        let out = tmp.path().join(format!("t{threads}"));
+        let mut args: Vec<String> = FLAGS.split_whitespace().map(String::from).collect();
+        args.extend(
+            [
+                "--model-dir",
+                model.to_str().unwrap(),
+                "--corpus",
+                c.to_str().unwrap(),
+                "--out",
+                out.to_str().unwrap(),
+                "--quiet",
+            ]
+            .map(String::from),
+        );
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        let o = run(&args, &[("RAYON_NUM_THREADS", threads)]);
+        assert!(o.status.success(), "{}", stderr(&o));
+        outs.push(out.join("trials.csv"));
+    }
+    assert_same_rows(&outs[0], &outs[1]);
+}
+
+#[test]
+fn what_the_protocol_cannot_run_is_refused_with_the_reason() {
+    let tmp = tempfile::tempdir().unwrap();
+    let model = llama_dir(&tmp.path().join("llama"), true);
+    let c = corpus(tmp.path());
+    let refused = |flags: &str, needle: &str| {
+        let o = decoder_run(&model, &c, &tmp.path().join("x"), flags);
+        let e = stderr(&o);
+        assert_eq!(o.status.code(), Some(2), "{flags}: {e}");
+        assert!(e.contains(needle), "{flags}: {e}");
+        assert!(!e.contains("panicked"), "{e}");
+    };
+    refused(
+        "--lengths 64 --windows 1 --decode 16 --methods window",
+        "not a method of the decode protocol",
+    );
+    refused(
+        "--lengths 64 --windows 1 --methods snapkv",
+        "add --decode N_F",
+    );
+    refused(
+        "--lengths 64 --windows 1 --decode 64 --methods decode",
+        "leaves no prompt",
+    );
+    refused(
+        "--lengths 64 --windows 1 --decode 16 --mask none",
+        "drop --mask none",
+    );
+    refused(
+        "--lengths 64 --windows 1 --decode 16 --methods sage1",
+        "not a method of the decode protocol",
+    );
+    // An encoder has no causal continuation.
+    let (m, corpus) = tiny_inputs(&tmp.path().join("bert"), false);
+    let o = run(
+        &[
+            "--model-dir",
+            &m,
+            "--corpus",
+            &corpus,
+            "--lengths",
+            "16",
+            "--windows",
+            "1",
+            "--model",
+            "initialized",
+            "--decode",
+            "4",
+            "--features",
+            "8",
+            "--out",
+            tmp.path().join("b").to_str().unwrap(),
+            "--quiet",
+        ],
+        &[],
+    );
+    let e = stderr(&o);
+    assert_eq!(o.status.code(), Some(2), "{e}");
+    assert!(e.contains("is an encoder"), "{e}");
+}
