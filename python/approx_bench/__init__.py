@@ -150,7 +150,10 @@ def sweep(
     of trials.csv), or a pair ``(name, f)``. Its output is anything ``numpy.asarray`` takes,
     of shape [n, p]. Options: the CLI's flags with underscores (``target`` ("softmax" |
     "kernelized": what every method, yours included, is scored against), ``lengths``,
-    ``features``, ``windows``, ``heads``, ``seed``, ``figure`` and every option of :func:`inputs`).
+    ``features``, ``windows``, ``heads``, ``seed``, ``figure``, ``decode`` and every option of
+    :func:`inputs`). ``decode=n_f`` runs the decode protocol (METHODS.md §9.1): the last n_f rows of
+    each window are the continuation and the rows scored; your function is called with
+    ``mask="causal", n_f=n_f`` and returns those n_f rows (or the whole window's [n, p]).
     Writes trials.csv, summary.csv and manifest.json exactly as the CLI does; the function's
     module, name and source hash are in the manifest, and a resumed run with an edited
     function is refused (use another ``out`` or ``force=True``).

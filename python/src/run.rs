@@ -128,6 +128,9 @@ pub fn run_options(kw: &Bound<'_, PyDict>, methods: Vec<String>) -> PyResult<Run
     if let Some(v) = take("seed")? {
         o.seed = v.extract()?;
     }
+    if let Some(v) = take("decode")? {
+        o.decode = Some(v.extract()?);
+    }
     reject_leftovers(kw)?;
     Ok(o)
 }

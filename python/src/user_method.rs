@@ -92,13 +92,19 @@ impl Method for PyMethod {
             // Under the causal mask the function is told so (`mask="causal"`), and must take
             // that keyword: an estimate of bidirectional attention would be scored against the
             // causal target without anyone noticing. Unmasked runs call f(q, k, v, d, rng) as before.
+            // Under the decode protocol (METHODS.md §9.1, `decode=n_f`) it is also told n_f: the
+            // last n_f rows of q are the continuation, the rows scored, and it may return them
+            // alone ([n_f, p]) or the whole window ([n, p], of which they are taken).
             let result = if head.mask == Mask::Causal {
                 let kw = pyo3::types::PyDict::new(py);
                 kw.set_item("mask", "causal").map_err(|e| py_error(py, e))?;
+                if let Some(dec) = &head.decode {
+                    kw.set_item("n_f", dec.n_f()).map_err(|e| py_error(py, e))?;
+                }
                 self.func.call(py, args, Some(&kw)).map_err(|e| {
                     let hint = if e.is_instance_of::<pyo3::exceptions::PyTypeError>(py) {
-                        " (under mask=\"causal\" the function is called as f(q, k, v, d, rng, mask=\"causal\"); \
-                         add a `mask=None` parameter and compute attention over keys j ≤ i when it is \"causal\")"
+                        " (under mask=\"causal\" the function is called as f(q, k, v, d, rng, mask=\"causal\"), and under \
+                         decode= also with n_f=…; add `mask=None` (and `n_f=None`) parameters and compute attention over keys j ≤ i when it is \"causal\")"
                     } else {
                         ""
                     };
@@ -117,14 +123,31 @@ impl Method for PyMethod {
                     arr.getattr("shape").map(|s| s.to_string()).unwrap_or_default()
                 )
             })?;
-            if arr.shape() != [n, p] {
-                bail!(
+            let rows = match &head.decode {
+                Some(dec) if arr.shape() == [dec.n_f(), p] => 0..dec.n_f(),
+                Some(dec) if arr.shape() == [n, p] => dec.n_p()..n,
+                Some(dec) => bail!(
+                    "returned shape {:?}; expected the continuation's rows [n_f, p] = [{}, {p}] or the window's [n, p] = [{n}, {p}]",
+                    arr.shape(),
+                    dec.n_f()
+                ),
+                None if arr.shape() == [n, p] => 0..n,
+                None => bail!(
                     "returned shape {:?}; expected [n, p] = [{n}, {p}]",
                     arr.shape()
-                );
-            }
-            Ok(arr.as_array().iter().copied().collect())
+                ),
+            };
+            Ok(arr
+                .as_array()
+                .rows()
+                .into_iter()
+                .skip(rows.start)
+                .take(rows.len())
+                .flatten()
+                .copied()
+                .collect())
         })?;
+        let n = out.len() / p;
         if let Some(i) = out.iter().position(|x| !x.is_finite()) {
             bail!(
                 "returned a non-finite value ({}) at row {}, column {}",

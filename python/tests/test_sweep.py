@@ -280,3 +280,59 @@ def test_quantized_methods_run_once_per_head_with_the_new_columns(tiny, tmp_path
             assert float(r["kv_read"]) == pytest.approx(float(r["keys"]) / n, rel=1e-15)
         else:
             assert r["kv_read"] == ""  # a user's function reads no declared cache
+
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def tiny_llama(tmp_path):
+    """fixtures/decoders' tiny llama (4 query heads on 2 K/V heads, 3 layers) with a BOS tokenizer,
+    and a corpus of its tokens."""
+    import shutil
+
+    src = ROOT / "fixtures" / "decoders"
+    d = tmp_path / "llama"
+    d.mkdir()
+    for p in (src / "llama").iterdir():
+        if p.name != "expected.safetensors":
+            shutil.copy(p, d / p.name)
+    shutil.copy(src / "tokenizers" / "with_bos" / "tokenizer.json", d / "tokenizer.json")
+    corpus = tmp_path / "abc.txt"
+    row = " ".join(["a", "b", "c", "b"][i % 4] for i in range(30))
+    corpus.write_text((row + "\n") * 20)
+    return dict(model="pretrained", model_dir=d, corpus=corpus, layer=1)
+
+
+def recent_prompt(q, k, v, d, rng, mask=None, n_f=None):
+    """dec_window written densely in float64 (METHODS.md §9.2): continuation query t reads the last d
+    prompt keys and the continuation up to t; returns the n_f continuation rows."""
+    assert mask == "causal" and n_f is not None
+    n = q.shape[0]
+    n_p = n - n_f
+    q, k, v = (x.astype(np.float64) for x in (q, k, v))
+    out = []
+    for t in range(n_p, n):
+        keys = [j for j in range(t + 1) if j >= n_p or j >= n_p - d]
+        s = q[t] @ k[keys].T / np.sqrt(q.shape[1])
+        w = np.exp(s - s.max())
+        out.append(w @ v[keys] / w.sum())
+    return np.array(out)
+
+
+def test_a_decode_sweep_tells_a_users_function_n_f_and_scores_the_continuation(tmp_path):
+    llama = tiny_llama(tmp_path)
+    out = tmp_path / "decode"
+    ab.sweep(["dec_window", recent_prompt], out=out, lengths=[64], windows=2, decode=16,
+             features=[8, 16], **llama)
+    got = rows(out)
+    assert {r["n_f"] for r in got} == {"16"}
+    builtin = {(r["window"], r["head"], r["d"]): float(r["error"]) for r in got if r["method"] == "dec_window"}
+    mine = {(r["window"], r["head"], r["d"]): float(r["error"]) for r in got if r["method"] == "recent_prompt"}
+    assert builtin.keys() == mine.keys() and len(builtin) == 2 * 4 * 2
+    for key, e in builtin.items():
+        assert mine[key] == pytest.approx(e, rel=1e-4, abs=1e-7), key
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["decode"] == {"n_f": 16, "layer": 1, "layers": 3}
+    # A prefill method is refused under the protocol.
+    with pytest.raises(ValueError, match="not a method of the decode protocol"):
+        ab.sweep(["window"], out=tmp_path / "bad", lengths=[64], windows=1, decode=16, **llama)

@@ -561,7 +561,14 @@ mod tests {
             .collect();
         assert_eq!(
             oracles,
-            vec!["svd_optimal", "topk", "h2o", "exact_kernelized"]
+            vec![
+                "svd_optimal",
+                "topk",
+                "h2o",
+                "topk_dec",
+                "evict_oracle",
+                "exact_kernelized"
+            ]
         );
         assert_eq!(Family::LowRank.name(), "lowrank");
     }
@@ -576,6 +583,7 @@ mod tests {
             .collect();
         assert_eq!(field_method_ids(), softmax);
         let causal_only = family_method_ids(Family::Prefill);
+        let decode = family_method_ids(Family::Decode);
         let quantized = family_method_ids(Family::Quantized);
         // Every registered method has exactly one target; together they are the registry.
         let kernelized = target_method_ids(Target::Kernelized);
@@ -591,7 +599,7 @@ mod tests {
             ]
         );
         assert_eq!(
-            softmax.len() + causal_only.len() + quantized.len() + kernelized.len(),
+            softmax.len() + causal_only.len() + decode.len() + quantized.len() + kernelized.len(),
             method_ids().len()
         );
         // The Figure-1 methods keep their registry positions (legend order, baselines).

@@ -101,15 +101,13 @@ pub(super) fn field_style(method: &str, methods: &[String]) -> SeriesStyle {
             Family::Decode => &[
                 RGBColor(31, 119, 180),
                 RGBColor(255, 127, 14),
-                RGBColor(44, 160, 44),
-                RGBColor(152, 223, 138),
-                RGBColor(214, 39, 40),
-                RGBColor(148, 103, 189),
+                RGBColor(60, 180, 75),
+                RGBColor(170, 220, 120),
+                RGBColor(230, 25, 75),
+                RGBColor(145, 30, 180),
                 RGBColor(70, 70, 200),
-                RGBColor(227, 119, 194),
-                RGBColor(23, 190, 207),
-                RGBColor(120, 120, 120),
-                RGBColor(60, 60, 60),
+                RGBColor(240, 50, 230),
+                RGBColor(0, 128, 128),
             ],
             // The quantized family (one colour each, registry order): the float caches in
             // browns, llama.cpp's blocks from orange (8 bits) to deep red (4), KIVI in olive,
@@ -129,7 +127,8 @@ pub(super) fn field_style(method: &str, methods: &[String]) -> SeriesStyle {
                 RGBColor(180, 0, 140),
                 RGBColor(110, 0, 90),
             ],
-            Family::Reference => &[RGBColor(150, 150, 150)],
+            // Two greys: the references differ by marker, and past six markers by shade.
+            Family::Reference => &[RGBColor(150, 150, 150), RGBColor(70, 70, 70)],
             Family::User => &[RGBColor(0, 0, 0)],
         }
     };
@@ -157,8 +156,9 @@ pub(super) fn field_style(method: &str, methods: &[String]) -> SeriesStyle {
     } else {
         palette(family)
     };
+    let shade = if reference { i / MARKS.len() } else { i };
     SeriesStyle {
-        color: colors[i % colors.len()],
+        color: colors[shade % colors.len()],
         dashed: reference || (i / colors.len()) % 2 == 1,
         width: if reference { 2 } else { 3 },
         marker: MARKS[i % MARKS.len()],
