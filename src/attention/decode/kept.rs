@@ -72,9 +72,13 @@ fn top_plus_window(scores: &[f64], m: usize, n_p: usize) -> Vec<usize> {
     kept
 }
 
-/// Query head g's SnapKV scores, pooled.
-fn pooled(ctx: &LayerContext, g: usize, pool: Pool) -> Result<Vec<f64>> {
-    Ok(pool.apply(&scores::snap(ctx, g)?))
+/// Query head g's SnapKV scores, pooled (once per window, head and pooling).
+fn pooled(ctx: &LayerContext, g: usize, pool: Pool) -> Result<std::sync::Arc<Vec<f64>>> {
+    let kind = match pool {
+        Pool::Max7 => "snapkv.max7",
+        Pool::Avg5 => "snapkv.avg5",
+    };
+    ctx.scores(kind, g, || Ok(pool.apply(&scores::snap(ctx, g)?)))
 }
 
 impl Static {
@@ -109,7 +113,7 @@ impl Static {
                 let all: Vec<Vec<f64>> = (0..ctx.heads())
                     .map(|h| {
                         let s = pooled(ctx, h, Pool::Max7)?;
-                        Ok(s.into_iter().map(|x| x / w).collect())
+                        Ok(s.iter().map(|x| x / w).collect())
                     })
                     .collect::<Result<_>>()?;
                 let caps = adakv_caps(&all, b);

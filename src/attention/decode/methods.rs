@@ -16,6 +16,7 @@ use super::budgets::WINDOW;
 use super::kept::{Pool, Static};
 use super::{per_query_rows, require_decode, scores, static_rows, union_size, with_union};
 use crate::attention::prefill::select::{top_indices, B};
+use crate::attention::sparse::topk::{rank_index, rank_key};
 use crate::attention::{Approximation, Family, HeadInputs, Method, MethodInfo};
 use crate::numerics::sampling::TrialRng;
 
@@ -190,14 +191,18 @@ fn quest_sets(ctx: &super::LayerContext, g: usize, d: usize) -> Result<Vec<Vec<u
     if d >= n_p || m >= pages {
         return Ok(vec![(0..n_p).collect(); n_f]);
     }
-    let (q, k, _) = ctx.head_qkv(g)?;
-    let (lo, hi) = page_bounds(&k.narrow(0, 0, n_p)?)?;
-    let qf = q.narrow(0, n_p, n_f)?;
-    let (qp, qn) = (qf.relu()?, qf.minimum(0.0)?);
-    // Σ_c max(q_c·m_c, q_c·M_c) = q⁺·M + q⁻·m (per channel the larger product).
-    let u: Vec<Vec<f64>> = (qp.matmul(&hi.t()?)? + qn.matmul(&lo.t()?)?)?
-        .to_dtype(DType::F64)?
-        .to_vec2()?;
+    // The page scores do not depend on d: once per window and head.
+    let u = ctx.memo("quest_dec", g, || {
+        let (q, k, _) = ctx.head_qkv(g)?;
+        let (lo, hi) = page_bounds(&k.narrow(0, 0, n_p)?)?;
+        let qf = q.narrow(0, n_p, n_f)?;
+        let (qp, qn) = (qf.relu()?, qf.minimum(0.0)?);
+        // Σ_c max(q_c·m_c, q_c·M_c) = q⁺·M + q⁻·m (per channel the larger product).
+        let u: Vec<Vec<f64>> = (qp.matmul(&hi.t()?)? + qn.matmul(&lo.t()?)?)?
+            .to_dtype(DType::F64)?
+            .to_vec2()?;
+        Ok(u)
+    })?;
     Ok(u.iter()
         .map(|row| {
             top_indices(row, m)
@@ -216,9 +221,31 @@ fn topk_sets(ctx: &super::LayerContext, g: usize, d: usize) -> Result<Vec<Vec<us
     if d >= n_p {
         return Ok(vec![(0..n_p).collect(); n_f]);
     }
-    Ok(scores::continuation_logits(ctx, g)?
+    // Each continuation query's prompt keys in rank order (−logit, j), once per window and head:
+    // every budget's set is a prefix (u32: 4 bytes per (query, prompt key)).
+    let ranked = ctx.memo("topk_dec", g, || {
+        Ok(scores::continuation_logits(ctx, g)?
+            .iter()
+            .map(|row| {
+                let mut keys: Vec<u128> = row
+                    .iter()
+                    .enumerate()
+                    .map(|(j, &x)| rank_key(x, j))
+                    .collect();
+                keys.sort_unstable();
+                keys.into_iter()
+                    .map(|k| rank_index(k) as u32)
+                    .collect::<Vec<u32>>()
+            })
+            .collect::<Vec<_>>())
+    })?;
+    Ok(ranked
         .iter()
-        .map(|row| top_indices(row, d))
+        .map(|row| {
+            let mut set: Vec<usize> = row[..d].iter().map(|&j| j as usize).collect();
+            set.sort_unstable();
+            set
+        })
         .collect())
 }
 

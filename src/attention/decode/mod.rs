@@ -42,6 +42,9 @@ use crate::numerics::key_sets::{key_set_softmax, per_row_groups, KeyGroup};
 /// are stable from 256 on).
 pub const RECOMMENDED_N_F: usize = 256;
 
+/// A memoised per-head product, or the error computing it gave (returned to every caller).
+type Memoised = std::result::Result<Arc<dyn std::any::Any + Send + Sync>, String>;
+
 /// Everything of one window that a decode trial of any head may read: all query heads' Q
 /// ([H, n, p]), all K/V heads' K and V ([H_kv, n, p]), the split, and the layer's place in the
 /// model. Per-head prompt scores are memoised here ([`LayerContext::scores`]), so a layer-level
@@ -55,7 +58,7 @@ pub struct LayerContext {
     /// This layer ℓ and the model's layer count L (PyramidKV's schedule).
     pub layer: usize,
     pub layers: usize,
-    memo: Mutex<HashMap<(&'static str, usize), Arc<OnceLock<Result<Arc<Vec<f64>>, String>>>>>,
+    memo: Mutex<HashMap<(&'static str, usize), Arc<OnceLock<Memoised>>>>,
 }
 
 impl LayerContext {
@@ -125,6 +128,16 @@ impl LayerContext {
         head: usize,
         f: impl FnOnce() -> Result<Vec<f64>>,
     ) -> Result<Arc<Vec<f64>>> {
+        self.memo(kind, head, f)
+    }
+
+    /// [`Self::scores`] for a product of any type (a ranking, a score matrix).
+    pub fn memo<T: std::any::Any + Send + Sync>(
+        &self,
+        kind: &'static str,
+        head: usize,
+        f: impl FnOnce() -> Result<T>,
+    ) -> Result<Arc<T>> {
         let cell = self
             .memo
             .lock()
@@ -132,9 +145,16 @@ impl LayerContext {
             .entry((kind, head))
             .or_default()
             .clone();
-        cell.get_or_init(|| f().map(Arc::new).map_err(|e| format!("{e:#}")))
+        let value = cell
+            .get_or_init(|| {
+                f().map(|v| Arc::new(v) as Arc<dyn std::any::Any + Send + Sync>)
+                    .map_err(|e| format!("{e:#}"))
+            })
             .clone()
-            .map_err(|e| anyhow!(e))
+            .map_err(|e| anyhow!(e))?;
+        value
+            .downcast::<T>()
+            .map_err(|_| anyhow!("decode memo: {kind} holds another type"))
     }
 }
 
@@ -197,6 +217,16 @@ pub fn static_rows(head: &HeadInputs, dec: &DecodeHead, kept: &[usize]) -> Resul
     let q_f = head.q.narrow(0, n_p, n_f)?;
     let out = key_set_softmax(&q_f, &head.k, &head.v, &groups, Some(&filter), true)?;
     Approximation::restricted(out, static_keys(kept.len(), n_f))
+}
+
+/// The continuation rows of dense causal attention over (q, k, v) ([n, p] each): softmax over
+/// keys j ≤ t for t = n_p..n − 1, [n_f, p], in the inputs' dtype — what a §8 cache read by every
+/// continuation query computes, without forming the prompt's own rows.
+pub fn dense_continuation(q: &Tensor, k: &Tensor, v: &Tensor, n_p: usize) -> Result<Tensor> {
+    use crate::attention::exact::{causal_scores, scaled_operands};
+    let n_f = q.dim(0)? - n_p;
+    let (qs, kt) = scaled_operands(&q.narrow(0, n_p, n_f)?, k)?;
+    Ok(crate::attention::row_softmax(&causal_scores(&qs, &kt, n_p)?)?.matmul(v)?)
 }
 
 /// Ô_F with a prompt set per continuation query (`per_row[i]` for t = n_p + i, sorted, < n_p).

@@ -173,7 +173,11 @@ impl Method for KvCache {
     fn approximate(&self, head: &HeadInputs, _d: usize, _: &mut TrialRng) -> Result<Approximation> {
         super::check_head(self, head)?;
         let (q, k, v) = self.quantized_qkv(head)?;
+        if let Some(dec) = &head.decode {
+            let out = crate::attention::decode::dense_continuation(&q, &k, &v, dec.n_p())?;
+            return Ok(Approximation::plain(out));
+        }
         let out = ExactAttention::compute_masked(&q, &k, &v, head.mask)?.output;
-        Ok(Approximation::plain(head.scored(&out)?))
+        Ok(Approximation::plain(out))
     }
 }

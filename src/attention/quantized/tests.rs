@@ -466,3 +466,104 @@ fn sage_kernels_run_under_both_masks_and_smooth_k_is_a_row_shift() {
         }
     }
 }
+
+/// Under the decode protocol (§9.1) continuation row t reads KIVI's cache as it stands after t + 1
+/// tokens: exactly the last row of the prefill computation over the window's first t + 1 tokens
+/// (whose residual boundaries are those of t + 1). Rows across both residual boundaries (t + 1 a
+/// multiple of 128, and V's t + 1 − 128), and `kv_bits` as the read-weighted mean of the prefill
+/// widths.
+#[test]
+fn kivi_under_decode_reads_the_cache_as_it_stands_after_each_token() {
+    use crate::attention::decode::{DecodeHead, LayerContext};
+    use std::sync::Arc;
+    let (n, p, n_f) = (300, 32, 60);
+    let h = random_head(n, p, 7, DType::F64);
+    for bits in [4, 2] {
+        let m = Kivi { bits };
+        let ctx = LayerContext::new(
+            h.q.unsqueeze(0).unwrap(),
+            h.k.unsqueeze(0).unwrap(),
+            h.v.unsqueeze(0).unwrap(),
+            n_f,
+            0,
+            2,
+        )
+        .unwrap();
+        let dec = HeadInputs::masked(h.q.clone(), h.k.clone(), h.v.clone(), Mask::Causal)
+            .unwrap()
+            .decoding(DecodeHead {
+                head: 0,
+                layer: Arc::new(ctx),
+            });
+        let got = run_seeded(&m, &dec, 0, 0).output;
+        assert_eq!(got.dims(), [n_f, p]);
+        for t in [240, 254, 255, 256, 257, 270, 299] {
+            let len = t + 1;
+            let prefix = HeadInputs::masked(
+                h.q.narrow(0, 0, len).unwrap(),
+                h.k.narrow(0, 0, len).unwrap(),
+                h.v.narrow(0, 0, len).unwrap(),
+                Mask::Causal,
+            )
+            .unwrap();
+            let want = run_seeded(&m, &prefix, 0, 0).output.get(t).unwrap();
+            let row = got.get(t - (n - n_f)).unwrap();
+            let diff = max_abs_diff(&row, &want);
+            assert!(diff < 1e-12, "kivi{bits} row {t}: {diff}");
+        }
+        let (mut num, mut den) = (0.0, 0.0);
+        for t in n - n_f..n {
+            num += (t + 1) as f64 * m.kv_bits(t + 1).unwrap();
+            den += (t + 1) as f64;
+        }
+        let got = m.kv_bits_decode(n, n_f).unwrap();
+        assert!(
+            (got - num / den).abs() < 1e-12,
+            "kivi{bits}: {got} vs {}",
+            num / den
+        );
+    }
+}
+
+/// The per-token caches under the decode protocol are §8.3 restricted to the continuation rows
+/// (§9.1): the prefill computation's rows n_p..n, every format.
+#[test]
+fn per_token_caches_under_decode_are_the_prefill_rows_of_the_continuation() {
+    use crate::attention::decode::{DecodeHead, LayerContext};
+    use std::sync::Arc;
+    let (n, p, n_f) = (200, 32, 40);
+    let h = random_head(n, p, 3, DType::F64);
+    let causal = HeadInputs::masked(h.q.clone(), h.k.clone(), h.v.clone(), Mask::Causal).unwrap();
+    let ctx = Arc::new(
+        LayerContext::new(
+            h.q.unsqueeze(0).unwrap(),
+            h.k.unsqueeze(0).unwrap(),
+            h.v.unsqueeze(0).unwrap(),
+            n_f,
+            0,
+            2,
+        )
+        .unwrap(),
+    );
+    let dec = HeadInputs::masked(h.q.clone(), h.k.clone(), h.v.clone(), Mask::Causal)
+        .unwrap()
+        .decoding(DecodeHead {
+            head: 0,
+            layer: ctx,
+        });
+    for m in KvCache::all() {
+        assert!(m.decodes());
+        let want = run_seeded(&m, &causal, 0, 0)
+            .output
+            .narrow(0, n - n_f, n_f)
+            .unwrap();
+        let got = run_seeded(&m, &dec, 0, 0).output;
+        let diff = max_abs_diff(&got, &want);
+        assert!(diff < 1e-12, "{}: {diff}", m.id());
+    }
+    for m in [Sage {
+        kernel: SageKernel::Sage1,
+    }] {
+        assert!(!m.decodes(), "a prefill kernel");
+    }
+}
