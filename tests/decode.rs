@@ -73,6 +73,56 @@ fn a_decode_run_scores_the_continuation_rows_of_every_method() {
         &FLAGS.replace("--decode 16", "--decode 8"),
     );
     assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+
+    // Two shards merge into the unsharded run's rows (the manifest keeps the protocol).
+    let mut parts = vec![];
+    for k in 1..=2 {
+        let part = tmp.path().join(format!("shard{k}"));
+        let o = decoder_run(&model, &c, &part, &format!("{FLAGS} --shard {k}/2"));
+        assert!(o.status.success(), "{}", stderr(&o));
+        parts.push(part.to_str().unwrap().to_string());
+    }
+    let merged = tmp.path().join("merged");
+    let mut args = vec!["merge"];
+    args.extend(parts.iter().map(String::as_str));
+    args.extend(["--out", merged.to_str().unwrap()]);
+    let o = run(&args, &[]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert_same_rows(&merged.join("trials.csv"), &trials);
+    let merged_man = std::fs::read_to_string(merged.join("manifest.json")).unwrap();
+    assert!(merged_man.contains("\"n_f\": 16"), "{merged_man}");
+
+    // `check` compares runs of one protocol: a run against itself passes, against another n_f is
+    // refused naming both.
+    let other = tmp.path().join("other");
+    let o = decoder_run(
+        &model,
+        &c,
+        &other,
+        &FLAGS.replace("--decode 16", "--decode 8"),
+    );
+    assert!(o.status.success(), "{}", stderr(&o));
+    let check = |cur: &std::path::Path| {
+        run(
+            &[
+                "check",
+                "--baseline",
+                out.to_str().unwrap(),
+                "--current",
+                cur.to_str().unwrap(),
+            ],
+            &[],
+        )
+    };
+    let o = check(&merged);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let o = check(&other);
+    let e = stderr(&o);
+    assert_eq!(o.status.code(), Some(2), "{e}");
+    assert!(
+        e.contains("n_f = 16") && e.contains("n_f = 8") && e.contains("one protocol"),
+        "{e}"
+    );
 }
 
 /// The rows do not depend on the thread count (layer-level methods share one context per window

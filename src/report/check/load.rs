@@ -33,6 +33,12 @@ impl RunData {
         self.summary.first().map(|r| r.target).unwrap_or_default()
     }
 
+    /// The decode protocol's n_f of the side's points, None for prefill (one per side; `load`
+    /// refuses mixes).
+    pub fn n_f(&self) -> Option<usize> {
+        self.summary.first().and_then(|r| r.n_f)
+    }
+
     /// The mask of the side's target (one per side; `load` refuses mixes).
     pub fn mask(&self) -> crate::attention::Mask {
         self.summary.first().map(|r| r.mask).unwrap_or_default()
@@ -125,6 +131,17 @@ pub fn load(path: &Path, flag: &str) -> Result<RunData> {
         return Err(usage!(
             "{flag} {}: holds points of both masks (none and causal); check compares runs of one mask, so give each mask's run separately",
             summary_source.display()
+        ));
+    }
+    let n_fs: std::collections::BTreeSet<_> = summary.iter().map(|r| r.n_f).collect();
+    if n_fs.len() > 1 {
+        return Err(usage!(
+            "{flag} {}: holds points of several decode protocols (n_f {}); check compares runs of one protocol, so give each run separately",
+            summary_source.display(),
+            n_fs.iter()
+                .map(|n| n.map_or("none (prefill)".to_string(), |n| n.to_string()))
+                .collect::<Vec<_>>()
+                .join(", ")
         ));
     }
     let mut seen = HashSet::new();

@@ -165,6 +165,20 @@ pub fn check(baseline: &RunData, current: &RunData, opts: &CheckOptions) -> Resu
             current.mask()
         ));
     }
+    if baseline.n_f() != current.n_f() {
+        let protocol = |n: Option<usize>| {
+            n.map_or("prefill (every row)".to_string(), |n| {
+                format!("the decode protocol with n_f = {n}")
+            })
+        };
+        return Err(usage!(
+            "{} is scored under {} and {} under {}; check compares runs of one protocol (--decode of the sweep)",
+            baseline.path.display(),
+            protocol(baseline.n_f()),
+            current.path.display(),
+            protocol(current.n_f())
+        ));
+    }
     if opts.exact {
         for side in [baseline, current] {
             if side.trials.is_none() {
