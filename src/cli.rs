@@ -234,6 +234,10 @@ pub struct ScoreArgs {
     /// Replace a run already in --out.
     #[arg(long)]
     pub force: bool,
+    /// The decode protocol (METHODS.md §9.1): your files hold the continuation's N_F rows,
+    /// `o_hat` [heads, N_F, p], scored against the exact causal rows n − N_F..n (decoder dumps).
+    #[arg(long, value_name = "N_F")]
+    pub decode: Option<usize>,
 }
 
 #[derive(Debug, Clone, Args)]

@@ -142,6 +142,7 @@ fn run(cli: Cli) -> anyhow::Result<i32> {
                 out: a.out,
                 force: a.force,
                 command: std::env::args().collect(),
+                decode: a.decode,
             })?;
             print_summary(&outcome);
             Ok(0)

@@ -35,6 +35,9 @@ pub struct ScoreRequest {
     pub out: PathBuf,
     pub force: bool,
     pub command: Vec<String>,
+    /// The decode protocol's n_f (METHODS.md §9.1): the Ô files hold the continuation's rows,
+    /// [heads, n_f, p], scored against the exact causal rows n − n_f..n of each window.
+    pub decode: Option<usize>,
 }
 
 struct Dump {
@@ -122,7 +125,7 @@ fn check_header(path: &Path, key: &str, shape: &[usize]) -> Result<()> {
     use safetensors::Dtype as D;
     if view.shape() != shape {
         return Err(usage!(
-            "{}: {key} has shape {:?}; expected [heads, n, p] = {shape:?}",
+            "{}: {key} has shape {:?}; expected [heads, rows, p] = {shape:?} (rows = n, or n_f under --decode)",
             path.display(),
             view.shape()
         ));
@@ -155,7 +158,7 @@ fn load_tensor(path: &Path, key: &str, shape: &[usize]) -> Result<Tensor> {
     };
     if t.dims() != shape {
         return Err(usage!(
-            "{}: {key} has shape {:?}; expected [heads, n, p] = {shape:?}",
+            "{}: {key} has shape {:?}; expected [heads, rows, p] = {shape:?} (rows = n, or n_f under --decode)",
             path.display(),
             t.dims()
         ));
@@ -247,11 +250,35 @@ pub fn score(req: &ScoreRequest) -> Result<SweepOutcome> {
         ));
     }
 
+    // The decode protocol needs causal dumps (a decoder's) and a prompt at every length.
+    if let Some(n_f) = req.decode {
+        if n_f == 0 {
+            return Err(usage!(
+                "--decode 0: give the continuation length n_f, at least 1"
+            ));
+        }
+        if info0.mask != crate::attention::Mask::Causal
+            || req.target != crate::attention::Target::Softmax
+        {
+            return Err(usage!(
+                "--decode {n_f}: the continuation protocol scores causal softmax attention (METHODS.md §9.1); the dumps in --qkv {} are under the {} mask (dump a decoder's Q/K/V)",
+                req.qkv.display(),
+                info0.mask
+            ));
+        }
+        if let Some(&n) = lengths.iter().find(|&&n| n <= n_f) {
+            return Err(usage!(
+                "--decode {n_f} leaves no prompt at n = {n}: every dumped length must exceed n_f"
+            ));
+        }
+    }
+    // The rows an Ô file holds: the window's, or the continuation's under --decode.
+    let scored = |n: usize| req.decode.unwrap_or(n);
     // Every Ô file's header is checked before anything is written: a refused score leaves --out
     // as it was.
     for (&(n, w, _), path) in &approx {
         let info = &by_unit[&(n, w)].info;
-        check_header(path, "o_hat", &[info.heads, n, info.head_dim])?;
+        check_header(path, "o_hat", &[info.heads, scored(n), info.head_dim])?;
     }
     let files = dumps
         .iter()
@@ -288,7 +315,7 @@ pub fn score(req: &ScoreRequest) -> Result<SweepOutcome> {
                 sha256: approx_sha,
             },
         )]),
-        decode: None,
+        decode: req.decode,
     };
 
     let lock = crate::report::run_lock::create_and_lock(&req.out)?;
@@ -328,9 +355,10 @@ pub fn score(req: &ScoreRequest) -> Result<SweepOutcome> {
             let q = q.to_dtype(cfg.inputs.candle_dtype())?;
             let k = k.to_dtype(cfg.inputs.candle_dtype())?;
             let v = v.to_dtype(cfg.inputs.candle_dtype())?;
+            let o_shape = [dump.info.heads, scored(n), dump.info.head_dim];
             let outs: Vec<Tensor> = features
                 .iter()
-                .map(|d| load_tensor(&approx[&(n, w, *d)], "o_hat", &shape))
+                .map(|d| load_tensor(&approx[&(n, w, *d)], "o_hat", &o_shape))
                 .collect::<Result<_>>()?;
             for h in 0..dump.info.heads {
                 let kv_head = h * dump.info.kv_heads() / dump.info.heads;
@@ -341,6 +369,10 @@ pub fn score(req: &ScoreRequest) -> Result<SweepOutcome> {
                     dump.info.mask,
                 )?;
                 let exact64 = head.target_output(req.target)?;
+                let exact64 = match req.decode {
+                    Some(n_f) => exact64.narrow(0, n - n_f, n_f)?,
+                    None => exact64,
+                };
                 let exact_norm = spectral::matrix_norms(&exact64)?.spectral;
                 for (&d, o) in features.iter().zip(&outs) {
                     let o_hat = o.get(h)?.to_dtype(DType::F64)?;
@@ -389,7 +421,7 @@ pub fn score(req: &ScoreRequest) -> Result<SweepOutcome> {
                         rmse: Some(agreement.rmse),
                         kv_bits: None,
                         kv_read: None,
-                        n_f: None,
+                        n_f: req.decode,
                         kv_union: None,
                     };
                     writer.append(&row)?;

@@ -216,3 +216,88 @@ fn what_the_protocol_cannot_run_is_refused_with_the_reason() {
     assert_eq!(o.status.code(), Some(2), "{e}");
     assert!(e.contains("is an encoder"), "{e}");
 }
+
+/// `score --decode N_F` scores a user's continuation rows (files of [heads, N_F, p]) against the
+/// same exact rows as the sweep: Ô = 0 has relative error 1 and ‖O_F‖₂ is the sweep's exact_norm.
+#[test]
+fn score_under_decode_takes_the_continuation_rows() {
+    let tmp = tempfile::tempdir().unwrap();
+    let model = llama_dir(&tmp.path().join("llama"), true);
+    let c = corpus(tmp.path());
+    let qkv = tmp.path().join("qkv");
+    std::fs::create_dir_all(&qkv).unwrap();
+    let o = decoder_cli(
+        &model,
+        &c,
+        &format!(
+            "dump-qkv --model pretrained --layer 1 --length 64 --window 0 --out {}",
+            qkv.join("w0.safetensors").display()
+        ),
+    );
+    assert!(o.status.success(), "{}", stderr(&o));
+    let head_dim = {
+        let t =
+            candle_core::safetensors::load(qkv.join("w0.safetensors"), &candle_core::Device::Cpu)
+                .unwrap();
+        t["q"].dims()[2]
+    };
+    let approx = tmp.path().join("approx");
+    std::fs::create_dir_all(&approx).unwrap();
+    let zeros = candle_core::Tensor::zeros(
+        (4, 16, head_dim),
+        candle_core::DType::F32,
+        &candle_core::Device::Cpu,
+    )
+    .unwrap();
+    candle_core::safetensors::save(
+        &std::collections::HashMap::from([("o_hat".to_string(), zeros)]),
+        approx.join("mine-n64-w0-d8.safetensors"),
+    )
+    .unwrap();
+    let out = tmp.path().join("scored");
+    let args = |decode: &str| {
+        vec![
+            "score".to_string(),
+            "--qkv".into(),
+            qkv.to_str().unwrap().into(),
+            "--approx".into(),
+            approx.to_str().unwrap().into(),
+            "--name".into(),
+            "mine".into(),
+            "--out".into(),
+            out.to_str().unwrap().into(),
+            "--decode".into(),
+            decode.into(),
+        ]
+    };
+    let strs = |v: &[String]| v.iter().map(String::as_str).collect::<Vec<_>>().join(" ");
+    let o = run(&strs(&args("16")).split(' ').collect::<Vec<_>>(), &[]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let trials = out.join("trials.csv");
+    assert!(column(&trials, "rel_error").iter().all(|r| r == "1.0"));
+    assert!(column(&trials, "n_f").iter().all(|r| r == "16"));
+    // The sweep's exact rows for the same window.
+    let sweep = tmp.path().join("sweep");
+    let o = decoder_run(&model, &c, &sweep, "--model pretrained --lengths 64 --windows 1 --decode 16 --features 8 --layer 1 --methods dec_window");
+    assert!(o.status.success(), "{}", stderr(&o));
+    let (a, b) = (
+        column(&trials, "exact_norm"),
+        column(&sweep.join("trials.csv"), "exact_norm"),
+    );
+    assert_eq!(a.len(), b.len());
+    for (x, y) in a.iter().zip(&b) {
+        let (x, y): (f64, f64) = (x.parse().unwrap(), y.parse().unwrap());
+        assert!((x - y).abs() <= 1e-6 * y, "{x} vs {y}");
+    }
+    // Files of the window's rows are refused under --decode, naming the shape.
+    let o = run(
+        &strs(&args("8"))
+            .replace("--out", "--force --out")
+            .split(' ')
+            .collect::<Vec<_>>(),
+        &[],
+    );
+    let e = stderr(&o);
+    assert_eq!(o.status.code(), Some(2), "{e}");
+    assert!(e.contains("n_f under --decode"), "{e}");
+}
