@@ -109,14 +109,15 @@ impl Static {
             },
             Static::AdaKv => {
                 let b = d - WINDOW;
-                let w = WINDOW as f64;
-                let all: Vec<Vec<f64>> = (0..ctx.heads())
-                    .map(|h| {
-                        let s = pooled(ctx, h, Pool::Max7)?;
-                        Ok(s.iter().map(|x| x / w).collect())
-                    })
-                    .collect::<Result<_>>()?;
-                let caps = adakv_caps(&all, b);
+                // Every head's window-mean scores, once per window; the layer's caps once per
+                // budget (memo key: the budget d), whichever head asks first.
+                let all = ctx.memo("adakv.scores", 0, || {
+                    let w = WINDOW as f64;
+                    (0..ctx.heads())
+                        .map(|h| Ok(pooled(ctx, h, Pool::Max7)?.iter().map(|x| x / w).collect()))
+                        .collect::<Result<Vec<Vec<f64>>>>()
+                })?;
+                let caps = ctx.memo("adakv.caps", d, || Ok(adakv_caps(&all, b)))?;
                 top_plus_window(&all[g], caps[g], n_p)
             }
             Static::H2o => {
