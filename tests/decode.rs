@@ -126,15 +126,17 @@ fn a_decode_run_scores_the_continuation_rows_of_every_method() {
 }
 
 /// The rows do not depend on the thread count (layer-level methods share one context per window
-/// across heads running in parallel).
+/// across heads running in parallel) nor on the path a device takes.
 #[test]
 fn decode_rows_are_the_same_on_one_thread_and_many() {
     let tmp = tempfile::tempdir().unwrap();
     let model = llama_dir(&tmp.path().join("llama"), true);
     let c = corpus(tmp.path());
     let mut outs = vec![];
-    for threads in ["1", "4"] {
-        let out = tmp.path().join(format!("t{threads}"));
+    // One thread, four, and the device path on the CPU (heads one after another from the device's
+    // host thread, as on a GPU).
+    for (threads, device_path) in [("1", "0"), ("4", "0"), ("4", "1")] {
+        let out = tmp.path().join(format!("t{threads}-{device_path}"));
         let mut args: Vec<String> = FLAGS.split_whitespace().map(String::from).collect();
         args.extend(
             [
@@ -149,11 +151,18 @@ fn decode_rows_are_the_same_on_one_thread_and_many() {
             .map(String::from),
         );
         let args: Vec<&str> = args.iter().map(String::as_str).collect();
-        let o = run(&args, &[("RAYON_NUM_THREADS", threads)]);
+        let o = run(
+            &args,
+            &[
+                ("RAYON_NUM_THREADS", threads),
+                ("APPROX_BENCH_DEVICE_PATH", device_path),
+            ],
+        );
         assert!(o.status.success(), "{}", stderr(&o));
         outs.push(out.join("trials.csv"));
     }
     assert_same_rows(&outs[0], &outs[1]);
+    assert_same_rows(&outs[0], &outs[2]);
 }
 
 #[test]

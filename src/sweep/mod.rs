@@ -416,7 +416,7 @@ pub fn run_with(
                     )?)),
                     None => None,
                 };
-                if !prepared.device.is_cpu() {
+                if device_path(&prepared.device) {
                     // A decode run on a device: its heads one after another from one host thread
                     // (the device path's batching over heads is for the prefill targets).
                     let rows = crate::runtime::on_device_thread(&prepared.device, || {
