@@ -3,8 +3,9 @@
 # .gpu/ of scripts/gpu-pack.sh beside it: the unit and pipeline tests on cuda, the Skyformer preset
 # on cuda (batched, profiled), the same on 8 windows batched, head by head and on the machine's CPU
 # cores, `bench`, the Skeinformer preset, and the decoder path (issue 23: one shard of the
-# initialized Llama-shaped model at n = 8192 on cuda and on the CPU cores). Each step has a timeout; OUT (default /tmp/out) receives
-# log.txt, tests.txt, bench.txt and three archives of trials (at most 8 files come back from a
+# initialized Llama-shaped model at n = 8192 on cuda and on the CPU cores), and the decode protocol
+# (issue 35) on cuda and the CPU cores. Each step has a timeout; OUT (default /tmp/out) receives
+# log.txt, tests.txt, bench.txt and five archives of trials (at most 8 files come back from a
 # device call). Compare the presets' trials with the committed CPU runs afterwards.
 set -u
 ROOT=$PWD
@@ -83,4 +84,13 @@ DEC=(--model initialized --model-dir $D/llama-shape --layer 0 --corpus $D/wikite
 APPROX_BENCH_PROFILE=1 step decoder-cuda 150 $BIN "${DEC[@]}" --device cuda --out /tmp/dec-cuda
 step decoder-cpu16 90 $BIN "${DEC[@]}" --device cpu --out /tmp/dec-cpu
 tar czf "$OUT/decoder.tgz" -C /tmp dec-cuda/trials.csv dec-cpu/trials.csv
+
+log "7 decode protocol (issue 35): the same model at n = 2048, --decode 256, 2 windows, cuda and CPU"
+# Heads one after another on the device's host thread; the rows should equal the CPU's within f32
+# rounding, except where a near-tie in a score flips a kept key (compare sets via keys and mass).
+DCD=(--model initialized --model-dir $D/llama-shape --layer 0 --corpus $D/wikitext-2/wiki.test.raw
+     --lengths 2048 --windows 2 --decode 256 --quiet --methods decode,kv_q8_0,kv_q4_0,kivi2)
+APPROX_BENCH_PROFILE=1 step decode-cuda 90 $BIN "${DCD[@]}" --device cuda --out /tmp/dcd-cuda
+step decode-cpu16 90 $BIN "${DCD[@]}" --device cpu --out /tmp/dcd-cpu
+tar czf "$OUT/decode.tgz" -C /tmp dcd-cuda/trials.csv dcd-cpu/trials.csv
 log done

@@ -153,7 +153,9 @@ def sweep(
     ``features``, ``windows``, ``heads``, ``seed``, ``figure``, ``decode`` and every option of
     :func:`inputs`). ``decode=n_f`` runs the decode protocol (METHODS.md §9.1): the last n_f rows of
     each window are the continuation and the rows scored; your function is called with
-    ``mask="causal", n_f=n_f`` and returns those n_f rows (or the whole window's [n, p]).
+    ``mask="causal", n_f=n_f`` and returns those n_f rows (or the whole window's [n, p]), or the
+    prompt keys the continuation reads: one integer array (every continuation row) or a list of
+    n_f of them; the tool then computes the rows, ``keys``, ``mass`` and ``kv_read``.
     Writes trials.csv, summary.csv and manifest.json exactly as the CLI does; the function's
     module, name and source hash are in the manifest, and a resumed run with an edited
     function is refused (use another ``out`` or ``force=True``).

@@ -11,6 +11,25 @@ use pyo3::prelude::*;
 use approx_bench::attention::{Approximation, HeadInputs, Mask, Method};
 use approx_bench::numerics::sampling::TrialRng;
 
+/// What a user's function returned: Ô's scored rows (row-major), or under the decode protocol the
+/// prompt keys the continuation reads (one set, or one per continuation row).
+enum Returned {
+    Rows(Vec<f64>),
+    Static(Vec<i64>),
+    PerRow(Vec<Vec<i64>>),
+}
+
+/// A returned key set as sorted, distinct prompt positions, or an error naming `what`.
+fn prompt_keys(keys: Vec<i64>, n_p: usize, what: &str) -> Result<Vec<usize>> {
+    if let Some(&bad) = keys.iter().find(|&&j| j < 0 || j as usize >= n_p) {
+        bail!("{what} holds key {bad}, outside the prompt 0..{n_p} (the continuation's own keys are read anyway)");
+    }
+    let mut keys: Vec<usize> = keys.into_iter().map(|j| j as usize).collect();
+    keys.sort_unstable();
+    keys.dedup();
+    Ok(keys)
+}
+
 pub struct PyMethod {
     /// Leaked once per method and process: the registry's ids are `&'static str`.
     id: &'static str,
@@ -76,7 +95,7 @@ impl Method for PyMethod {
     }
     fn approximate_trial(&self, head: &HeadInputs, d: usize, seed: u64) -> Result<Approximation> {
         let (n, p) = (head.n(), head.p());
-        let out: Vec<f64> = Python::attach(|py| -> Result<Vec<f64>> {
+        let returned = Python::attach(|py| -> Result<Returned> {
             let np = py.import("numpy").map_err(|e| py_error(py, e))?;
             let rng = np
                 .getattr("random")
@@ -113,6 +132,40 @@ impl Method for PyMethod {
             } else {
                 self.func.call1(py, args).map_err(|e| py_error(py, e))?
             };
+            // Under the decode protocol the function may say which prompt keys the continuation
+            // reads instead of computing Ô: one integer array (a static set, every continuation
+            // row) or a list of n_f of them (one per continuation row); the tool then computes
+            // the restricted rows, `keys`, `mass` and `kv_read` as for a built-in §9 method.
+            if head.decode.is_some() {
+                let r = result.bind(py);
+                let is_seq = r.is_instance_of::<pyo3::types::PyList>()
+                    || r.is_instance_of::<pyo3::types::PyTuple>();
+                if is_seq {
+                    let sets: Vec<Vec<i64>> = r.extract().map_err(|_| {
+                        anyhow!("returned a list that is not one integer array of prompt keys per continuation row")
+                    })?;
+                    return Ok(Returned::PerRow(sets));
+                }
+                let arr = np
+                    .call_method1("asarray", (r,))
+                    .map_err(|e| py_error(py, e))?;
+                let kind: String = arr
+                    .getattr("dtype")
+                    .and_then(|d| d.getattr("kind"))
+                    .and_then(|k| k.extract())
+                    .map_err(|e| py_error(py, e))?;
+                let ndim: usize = arr
+                    .getattr("ndim")
+                    .and_then(|d| d.extract())
+                    .map_err(|e| py_error(py, e))?;
+                if ndim == 1 && (kind == "i" || kind == "u") {
+                    let keys: Vec<i64> = arr
+                        .call_method0("tolist")
+                        .and_then(|l| l.extract())
+                        .map_err(|e| py_error(py, e))?;
+                    return Ok(Returned::Static(keys));
+                }
+            }
             // numpy.asarray accepts torch (CPU) and JAX arrays as well as numpy's own.
             let arr = np
                 .call_method1("asarray", (result.bind(py), "float64"))
@@ -137,16 +190,41 @@ impl Method for PyMethod {
                     arr.shape()
                 ),
             };
-            Ok(arr
-                .as_array()
-                .rows()
-                .into_iter()
-                .skip(rows.start)
-                .take(rows.len())
-                .flatten()
-                .copied()
-                .collect())
+            Ok(Returned::Rows(
+                arr.as_array()
+                    .rows()
+                    .into_iter()
+                    .skip(rows.start)
+                    .take(rows.len())
+                    .flatten()
+                    .copied()
+                    .collect(),
+            ))
         })?;
+        let out = match returned {
+            Returned::Rows(out) => out,
+            Returned::Static(keys) => {
+                let dec = head.decode.as_ref().expect("key sets only under decode");
+                let kept = prompt_keys(keys, dec.n_p(), "the kept set")?;
+                return approx_bench::attention::decode::static_rows(head, dec, &kept);
+            }
+            Returned::PerRow(sets) => {
+                let dec = head.decode.as_ref().expect("key sets only under decode");
+                if sets.len() != dec.n_f() {
+                    bail!(
+                        "returned {} key sets; expected one per continuation row, n_f = {}",
+                        sets.len(),
+                        dec.n_f()
+                    );
+                }
+                let sets = sets
+                    .into_iter()
+                    .enumerate()
+                    .map(|(i, s)| prompt_keys(s, dec.n_p(), &format!("continuation row {i}'s set")))
+                    .collect::<Result<Vec<_>>>()?;
+                return approx_bench::attention::decode::per_query_rows(head, dec, sets);
+            }
+        };
         let n = out.len() / p;
         if let Some(i) = out.iter().position(|x| !x.is_finite()) {
             bail!(

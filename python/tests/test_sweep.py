@@ -336,3 +336,40 @@ def test_a_decode_sweep_tells_a_users_function_n_f_and_scores_the_continuation(t
     # A prefill method is refused under the protocol.
     with pytest.raises(ValueError, match="not a method of the decode protocol"):
         ab.sweep(["window"], out=tmp_path / "bad", lengths=[64], windows=1, decode=16, **llama)
+
+
+def last_prompt_keys(q, k, v, d, rng, mask=None, n_f=None):
+    """dec_window as a key set: the tool computes the continuation's rows, keys, mass and kv_read."""
+    n_p = q.shape[0] - n_f
+    return np.arange(max(n_p - d, 0), n_p)
+
+
+def last_prompt_keys_per_row(q, k, v, d, rng, mask=None, n_f=None):
+    """The same set, given once per continuation row."""
+    return [last_prompt_keys(q, k, v, d, rng, mask, n_f)] * n_f
+
+
+def test_a_users_function_may_return_the_prompt_keys_the_continuation_reads(tmp_path):
+    llama = tiny_llama(tmp_path)
+    out = tmp_path / "sets"
+    # In float64: the per-row sets run through the key-set softmax's per-row path, whose rounding
+    # differs from the one-group path's (1e-8 relative in f32).
+    ab.sweep(["dec_window", last_prompt_keys, last_prompt_keys_per_row], out=out, lengths=[64],
+             windows=2, decode=16, features=[8, 16], dtype="f64", **llama)
+    got = rows(out)
+    cols = ("error", "frob_error", "mass", "keys", "kv_bits", "kv_read")
+    by = {}
+    for r in got:
+        by.setdefault((r["window"], r["head"], r["d"]), {})[r["method"]] = r
+    assert len(by) == 2 * 4 * 2
+    for key, methods in by.items():
+        want = methods["dec_window"]
+        for m in ("last_prompt_keys", "last_prompt_keys_per_row"):
+            for c in cols:
+                assert float(methods[m][c]) == pytest.approx(float(want[c]), rel=1e-10), (key, m, c)
+
+    def outside(q, k, v, d, rng, mask=None, n_f=None):
+        return np.array([q.shape[0] - 1])  # a continuation key, not a prompt one
+
+    with pytest.raises(RuntimeError, match="outside the prompt"):
+        ab.sweep([outside], out=tmp_path / "bad", lengths=[64], windows=1, decode=16, features=[8], **llama)
