@@ -204,7 +204,25 @@ fn timed(cfg: &RunConfig, reps: usize, prepared: &inputs::Prepared) -> Result<()
                 t_target * 1e3
             );
         }
-        let head = HeadInputs::masked(qh, kh, vh, mask)?;
+        // Under --decode (METHODS.md §9.1) head 0 of a fresh layer context per repeat, so that a
+        // §9 method pays its per-window scores each time, as the first budget of a sweep does.
+        let decoding = |h: HeadInputs| -> Result<HeadInputs> {
+            Ok(match cfg.decode {
+                Some(n_f) => h.decoding(attention::decode::DecodeHead {
+                    head: 0,
+                    layer: std::sync::Arc::new(attention::decode::LayerContext::new(
+                        q.clone(),
+                        k.clone(),
+                        v.clone(),
+                        n_f,
+                        cfg.inputs.layer,
+                        prepared.layers(),
+                    )?),
+                }),
+                None => h,
+            })
+        };
+        let head = decoding(HeadInputs::masked(qh, kh, vh, mask)?)?;
         // The target is the sweep's per-head reference, computed before any method's clock.
         head.target_output(cfg.target)?;
         let mut shown = None;
@@ -228,9 +246,12 @@ fn timed(cfg: &RunConfig, reps: usize, prepared: &inputs::Prepared) -> Result<()
                     d,
                 };
                 let t = time(dev, reps, || {
-                    method.approximate(&head.with_empty_memo(), d, &mut key.rng())
+                    method.approximate(&decoding(head.with_empty_memo())?, d, &mut key.rng())
                 })?;
-                let macs = method.macs_masked(n, p, d, mask);
+                let macs = match cfg.decode {
+                    Some(n_f) => method.macs_decode(n, p, d, n_f),
+                    None => method.macs_masked(n, p, d, mask),
+                };
                 println!(
                     "  {:<18} {:>5} {:>10.3} {:>12.2}",
                     m,

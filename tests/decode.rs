@@ -310,3 +310,21 @@ fn score_under_decode_takes_the_continuation_rows() {
     assert_eq!(o.status.code(), Some(2), "{e}");
     assert!(e.contains("n_f under --decode"), "{e}");
 }
+
+/// `bench --decode N_F` times the §9 methods on a fresh layer context per repeat.
+#[test]
+fn bench_times_decode_methods_under_the_protocol() {
+    let tmp = tempfile::tempdir().unwrap();
+    let model = llama_dir(&tmp.path().join("llama"), true);
+    let c = corpus(tmp.path());
+    let o = decoder_cli(
+        &model,
+        &c,
+        "bench --model pretrained --lengths 64 --decode 16 --features 16 --layer 1 --repeats 1 --methods tova,adakv,topk_dec,kv_f16",
+    );
+    let out = String::from_utf8_lossy(&o.stdout);
+    assert!(o.status.success(), "{}", stderr(&o));
+    for m in ["tova", "adakv", "topk_dec", "kv_f16"] {
+        assert!(out.contains(m), "{out}");
+    }
+}
