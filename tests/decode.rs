@@ -110,6 +110,8 @@ fn a_decode_run_scores_the_continuation_rows_of_every_method() {
                 out.to_str().unwrap(),
                 "--current",
                 cur.to_str().unwrap(),
+                "--report",
+                tmp.path().join("check.md").to_str().unwrap(),
             ],
             &[],
         )
