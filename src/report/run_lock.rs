@@ -141,7 +141,7 @@ mod tests {
     fn a_second_writer_is_refused_and_the_lock_is_released_on_drop() {
         let dir = tempfile::tempdir().unwrap();
         let first = acquire(dir.path()).unwrap();
-        let e = acquire(dir.path()).err().expect("refused while held");
+        let e = acquire(dir.path()).expect_err("refused while held");
         assert!(e.downcast_ref::<crate::UsageError>().is_some(), "{e}");
         let msg = e.to_string();
         assert!(msg.contains("another approx-bench run"), "{msg}");
@@ -190,7 +190,7 @@ mod tests {
                 std::fs::write(&path, "process 7 on late-host, since 2026\n").unwrap();
             })
         };
-        let msg = acquire(dir.path()).err().expect("refused").to_string();
+        let msg = acquire(dir.path()).expect_err("refused").to_string();
         writer.join().unwrap();
         assert!(
             msg.contains("(process 7 on late-host, since 2026)"),

@@ -44,6 +44,8 @@ pub const RECOMMENDED_N_F: usize = 256;
 
 /// A memoised per-head product, or the error computing it gave (returned to every caller).
 type Memoised = std::result::Result<Arc<dyn std::any::Any + Send + Sync>, String>;
+/// (kind of product, query head or another index such as a budget).
+type MemoKey = (&'static str, usize);
 
 /// Everything of one window that a decode trial of any head may read: all query heads' Q
 /// ([H, n, p]), all K/V heads' K and V ([H_kv, n, p]), the split, and the layer's place in the
@@ -58,7 +60,7 @@ pub struct LayerContext {
     /// This layer ℓ and the model's layer count L (PyramidKV's schedule).
     pub layer: usize,
     pub layers: usize,
-    memo: Mutex<HashMap<(&'static str, usize), Arc<OnceLock<Memoised>>>>,
+    memo: Mutex<HashMap<MemoKey, Arc<OnceLock<Memoised>>>>,
 }
 
 impl LayerContext {

@@ -105,13 +105,13 @@ fn decode_rows<T: Real>(m: &Kivi, head: &HeadInputs, n_p: usize) -> Result<candl
             let mut sum = T::ZERO;
             for (j, &x) in s.iter().enumerate() {
                 let e = (x - mx).exp();
-                sum = sum + e;
+                sum += e;
                 let vj = if j < v_to { vq.row(j) } else { v.row(j) };
                 for (o, &y) in out.iter_mut().zip(vj) {
-                    *o = *o + e * y;
+                    *o += e * y;
                 }
             }
-            out.iter_mut().for_each(|o| *o = *o / sum);
+            out.iter_mut().for_each(|o| *o /= sum);
             out
         })
         .collect();
