@@ -3,8 +3,9 @@
 //! in the run's dtype on the head's device and read to the host as f64 for selection.
 //!
 //! - [`snap`]: SnapKV's s_j = Σ_{i∈window} A_ij, j < n_p − w (before pooling): w·n_p·p.
-//! - [`h2o`]: H2O's a_j = Σ_{i<n_p} P_ij over the prompt's exact causal rows: n_p²·p/2, formed in
-//!   blocks of 256 rows, never an n_p × n_p matrix.
+//! - [`h2o`]: H2O's a_j = Σ_{i<n_p} P_ij over the prompt's exact causal rows: on the host two
+//!   passes of the fused exact kernel (n_p²·p), elsewhere blocks of 256 rows of P; never an
+//!   n_p × n_p matrix.
 //! - [`tova`]: the last prompt query's softmax row, averaged over the layer's query heads.
 //! - [`evict`]: the eviction oracle's Σ_{t∈F} P_tj over j < n_p (it reads the future).
 
@@ -48,11 +49,44 @@ pub fn snap(ctx: &LayerContext, g: usize) -> Result<Arc<Vec<f64>>> {
     })
 }
 
-/// H2O's accumulated attention of query head `g` after the prompt: a_j = Σ_{i<n_p} P_ij.
+/// Σ_i P_ij, the column sums of the causal softmax rows of (q, k) ([n, p] each), with the fused
+/// exact kernel on the host, in two passes of it and never a block of P: pass 1 gives every row's
+/// log D_i (V = 1, one column); pass 2 runs each key j as a query over the rows i ≥ j, with
+/// k′_j = [k_j/√p, 1] and q′_i = [q_i, −log D_i], so that its scores are s_ij − log D_i and its
+/// log-normaliser is log Σ_{i≥j} P_ij. Reversing both sequences turns i ≥ j into the causal
+/// kernel's j′ ≤ i′. None off the host or in another dtype (the caller forms the rows instead).
+fn causal_column_sums_on_host(q: &Tensor, k: &Tensor) -> Result<Option<Vec<f64>>> {
+    use crate::numerics::flash::{on_host, Visible};
+    let (n, p) = q.dims2()?;
+    let causal = Visible::Causal { window: None };
+    let scale = 1.0 / (p as f64).sqrt();
+    let ones = Tensor::ones((n, 1), q.dtype(), q.device())?;
+    let Some((_, log_d)) = on_host(&(q * scale)?, k, &ones, causal)? else {
+        return Ok(None);
+    };
+    let reversed = Tensor::from_vec((0..n as u32).rev().collect::<Vec<u32>>(), n, q.device())?;
+    let keys_as_queries =
+        Tensor::cat(&[(k * scale)?, ones.clone()], 1)?.index_select(&reversed, 0)?;
+    let rows_as_keys =
+        Tensor::cat(&[q.clone(), log_d.reshape((n, 1))?.neg()?], 1)?.index_select(&reversed, 0)?;
+    let Some((_, log_c)) = on_host(&keys_as_queries, &rows_as_keys, &ones, causal)? else {
+        return Ok(None);
+    };
+    let log_c: Vec<f64> = log_c.flatten_all()?.to_dtype(DType::F64)?.to_vec1()?;
+    Ok(Some(log_c.into_iter().rev().map(f64::exp).collect()))
+}
+
+/// H2O's accumulated attention of query head `g` after the prompt: a_j = Σ_{i<n_p} P_ij. On the
+/// host with the fused kernel (two passes, ~n_p²p MACs, no P formed); elsewhere in 256-row blocks
+/// of P.
 pub fn h2o(ctx: &LayerContext, g: usize) -> Result<Arc<Vec<f64>>> {
     ctx.scores("h2o_dec", g, || {
         let n_p = ctx.n_p();
         let (q, k, _) = ctx.head_qkv(g)?;
+        let (qp, kp) = (q.narrow(0, 0, n_p)?, k.narrow(0, 0, n_p)?);
+        if let Some(a) = causal_column_sums_on_host(&qp, &kp)? {
+            return Ok(a);
+        }
         let mut a = vec![0f64; n_p];
         for start in (0..n_p).step_by(ROWS) {
             let len = ROWS.min(n_p - start);
@@ -102,4 +136,35 @@ pub fn continuation_logits(ctx: &LayerContext, g: usize) -> Result<Vec<Vec<f64>>
     let (q, k, _) = ctx.head_qkv(g)?;
     let (qs, kt) = scaled_operands(&q.narrow(0, n_p, n_f)?, &k.narrow(0, 0, n_p)?)?;
     Ok(qs.matmul(&kt)?.to_dtype(DType::F64)?.to_vec2()?)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The two-pass column sums equal the rows formed and summed, in f64 to rounding and in f32
+    /// to f32's (through exp of a log-normaliser).
+    #[test]
+    fn column_sums_from_the_fused_kernel_equal_the_formed_rows() {
+        for (dtype, tol) in [(DType::F64, 1e-12), (DType::F32, 2e-5)] {
+            let h = crate::attention::test_util::random_head(300, 16, 5, dtype);
+            let got = causal_column_sums_on_host(&h.q, &h.k).unwrap().unwrap();
+            let mut want = vec![0f64; 300];
+            for start in (0..300).step_by(ROWS) {
+                let len = ROWS.min(300 - start);
+                let sums = column_sums(&causal_rows(&h.q, &h.k, start, len).unwrap()).unwrap();
+                for (x, s) in want.iter_mut().zip(sums) {
+                    *x += s;
+                }
+            }
+            // The column sums add up to the row count (each row sums to 1).
+            assert!((got.iter().sum::<f64>() - 300.0).abs() < 300.0 * tol);
+            for (j, (a, b)) in got.iter().zip(&want).enumerate() {
+                assert!(
+                    (a - b).abs() <= tol * b.max(1e-3),
+                    "{dtype:?} key {j}: {a} vs {b}"
+                );
+            }
+        }
+    }
 }
