@@ -207,20 +207,12 @@ fn timed(cfg: &RunConfig, reps: usize, prepared: &inputs::Prepared) -> Result<()
         // Under --decode (METHODS.md §9.1) head 0 of a fresh layer context per repeat, so that a
         // §9 method pays its per-window scores each time, as the first budget of a sweep does.
         let decoding = |h: HeadInputs| -> Result<HeadInputs> {
-            Ok(match cfg.decode {
-                Some(n_f) => h.decoding(attention::decode::DecodeHead {
-                    head: 0,
-                    layer: std::sync::Arc::new(attention::decode::LayerContext::new(
-                        q.clone(),
-                        k.clone(),
-                        v.clone(),
-                        n_f,
-                        cfg.inputs.layer,
-                        prepared.layers(),
-                    )?),
-                }),
-                None => h,
-            })
+            Ok(
+                match crate::sweep::layer_context(cfg, &prepared, &q, &k, &v)? {
+                    Some(layer) => h.decoding(attention::decode::DecodeHead { head: 0, layer }),
+                    None => h,
+                },
+            )
         };
         let head = decoding(HeadInputs::masked(qh, kh, vh, mask)?)?;
         // The target is the sweep's per-head reference, computed before any method's clock.

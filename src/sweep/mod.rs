@@ -405,17 +405,7 @@ pub fn run_with(
                 };
                 // Under the decode protocol every head's trial may read the whole layer (§9.2's
                 // layer-level methods): one context per window, shared by its heads.
-                let layer = match cfg.decode {
-                    Some(n_f) => Some(std::sync::Arc::new(attention::decode::LayerContext::new(
-                        q.clone(),
-                        k.clone(),
-                        v.clone(),
-                        n_f,
-                        cfg.inputs.layer,
-                        prepared.layers(),
-                    )?)),
-                    None => None,
-                };
+                let layer = layer_context(cfg, &prepared, &q, &k, &v)?;
                 if device_path(&prepared.device) {
                     // A decode run on a device: its heads one after another from one host thread
                     // (the device path's batching over heads is for the prefill targets).
@@ -535,6 +525,30 @@ pub const DEVICE_PATH_VAR: &str = "APPROX_BENCH_DEVICE_PATH";
 /// [`DEVICE_PATH_VAR`] is 1.
 pub fn device_path(device: &candle_core::Device) -> bool {
     !device.is_cpu() || std::env::var(DEVICE_PATH_VAR).is_ok_and(|v| v.trim() == "1")
+}
+
+/// The window's layer context under the decode protocol (METHODS.md §9.1), None otherwise: what
+/// every head's decode trial may read of the whole layer (the sweep's, and `bench`'s per repeat).
+pub fn layer_context(
+    cfg: &RunConfig,
+    prepared: &inputs::Prepared,
+    q: &candle_core::Tensor,
+    k: &candle_core::Tensor,
+    v: &candle_core::Tensor,
+) -> Result<Option<std::sync::Arc<attention::decode::LayerContext>>> {
+    let Some(n_f) = cfg.decode else {
+        return Ok(None);
+    };
+    Ok(Some(std::sync::Arc::new(
+        attention::decode::LayerContext::new(
+            q.clone(),
+            k.clone(),
+            v.clone(),
+            n_f,
+            cfg.inputs.layer,
+            prepared.layers(),
+        )?,
+    )))
 }
 
 /// What one window's trials share.
@@ -717,7 +731,7 @@ fn cache_columns(
     mask: attention::Mask,
     decode: Option<usize>,
 ) -> (Option<f64>, Option<f64>, Option<f64>, Option<f64>) {
-    use attention::quantized::{dense_keys, kv_read};
+    use attention::quantized::{dense_keys, kv_read_of};
     let dense = match decode {
         Some(n_f) => attention::decode::dense_pairs(n, n_f) / n_f as f64,
         None => dense_keys(n, mask),
@@ -732,13 +746,8 @@ fn cache_columns(
         None => m.kv_bits(n),
     };
     let kv_bits = bits.or(r.keys.map(|_| 16.0));
-    let read = match (kv_bits, keys, decode) {
-        (Some(b), Some(k), None) => Some(kv_read(b, k, n, mask)),
-        (Some(b), Some(k), Some(_)) => Some(if k == dense {
-            b / 16.0
-        } else {
-            b / 16.0 * k / dense
-        }),
+    let read = match (kv_bits, keys) {
+        (Some(b), Some(k)) => Some(kv_read_of(b, k, dense)),
         _ => None,
     };
     (mass, keys, kv_bits, read)

@@ -179,7 +179,12 @@ pub fn dense_macs(n: usize, p: usize, mask: Mask) -> f64 {
 /// `kv_read` (§8.5): Σ_i |S_i|·kv_bits / (16·Σ_i |D_i|), from the mean keys per query; exactly
 /// kv_bits/16 for a method that visits every key.
 pub fn kv_read(kv_bits: f64, keys: f64, n: usize, mask: Mask) -> f64 {
-    let dense = dense_keys(n, mask);
+    kv_read_of(kv_bits, keys, dense_keys(n, mask))
+}
+
+/// [`kv_read`] against any dense count per scored row (the decode protocol's, §9.1, is the mean
+/// of t + 1 over the continuation).
+pub fn kv_read_of(kv_bits: f64, keys: f64, dense: f64) -> f64 {
     let visited = if keys == dense { 1.0 } else { keys / dense };
     kv_bits / 16.0 * visited
 }
