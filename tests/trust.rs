@@ -354,6 +354,11 @@ fn a_non_finite_weight_is_a_usage_error_naming_the_tensor() {
 fn a_signal_ends_a_command_that_does_not_poll_at_once() {
     let tmp = tempfile::tempdir().unwrap();
     let (m, c) = tiny_inputs(&tmp.path().join("m"), false);
+    // The fixture corpus holds a few hundred tokens; a window of 16384 needs a longer one.
+    let text = std::fs::read_to_string(&c).unwrap();
+    let c = tmp.path().join("long-corpus.txt");
+    std::fs::write(&c, text.repeat(80)).unwrap();
+    let c = c.to_str().unwrap().to_string();
     let mut child = Command::new(bin())
         .args([
             "bench",
@@ -377,10 +382,10 @@ fn a_signal_ends_a_command_that_does_not_poll_at_once() {
         .spawn()
         .unwrap();
     std::thread::sleep(std::time::Duration::from_millis(1500));
-    assert!(
-        child.try_wait().unwrap().is_none(),
-        "bench finished before the signal"
-    );
+    if child.try_wait().unwrap().is_some() {
+        let (o, _) = wait(child, std::time::Duration::from_secs(1));
+        panic!("bench ended before the signal ({:?}): {}", o.status, stderr(&o));
+    }
     let t0 = std::time::Instant::now();
     // SAFETY: kill(2) on our own child's pid.
     assert_eq!(unsafe { libc::kill(child.id() as i32, libc::SIGINT) }, 0);
