@@ -12,8 +12,8 @@
 
 use super::axis::{Axis, Scale, TickFormat};
 use super::draw::Figure;
-use super::field::{field_style, ordered_methods, shown_lengths};
-use super::figs::{panel, SideColumn, Tally, XOf};
+use super::field::{field_style, shown_lengths};
+use super::figs::{model_rows, SideColumn, Tally, XOf};
 use super::{models, Statistic};
 use crate::attention::decode::budgets::WINDOW;
 use crate::report::summary::SummaryRow;
@@ -62,37 +62,15 @@ pub fn decode(rows: &[SummaryRow], stat: Statistic) -> Option<Figure> {
     let x_read = Axis::fit(Scale::Log2, &reads, TickFormat::Number);
     let x_keys = Axis::fit(Scale::Log2, &keys, TickFormat::Number);
     let mut tally = Tally::causal();
-    let (mut cells, mut legend_order) = (vec![], Vec::<String>::new());
-    for model in &models {
-        let (legend, draw) = ordered_methods(&rows, model);
-        for m in &legend {
-            if !legend_order.contains(m) {
-                legend_order.push(m.clone());
-            }
-        }
-        let style_of = |m: &str| field_style(m, &legend);
-        for &n in &ns {
-            let x = (XOf::KvRead, x_read.clone(), X_READ);
-            cells.push(Some(panel(
-                &rows,
-                model,
-                n,
-                &draw,
-                &style_of,
-                x,
-                Scale::Log10,
-                &mut tally,
-            )));
-        }
-        let mass = SideColumn {
-            value: &|r: &SummaryRow| r.mass_mean,
-            x: (XOf::Keys, x_keys.clone(), X_KEYS),
-            y_scale: Scale::Linear,
-            title: "mass captured",
-            y_label: "mass on the visited keys, mean_t Σ_{j∈S_t} P_tj",
-        };
-        cells.push(mass.panel(&rows, model, &ns, &draw, &style_of));
-    }
+    let mass = SideColumn {
+        value: &|r: &SummaryRow| r.mass_mean,
+        x: (XOf::Keys, x_keys, X_KEYS),
+        y_scale: Scale::Linear,
+        title: "mass captured",
+        y_label: "mass on the visited keys, mean_t Σ_{j∈S_t} P_tj",
+    };
+    let x = (XOf::KvRead, x_read, X_READ);
+    let (cells, legend_order) = model_rows(&rows, &ns, x, &mass, &mut tally);
     let style_all = |m: &str| field_style(m, &legend_order);
     let n_f_text = n_fs
         .iter()

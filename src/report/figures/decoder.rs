@@ -7,8 +7,8 @@
 
 use super::axis::{Axis, Scale, TickFormat};
 use super::draw::Figure;
-use super::field::{field_style, ordered_methods, shown_lengths};
-use super::figs::{panel, SideColumn, Tally, XOf};
+use super::field::{field_style, shown_lengths};
+use super::figs::{model_rows, SideColumn, Tally, XOf};
 use super::{models, Statistic};
 use crate::attention::Mask;
 use crate::report::summary::SummaryRow;
@@ -41,41 +41,17 @@ pub fn decoder(rows: &[SummaryRow], stat: Statistic) -> Option<Figure> {
     let x_axis = Axis::fit(Scale::Log2, &keys, TickFormat::Number);
     const X_KEYS: &str = "keys per query (realised; features m for feature methods)";
     let mut tally = Tally::causal();
-    let mut cells = vec![];
-    let mut legend_order: Vec<String> = vec![];
-    for model in &models {
-        let (legend, draw) = ordered_methods(&rows, model);
-        for m in &legend {
-            if !legend_order.contains(m) {
-                legend_order.push(m.clone());
-            }
-        }
-        let style_of = |m: &str| field_style(m, &legend);
-        for &n in &ns {
-            let x = (XOf::Keys, x_axis.clone(), X_KEYS);
-            let p = panel(
-                &rows,
-                model,
-                n,
-                &draw,
-                &style_of,
-                x,
-                Scale::Log10,
-                &mut tally,
-            );
-            cells.push(Some(p));
-        }
-        // The mass panel: the same x, y = mean mass captured (restricted methods only), at the
-        // model's largest length with data.
-        let mass = SideColumn {
-            value: &|r: &SummaryRow| r.mass_mean,
-            x: (XOf::Keys, x_axis.clone(), X_KEYS),
-            y_scale: Scale::Linear,
-            title: "mass captured",
-            y_label: "mass on the visited keys, mean_i Σ_{j∈S_i} P_ij",
-        };
-        cells.push(mass.panel(&rows, model, &ns, &draw, &style_of));
-    }
+    // The mass column: the same x, y = mean mass captured (restricted methods only), at the
+    // model's largest length with data.
+    let mass = SideColumn {
+        value: &|r: &SummaryRow| r.mass_mean,
+        x: (XOf::Keys, x_axis.clone(), X_KEYS),
+        y_scale: Scale::Linear,
+        title: "mass captured",
+        y_label: "mass on the visited keys, mean_i Σ_{j∈S_i} P_ij",
+    };
+    let x = (XOf::Keys, x_axis, X_KEYS);
+    let (cells, legend_order) = model_rows(&rows, &ns, x, &mass, &mut tally);
     let style_all = |m: &str| field_style(m, &legend_order);
     Some(Figure {
         title: "Decoder attention (causal): ‖O − Ô‖₂ against keys per query".into(),

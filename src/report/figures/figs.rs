@@ -517,3 +517,40 @@ impl SideColumn<'_> {
         Some(p)
     }
 }
+
+/// The cells of a figure laid out one row per model (decoder.png, quant.png, decode.png): a panel
+/// per shown length against `x`, then `side`'s column; with the legend's method order over every
+/// model (first appearance). Methods keep one style per model, by their place in its legend.
+pub(super) fn model_rows(
+    rows: &[SummaryRow],
+    ns: &[usize],
+    x: (XOf, Axis, &str),
+    side: &SideColumn,
+    tally: &mut Tally,
+) -> (Vec<Option<Panel>>, Vec<String>) {
+    let (mut cells, mut legend_order) = (vec![], Vec::<String>::new());
+    for model in &super::models(rows) {
+        let (legend, draw) = super::field::ordered_methods(rows, model);
+        for m in &legend {
+            if !legend_order.contains(m) {
+                legend_order.push(m.clone());
+            }
+        }
+        let style_of = |m: &str| super::field::field_style(m, &legend);
+        for &n in ns {
+            let p = panel(
+                rows,
+                model,
+                n,
+                &draw,
+                &style_of,
+                x.clone(),
+                Scale::Log10,
+                tally,
+            );
+            cells.push(Some(p));
+        }
+        cells.push(side.panel(rows, model, ns, &draw, &style_of));
+    }
+    (cells, legend_order)
+}

@@ -9,8 +9,8 @@
 
 use super::axis::{Axis, Scale, TickFormat};
 use super::draw::Figure;
-use super::field::{field_style, ordered_methods, shown_lengths};
-use super::figs::{panel, SideColumn, Tally, XOf};
+use super::field::{field_style, shown_lengths};
+use super::figs::{model_rows, SideColumn, Tally, XOf};
 use super::{models, Statistic};
 use crate::attention::Mask;
 use crate::report::summary::SummaryRow;
@@ -79,38 +79,16 @@ pub fn quant(rows: &[SummaryRow], stat: Statistic) -> Option<Figure> {
     } else {
         Tally::default()
     };
-    let (mut cells, mut legend_order) = (vec![], Vec::<String>::new());
-    for model in &models {
-        let (legend, draw) = ordered_methods(&rows, model);
-        for m in &legend {
-            if !legend_order.contains(m) {
-                legend_order.push(m.clone());
-            }
-        }
-        let style_of = |m: &str| field_style(m, &legend);
-        for &n in &ns {
-            let x = (XOf::KvRead, x_axis.clone(), X_READ);
-            cells.push(Some(panel(
-                &rows,
-                model,
-                n,
-                &draw,
-                &style_of,
-                x,
-                Scale::Log10,
-                &mut tally,
-            )));
-        }
-        // 1 − cos_sim at the model's largest length (the papers' unit, on a log axis).
-        let cos = SideColumn {
-            value: &|r: &SummaryRow| r.cos_sim_mean.map(|c| 1.0 - c),
-            x: (XOf::KvRead, x_axis.clone(), X_READ),
-            y_scale: Scale::Log10,
-            title: "1 − cos_sim",
-            y_label: "1 − ⟨O, Ô⟩/(‖O‖_F‖Ô‖_F), mean over heads",
-        };
-        cells.push(cos.panel(&rows, model, &ns, &draw, &style_of));
-    }
+    // 1 − cos_sim at the model's largest length (the papers' unit, on a log axis).
+    let cos = SideColumn {
+        value: &|r: &SummaryRow| r.cos_sim_mean.map(|c| 1.0 - c),
+        x: (XOf::KvRead, x_axis.clone(), X_READ),
+        y_scale: Scale::Log10,
+        title: "1 − cos_sim",
+        y_label: "1 − ⟨O, Ô⟩/(‖O‖_F‖Ô‖_F), mean over heads",
+    };
+    let x = (XOf::KvRead, x_axis, X_READ);
+    let (cells, legend_order) = model_rows(&rows, &ns, x, &cos, &mut tally);
     let style_all = |m: &str| field_style(m, &legend_order);
     Some(Figure {
         title: format!(
