@@ -459,6 +459,25 @@ fn shards_merge_into_the_rows_of_an_unsharded_run() {
     assert!(o.status.success(), "{}", stderr(&o));
     let again = approx_bench::report::manifest::Manifest::read(&again).unwrap();
     assert_eq!(&again.merged_from, parts);
+    // Merging a shard again, from wherever it was moved to, adds no rows and lists it once.
+    let moved = tmp.path().join("moved-s2");
+    std::fs::rename(&shard_dirs[1], &moved).unwrap();
+    let twice = tmp.path().join("twice");
+    let o = run(
+        &[
+            "merge",
+            merged.to_str().unwrap(),
+            moved.to_str().unwrap(),
+            "--out",
+            twice.to_str().unwrap(),
+        ],
+        &[],
+    );
+    assert!(o.status.success(), "{}", stderr(&o));
+    std::fs::rename(&moved, &shard_dirs[1]).unwrap();
+    let twice = approx_bench::report::manifest::Manifest::read(&twice).unwrap();
+    assert_eq!(&twice.merged_from, parts);
+    assert_eq!(twice.trials, manifest.trials);
     // The same trial with another error (as from a rerun on another CPU) is refused, naming both
     // values and the way to compare such runs.
     let other = tmp.path().join("other");

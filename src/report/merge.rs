@@ -149,10 +149,7 @@ pub fn merge(dirs: &[PathBuf], out: &Path) -> Result<Merged> {
         .unwrap_or_default();
     manifest.command = std::env::args().collect();
     manifest.build = BUILD.into();
-    manifest.merged_from = dirs
-        .iter()
-        .zip(&manifests)
-        .flat_map(|(d, m)| {
+    let parts = dirs.iter().zip(&manifests).flat_map(|(d, m)| {
             if m.merged_from.is_empty() {
                 vec![MergedPart {
                     path: d.display().to_string(),
@@ -165,8 +162,20 @@ pub fn merge(dirs: &[PathBuf], out: &Path) -> Result<Merged> {
             } else {
                 m.merged_from.clone()
             }
-        })
-        .collect();
+        });
+    // A part merged twice (a shard merged again into a directory that already holds it, from
+    // wherever it was moved to since) is listed once: the rows were deduplicated, so is their
+    // provenance. The same run is the same shard, build, trial count and times.
+    manifest.merged_from = vec![];
+    for part in parts {
+        let same = |p: &MergedPart| {
+            (&p.build, p.shard, p.trials, &p.started, &p.finished)
+                == (&part.build, part.shard, part.trials, &part.started, &part.finished)
+        };
+        if !manifest.merged_from.iter().any(same) {
+            manifest.merged_from.push(part);
+        }
+    }
     manifest.write(out)?;
     if rows.len() != expected {
         eprintln!("warning: merged {} of the {expected} trials of the configuration; some shards are missing or incomplete", rows.len());
