@@ -1,4 +1,4 @@
-# Sourced by results/field/run.sh and results/decoder/run.sh (BIN, WORK and OUT set by them).
+# Sourced by results/field/run.sh and results/decoder_runs.sh (BIN, WORK and OUT set by them).
 # merge_run RUN merges every shard directory in WORK/RUN with OUT/RUN, beside it, and swaps only on
 # success; the merged shard directories are set aside so that the next merge does not read them
 # again.

@@ -22,61 +22,27 @@ BIN=${BIN:-./target/release/approx-bench}
 SHARDS=${SHARDS-$(seq 1 16)}
 OUT=${OUT:-results/decoder}
 WORK=${WORK:-$(mktemp -d)}
-HERE=$(cd "$(dirname "$0")" && pwd)
-DATA=../shared/data
-SMOL=$DATA/SmolLM2-135M-Instruct-Q4_1
-CORPUS=(--corpus $DATA/wikitext-2/wiki.test.raw)
-# The initialized model's directory: the config above and SmolLM2's tokenizer, linked (not copied).
-LLAMA=$WORK/llama-3.2-1b-shape
-mkdir -p "$LLAMA"
-cp "$HERE/llama-3.2-1b-shape.json" "$LLAMA/config.json"
-ln -sf "$(cd "$SMOL" && pwd)/tokenizer.json" "$LLAMA/tokenizer.json"
-ln -sf "$(cd "$SMOL" && pwd)/tokenizer_config.json" "$LLAMA/tokenizer_config.json"
 MAIN=(--methods vmean,performer_favor,window,topk,streaming,h2o,quest,moba,block_sparse,xattention,vertical_slash
       --features 16,32,64,128,256,512,1024,2048 --quiet)
 FLOOR=(--methods svd_optimal --features 16,32,64,128,256 --quiet)
 
-# run name → model flags, and length → windows.
-model_args() {
-  case $1 in
-    smollm2-l0) echo "--model pretrained --model-dir $SMOL --layer 0" ;;
-    smollm2-l15) echo "--model pretrained --model-dir $SMOL --layer 15" ;;
-    llama-1b-init) echo "--model initialized --model-dir $LLAMA --layer 0" ;;
-  esac
-}
-windows_of() { case $1 in 2048) echo 64 ;; 8192) echo 36 ;; esac; }
-MODELS=(smollm2-l0 smollm2-l15 llama-1b-init)
-LENGTHS=(2048 8192)
-
-# shellcheck source=results/merge_run.sh
-source "$(dirname "$0")/../merge_run.sh"
+# shellcheck source=results/decoder_runs.sh
+source "$(dirname "$0")/../decoder_runs.sh"
 
 RUNS=()
 for m in "${MODELS[@]}"; do for n in "${LENGTHS[@]}"; do
   RUNS+=("$m-n$n")
   [ "$m" = llama-1b-init ] || RUNS+=("$m-n$n-floor")
 done; done
-SKIP=${SKIP:-}
-ONLY=${ONLY:-}
-for s in $SHARDS; do
-  for m in "${MODELS[@]}"; do
-    for n in "${LENGTHS[@]}"; do
-      case " $SKIP " in *" $m-n$n "*) continue ;; esac
-      [ -z "$ONLY" ] || case " $ONLY " in *" $m-n$n "*) ;; *) continue ;; esac
-      # shellcheck disable=SC2046
-      $BIN $(model_args "$m") "${CORPUS[@]}" --lengths "$n" --windows "$(windows_of "$n")" \
-        "${MAIN[@]}" --shard "$s/16" --out "$WORK/$m-n$n/$s"
-      # The SVD floor on the pretrained heads only (on initialized weights it is seconds per head
-      # at n = 8192 for 32 heads, and the near-uniform attention's floor says little).
-      [ "$m" = llama-1b-init ] && continue
-      # shellcheck disable=SC2046
-      $BIN $(model_args "$m") "${CORPUS[@]}" --lengths "$n" --windows "$(windows_of "$n")" \
-        "${FLOOR[@]}" --shard "$s/16" --out "$WORK/$m-n$n-floor/$s"
-    done
-  done
-  for run in "${RUNS[@]}"; do merge_run "$run"; done
-done
-[ -n "$SHARDS" ] || for run in "${RUNS[@]}"; do merge_run "$run"; done
+# The SVD floor on the pretrained heads only (on initialized weights it is seconds per head at
+# n = 8192 for 32 heads, and the near-uniform attention's floor says little).
+extra_run() {
+  [ "$1" = llama-1b-init ] && return 0
+  # shellcheck disable=SC2046
+  $BIN $(model_args "$1") "${CORPUS[@]}" --lengths "$2" --windows "$(windows_of "$2")" \
+    "${FLOOR[@]}" --shard "$3/16" --out "$WORK/$1-n$2-floor/$3"
+}
+run_shards "${MAIN[@]}"
 
 FROM=()
 for run in "${RUNS[@]}"; do [ -d "$OUT/$run" ] && FROM+=(--from "$OUT/$run"); done

@@ -19,48 +19,11 @@ SHARDS=${SHARDS-$(seq 1 16)}
 OUT=${OUT:-results/quant}
 DECODER=${DECODER:-results/decoder}
 WORK=${WORK:-$(mktemp -d)}
-HERE=$(cd "$(dirname "$0")" && pwd)
-DATA=../shared/data
-SMOL=$DATA/SmolLM2-135M-Instruct-Q4_1
-CORPUS=(--corpus $DATA/wikitext-2/wiki.test.raw)
-LLAMA=$WORK/llama-3.2-1b-shape
-mkdir -p "$LLAMA"
-cp "$HERE/../decoder/llama-3.2-1b-shape.json" "$LLAMA/config.json"
-ln -sf "$(cd "$SMOL" && pwd)/tokenizer.json" "$LLAMA/tokenizer.json"
-ln -sf "$(cd "$SMOL" && pwd)/tokenizer_config.json" "$LLAMA/tokenizer_config.json"
 QUANT=(--methods quant --quiet)
 
-model_args() {
-  case $1 in
-    smollm2-l0) echo "--model pretrained --model-dir $SMOL --layer 0" ;;
-    smollm2-l15) echo "--model pretrained --model-dir $SMOL --layer 15" ;;
-    llama-1b-init) echo "--model initialized --model-dir $LLAMA --layer 0" ;;
-  esac
-}
-windows_of() { case $1 in 2048) echo 64 ;; 8192) echo 36 ;; esac; }
-MODELS=(smollm2-l0 smollm2-l15 llama-1b-init)
-LENGTHS=(2048 8192)
-
-# shellcheck source=results/merge_run.sh
-source "$(dirname "$0")/../merge_run.sh"
-
-RUNS=()
-for m in "${MODELS[@]}"; do for n in "${LENGTHS[@]}"; do RUNS+=("$m-n$n"); done; done
-SKIP=${SKIP:-}
-ONLY=${ONLY:-}
-for s in $SHARDS; do
-  for m in "${MODELS[@]}"; do
-    for n in "${LENGTHS[@]}"; do
-      case " $SKIP " in *" $m-n$n "*) continue ;; esac
-      [ -z "$ONLY" ] || case " $ONLY " in *" $m-n$n "*) ;; *) continue ;; esac
-      # shellcheck disable=SC2046
-      $BIN $(model_args "$m") "${CORPUS[@]}" --lengths "$n" --windows "$(windows_of "$n")" \
-        "${QUANT[@]}" --shard "$s/16" --out "$WORK/$m-n$n/$s"
-    done
-  done
-  for run in "${RUNS[@]}"; do merge_run "$run"; done
-done
-[ -n "$SHARDS" ] || for run in "${RUNS[@]}"; do merge_run "$run"; done
+# shellcheck source=results/decoder_runs.sh
+source "$(dirname "$0")/../decoder_runs.sh"
+run_shards "${QUANT[@]}"
 
 # The figure: the §8 runs beside the decoder runs' sparse methods (the others have no kv_read and are
 # not drawn).
