@@ -384,7 +384,11 @@ fn a_signal_ends_a_command_that_does_not_poll_at_once() {
     std::thread::sleep(std::time::Duration::from_millis(1500));
     if child.try_wait().unwrap().is_some() {
         let (o, _) = wait(child, std::time::Duration::from_secs(1));
-        panic!("bench ended before the signal ({:?}): {}", o.status, stderr(&o));
+        panic!(
+            "bench ended before the signal ({:?}): {}",
+            o.status,
+            stderr(&o)
+        );
     }
     let t0 = std::time::Instant::now();
     // SAFETY: kill(2) on our own child's pid.

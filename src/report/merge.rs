@@ -150,19 +150,19 @@ pub fn merge(dirs: &[PathBuf], out: &Path) -> Result<Merged> {
     manifest.command = std::env::args().collect();
     manifest.build = BUILD.into();
     let parts = dirs.iter().zip(&manifests).flat_map(|(d, m)| {
-            if m.merged_from.is_empty() {
-                vec![MergedPart {
-                    path: d.display().to_string(),
-                    build: m.build.clone(),
-                    shard: m.shard,
-                    trials: m.trials,
-                    started: m.started.clone(),
-                    finished: m.finished.clone(),
-                }]
-            } else {
-                m.merged_from.clone()
-            }
-        });
+        if m.merged_from.is_empty() {
+            vec![MergedPart {
+                path: d.display().to_string(),
+                build: m.build.clone(),
+                shard: m.shard,
+                trials: m.trials,
+                started: m.started.clone(),
+                finished: m.finished.clone(),
+            }]
+        } else {
+            m.merged_from.clone()
+        }
+    });
     // A part merged twice (a shard merged again into a directory that already holds it, from
     // wherever it was moved to since) is listed once: the rows were deduplicated, so is their
     // provenance. The same run is the same shard, build, trial count and times.
@@ -170,7 +170,13 @@ pub fn merge(dirs: &[PathBuf], out: &Path) -> Result<Merged> {
     for part in parts {
         let same = |p: &MergedPart| {
             (&p.build, p.shard, p.trials, &p.started, &p.finished)
-                == (&part.build, part.shard, part.trials, &part.started, &part.finished)
+                == (
+                    &part.build,
+                    part.shard,
+                    part.trials,
+                    &part.started,
+                    &part.finished,
+                )
         };
         if !manifest.merged_from.iter().any(same) {
             manifest.merged_from.push(part);
