@@ -394,7 +394,10 @@ mod tests {
             [512, 512, 476]
         );
         let long = vec!["y".repeat(MAX_ROW_BYTES); 10];
-        assert_eq!(row_batches(&long).map(<[String]>::len).collect::<Vec<_>>(), [4, 4, 2]);
+        assert_eq!(
+            row_batches(&long).map(<[String]>::len).collect::<Vec<_>>(),
+            [4, 4, 2]
+        );
     }
 
     #[test]

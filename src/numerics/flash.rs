@@ -16,6 +16,7 @@
 //! Rows that meet a NaN or +∞ logit come out NaN (as the two-pass kernel made them), so they are
 //! counted as non-finite downstream rather than hidden.
 
+use super::flash_tiles;
 use anyhow::Result;
 use candle_core::{DType, Tensor};
 use rayon::prelude::*;
@@ -79,6 +80,47 @@ pub trait FlashFloat:
     fn exp(self) -> Self;
     /// row ← exp(row − m) in place (m finite), returning Σ row in f64.
     fn exp_shifted(row: &mut [Self], m: Self) -> f64;
+
+    /// One K/V head's keys [nk, p] and values [nk, pv] packed for [`Self::scores`] and
+    /// [`Self::accumulate_values`]; empty where the type has no packed kernel.
+    fn pack(_k: &[Self], _v: &[Self], _nk: usize, _p: usize, _pv: usize) -> (Vec<Self>, Vec<Self>) {
+        (Vec::new(), Vec::new())
+    }
+
+    /// s (row stride ld ≥ 16·⌈kt/16⌉) ← Q̃_b K_cᵀ for `rows` query rows `qb` [rows, p] and keys
+    /// c0..c0 + kt of the head's `k` [nk, p] (`kp` its packed form, or empty).
+    #[allow(clippy::too_many_arguments)]
+    fn scores(
+        qb: &[Self],
+        rows: usize,
+        p: usize,
+        k: &[Self],
+        _kp: &[Self],
+        c0: usize,
+        kt: usize,
+        s: &mut [Self],
+        ld: usize,
+    ) {
+        // K_c is [kt, p] row-major, so K_cᵀ has row stride 1, column stride p.
+        gemm_into(rows, kt, p, s, ld, false, qb, p, 1, &k[c0 * p..], 1, p);
+    }
+
+    /// acc [rows, pv] += E V_c for E [rows, kt] (row stride ld) and rows c0..c0 + kt of the
+    /// head's `v` [nk, pv] (`vp` its packed form, or empty).
+    #[allow(clippy::too_many_arguments)]
+    fn accumulate_values(
+        e: &[Self],
+        ld: usize,
+        rows: usize,
+        v: &[Self],
+        _vp: &[Self],
+        c0: usize,
+        kt: usize,
+        pv: usize,
+        acc: &mut [Self],
+    ) {
+        gemm_into(rows, pv, kt, acc, pv, true, e, ld, 1, &v[c0 * pv..], pv, 1);
+    }
 }
 
 /// Lanes of the partial sums (fixed, so that ℓ's bits do not depend on the CPU).
@@ -117,11 +159,66 @@ impl FlashFloat for f32 {
     }
     fn exp_shifted(row: &mut [Self], m: Self) -> f64 {
         #[cfg(target_arch = "x86_64")]
+        if flash_tiles::available() {
+            // SAFETY: the CPU supports AVX2 and FMA (checked just above).
+            return unsafe { flash_tiles::exp_shifted(row, m) };
+        }
+        #[cfg(target_arch = "x86_64")]
         if std::arch::is_x86_feature_detected!("avx2") {
             // SAFETY: the CPU supports AVX2 (checked just above).
             return unsafe { exp_shifted_f32_avx2(row, m) };
         }
         exp_shifted_f32(row, m)
+    }
+    fn pack(k: &[Self], v: &[Self], nk: usize, p: usize, pv: usize) -> (Vec<Self>, Vec<Self>) {
+        if !flash_tiles::available() {
+            return (Vec::new(), Vec::new());
+        }
+        let vp = if pv.is_multiple_of(flash_tiles::NR) {
+            flash_tiles::pack_values(v, nk, pv)
+        } else {
+            Vec::new()
+        };
+        (flash_tiles::pack_keys(k, nk, p), vp)
+    }
+    fn scores(
+        qb: &[Self],
+        rows: usize,
+        p: usize,
+        k: &[Self],
+        kp: &[Self],
+        c0: usize,
+        kt: usize,
+        s: &mut [Self],
+        ld: usize,
+    ) {
+        #[cfg(target_arch = "x86_64")]
+        if !kp.is_empty() {
+            // SAFETY: `kp` is non-empty only where the CPU has AVX2 and FMA (`pack`); it holds
+            // every panel of the head, c0 is a multiple of 16 (query_block_body aligns the
+            // spans) and s holds rows · ld with ld ≥ the panels' width.
+            return unsafe { flash_tiles::scores(qb, rows, p, kp, c0, kt, s, ld) };
+        }
+        gemm_into(rows, kt, p, s, ld, false, qb, p, 1, &k[c0 * p..], 1, p);
+    }
+    fn accumulate_values(
+        e: &[Self],
+        ld: usize,
+        rows: usize,
+        v: &[Self],
+        vp: &[Self],
+        c0: usize,
+        kt: usize,
+        pv: usize,
+        acc: &mut [Self],
+    ) {
+        #[cfg(target_arch = "x86_64")]
+        if !vp.is_empty() {
+            // SAFETY: as above; `vp` is the head's nk · pv values packed (pv a multiple of 16).
+            let nk = v.len() / pv;
+            return unsafe { flash_tiles::accumulate_values(e, ld, rows, vp, nk, c0, kt, pv, acc) };
+        }
+        gemm_into(rows, pv, kt, acc, pv, true, e, ld, 1, &v[c0 * pv..], pv, 1);
     }
 }
 
@@ -263,16 +360,23 @@ impl<T: FlashFloat> Scratch<T> {
     }
 }
 
-/// Rows r0..r0+rows of one head: `q` the head's scaled queries [n, p], `k`, `v` its keys and
-/// values [nk, p]; writes O's rows into `out` ([rows, p]) and log D into `log_d` ([rows]).
-#[allow(clippy::too_many_arguments)]
-fn query_block<T: FlashFloat>(
-    q: &[T],
-    k: &[T],
-    v: &[T],
+/// One K/V head's operands: keys [nk, p], values [nk, pv], and their packed forms
+/// ([`FlashFloat::pack`]; empty where there are none).
+struct HeadKv<'a, T> {
+    k: &'a [T],
+    v: &'a [T],
+    kp: &'a [T],
+    vp: &'a [T],
+    nk: usize,
     p: usize,
     pv: usize,
-    nk: usize,
+}
+
+/// Rows r0..r0+rows of one head: `q` the head's scaled queries [n, p], `kv` its K/V head;
+/// writes O's rows into `out` ([rows, pv]) and log D into `log_d` ([rows]).
+fn query_block<T: FlashFloat>(
+    q: &[T],
+    kv: &HeadKv<T>,
     r0: usize,
     visible: Visible,
     out: &mut [T],
@@ -282,9 +386,9 @@ fn query_block<T: FlashFloat>(
     #[cfg(target_arch = "x86_64")]
     if std::arch::is_x86_feature_detected!("avx2") {
         // SAFETY: the CPU supports AVX2 (checked just above).
-        return unsafe { query_block_avx2(q, k, v, p, pv, nk, r0, visible, out, log_d, sc) };
+        return unsafe { query_block_avx2(q, kv, r0, visible, out, log_d, sc) };
     }
-    query_block_body(q, k, v, p, pv, nk, r0, visible, out, log_d, sc)
+    query_block_body(q, kv, r0, visible, out, log_d, sc)
 }
 
 /// The block's row passes compiled for 8-wide vectors (plain multiplies and adds, never FMA:
@@ -294,35 +398,36 @@ fn query_block<T: FlashFloat>(
 #[allow(clippy::too_many_arguments)]
 unsafe fn query_block_avx2<T: FlashFloat>(
     q: &[T],
-    k: &[T],
-    v: &[T],
-    p: usize,
-    pv: usize,
-    nk: usize,
+    kv: &HeadKv<T>,
     r0: usize,
     visible: Visible,
     out: &mut [T],
     log_d: &mut [T],
     sc: &mut Scratch<T>,
 ) {
-    query_block_body(q, k, v, p, pv, nk, r0, visible, out, log_d, sc)
+    query_block_body(q, kv, r0, visible, out, log_d, sc)
 }
 
 #[allow(clippy::too_many_arguments)]
 #[inline(always)]
 fn query_block_body<T: FlashFloat>(
     q: &[T],
-    k: &[T],
-    v: &[T],
-    p: usize,
-    pv: usize,
-    nk: usize,
+    kv: &HeadKv<T>,
     r0: usize,
     visible: Visible,
     out: &mut [T],
     log_d: &mut [T],
     sc: &mut Scratch<T>,
 ) {
+    let HeadKv {
+        k,
+        v,
+        kp,
+        vp,
+        nk,
+        p,
+        pv,
+    } = *kv;
     let rows = out.len() / pv;
     let r1 = r0 + rows;
     sc.acc[..rows * pv].fill(T::ZERO);
@@ -331,29 +436,20 @@ fn query_block_body<T: FlashFloat>(
     sc.bad[..rows].fill(false);
     let qb = &q[r0 * p..r1 * p];
     let (lo, hi) = visible.span(r0, r1, nk);
-    let mut c0 = lo;
+    // Tiles start on whole 16-key panels (the packed keys' unit); the keys a sliding window
+    // adds below its span are masked like any other invisible key.
+    let mut c0 = lo - lo % flash_tiles::NR;
     while c0 < hi {
         let kt = KEY_TILE.min(hi - c0);
-        let s = &mut sc.s[..rows * kt];
-        // S = Q̃_b · K_cᵀ: K_c is [kt, p] row-major, so Kᵀ has row stride 1, column stride p.
-        gemm_into(
-            rows,
-            kt,
-            p,
-            s,
-            kt,
-            false,
-            qb,
-            p,
-            1,
-            &k[c0 * p..(c0 + kt) * p],
-            1,
-            p,
-        );
+        // The score rows' stride: kt rounded up to whole 16-key panels (KEY_TILE is a multiple).
+        let ld = kt.div_ceil(flash_tiles::NR) * flash_tiles::NR;
+        let s = &mut sc.s[..rows * ld];
+        // S = Q̃_b · K_cᵀ.
+        T::scores(qb, rows, p, k, kp, c0, kt, s, ld);
         // The tile needs a mask where some row does not see some key of it.
         let masked = !(visible.sees(r0, c0 + kt - 1) && visible.sees(r1 - 1, c0));
         for r in 0..rows {
-            let row = &mut s[r * kt..(r + 1) * kt];
+            let row = &mut s[r * ld..r * ld + kt];
             if masked {
                 for (j, x) in row.iter_mut().enumerate() {
                     if !visible.sees(r0 + r, c0 + j) {
@@ -384,20 +480,7 @@ fn query_block_body<T: FlashFloat>(
             }
         }
         // acc += E · V_c.
-        gemm_into(
-            rows,
-            pv,
-            kt,
-            &mut sc.acc[..rows * pv],
-            pv,
-            true,
-            s,
-            kt,
-            1,
-            &v[c0 * pv..(c0 + kt) * pv],
-            pv,
-            1,
-        );
+        T::accumulate_values(s, ld, rows, v, vp, c0, kt, pv, &mut sc.acc[..rows * pv]);
         c0 += kt;
     }
     for r in 0..rows {
@@ -462,14 +545,33 @@ pub fn attention<T: FlashFloat>(
     if matches!(visible, Visible::Causal { .. }) {
         jobs.reverse();
     }
+    // Each K/V head packed once for all its query blocks.
+    let packed: Vec<(Vec<T>, Vec<T>)> = (0..kv_heads)
+        .into_par_iter()
+        .map(|g| {
+            T::pack(
+                &k[g * nk * p..(g + 1) * nk * p],
+                &v[g * nk * pv..(g + 1) * nk * pv],
+                nk,
+                p,
+                pv,
+            )
+        })
+        .collect();
     jobs.into_par_iter().for_each_init(
         || Scratch::new(pv),
         |sc, (h, r0, o, d)| {
-            let kv = h * kv_heads / heads;
-            let qh = &q[h * n * p..(h + 1) * n * p];
-            let kh = &k[kv * nk * p..(kv + 1) * nk * p];
-            let vh = &v[kv * nk * pv..(kv + 1) * nk * pv];
-            query_block(qh, kh, vh, p, pv, nk, r0, visible, o, d, sc);
+            let g = h * kv_heads / heads;
+            let kv = HeadKv {
+                k: &k[g * nk * p..(g + 1) * nk * p],
+                v: &v[g * nk * pv..(g + 1) * nk * pv],
+                kp: &packed[g].0,
+                vp: &packed[g].1,
+                nk,
+                p,
+                pv,
+            };
+            query_block(&q[h * n * p..(h + 1) * n * p], &kv, r0, visible, o, d, sc);
         },
     );
     (out, log_d)

@@ -19,17 +19,17 @@
 use candle_core::{CpuStorage, DType, InplaceOp1, Layout, Tensor};
 use rayon::prelude::*;
 
-const LOG2E: f32 = std::f32::consts::LOG2_E;
+pub(super) const LOG2E: f32 = std::f32::consts::LOG2_E;
 /// ln 2 split in two (Cody–Waite): LN2_HI has few mantissa bits, so n·LN2_HI is exact for |n| ≤ 128.
-const LN2_HI: f32 = 0.693_359_4;
-const LN2_LO: f32 = -2.121_944_4e-4;
+pub(super) const LN2_HI: f32 = 0.693_359_4;
+pub(super) const LN2_LO: f32 = -2.121_944_4e-4;
 /// Below this exp(x) is under f32's smallest normal (2⁻¹²⁶); the result is flushed to 0, which
 /// in a softmax row whose largest term is 1 is far below the f32 resolution of the sum.
-const LOWEST: f32 = -87.336_55;
+pub(super) const LOWEST: f32 = -87.336_55;
 /// Above this exp(x) would overflow 2¹²⁷·2.
-const HIGHEST: f32 = 88.376_26;
+pub(super) const HIGHEST: f32 = 88.376_26;
 /// 1.5·2²³: adding it rounds a float of magnitude < 2²² to the nearest integer, branch-free.
-const ROUNDER: f32 = 12_582_912.0;
+pub(super) const ROUNDER: f32 = 12_582_912.0;
 
 /// exp(x) in f32, ≤ 2 ulp (Cephes expf coefficients). NaN in, NaN out; −∞ and anything below
 /// `LOWEST` give 0.

@@ -1,0 +1,333 @@
+//! The two f32 tile products of the fused exact kernel ([`super::flash`]) on AVX2 + FMA
+//! microkernels of our own (issue 33): S = Q̃_b K_cᵀ and acc += E V_c for a block of up to
+//! [`super::flash::QUERY_BLOCK`] rows and a tile of up to [`super::flash::KEY_TILE`] keys.
+//!
+//! Why not `gemm` here: each tile is a small product (128 × 256 × 64), and `gemm` packs both
+//! operands and dispatches afresh on every call. Here K and V are packed once per head into
+//! 16-column panels (K: [p][16] per 16 keys; V: [nk][16] per 16 value columns, so that a tile's
+//! panel is contiguous and does not alias in L1 as V's rows at a 256-byte stride do), and Q and E
+//! are read in place (one broadcast per row and step).
+//!
+//! The register tile is 6 rows × 16 columns (12 accumulators, two B vectors, one broadcast: 15 of
+//! the 16 ymm registers). Each output element is one sum over the inner index in order with FMA,
+//! the same for every block and thread, so the bits do not depend on the thread count.
+
+#[cfg(target_arch = "x86_64")]
+use std::arch::x86_64::*;
+
+/// Columns of a panel (two 8-lane vectors).
+pub const NR: usize = 16;
+/// Rows of the register tile.
+const MR: usize = 6;
+
+/// Whether this CPU runs the microkernels.
+#[inline]
+pub fn available() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        std::env::var_os("AB_NO_TILES").is_none()
+            && std::arch::is_x86_feature_detected!("avx2")
+            && std::arch::is_x86_feature_detected!("fma")
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        false
+    }
+}
+
+/// `k` ([nk, p] row-major) as ⌈nk/16⌉ panels of [p][16], keys past nk zero.
+pub fn pack_keys(k: &[f32], nk: usize, p: usize) -> Vec<f32> {
+    let mut dst = vec![0.0; nk.div_ceil(NR) * p * NR];
+    for (j, key) in k[..nk * p].chunks_exact(p).enumerate() {
+        let panel = &mut dst[(j / NR) * p * NR..];
+        for (l, &x) in key.iter().enumerate() {
+            panel[l * NR + j % NR] = x;
+        }
+    }
+    dst
+}
+
+/// `v` ([nk, pv] row-major, pv a multiple of 16) as pv/16 panels of [nk][16].
+pub fn pack_values(v: &[f32], nk: usize, pv: usize) -> Vec<f32> {
+    debug_assert!(pv.is_multiple_of(NR));
+    let mut dst = vec![0.0; nk * pv];
+    for (j, row) in v[..nk * pv].chunks_exact(pv).enumerate() {
+        for (c, part) in row.chunks_exact(NR).enumerate() {
+            dst[(c * nk + j) * NR..(c * nk + j + 1) * NR].copy_from_slice(part);
+        }
+    }
+    dst
+}
+
+/// s[i·ld + j] = Σ_l q[i·p + l] · K[c0 + j, l] for i < rows and j < 16·⌈kt/16⌉, from the
+/// head's keys packed by [`pack_keys`] (c0 a multiple of 16; columns past nk come out 0).
+///
+/// # Safety
+/// The CPU must support AVX2 and FMA ([`available`]); `q` holds rows·p values, `packed` the
+/// panels of keys c0..c0 + kt, and `s` (rows − 1)·ld + 16·⌈kt/16⌉ with ld ≥ 16·⌈kt/16⌉.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+#[allow(clippy::too_many_arguments)]
+pub unsafe fn scores(
+    q: &[f32],
+    rows: usize,
+    p: usize,
+    packed: &[f32],
+    c0: usize,
+    kt: usize,
+    s: &mut [f32],
+    ld: usize,
+) {
+    let panels = kt.div_ceil(NR);
+    debug_assert!(c0.is_multiple_of(NR) && packed.len() >= (c0 / NR + panels) * p * NR);
+    debug_assert!(q.len() >= rows * p && ld >= panels * NR);
+    debug_assert!(rows == 0 || s.len() >= (rows - 1) * ld + panels * NR);
+    for c in 0..panels {
+        let b = packed.as_ptr().add((c0 / NR + c) * p * NR);
+        let mut i = 0;
+        while i < rows {
+            let a = q.as_ptr().add(i * p);
+            let dst = s.as_mut_ptr().add(i * ld + c * NR);
+            match (rows - i).min(MR) {
+                6 => tile::<6, false>(a, p, b, NR, p, dst, ld),
+                5 => tile::<5, false>(a, p, b, NR, p, dst, ld),
+                4 => tile::<4, false>(a, p, b, NR, p, dst, ld),
+                3 => tile::<3, false>(a, p, b, NR, p, dst, ld),
+                2 => tile::<2, false>(a, p, b, NR, p, dst, ld),
+                _ => tile::<1, false>(a, p, b, NR, p, dst, ld),
+            }
+            i += MR;
+        }
+    }
+}
+
+/// acc[i·pv + j] += Σ_{l < kt} e[i·ld + l] · V[c0 + l, j] for i < rows, j < pv, from the head's
+/// values packed by [`pack_values`] (nk rows).
+///
+/// # Safety
+/// The CPU must support AVX2 and FMA ([`available`]); `e` holds (rows − 1)·ld + kt values,
+/// `packed` nk·pv with c0 + kt ≤ nk, and `acc` rows·pv.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+#[allow(clippy::too_many_arguments)]
+pub unsafe fn accumulate_values(
+    e: &[f32],
+    ld: usize,
+    rows: usize,
+    packed: &[f32],
+    nk: usize,
+    c0: usize,
+    kt: usize,
+    pv: usize,
+    acc: &mut [f32],
+) {
+    debug_assert!(pv.is_multiple_of(NR) && packed.len() >= nk * pv && c0 + kt <= nk);
+    debug_assert!(acc.len() >= rows * pv);
+    debug_assert!(rows == 0 || e.len() >= (rows - 1) * ld + kt);
+    for c in 0..pv / NR {
+        let b = packed.as_ptr().add((c * nk + c0) * NR);
+        let mut i = 0;
+        while i < rows {
+            let a = e.as_ptr().add(i * ld);
+            let dst = acc.as_mut_ptr().add(i * pv + c * NR);
+            match (rows - i).min(MR) {
+                6 => tile::<6, true>(a, ld, b, NR, kt, dst, pv),
+                5 => tile::<5, true>(a, ld, b, NR, kt, dst, pv),
+                4 => tile::<4, true>(a, ld, b, NR, kt, dst, pv),
+                3 => tile::<3, true>(a, ld, b, NR, kt, dst, pv),
+                2 => tile::<2, true>(a, ld, b, NR, kt, dst, pv),
+                _ => tile::<1, true>(a, ld, b, NR, kt, dst, pv),
+            }
+            i += MR;
+        }
+    }
+}
+
+/// row ← exp(row − m) in place (m finite, no NaN or +∞ in the row), returning Σ row in f64: the
+/// Cephes exponential of [`super::shifted_exp::exp_f32`] with its Cody–Waite reduction and
+/// polynomial in fused multiply-adds (within its ≤ 2 ulp; the bits differ from the portable
+/// form's, not between threads or blocks). −∞ (a masked key) and anything below the lowest
+/// normal result give 0. The sum runs in 8 f64 lanes, then the tail.
+///
+/// # Safety
+/// The CPU must support AVX2 and FMA ([`available`]).
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+pub unsafe fn exp_shifted(row: &mut [f32], m: f32) -> f64 {
+    use super::shifted_exp::{exp_f32, HIGHEST, LN2_HI, LN2_LO, LOG2E, LOWEST, ROUNDER};
+    let shift = _mm256_set1_ps(m);
+    let (lowest, highest) = (_mm256_set1_ps(LOWEST), _mm256_set1_ps(HIGHEST));
+    let rounder = _mm256_set1_ps(ROUNDER);
+    let rounder_bits = _mm256_set1_epi32(ROUNDER.to_bits() as i32 - 127);
+    let coef = [
+        1.987_569_2e-4_f32,
+        1.398_199_9e-3,
+        8.333_452e-3,
+        4.166_579_6e-2,
+        1.666_666_5e-1,
+        0.5,
+    ]
+    .map(|c| _mm256_set1_ps(c));
+    let one = _mm256_set1_ps(1.0);
+    let (mut sum_lo, mut sum_hi) = (_mm256_setzero_pd(), _mm256_setzero_pd());
+    let mut chunks = row.chunks_exact_mut(8);
+    for c in &mut chunks {
+        let x = _mm256_sub_ps(_mm256_loadu_ps(c.as_ptr()), shift);
+        let xc = _mm256_min_ps(_mm256_max_ps(x, lowest), highest);
+        let t = _mm256_fmadd_ps(xc, _mm256_set1_ps(LOG2E), rounder);
+        let n = _mm256_sub_ps(t, rounder);
+        // 2^n: t's low bits hold n; (n + 127) << 23 is the float's exponent field.
+        let scale = _mm256_castsi256_ps(_mm256_slli_epi32::<23>(_mm256_sub_epi32(
+            _mm256_castps_si256(t),
+            rounder_bits,
+        )));
+        let r = _mm256_fnmadd_ps(n, _mm256_set1_ps(LN2_HI), xc);
+        let r = _mm256_fnmadd_ps(n, _mm256_set1_ps(LN2_LO), r);
+        let mut p = coef[0];
+        for &k in &coef[1..] {
+            p = _mm256_fmadd_ps(p, r, k);
+        }
+        let y = _mm256_add_ps(_mm256_fmadd_ps(p, _mm256_mul_ps(r, r), r), one);
+        // Below LOWEST (−∞ included): 0.
+        let keep = _mm256_cmp_ps::<_CMP_GE_OQ>(x, lowest);
+        let e = _mm256_and_ps(_mm256_mul_ps(y, scale), keep);
+        _mm256_storeu_ps(c.as_mut_ptr(), e);
+        sum_lo = _mm256_add_pd(sum_lo, _mm256_cvtps_pd(_mm256_castps256_ps128(e)));
+        sum_hi = _mm256_add_pd(sum_hi, _mm256_cvtps_pd(_mm256_extractf128_ps::<1>(e)));
+    }
+    let mut lanes = [0f64; 8];
+    _mm256_storeu_pd(lanes.as_mut_ptr(), sum_lo);
+    _mm256_storeu_pd(lanes.as_mut_ptr().add(4), sum_hi);
+    let mut tail = 0.0;
+    for x in chunks.into_remainder() {
+        *x = exp_f32(*x - m);
+        tail += *x as f64;
+    }
+    lanes.iter().sum::<f64>() + tail
+}
+
+/// One R × 16 register tile: c[r, 0..16] (+)= Σ_{l < depth} a[r·a_rs + l] · b[l·b_rs + 0..16].
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+#[inline]
+#[allow(clippy::too_many_arguments)]
+unsafe fn tile<const R: usize, const ACCUMULATE: bool>(
+    a: *const f32,
+    a_rs: usize,
+    b: *const f32,
+    b_rs: usize,
+    depth: usize,
+    c: *mut f32,
+    c_rs: usize,
+) {
+    let mut lo = [_mm256_setzero_ps(); R];
+    let mut hi = [_mm256_setzero_ps(); R];
+    for l in 0..depth {
+        let b0 = _mm256_loadu_ps(b.add(l * b_rs));
+        let b1 = _mm256_loadu_ps(b.add(l * b_rs + 8));
+        for r in 0..R {
+            let x = _mm256_broadcast_ss(&*a.add(r * a_rs + l));
+            lo[r] = _mm256_fmadd_ps(x, b0, lo[r]);
+            hi[r] = _mm256_fmadd_ps(x, b1, hi[r]);
+        }
+    }
+    for r in 0..R {
+        let out = c.add(r * c_rs);
+        if ACCUMULATE {
+            lo[r] = _mm256_add_ps(_mm256_loadu_ps(out), lo[r]);
+            hi[r] = _mm256_add_ps(_mm256_loadu_ps(out.add(8)), hi[r]);
+        }
+        _mm256_storeu_ps(out, lo[r]);
+        _mm256_storeu_ps(out.add(8), hi[r]);
+    }
+}
+
+#[cfg(all(test, target_arch = "x86_64"))]
+mod tests {
+    use super::*;
+
+    /// The fused exponential against float64's: ≤ 4 ulp-ish (3e-7 relative) wherever the result
+    /// is a normal f32, 0 below, and the f64 sum of what it wrote.
+    #[test]
+    fn the_fused_exponential_agrees_with_float64() {
+        if !available() {
+            return;
+        }
+        let mut row: Vec<f32> = (0..20_011)
+            .map(|i| -100.0 + 100.0 * i as f32 / 20_000.0)
+            .chain([f32::NEG_INFINITY, -87.3, 0.0, 2.5])
+            .collect();
+        let m = 2.5;
+        let orig = row.clone();
+        let sum = unsafe { exp_shifted(&mut row, m) };
+        for (&x, &e) in orig.iter().zip(&row) {
+            let want = ((x - m) as f64).exp();
+            if want < f32::MIN_POSITIVE as f64 {
+                assert!(e == 0.0 || (e as f64 - want).abs() <= 1e-38, "{x}: {e}");
+            } else {
+                assert!((e as f64 - want).abs() <= 3e-7 * want, "{x}: {e} vs {want}");
+            }
+        }
+        let direct: f64 = row.iter().map(|&e| e as f64).sum();
+        assert!((sum - direct).abs() <= 1e-12 * direct);
+    }
+
+    /// Both products against float64 sums on ragged sizes (every remainder of the 6-row tile,
+    /// a partial last panel, a depth that is not a multiple of 8).
+    #[test]
+    fn the_tile_products_agree_with_float64() {
+        if !available() {
+            return;
+        }
+        let val = |i: usize| ((i * 7919 % 1009) as f32 / 1009.0 - 0.5) * 2.0;
+        for (rows, nk, c0, kt, p) in [
+            (1usize, 1usize, 0usize, 1usize, 1usize),
+            (7, 40, 16, 19, 13),
+            (128, 512, 256, 256, 64),
+            (125, 300, 32, 250, 80),
+            (11, 33, 0, 33, 16),
+        ] {
+            let q: Vec<f32> = (0..rows * p).map(val).collect();
+            let k: Vec<f32> = (0..nk * p).map(|i| val(i + 5)).collect();
+            let packed = pack_keys(&k, nk, p);
+            let ld = kt.div_ceil(NR) * NR + 3;
+            let mut s = vec![f32::NAN; rows * ld];
+            unsafe { scores(&q, rows, p, &packed, c0, kt, &mut s, ld) };
+            for i in 0..rows {
+                for j in 0..kt.div_ceil(NR) * NR {
+                    let want: f64 = if c0 + j < nk {
+                        (0..p)
+                            .map(|l| q[i * p + l] as f64 * k[(c0 + j) * p + l] as f64)
+                            .sum()
+                    } else {
+                        0.0
+                    };
+                    let got = s[i * ld + j] as f64;
+                    assert!(
+                        (got - want).abs() <= 1e-6 * p as f64,
+                        "S {rows}×{kt}×{p} [{i},{j}]"
+                    );
+                }
+            }
+            let pv = p.div_ceil(NR) * NR;
+            let v: Vec<f32> = (0..nk * pv).map(|i| val(i + 11)).collect();
+            let vp = pack_values(&v, nk, pv);
+            let acc0: Vec<f32> = (0..rows * pv).map(|i| val(i + 3)).collect();
+            let mut acc = acc0.clone();
+            unsafe { accumulate_values(&s, ld, rows, &vp, nk, c0, kt, pv, &mut acc) };
+            for i in 0..rows {
+                for j in 0..pv {
+                    let want = acc0[i * pv + j] as f64
+                        + (0..kt)
+                            .map(|l| s[i * ld + l] as f64 * v[(c0 + l) * pv + j] as f64)
+                            .sum::<f64>();
+                    let got = acc[i * pv + j] as f64;
+                    assert!(
+                        (got - want).abs() <= 1e-6 * (kt * p) as f64,
+                        "acc {rows}×{kt}×{pv} [{i},{j}]: {got} vs {want}"
+                    );
+                }
+            }
+        }
+    }
+}
