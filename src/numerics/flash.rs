@@ -88,7 +88,9 @@ pub trait FlashFloat:
     }
 
     /// s (row stride ld ≥ 16·⌈kt/16⌉) ← Q̃_b K_cᵀ for `rows` query rows `qb` [rows, p] and keys
-    /// c0..c0 + kt of the head's `k` [nk, p] (`kp` its packed form, or empty).
+    /// c0..c0 + kt of the head's `k` [nk, p] (`kp` its packed form, or empty). Returns whether
+    /// it also filled `stats` (each row's maximum and poison, asked for only where they are
+    /// the tile's: kt a multiple of 16 and no key masked).
     #[allow(clippy::too_many_arguments)]
     fn scores(
         qb: &[Self],
@@ -100,9 +102,11 @@ pub trait FlashFloat:
         kt: usize,
         s: &mut [Self],
         ld: usize,
-    ) {
+        _stats: Option<&mut flash_tiles::LaneStats>,
+    ) -> bool {
         // K_c is [kt, p] row-major, so K_cᵀ has row stride 1, column stride p.
         gemm_into(rows, kt, p, s, ld, false, qb, p, 1, &k[c0 * p..], 1, p);
+        false
     }
 
     /// acc [rows, pv] += E V_c for E [rows, kt] (row stride ld) and rows c0..c0 + kt of the
@@ -191,15 +195,21 @@ impl FlashFloat for f32 {
         kt: usize,
         s: &mut [Self],
         ld: usize,
-    ) {
+        stats: Option<&mut flash_tiles::LaneStats>,
+    ) -> bool {
         #[cfg(target_arch = "x86_64")]
         if !kp.is_empty() {
+            let filled = stats.is_some();
             // SAFETY: `kp` is non-empty only where the CPU has AVX2 and FMA (`pack`); it holds
             // every panel of the head, c0 is a multiple of 16 (query_block_body aligns the
-            // spans) and s holds rows · ld with ld ≥ the panels' width.
-            return unsafe { flash_tiles::scores(qb, rows, p, kp, c0, kt, s, ld) };
+            // spans), s holds rows · ld with ld ≥ the panels' width, and the stats QUERY_BLOCK
+            // rows.
+            unsafe { flash_tiles::scores(qb, rows, p, kp, c0, kt, s, ld, stats) };
+            return filled;
         }
+        let _ = stats;
         gemm_into(rows, kt, p, s, ld, false, qb, p, 1, &k[c0 * p..], 1, p);
+        false
     }
     fn accumulate_values(
         e: &[Self],
@@ -342,6 +352,8 @@ fn gemm_into<T: FlashFloat>(
 /// One query block's scratch.
 struct Scratch<T> {
     s: Vec<T>,
+    /// The f32 microkernels' row statistics of the current tile.
+    lanes: flash_tiles::LaneStats,
     acc: Vec<T>,
     m: Vec<T>,
     l: Vec<f64>,
@@ -352,6 +364,7 @@ impl<T: FlashFloat> Scratch<T> {
     fn new(pv: usize) -> Self {
         Self {
             s: vec![T::ZERO; QUERY_BLOCK * KEY_TILE],
+            lanes: flash_tiles::LaneStats::new(QUERY_BLOCK),
             acc: vec![T::ZERO; QUERY_BLOCK * pv],
             m: vec![T::NEG_INFINITY; QUERY_BLOCK],
             l: vec![0.0; QUERY_BLOCK],
@@ -445,9 +458,21 @@ fn query_block_body<T: FlashFloat>(
         let ld = kt.div_ceil(flash_tiles::NR) * flash_tiles::NR;
         let s = &mut sc.s[..rows * ld];
         // S = Q̃_b · K_cᵀ.
-        T::scores(qb, rows, p, k, kp, c0, kt, s, ld);
         // The tile needs a mask where some row does not see some key of it.
         let masked = !(visible.sees(r0, c0 + kt - 1) && visible.sees(r1 - 1, c0));
+        let ask = !masked && kt.is_multiple_of(flash_tiles::NR);
+        let fused = T::scores(
+            qb,
+            rows,
+            p,
+            k,
+            kp,
+            c0,
+            kt,
+            s,
+            ld,
+            ask.then_some(&mut sc.lanes),
+        );
         for r in 0..rows {
             let row = &mut s[r * ld..r * ld + kt];
             if masked {
@@ -457,7 +482,12 @@ fn query_block_body<T: FlashFloat>(
                     }
                 }
             }
-            let (bmax, poisoned) = max_and_poison(row);
+            let (bmax, poisoned) = if fused {
+                let (m, bad) = sc.lanes.row(r);
+                (T::from_f64(m as f64), bad)
+            } else {
+                max_and_poison(row)
+            };
             sc.bad[r] |= poisoned;
             let m_old = sc.m[r];
             let m_new = if bmax > m_old { bmax } else { m_old };

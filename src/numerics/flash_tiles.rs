@@ -77,27 +77,72 @@ pub unsafe fn scores(
     kt: usize,
     s: &mut [f32],
     ld: usize,
+    stats: Option<&mut LaneStats>,
 ) {
     let panels = kt.div_ceil(NR);
     debug_assert!(c0.is_multiple_of(NR) && packed.len() >= (c0 / NR + panels) * p * NR);
     debug_assert!(q.len() >= rows * p && ld >= panels * NR);
     debug_assert!(rows == 0 || s.len() >= (rows - 1) * ld + panels * NR);
+    let (max, poison) = match stats {
+        Some(st) => {
+            debug_assert!(st.max.len() >= rows * 8 && st.poison.len() >= rows * 8);
+            st.max[..rows * 8].fill(f32::NEG_INFINITY);
+            st.poison[..rows * 8].fill(0.0);
+            (st.max.as_mut_ptr(), st.poison.as_mut_ptr())
+        }
+        None => (std::ptr::null_mut(), std::ptr::null_mut()),
+    };
     for c in 0..panels {
         let b = packed.as_ptr().add((c0 / NR + c) * p * NR);
         let mut i = 0;
         while i < rows {
             let a = q.as_ptr().add(i * p);
             let dst = s.as_mut_ptr().add(i * ld + c * NR);
+            let (mx, po) = if max.is_null() {
+                (max, poison)
+            } else {
+                (max.add(i * 8), poison.add(i * 8))
+            };
             match (rows - i).min(MR) {
-                6 => tile::<6, false>(a, p, b, NR, p, dst, ld),
-                5 => tile::<5, false>(a, p, b, NR, p, dst, ld),
-                4 => tile::<4, false>(a, p, b, NR, p, dst, ld),
-                3 => tile::<3, false>(a, p, b, NR, p, dst, ld),
-                2 => tile::<2, false>(a, p, b, NR, p, dst, ld),
-                _ => tile::<1, false>(a, p, b, NR, p, dst, ld),
+                6 => tile::<6, false>(a, p, b, NR, p, dst, ld, mx, po),
+                5 => tile::<5, false>(a, p, b, NR, p, dst, ld, mx, po),
+                4 => tile::<4, false>(a, p, b, NR, p, dst, ld, mx, po),
+                3 => tile::<3, false>(a, p, b, NR, p, dst, ld, mx, po),
+                2 => tile::<2, false>(a, p, b, NR, p, dst, ld, mx, po),
+                _ => tile::<1, false>(a, p, b, NR, p, dst, ld, mx, po),
             }
             i += MR;
         }
+    }
+}
+
+/// Per-row statistics of a score tile gathered in [`scores`]'s registers, in 8 lanes per row:
+/// the running maximum, and a lane mask (all bits set) where a NaN or +∞ was seen. Meaningful
+/// only when every column the panels compute belongs to the tile (kt a multiple of 16) and no
+/// key of it is masked.
+pub struct LaneStats {
+    pub max: Vec<f32>,
+    pub poison: Vec<f32>,
+}
+
+impl LaneStats {
+    pub fn new(rows: usize) -> Self {
+        Self {
+            max: vec![f32::NEG_INFINITY; rows * 8],
+            poison: vec![0.0; rows * 8],
+        }
+    }
+
+    /// Row r's maximum and whether it met NaN or +∞.
+    pub fn row(&self, r: usize) -> (f32, bool) {
+        let lanes = &self.max[r * 8..r * 8 + 8];
+        let max = lanes
+            .iter()
+            .fold(f32::NEG_INFINITY, |m, &x| if x > m { x } else { m });
+        let bad = self.poison[r * 8..r * 8 + 8]
+            .iter()
+            .any(|x| x.to_bits() != 0);
+        (max, bad)
     }
 }
 
@@ -124,6 +169,7 @@ pub unsafe fn accumulate_values(
     debug_assert!(pv.is_multiple_of(NR) && packed.len() >= nk * pv && c0 + kt <= nk);
     debug_assert!(acc.len() >= rows * pv);
     debug_assert!(rows == 0 || e.len() >= (rows - 1) * ld + kt);
+    let null = std::ptr::null_mut();
     for c in 0..pv / NR {
         let b = packed.as_ptr().add((c * nk + c0) * NR);
         let mut i = 0;
@@ -131,12 +177,12 @@ pub unsafe fn accumulate_values(
             let a = e.as_ptr().add(i * ld);
             let dst = acc.as_mut_ptr().add(i * pv + c * NR);
             match (rows - i).min(MR) {
-                6 => tile::<6, true>(a, ld, b, NR, kt, dst, pv),
-                5 => tile::<5, true>(a, ld, b, NR, kt, dst, pv),
-                4 => tile::<4, true>(a, ld, b, NR, kt, dst, pv),
-                3 => tile::<3, true>(a, ld, b, NR, kt, dst, pv),
-                2 => tile::<2, true>(a, ld, b, NR, kt, dst, pv),
-                _ => tile::<1, true>(a, ld, b, NR, kt, dst, pv),
+                6 => tile::<6, true>(a, ld, b, NR, kt, dst, pv, null, null),
+                5 => tile::<5, true>(a, ld, b, NR, kt, dst, pv, null, null),
+                4 => tile::<4, true>(a, ld, b, NR, kt, dst, pv, null, null),
+                3 => tile::<3, true>(a, ld, b, NR, kt, dst, pv, null, null),
+                2 => tile::<2, true>(a, ld, b, NR, kt, dst, pv, null, null),
+                _ => tile::<1, true>(a, ld, b, NR, kt, dst, pv, null, null),
             }
             i += MR;
         }
@@ -206,7 +252,9 @@ pub unsafe fn exp_shifted(row: &mut [f32], m: f32) -> f64 {
     lanes.iter().sum::<f64>() + tail
 }
 
-/// One R × 16 register tile: c[r, 0..16] (+)= Σ_{l < depth} a[r·a_rs + l] · b[l·b_rs + 0..16].
+/// One R × 16 register tile: c[r, 0..16] (+)= Σ_{l < depth} a[r·a_rs + l] · b[l·b_rs + 0..16];
+/// with `lane_max` (and `lane_poison`) not null, also folds each row's 16 results into its 8
+/// lanes there (rows at a stride of 8).
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
 #[inline]
@@ -219,6 +267,8 @@ unsafe fn tile<const R: usize, const ACCUMULATE: bool>(
     depth: usize,
     c: *mut f32,
     c_rs: usize,
+    lane_max: *mut f32,
+    lane_poison: *mut f32,
 ) {
     let mut lo = [_mm256_setzero_ps(); R];
     let mut hi = [_mm256_setzero_ps(); R];
@@ -239,6 +289,18 @@ unsafe fn tile<const R: usize, const ACCUMULATE: bool>(
         }
         _mm256_storeu_ps(out, lo[r]);
         _mm256_storeu_ps(out.add(8), hi[r]);
+        if !lane_max.is_null() {
+            let (mx, po) = (lane_max.add(r * 8), lane_poison.add(r * 8));
+            let inf = _mm256_set1_ps(f32::INFINITY);
+            // Not below +∞: NaN or +∞.
+            let bad = _mm256_or_ps(
+                _mm256_cmp_ps::<_CMP_NLT_UQ>(lo[r], inf),
+                _mm256_cmp_ps::<_CMP_NLT_UQ>(hi[r], inf),
+            );
+            _mm256_storeu_ps(po, _mm256_or_ps(_mm256_loadu_ps(po), bad));
+            let m = _mm256_max_ps(lo[r], hi[r]);
+            _mm256_storeu_ps(mx, _mm256_max_ps(_mm256_loadu_ps(mx), m));
+        }
     }
 }
 
@@ -272,6 +334,35 @@ mod tests {
         assert!((sum - direct).abs() <= 1e-12 * direct);
     }
 
+    /// A NaN or +∞ score poisons exactly its row's statistics.
+    #[test]
+    fn the_row_statistics_flag_nan_and_infinity() {
+        if !available() {
+            return;
+        }
+        let (rows, nk, p) = (9, 48, 4);
+        let mut q = vec![0.25f32; rows * p];
+        q[3 * p] = f32::NAN; // row 3: every score NaN
+        q[5 * p] = f32::MAX; // row 5: overflows to +∞ against positive keys
+        let k: Vec<f32> = (0..nk * p).map(|i| 1.0 + (i % 5) as f32).collect();
+        let packed = pack_keys(&k, nk, p);
+        let mut s = vec![0.0; rows * nk];
+        let mut stats = LaneStats::new(rows);
+        unsafe { scores(&q, rows, p, &packed, 0, nk, &mut s, nk, Some(&mut stats)) };
+        for r in 0..rows {
+            let (m, bad) = stats.row(r);
+            assert_eq!(bad, r == 3 || r == 5, "row {r}");
+            if !bad {
+                assert_eq!(
+                    m,
+                    s[r * nk..(r + 1) * nk]
+                        .iter()
+                        .fold(f32::MIN, |a, &b| a.max(b))
+                );
+            }
+        }
+    }
+
     /// Both products against float64 sums on ragged sizes (every remainder of the 6-row tile,
     /// a partial last panel, a depth that is not a multiple of 8).
     #[test]
@@ -292,7 +383,15 @@ mod tests {
             let packed = pack_keys(&k, nk, p);
             let ld = kt.div_ceil(NR) * NR + 3;
             let mut s = vec![f32::NAN; rows * ld];
-            unsafe { scores(&q, rows, p, &packed, c0, kt, &mut s, ld) };
+            let mut stats = LaneStats::new(rows);
+            unsafe { scores(&q, rows, p, &packed, c0, kt, &mut s, ld, Some(&mut stats)) };
+            for i in 0..rows {
+                let w = kt.div_ceil(NR) * NR;
+                let want = s[i * ld..i * ld + w]
+                    .iter()
+                    .fold(f32::NEG_INFINITY, |m, &x| m.max(x));
+                assert_eq!(stats.row(i), (want, false), "row max {rows}×{kt}×{p} [{i}]");
+            }
             for i in 0..rows {
                 for j in 0..kt.div_ceil(NR) * NR {
                     let want: f64 = if c0 + j < nk {
