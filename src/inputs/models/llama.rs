@@ -174,8 +174,60 @@ fn split_heads(x: &Tensor, heads: usize, p: usize) -> Result<Tensor> {
     Ok(x.reshape((n, heads, p))?.transpose(0, 1)?.contiguous()?)
 }
 
-/// Post-RoPE Q [H, n, p], K and V [H_kv, n, p] of one layer from its input X [n, hidden].
+/// Rows per chunk of the forward's row-wise work (RMSNorm, the projections, RoPE, the MLP).
+/// The chunks run in parallel on the host's threads: candle's element-wise ops run on the calling
+/// thread only (runtime.rs), so unchunked they left one of two cores idle for a fifth of a
+/// forward. A fixed size, so the bits do not depend on the thread count.
+const FORWARD_CHUNK_ROWS: usize = 512;
+
+/// `f` on consecutive row chunks [s, s + rows) of 0..n, in parallel on the host (in order on
+/// other devices, whose kernels are asynchronous anyway), results in chunk order.
+fn row_chunks<R: Send>(
+    n: usize,
+    dev: &candle_core::Device,
+    f: impl Fn(usize, usize) -> Result<R> + Sync + Send,
+) -> Result<Vec<R>> {
+    use rayon::prelude::*;
+    let starts: Vec<usize> = (0..n).step_by(FORWARD_CHUNK_ROWS).collect();
+    let run = |&s: &usize| f(s, FORWARD_CHUNK_ROWS.min(n - s));
+    if dev.is_cpu() {
+        starts.par_iter().map(run).collect()
+    } else {
+        starts.iter().map(run).collect()
+    }
+}
+
+/// Post-RoPE Q [H, n, p], K and V [H_kv, n, p] of one layer from its input X [n, hidden], in
+/// row chunks ([`row_chunks`]).
 fn layer_qkv(
+    x: &Tensor,
+    lw: &DecoderLayerWeights,
+    cfg: &DecoderConfig,
+    cos: &Tensor,
+    sin: &Tensor,
+) -> Result<(Tensor, Tensor, Tensor)> {
+    let n = x.dim(0)?;
+    if n <= FORWARD_CHUNK_ROWS {
+        return layer_qkv_rows(x, lw, cfg, cos, sin);
+    }
+    let parts = row_chunks(n, x.device(), |s, rows| {
+        layer_qkv_rows(
+            &x.narrow(0, s, rows)?,
+            lw,
+            cfg,
+            &cos.narrow(0, s, rows)?,
+            &sin.narrow(0, s, rows)?,
+        )
+    })?;
+    let cat = |pick: fn(&(Tensor, Tensor, Tensor)) -> &Tensor| -> Result<Tensor> {
+        let ts: Vec<&Tensor> = parts.iter().map(pick).collect();
+        Ok(Tensor::cat(&ts, 1)?)
+    };
+    Ok((cat(|t| &t.0)?, cat(|t| &t.1)?, cat(|t| &t.2)?))
+}
+
+/// [`layer_qkv`] of one chunk of rows (`cos`, `sin` the chunk's rows of the RoPE tables).
+fn layer_qkv_rows(
     x: &Tensor,
     lw: &DecoderLayerWeights,
     cfg: &DecoderConfig,
@@ -201,11 +253,6 @@ fn layer_qkv(
     Ok((rope::apply(&q, cos, sin)?, rope::apply(&k, cos, sin)?, v))
 }
 
-/// Rows per MLP chunk: the [rows, intermediate] activations stay near 2²⁴ entries.
-fn mlp_rows(intermediate: usize, n: usize) -> usize {
-    ((1usize << 24) / intermediate.max(1)).clamp(1, n.max(1))
-}
-
 /// One whole decoder layer (eval mode), as transformers' `LlamaDecoderLayer.forward`.
 fn decoder_layer(
     x: &Tensor,
@@ -225,16 +272,14 @@ fn decoder_layer(
         .transpose(0, 1)?
         .contiguous()?
         .reshape((n, cfg.num_attention_heads * cfg.head_dim))?;
-    let x = (x + linear(&ctx, &rest.o)?)?;
-    // SwiGLU MLP, row-wise, so done in row chunks to bound the [n, intermediate] activations.
-    let step = mlp_rows(cfg.intermediate_size, n);
-    let mut outs = Vec::with_capacity(n.div_ceil(step));
-    for s in (0..n).step_by(step) {
-        let xs = x.narrow(0, s, step.min(n - s))?;
+    // The output projection and the SwiGLU MLP are row-wise: row chunks in parallel, which also
+    // bounds the [rows, intermediate] activations.
+    let outs = row_chunks(n, x.device(), |s, rows| {
+        let xs = (x.narrow(0, s, rows)? + linear(&ctx.narrow(0, s, rows)?, &rest.o)?)?;
         let h = rms_norm(&xs, &rest.post_norm, cfg.rms_norm_eps)?;
         let act = (linear(&h, &rest.gate)?.silu()? * linear(&h, &rest.up)?)?;
-        outs.push((xs + linear(&act, &rest.down)?)?);
-    }
+        Ok((xs + linear(&act, &rest.down)?)?)
+    })?;
     Ok(Tensor::cat(&outs, 0)?)
 }
 
