@@ -650,15 +650,12 @@ pub fn on_host(
         visible: Visible,
         dev: &candle_core::Device,
     ) -> Result<(Tensor, Tensor)> {
-        let (o, d) = attention::<T>(
-            &qs.flatten_all()?.to_vec1()?,
-            &k.flatten_all()?.to_vec1()?,
-            &v.flatten_all()?.to_vec1()?,
-            h,
-            hkv,
-            p,
-            visible,
-        );
+        use crate::tensor_util::with_host_slice;
+        let (o, d) = with_host_slice::<T, _>(qs, |q| {
+            with_host_slice::<T, _>(k, |k| {
+                with_host_slice::<T, _>(v, |v| Ok(attention::<T>(q, k, v, h, hkv, p, visible)))
+            })
+        })?;
         Ok((
             Tensor::from_vec(o, (h, n, pv), dev)?,
             Tensor::from_vec(d, (h, n), dev)?,
