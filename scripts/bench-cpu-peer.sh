@@ -15,6 +15,13 @@ for n in ${LENGTHS:-4096 8192 32768}; do
   $BIN bench "${SMOL[@]}" --layer 0 --lengths "$n" --methods window --features 64 --repeats 3 --qkv-cache off \
     | grep -E "matmul peak|exact attention per head|two-pass kernel"
 done
+# The machine is shared and noisy: the kernel and SDPA alternated, ROUNDS times at n = 8192.
+echo "== paired: the fused kernel (bench, layer 0's Q/K/V) and SDPA alternated, n = 8192"
+for r in $(seq "${ROUNDS:-5}"); do
+  $BIN bench "${SMOL[@]}" --layer 0 --lengths 8192 --methods window --features 64 --repeats 3 --qkv-cache off \
+    | grep -oE "exact attention per head [0-9.]+ ms" | sed "s/^/round $r: /"
+  $PY scripts/peer-forward.py --n 8192 --threads "$THREADS" --sdpa-only 2>/dev/null | sed "s/^/round $r: /"
+done
 for n in ${FORWARD_LENGTHS:-4096 8192}; do
   echo "== n = $n: Q/K/V of layer 15 (dump-qkv, whole process) and the PyTorch peer"
   /usr/bin/time -f "approx-bench dump-qkv: %e s wall, %U s user" \

@@ -4,6 +4,7 @@ SDPA forward of a window through the layers before L (f32, `--threads` threads),
 and SDPA's causal attention per head at the same n. Usage:
 
     scripts/peer-forward.py --n 8192 --layer 15 --threads 2
+    scripts/peer-forward.py --n 8192 --sdpa-only   # SDPA alone (SmolLM2's 9 heads, p = 64)
 """
 import argparse
 import time
@@ -17,8 +18,26 @@ ap.add_argument("--layer", type=int, default=15)
 ap.add_argument("--threads", type=int, default=2)
 ap.add_argument("--model-dir", default="../shared/data/SmolLM2-135M-Instruct-Q4_1")
 ap.add_argument("--gguf", default="SmolLM2-135M-Instruct.Q4_1.gguf")
+ap.add_argument("--sdpa-only", action="store_true")
 a = ap.parse_args()
 torch.set_num_threads(a.threads)
+
+
+def sdpa_per_head(n, h, p):
+    q, k, v = (torch.randn(1, h, n, p) for _ in range(3))
+    f = lambda: torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+    f()
+    ts = []
+    for _ in range(3):
+        t0 = time.perf_counter()
+        f()
+        ts.append(time.perf_counter() - t0)
+    return sorted(ts)[1] / h
+
+
+if a.sdpa_only:
+    print(f"SDPA causal per head, n = {a.n}: {sdpa_per_head(a.n, 9, 64)*1e3:.1f} ms")
+    raise SystemExit
 t0 = time.perf_counter()
 model = AutoModelForCausalLM.from_pretrained(
     a.model_dir, gguf_file=a.gguf, dtype=torch.float32, attn_implementation="sdpa"
@@ -36,13 +55,5 @@ with torch.no_grad():
     fwd = time.perf_counter() - t0
 cfg = model.config
 h, p = cfg.num_attention_heads, cfg.hidden_size // cfg.num_attention_heads
-q, k, v = (torch.randn(1, h, a.n, p) for _ in range(3))
-f = lambda: torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
-f()
-ts = []
-for _ in range(3):
-    t0 = time.perf_counter()
-    f()
-    ts.append(time.perf_counter() - t0)
-sdpa = sorted(ts)[1] / h
+sdpa = sdpa_per_head(a.n, h, p)
 print(f"torch {torch.__version__}, {a.threads} threads, n = {a.n}: load {load:.1f} s; forward through layers 0..{a.layer} {fwd:.2f} s; SDPA causal per head {sdpa*1e3:.1f} ms")
