@@ -6,7 +6,6 @@
 
 pub mod agreement;
 pub mod flash;
-pub mod flash_tiles;
 pub mod formats;
 pub mod inverse;
 pub mod key_sets;

@@ -1,6 +1,6 @@
-//! The two f32 tile products of the fused exact kernel ([`super::flash`]) on AVX2 + FMA
+//! The two f32 tile products of the fused exact kernel ([`super`]) on AVX2 + FMA
 //! microkernels of our own (issue 33): S = Q̃_b K_cᵀ and acc += E V_c for a block of up to
-//! [`super::flash::QUERY_BLOCK`] rows and a tile of up to [`super::flash::KEY_TILE`] keys.
+//! [`super::QUERY_BLOCK`] rows and a tile of up to [`super::KEY_TILE`] keys.
 //!
 //! Why not `gemm` here: each tile is a small product (128 × 256 × 64), and `gemm` packs both
 //! operands and dispatches afresh on every call. Here K and V are packed once per head into
@@ -190,7 +190,7 @@ pub unsafe fn accumulate_values(
 }
 
 /// row ← exp(row − m) in place (m finite, no NaN or +∞ in the row), returning Σ row in f64: the
-/// Cephes exponential of [`super::shifted_exp::exp_f32`] with its Cody–Waite reduction and
+/// Cephes exponential of [`crate::numerics::shifted_exp::exp_f32`] with its Cody–Waite reduction and
 /// polynomial in fused multiply-adds (within its ≤ 2 ulp; the bits differ from the portable
 /// form's, not between threads or blocks). −∞ (a masked key) and anything below the lowest
 /// normal result give 0. The sum runs in 8 f64 lanes, then the tail.
@@ -200,7 +200,7 @@ pub unsafe fn accumulate_values(
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
 pub unsafe fn exp_shifted(row: &mut [f32], m: f32) -> f64 {
-    use super::shifted_exp::{exp_f32, HIGHEST, LN2_HI, LN2_LO, LOG2E, LOWEST, ROUNDER};
+    use crate::numerics::shifted_exp::{exp_f32, HIGHEST, LN2_HI, LN2_LO, LOG2E, LOWEST, ROUNDER};
     let shift = _mm256_set1_ps(m);
     let (lowest, highest) = (_mm256_set1_ps(LOWEST), _mm256_set1_ps(HIGHEST));
     let rounder = _mm256_set1_ps(ROUNDER);
