@@ -123,7 +123,6 @@ fn query_block<T: FlashFloat>(
 /// the bits equal the portable build's).
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2")]
-#[allow(clippy::too_many_arguments)]
 unsafe fn query_block_avx2<T: FlashFloat>(
     q: &[T],
     kv: &HeadKv<T>,
@@ -136,7 +135,6 @@ unsafe fn query_block_avx2<T: FlashFloat>(
     query_block_body(q, kv, r0, visible, out, log_d, sc)
 }
 
-#[allow(clippy::too_many_arguments)]
 #[inline(always)]
 fn query_block_body<T: FlashFloat>(
     q: &[T],

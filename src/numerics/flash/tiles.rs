@@ -94,25 +94,8 @@ pub unsafe fn scores(
     };
     for c in 0..panels {
         let b = packed.as_ptr().add((c0 / NR + c) * p * NR);
-        let mut i = 0;
-        while i < rows {
-            let a = q.as_ptr().add(i * p);
-            let dst = s.as_mut_ptr().add(i * ld + c * NR);
-            let (mx, po) = if max.is_null() {
-                (max, poison)
-            } else {
-                (max.add(i * 8), poison.add(i * 8))
-            };
-            match (rows - i).min(MR) {
-                6 => tile::<6, false>(a, p, b, NR, p, dst, ld, mx, po),
-                5 => tile::<5, false>(a, p, b, NR, p, dst, ld, mx, po),
-                4 => tile::<4, false>(a, p, b, NR, p, dst, ld, mx, po),
-                3 => tile::<3, false>(a, p, b, NR, p, dst, ld, mx, po),
-                2 => tile::<2, false>(a, p, b, NR, p, dst, ld, mx, po),
-                _ => tile::<1, false>(a, p, b, NR, p, dst, ld, mx, po),
-            }
-            i += MR;
-        }
+        let (a, c) = (q.as_ptr(), s.as_mut_ptr().add(c * NR));
+        tile_rows::<false>(rows, a, p, b, p, c, ld, max, poison);
     }
 }
 
@@ -169,23 +152,11 @@ pub unsafe fn accumulate_values(
     debug_assert!(pv.is_multiple_of(NR) && packed.len() >= nk * pv && c0 + kt <= nk);
     debug_assert!(acc.len() >= rows * pv);
     debug_assert!(rows == 0 || e.len() >= (rows - 1) * ld + kt);
-    let null = std::ptr::null_mut();
     for c in 0..pv / NR {
         let b = packed.as_ptr().add((c * nk + c0) * NR);
-        let mut i = 0;
-        while i < rows {
-            let a = e.as_ptr().add(i * ld);
-            let dst = acc.as_mut_ptr().add(i * pv + c * NR);
-            match (rows - i).min(MR) {
-                6 => tile::<6, true>(a, ld, b, NR, kt, dst, pv, null, null),
-                5 => tile::<5, true>(a, ld, b, NR, kt, dst, pv, null, null),
-                4 => tile::<4, true>(a, ld, b, NR, kt, dst, pv, null, null),
-                3 => tile::<3, true>(a, ld, b, NR, kt, dst, pv, null, null),
-                2 => tile::<2, true>(a, ld, b, NR, kt, dst, pv, null, null),
-                _ => tile::<1, true>(a, ld, b, NR, kt, dst, pv, null, null),
-            }
-            i += MR;
-        }
+        let c = acc.as_mut_ptr().add(c * NR);
+        let null = std::ptr::null_mut();
+        tile_rows::<true>(rows, e.as_ptr(), ld, b, kt, c, pv, null, null);
     }
 }
 
@@ -250,6 +221,44 @@ pub unsafe fn exp_shifted(row: &mut [f32], m: f32) -> f64 {
         tail += *x as f64;
     }
     lanes.iter().sum::<f64>() + tail
+}
+
+/// `rows` rows of a 16-column strip, 6 at a time then the remainder: c[i, 0..16] (+)=
+/// Σ_{l < depth} a[i·a_rs + l] · b[l·16 + 0..16], with row statistics folded into
+/// `lane_max`/`lane_poison` (8 per row) when they are not null.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+#[inline]
+#[allow(clippy::too_many_arguments)]
+unsafe fn tile_rows<const ACCUMULATE: bool>(
+    rows: usize,
+    a: *const f32,
+    a_rs: usize,
+    b: *const f32,
+    depth: usize,
+    c: *mut f32,
+    c_rs: usize,
+    lane_max: *mut f32,
+    lane_poison: *mut f32,
+) {
+    let mut i = 0;
+    while i < rows {
+        let (a, c) = (a.add(i * a_rs), c.add(i * c_rs));
+        let (mx, po) = if lane_max.is_null() {
+            (lane_max, lane_poison)
+        } else {
+            (lane_max.add(i * 8), lane_poison.add(i * 8))
+        };
+        match (rows - i).min(MR) {
+            6 => tile::<6, ACCUMULATE>(a, a_rs, b, NR, depth, c, c_rs, mx, po),
+            5 => tile::<5, ACCUMULATE>(a, a_rs, b, NR, depth, c, c_rs, mx, po),
+            4 => tile::<4, ACCUMULATE>(a, a_rs, b, NR, depth, c, c_rs, mx, po),
+            3 => tile::<3, ACCUMULATE>(a, a_rs, b, NR, depth, c, c_rs, mx, po),
+            2 => tile::<2, ACCUMULATE>(a, a_rs, b, NR, depth, c, c_rs, mx, po),
+            _ => tile::<1, ACCUMULATE>(a, a_rs, b, NR, depth, c, c_rs, mx, po),
+        }
+        i += MR;
+    }
 }
 
 /// One R × 16 register tile: c[r, 0..16] (+)= Σ_{l < depth} a[r·a_rs + l] · b[l·b_rs + 0..16];
