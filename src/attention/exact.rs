@@ -114,14 +114,16 @@ pub fn scaled_operands(q: &Tensor, k: &Tensor) -> Result<(Tensor, Tensor)> {
 /// The arithmetic of exact attention's row blocks.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ExactKernel {
-    /// The fused online-softmax kernel ([`crate::numerics::flash`]) on the CPU in f32 and f64,
-    /// else [`ExactKernel::Generic`].
+    /// The fused online-softmax kernel ([`crate::numerics::flash`]) on the CPU in f32 and f64, and
+    /// on a CUDA device where its kernel applies ([`flash::on_device`]), else
+    /// [`ExactKernel::Generic`].
     Auto,
     /// The two-pass kernel it replaced: each row block's scores written out, exponentiated in
     /// place (f32, f64 row sums), then multiplied by V. Kept for comparison (`bench`) and tests.
     TwoPass,
-    /// candle's max-shifted softmax and products in the working dtype: what every non-CPU device
-    /// runs. Selectable on the CPU so that tests exercise it there.
+    /// candle's max-shifted softmax and products in the working dtype: what a non-CPU device runs
+    /// where the fused device kernel does not apply. Selectable on the CPU so that tests exercise
+    /// it there.
     Generic,
 }
 
@@ -144,11 +146,24 @@ impl ExactAttention {
     ) -> Result<Self> {
         let (qs, kt) = scaled_operands(q, k)?;
         let p = v.dim(1)?;
+        let visible = match mask {
+            Mask::None => Visible::All,
+            Mask::Causal => Visible::Causal { window: None },
+        };
+        if kernel == ExactKernel::Auto && !q.device().is_cpu() {
+            // The fused kernel on a CUDA device (one head as a batch of one).
+            let three = |t: &Tensor| t.unsqueeze(0);
+            if let Some(output) = flash::on_device(&three(&qs)?, &three(k)?, &three(v)?, visible)? {
+                return Ok(Self {
+                    output: output.squeeze(0)?,
+                    q: qs,
+                    k: kt,
+                    mask,
+                    log_rowsum: std::sync::OnceLock::new(),
+                });
+            }
+        }
         if kernel == ExactKernel::Auto && q.device().is_cpu() {
-            let visible = match mask {
-                Mask::None => Visible::All,
-                Mask::Causal => Visible::Causal { window: None },
-            };
             if let Some((output, log_d)) = flash::on_host(&qs, k, v, visible)? {
                 let log_rowsum = std::sync::OnceLock::new();
                 let _ = log_rowsum.set(log_d.squeeze(0)?);

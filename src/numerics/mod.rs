@@ -5,6 +5,8 @@
 //! `formats` holds the number formats of §8.2 (f16, bf16, E4M3, ggml blocks, integer groups).
 
 pub mod agreement;
+#[cfg(feature = "cuda")]
+pub mod cuda;
 pub mod flash;
 pub mod formats;
 pub mod inverse;

@@ -14,6 +14,7 @@ use candle_core::Tensor;
 
 use super::{mask_after_diagonal, ExactAttention};
 use crate::attention::target::Mask;
+use crate::numerics::flash::{self, Visible};
 
 /// Score entries per batched row block: about 64 M (256 MB in f32, one block in flight), so that
 /// each product is large enough to fill a GPU and H·b·n never grows with n² (n = 65536, H = 32:
@@ -42,7 +43,7 @@ impl ExactAttention {
         v: &Tensor,
         mask: Mask,
     ) -> Result<Vec<ExactAttention>> {
-        let (h, n, p) = q.dims3()?;
+        let (h, _, p) = q.dims3()?;
         let (hkv, nk, pk) = k.dims3()?;
         if v.dims3()? != (hkv, nk, pk) || pk != p || hkv == 0 || h % hkv != 0 {
             bail!(
@@ -55,6 +56,41 @@ impl ExactAttention {
         let g = h / hkv;
         let qs = (q * (1.0 / (p as f64).sqrt()))?.contiguous()?;
         let kt = k.transpose(1, 2)?.contiguous()?; // [H_kv, p, n_k]
+        let visible = match mask {
+            Mask::None => Visible::All,
+            Mask::Causal => Visible::Causal { window: None },
+        };
+        // On a CUDA device: every head in one launch of the fused kernel (issue 34).
+        let out = match flash::on_device(&qs, k, v, visible)? {
+            Some(out) => out,
+            None => Self::blocks_over_heads(&qs, &kt, v, mask, hkv, g)?,
+        };
+        (0..h)
+            .map(|i| {
+                Ok(ExactAttention {
+                    output: out.get(i)?,
+                    q: qs.get(i)?,
+                    k: kt.get(i / g)?,
+                    mask,
+                    // log D on demand, from this head's scaled Q and Kᵀ (only the restricted
+                    // methods' mass reads it).
+                    log_rowsum: std::sync::OnceLock::new(),
+                })
+            })
+            .collect()
+    }
+
+    /// O [H, n, p] by candle's products and fused softmax, in batched row blocks.
+    fn blocks_over_heads(
+        qs: &Tensor,
+        kt: &Tensor,
+        v: &Tensor,
+        mask: Mask,
+        hkv: usize,
+        g: usize,
+    ) -> Result<Tensor> {
+        let (h, n, p) = qs.dims3()?;
+        let nk = kt.dim(2)?;
         let v = v.contiguous()?;
         let q4 = qs.reshape((hkv, g, n, p))?;
         let step = batched_block_rows(h, nk);
@@ -83,19 +119,6 @@ impl ExactAttention {
             let o = candle_nn::ops::softmax_last_dim(&s)?.matmul(&vb)?;
             outs.push(o.reshape((hkv, g, len, p))?);
         }
-        let out = Tensor::cat(&outs, 2)?.reshape((h, n, p))?;
-        (0..h)
-            .map(|i| {
-                Ok(ExactAttention {
-                    output: out.get(i)?,
-                    q: qs.get(i)?,
-                    k: kt.get(i / g)?,
-                    mask,
-                    // log D on demand, from this head's scaled Q and Kᵀ (only the restricted
-                    // methods' mass reads it).
-                    log_rowsum: std::sync::OnceLock::new(),
-                })
-            })
-            .collect()
+        Ok(Tensor::cat(&outs, 2)?.reshape((h, n, p))?)
     }
 }

@@ -114,6 +114,13 @@ pub fn sample_index(
 /// [`sample_index`]; each head's M̄ ([n] values). The sampled keys of all heads are gathered at
 /// once, in row blocks of about 64 M entries.
 pub fn sparsity_measure_heads(q: &Tensor, k: &Tensor, idx: &Tensor) -> Result<Vec<Vec<f64>>> {
+    // On a CUDA device, one kernel reads each sampled key where it lies instead of gathering the
+    // [B, n, U, p] block (issue 34); the same values to rounding.
+    #[cfg(feature = "cuda")]
+    if let Some(m) = crate::numerics::cuda::sampled_logits::sparsity_measure(q, k, idx)? {
+        let n = q.dim(1)?;
+        return Ok(to_vec_f64(&m)?.chunks(n).map(<[f64]>::to_vec).collect());
+    }
     sparsity_measure_heads_in_blocks(q, k, idx, 1 << 26)
 }
 

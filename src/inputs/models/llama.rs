@@ -96,11 +96,17 @@ pub fn causal_attention(
     let (heads, n, p) = q.dims3()?;
     // On the host: the fused kernel, every head's query blocks in parallel on all cores (Q scaled
     // by 1/√p first, where transformers' eager path scales the scores: a rounding apart).
-    // Other devices take the blocked candle path below, which scales the scores itself.
+    // A CUDA device takes the same kernel's device form where it applies (f32/f64, p = 64 or
+    // 128); other devices take the blocked candle path below, which scales the scores itself.
+    let visible = crate::numerics::flash::Visible::Causal { window };
     if q.device().is_cpu() {
         let qs = (q * (1.0 / (p as f64).sqrt()))?;
-        let visible = crate::numerics::flash::Visible::Causal { window };
         if let Some((o, _)) = crate::numerics::flash::on_host(&qs, k, v, visible)? {
+            return Ok(o);
+        }
+    } else {
+        let qs = (q * (1.0 / (p as f64).sqrt()))?;
+        if let Some(o) = crate::numerics::flash::on_device(&qs, k, v, visible)? {
             return Ok(o);
         }
     }

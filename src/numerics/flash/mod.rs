@@ -381,6 +381,20 @@ pub fn on_host(
     }))
 }
 
+/// O [H, n, p] of the fused kernel on a CUDA device ([`crate::numerics::cuda::attention`]) for
+/// `qs` scaled queries [H, n, p] and `k`, `v` [H_kv, n, p] in the same dtype, or None where it
+/// does not apply (the host, a build without `cuda`, a dtype or head size it has no kernel for,
+/// or `APPROX_BENCH_CUDA_KERNELS=0`): the caller then takes its device-generic path.
+pub fn on_device(qs: &Tensor, k: &Tensor, v: &Tensor, visible: Visible) -> Result<Option<Tensor>> {
+    #[cfg(feature = "cuda")]
+    return crate::numerics::cuda::attention::on_device(qs, k, v, visible);
+    #[cfg(not(feature = "cuda"))]
+    {
+        let _ = (qs, k, v, visible);
+        Ok(None)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
