@@ -41,10 +41,71 @@ pub fn agreement(exact: &Tensor, approx: &Tensor) -> Result<Agreement> {
     })
 }
 
+/// [`agreement`] of each head of a batch: `exact` and `approx` [B, ...] (same shape), the six sums
+/// of every head at once in f64 on the tensors' device and one copy of 6·B numbers to the host (a
+/// device sweep's metric for all heads of a method at one d, instead of B rounds of small kernels
+/// and copies).
+pub fn agreement_heads(exact: &Tensor, approx: &Tensor) -> Result<Vec<Agreement>> {
+    let b = exact.dim(0)?;
+    let o = exact.to_dtype(DType::F64)?.reshape((b, ()))?;
+    let a = approx.to_dtype(DType::F64)?.reshape((b, ()))?;
+    let e = (&o - &a)?;
+    let sums = Tensor::stack(
+        &[
+            (&o * &a)?.sum(1)?,
+            o.sqr()?.sum(1)?,
+            a.sqr()?.sum(1)?,
+            e.abs()?.sum(1)?,
+            o.abs()?.sum(1)?,
+            e.sqr()?.sum(1)?,
+        ],
+        0,
+    )?
+    .to_vec2::<f64>()?;
+    let count = o.dim(1)? as f64;
+    Ok((0..b)
+        .map(|i| Agreement {
+            cos_sim: sums[0][i] / (sums[1][i].sqrt() * sums[2][i].sqrt()),
+            rel_l1: sums[3][i] / sums[4][i],
+            rmse: (sums[5][i] / count).sqrt(),
+        })
+        .collect())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::tensor_util::test_device;
+
+    #[test]
+    fn batched_heads_agree_with_each_head_alone() {
+        let dev = test_device();
+        let o = Tensor::new(
+            &[[[1f64, 2.0], [3.0, -4.0]], [[0.5, -1.0], [2.0, 0.25]]],
+            &dev,
+        )
+        .unwrap();
+        let a = Tensor::new(
+            &[[[1.5f64, 2.0], [2.0, -4.0]], [[0.5, -1.5], [1.0, 0.75]]],
+            &dev,
+        )
+        .unwrap();
+        let batched = agreement_heads(&o, &a).unwrap();
+        assert_eq!(batched.len(), 2);
+        for (i, got) in batched.iter().enumerate() {
+            let want = agreement(&o.get(i).unwrap(), &a.get(i).unwrap()).unwrap();
+            for (g, w) in [
+                (got.cos_sim, want.cos_sim),
+                (got.rel_l1, want.rel_l1),
+                (got.rmse, want.rmse),
+            ] {
+                assert!(
+                    (g - w).abs() <= 1e-15 * w.abs().max(1.0),
+                    "head {i}: {g} vs {w}"
+                );
+            }
+        }
+    }
 
     #[test]
     fn closed_forms_on_small_matrices() {
