@@ -1,12 +1,19 @@
 #!/usr/bin/env bash
-# Issue 21's GPU checks in one call, on the machine with the GPU, from the checkout's root with the
-# .gpu/ of scripts/gpu-pack.sh beside it: the unit and pipeline tests on cuda, the Skyformer preset
-# on cuda (batched, profiled), the same on 8 windows batched, head by head and on the machine's CPU
-# cores, `bench`, the Skeinformer preset, and the decoder path (issue 23: one shard of the
-# initialized Llama-shaped model at n = 8192 on cuda and on the CPU cores), and the decode protocol
-# (issue 35) on cuda and the CPU cores. Each step has a timeout; OUT (default /tmp/out) receives
-# log.txt, tests.txt, bench.txt and five archives of trials (at most 8 files come back from a
-# device call). Compare the presets' trials with the committed CPU runs afterwards.
+# The GPU checks of issues 21 and 34 in one call (about 9 minutes), on the machine with the GPU,
+# from the checkout's root with the .gpu/ of scripts/gpu-pack.sh beside it, most important first:
+#  1. the unit tests of the exact targets, the fused kernel and the batched methods on cuda;
+#  2. `bench`: exact attention at n = 4096, 16384, 65536, both masks, with the project's CUDA
+#     kernels and without them (APPROX_BENCH_CUDA_KERNELS=0: candle's blocked path), against the
+#     card's f32 matmul peak; PyTorch's SDPA in f32 on the same card beside it;
+#  3. the Skyformer preset (64 windows) on cuda, profiled;
+#  4. the decoder check (issue 23/34): six heads of one window of results/decoder's initialized
+#     model at n = 8192 on cuda and on the CPU cores;
+#  5. the Skyformer preset on 8 windows: cuda, cuda without the kernels, the 16 CPU cores;
+#  6. the Skeinformer preset (64 windows) on cuda, profiled;
+#  7. every unit test and the pipeline tests on cuda.
+# Each step has a timeout; OUT (default /tmp/out) receives log.txt, tests.txt, bench.txt and
+# archives of trials (at most 8 files come back from a device call). Compare the trials with the
+# committed CPU runs afterwards (scripts/gpu-compare.py).
 set -u
 ROOT=$PWD
 OUT=${OUT:-/tmp/out}
@@ -17,7 +24,9 @@ log() { echo "== $(date +%T) $*" | tee -a "$LOG"; }
 step() {
   local name=$1 limit=$2; shift 2
   local s=$(date +%s%N)
-  timeout "$limit" "$@" > /tmp/step.txt 2>&1
+  # -k: a sweep stops gracefully on SIGTERM after its current window (which kept a decoder step
+  # running 218 s past its limit on an H200); SIGKILL 10 s later bounds it.
+  timeout -k 10 "$limit" "$@" > /tmp/step.txt 2>&1
   local rc=$? e=$(( ($(date +%s%N) - s) / 1000000 ))
   tail -14 /tmp/step.txt >> "$LOG"
   echo "-- $name: exit $rc, wall $e ms" | tee -a "$LOG"
@@ -41,56 +50,60 @@ echo "cpus $(nproc)" >> "$LOG"
 C=(--model initialized --model-dir $D/bert-base-cased --corpus $D/wikitext-2/wiki.test.raw --quiet)
 
 export RUST_BACKTRACE=0 RUST_LIB_BACKTRACE=0
-log "1 unit tests and pipeline tests on cuda"
+lib_tests() { for t in "${TESTS[@]}"; do case $t in */approx_bench-*) echo "$t" ;; esac; done; }
+LIB=$(lib_tests)
+
+log "1 unit tests of the targets, the kernels and the batched methods on cuda"
 cd "$BUILD_PATH"
-for t in "${TESTS[@]}"; do
-  APPROX_BENCH_TEST_DEVICE=cuda timeout 100 "$t" --test-threads 8 > /tmp/t.txt 2>&1; echo "exit $?" >> /tmp/t.txt
-  grep -E "test result|^exit" /tmp/t.txt >> "$LOG"
-  sed -n '/^failures:/,/^test result/p' /tmp/t.txt | head -120 >> "$OUT/tests.txt"
-done
-for t in "${TESTS[@]}"; do
-  case $t in */approx_bench-*) ;; *) continue ;; esac
-  APPROX_BENCH_TEST_DEVICE=cuda timeout 30 "$t" every_batched_method --nocapture >> "$OUT/tests.txt" 2>&1
-  APPROX_BENCH_TEST_DEVICE=cuda timeout 30 "$t" batched_heads_with_shared_kv --nocapture >> "$OUT/tests.txt" 2>&1
-done
+APPROX_BENCH_TEST_DEVICE=cuda timeout 90 "$LIB" --test-threads 4 exact flash informer batched every_batched_method \
+  > /tmp/t1.txt 2>&1; echo "exit $?" >> /tmp/t1.txt
+grep -E "test result|^exit|panicked|FAILED" /tmp/t1.txt | head -20 >> "$LOG"
+sed -n '/^failures:/,/^test result/p' /tmp/t1.txt | head -80 >> "$OUT/tests.txt"
 cd "$ROOT"
 
-log "2 Skyformer preset, cuda, 64 windows, batched, profiled"
+log "2 bench: exact attention with and without the project's kernels; SDPA beside it"
+B=(bench "${C[@]}" --methods vmean --features 8)
+for mask in none causal; do
+  timeout -k 10 60 $BIN "${B[@]}" --mask $mask --lengths 4096,16384,65536 --device cuda >> "$OUT/bench.txt" 2>&1
+  echo "-- bench $mask fused: exit $?" | tee -a "$LOG" >> "$OUT/bench.txt"
+  APPROX_BENCH_CUDA_KERNELS=0 timeout -k 10 60 $BIN "${B[@]}" --mask $mask --lengths 4096,16384 --device cuda >> "$OUT/bench.txt" 2>&1
+  echo "-- bench $mask candle (kernels off): exit $?" | tee -a "$LOG" >> "$OUT/bench.txt"
+done
+grep -E "peak|exact attention|^-- bench|^n =|n=" "$OUT/bench.txt" | head -60 >> "$LOG"
+PYTHONUNBUFFERED=1 timeout 60 python3 scripts/sdpa-cuda.py >> "$LOG" 2>&1
+
+log "3 Skyformer preset, cuda, 64 windows, profiled"
 APPROX_BENCH_PROFILE=1 step preset-cuda-64 90 $BIN --figure skyformer "${C[@]}" --windows 64 --device cuda --out /tmp/sky-cuda
 gzip -c /tmp/sky-cuda/trials.csv > "$OUT/sky-cuda-trials.csv.gz"
 
-log "3 the same on 8 windows: batched, head by head (before), the 16 CPU cores"
+log "4 decoder: results/decoder's initialized model at n = 8192, one window, heads 0-5, cuda and CPU"
+# One window, six heads (528 trials): on an H200 the decoder methods ran head by head at 8.5
+# trials/s on cuda against 51/s on the 16 CPU cores (2026-11-27), so three windows of 32 heads did
+# not fit the step.
+DEC=(--model initialized --model-dir $D/llama-shape --layer 0 --corpus $D/wikitext-2/wiki.test.raw
+     --lengths 8192 --windows 1 --heads 0,1,2,3,4,5 --quiet
+     --methods vmean,performer_favor,window,topk,streaming,h2o,quest,moba,block_sparse,xattention,vertical_slash
+     --features 16,32,64,128,256,512,1024,2048)
+APPROX_BENCH_PROFILE=1 step decoder-cuda 120 $BIN "${DEC[@]}" --device cuda --out /tmp/dec-cuda
+step decoder-cpu16 60 $BIN "${DEC[@]}" --device cpu --out /tmp/dec-cpu
+tar czf "$OUT/decoder.tgz" -C /tmp dec-cuda/trials.csv dec-cpu/trials.csv
+
+log "5 Skyformer preset, 8 windows: cuda, cuda without the project's kernels, the 16 CPU cores"
 APPROX_BENCH_PROFILE=1 step preset-cuda-8 30 $BIN --figure skyformer "${C[@]}" --windows 8 --device cuda --out /tmp/sky8-cuda
-APPROX_BENCH_PROFILE=1 APPROX_BENCH_HEAD_BATCH=0 step preset-cuda-8-per-head 40 $BIN --figure skyformer "${C[@]}" --windows 8 --device cuda --out /tmp/sky8-perhead
+APPROX_BENCH_PROFILE=1 APPROX_BENCH_CUDA_KERNELS=0 step preset-cuda-8-candle 30 $BIN --figure skyformer "${C[@]}" --windows 8 --device cuda --out /tmp/sky8-candle
 step preset-cpu16-8 30 $BIN --figure skyformer "${C[@]}" --windows 8 --device cpu --out /tmp/sky8-cpu
-tar czf "$OUT/sky8.tgz" -C /tmp sky8-cuda/trials.csv sky8-perhead/trials.csv sky8-cpu/trials.csv
+tar czf "$OUT/sky8.tgz" -C /tmp sky8-cuda/trials.csv sky8-candle/trials.csv sky8-cpu/trials.csv
 
-log "4 bench, cuda"
-timeout 30 $BIN bench "${C[@]}" --lengths 4096,16384 --methods skyformer,nystromformer,performer,informer \
-  --features 64 --device cuda > "$OUT/bench.txt" 2>&1
-echo "-- bench: exit $?" >> "$LOG"
-
-log "5 Skeinformer preset, cuda, 64 windows, profiled"
+log "6 Skeinformer preset, cuda, 64 windows, profiled"
 APPROX_BENCH_PROFILE=1 step skein-cuda-64 70 $BIN --figure skeinformer "${C[@]}" --windows 64 --device cuda --out /tmp/skein-cuda
 gzip -c /tmp/skein-cuda/trials.csv > "$OUT/skein-cuda-trials.csv.gz"
 
-log "6 decoder: results/decoder's initialized model at n = 8192, shard 1 of 16 (3 windows x 32 heads), cuda and CPU"
-# Its main methods as results/decoder/run.sh runs them; the CPU step may be cut by its timeout (its
-# rows so far give a rate). The committed CPU run's shard 1 is the reference for the rows.
-DEC=(--model initialized --model-dir $D/llama-shape --layer 0 --corpus $D/wikitext-2/wiki.test.raw
-     --lengths 8192 --windows 36 --shard 1/16 --quiet
-     --methods vmean,performer_favor,window,topk,streaming,h2o,quest,moba,block_sparse,xattention,vertical_slash
-     --features 16,32,64,128,256,512,1024,2048)
-APPROX_BENCH_PROFILE=1 step decoder-cuda 150 $BIN "${DEC[@]}" --device cuda --out /tmp/dec-cuda
-step decoder-cpu16 90 $BIN "${DEC[@]}" --device cpu --out /tmp/dec-cpu
-tar czf "$OUT/decoder.tgz" -C /tmp dec-cuda/trials.csv dec-cpu/trials.csv
-
-log "7 decode protocol (issue 35): the same model at n = 2048, --decode 256, 2 windows, cuda and CPU"
-# Heads one after another on the device's host thread; the rows should equal the CPU's within f32
-# rounding, except where a near-tie in a score flips a kept key (compare sets via keys and mass).
-DCD=(--model initialized --model-dir $D/llama-shape --layer 0 --corpus $D/wikitext-2/wiki.test.raw
-     --lengths 2048 --windows 2 --decode 256 --quiet --methods decode,kv_q8_0,kv_q4_0,kivi2)
-APPROX_BENCH_PROFILE=1 step decode-cuda 90 $BIN "${DCD[@]}" --device cuda --out /tmp/dcd-cuda
-step decode-cpu16 90 $BIN "${DCD[@]}" --device cpu --out /tmp/dcd-cpu
-tar czf "$OUT/decode.tgz" -C /tmp dcd-cuda/trials.csv dcd-cpu/trials.csv
+log "7 every unit test and the pipeline tests on cuda"
+cd "$BUILD_PATH"
+for t in "${TESTS[@]}"; do
+  APPROX_BENCH_TEST_DEVICE=cuda timeout 80 "$t" --test-threads 8 > /tmp/t.txt 2>&1; echo "exit $?" >> /tmp/t.txt
+  grep -E "test result|^exit" /tmp/t.txt >> "$LOG"
+  sed -n '/^failures:/,/^test result/p' /tmp/t.txt | head -120 >> "$OUT/tests.txt"
+done
+cd "$ROOT"
 log done
