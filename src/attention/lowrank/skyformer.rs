@@ -31,9 +31,7 @@ use candle_core::{DType, Tensor, D};
 use crate::attention::{
     Approximation, Family, HeadBatch, HeadInputs, HeadTrials, Method, MethodInfo,
 };
-use crate::numerics::inverse::{
-    iterative_inverse, symmetric_pinv, symmetric_pinv_tensor, PINV_REL_CUTOFF,
-};
+use crate::numerics::inverse::{iterative_inverse, symmetric_pinv_tensor, PINV_REL_CUTOFF};
 use crate::numerics::sampling::{rng_from_seed, uniform_with_replacement, TrialRng};
 use crate::numerics::shifted_exp::exp_minus_each;
 use crate::tensor_util::{index_tensor, to_vec_f64};
@@ -298,17 +296,23 @@ fn per_head_shape(z: &Tensor) -> Result<Vec<usize>> {
 }
 
 /// [`symmetric_pinv_tensor`] for each matrix of [B, d, d]: one copy to the host, the B
-/// eigen-decompositions on the host's threads, one copy back.
+/// eigen-decompositions on the host's threads (faer's solver: 3× nalgebra's at d = 256, the
+/// semantics of [`crate::numerics::inverse::symmetric_pinv`] to rounding), one copy back. The device path's batches only:
+/// the per-head CPU path keeps nalgebra, so its rows do not move.
 fn symmetric_pinv_heads(m: &Tensor, rel_cutoff: f64) -> Result<Tensor> {
     let (b, d, _) = m.dims3()?;
     let host = to_vec_f64(m)?;
-    let mats: Vec<nalgebra::DMatrix<f64>> = (0..b)
-        .map(|i| nalgebra::DMatrix::from_row_slice(d, d, &host[i * d * d..(i + 1) * d * d]))
-        .collect();
-    let inv = crate::runtime::host_map(&mats, |x| symmetric_pinv(x, rel_cutoff));
+    let heads: Vec<usize> = (0..b).collect();
+    let inv = crate::runtime::host_map(&heads, |&i| {
+        crate::numerics::inverse::symmetric_pinv_faer(
+            &host[i * d * d..(i + 1) * d * d],
+            d,
+            rel_cutoff,
+        )
+    });
     let mut flat = Vec::with_capacity(b * d * d);
-    for w in &inv {
-        flat.extend_from_slice(w.transpose().as_slice()); // row-major
+    for w in inv {
+        flat.extend(w?);
     }
     Ok(Tensor::from_vec(flat, (b, d, d), m.device())?)
 }
