@@ -102,11 +102,17 @@ static DEVICE_POOL: std::sync::OnceLock<rayon::ThreadPool> = std::sync::OnceLock
 /// anywhere else on rayon's global pool.
 pub fn host_map<T: Sync, R: Send>(items: &[T], f: impl Fn(&T) -> R + Sync + Send) -> Vec<R> {
     use rayon::prelude::*;
+    host_install(|| items.par_iter().map(f).collect())
+}
+
+/// Runs `f`, whose parallel iterators then use the host's threads as in [`host_map`]: on the host
+/// pool when called from a device's issuing thread, else on rayon's global pool.
+pub fn host_install<R: Send>(f: impl FnOnce() -> R + Send) -> R {
     let on_device = DEVICE_POOL
         .get()
         .is_some_and(|p| p.current_thread_index().is_some());
     if !on_device {
-        return items.par_iter().map(f).collect();
+        return f();
     }
     static HOST_POOL: std::sync::OnceLock<rayon::ThreadPool> = std::sync::OnceLock::new();
     HOST_POOL
@@ -124,5 +130,5 @@ pub fn host_map<T: Sync, R: Send>(items: &[T], f: impl Fn(&T) -> R + Sync + Send
                 .build()
                 .expect("a host pool")
         })
-        .install(|| items.par_iter().map(f).collect())
+        .install(f)
 }

@@ -95,19 +95,34 @@ pub fn sample_index(
     big_u: usize,
     dev: &candle_core::Device,
 ) -> Result<Tensor> {
-    let heads: Vec<(usize, u64)> = seeds.iter().copied().enumerate().collect();
-    let parts = crate::runtime::host_map(&heads, |&(b, s)| {
-        let offset = b * n;
-        uniform_with_replacement(&mut rng_from_seed(s), n, n * big_u)
-            .into_iter()
-            .map(|j| (offset + j) as u32)
-            .collect::<Vec<u32>>()
-    });
     Ok(Tensor::from_vec(
-        parts.concat(),
+        sample_rows(seeds, n, big_u),
         (seeds.len(), n, big_u),
         dev,
     )?)
+}
+
+/// [`sample_index`]'s values on the host: each head's n·U draws written in place into one buffer
+/// (on the host's threads, a head per task), the same values as [`uniform_with_replacement`] from
+/// the head's seed offset by b·n. No per-head vectors of usize and no concatenation: at n = 4096,
+/// U = 279 and 12 heads these were 110 MB of fresh allocations and a 55 MB copy per call.
+fn sample_rows(seeds: &[u64], n: usize, big_u: usize) -> Vec<u32> {
+    use rand::Rng;
+    use rayon::prelude::*;
+    let per = n * big_u;
+    let mut flat = vec![0u32; seeds.len() * per];
+    if per > 0 {
+        crate::runtime::host_install(|| {
+            flat.par_chunks_mut(per).enumerate().for_each(|(b, rows)| {
+                let mut rng = rng_from_seed(seeds[b]);
+                let offset = b * n;
+                for x in rows {
+                    *x = (offset + rng.random_range(0..n)) as u32;
+                }
+            })
+        });
+    }
+    flat
 }
 
 /// [`sparsity_measure`] for a batch of heads: q, k [B, n, p] and the sampled keys `idx` of
@@ -340,6 +355,23 @@ mod tests {
     use crate::attention::test_util::{
         assert_all_finite, assert_seed_determines_output, in_f32, run_seeded, vmean_error,
     };
+
+    #[test]
+    fn in_place_draws_are_each_head_s_own_stream() {
+        let (seeds, n, big_u) = ([11u64, 12, 13], 37, 5);
+        let flat = sample_rows(&seeds, n, big_u);
+        for (b, &s) in seeds.iter().enumerate() {
+            let want: Vec<u32> = uniform_with_replacement(&mut rng_from_seed(s), n, n * big_u)
+                .into_iter()
+                .map(|j| (b * n + j) as u32)
+                .collect();
+            assert_eq!(
+                &flat[b * n * big_u..(b + 1) * n * big_u],
+                &want[..],
+                "head {b}"
+            );
+        }
+    }
 
     #[test]
     fn factor_and_top_table() {
