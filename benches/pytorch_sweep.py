@@ -37,7 +37,8 @@ How to run (from the repository root, with a Python that has torch, transformers
         --out /tmp/pt.csv --features 16,64,256 --methods skyformer,vmean
 
 Flags: ``--n`` (1024), ``--windows`` (2), ``--out`` (``results/pytorch_sweep.csv``),
-``--features`` (8,16,32,64,128,256), ``--methods`` (all seven), ``--threads`` (2),
+``--features`` (8,16,32,64,128,256), ``--methods`` (all seven), ``--threads`` (2), ``--device``
+(cpu; ``cuda`` runs everything on the GPU in float32 without TF32),
 ``--seed`` (0), ``--model-seed`` (12345), ``--model-dir``, ``--corpus``, ``--embedding``
 (``word-pos``, i.e. positions mod 512 as in METHODS.md §1.4; ``word-pos-first`` = positions for the
 first 512 tokens only, approx-bench's default since its calibration), and ``--qkv FILE`` to score
@@ -261,6 +262,10 @@ def main() -> int:
     ap.add_argument("--features", default="8,16,32,64,128,256")
     ap.add_argument("--methods", default=",".join(ALL_METHODS))
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--device", default="cpu",
+                    help="torch device (cpu, cuda, cuda:N): the model, Q/K/V, the methods and the metric run "
+                         "there (torch.set_default_device; each generator on it), clocks read after a "
+                         "synchronisation; TF32 stays off")
     ap.add_argument("--seed", type=int, default=0, help="base seed of the methods' randomness")
     ap.add_argument("--model-seed", type=int, default=12345)
     ap.add_argument("--model-dir", default=str(REPO.parent / "shared" / "data" / "bert-base-cased"))
@@ -274,6 +279,17 @@ def main() -> int:
     args = ap.parse_args()
 
     torch.set_num_threads(args.threads)
+    torch.set_default_device(args.device)
+    torch.backends.cuda.matmul.allow_tf32 = False  # float32 products stay float32 on a GPU
+    torch.backends.cudnn.allow_tf32 = False
+    on_gpu = torch.device(args.device).type == "cuda"
+
+    def clock() -> float:
+        """perf_counter after the device's queued work has finished."""
+        if on_gpu:
+            torch.cuda.synchronize()
+        return time.perf_counter()
+
     transformers.logging.set_verbosity_error()  # silence "sequence length > 512" from the tokenizer
     torch.set_grad_enabled(False)
     feats = [int(x) for x in args.features.split(",")]
@@ -315,9 +331,9 @@ def main() -> int:
     errs = defaultdict(list)
     rows = []
     stage["embed + Q/K/V"] = stage["exact attention"] = stage["metric"] = 0.0
-    t_sweep = time.perf_counter()
+    t_sweep = clock()
     for w in range(args.windows):
-        t = time.perf_counter()
+        t = clock()
         wid = ids[w * n:(w + 1) * n]
         P = config.max_position_embeddings
         if args.embedding == "word-pos":  # METHODS.md §1.4: position ids mod 512
@@ -332,31 +348,31 @@ def main() -> int:
 
         Q, K, V = split(sa.query), split(sa.key), split(sa.value)
         if dumped is not None:
-            Q, K, V = (dumped[k].float().contiguous() for k in ("q", "k", "v"))
-        stage["embed + Q/K/V"] += time.perf_counter() - t
+            Q, K, V = (dumped[k].float().contiguous().to(args.device) for k in ("q", "k", "v"))
+        stage["embed + Q/K/V"] += clock() - t
 
-        t = time.perf_counter()
+        t = clock()
         O = torch.softmax(Q @ K.transpose(1, 2) / math.sqrt(p), dim=-1) @ V  # [H, n, p]
-        stage["exact attention"] += time.perf_counter() - t
+        stage["exact attention"] += clock() - t
 
         for m in methods:
             for d in feats:
-                g = torch.Generator().manual_seed(
+                g = torch.Generator(device=args.device).manual_seed(
                     (args.seed * 1_000_003 + w * 7919 + zlib.crc32(m.encode()) * 131 + d) % (2**63))
-                t = time.perf_counter()
+                t = clock()
                 Oh = METHODS[m](Q, K, V, d, g)
-                dt = time.perf_counter() - t
+                dt = clock() - t
                 times[m] += dt
                 times_md[(m, d)] += dt
-                t = time.perf_counter()
+                t = clock()
                 e = torch.linalg.matrix_norm((O - Oh).double(), ord=2)  # [H]
-                stage["metric"] += time.perf_counter() - t
+                stage["metric"] += clock() - t
                 for h in range(heads):
                     ev = float(e[h])
                     rows.append((w, h, m, d, ev))
                     if math.isfinite(ev):
                         errs[(m, d)].append(ev)
-    t_sweep = time.perf_counter() - t_sweep
+    t_sweep = clock() - t_sweep
     stage["methods (sum)"] = sum(times.values())
 
     t = time.perf_counter()

@@ -10,7 +10,9 @@
 #     model at n = 8192 on cuda and on the CPU cores;
 #  5. the Skyformer preset on 8 windows: cuda, cuda without the kernels, the 16 CPU cores;
 #  6. the Skeinformer preset (64 windows) on cuda, profiled;
-#  7. every unit test and the pipeline tests on cuda.
+#  7. the PyTorch peer on cuda (benches/pytorch_sweep.py --device cuda) beside the same binary on
+#     the same lengths and windows;
+#  8. every unit test and the pipeline tests on cuda.
 # Each step has a timeout; OUT (default /tmp/out) receives log.txt, tests.txt, bench.txt and
 # archives of trials (at most 8 files come back from a device call). Compare the trials with the
 # committed CPU runs afterwards (scripts/gpu-compare.py).
@@ -98,7 +100,15 @@ log "6 Skeinformer preset, cuda, 64 windows, profiled"
 APPROX_BENCH_PROFILE=1 step skein-cuda-64 70 $BIN --figure skeinformer "${C[@]}" --windows 64 --device cuda --out /tmp/skein-cuda
 gzip -c /tmp/skein-cuda/trials.csv > "$OUT/skein-cuda-trials.csv.gz"
 
-log "7 every unit test and the pipeline tests on cuda"
+log "7 the PyTorch peer on cuda: the preset's four methods at n = 4096, 8 windows (needs transformers there)"
+PYTHONUNBUFFERED=1 timeout -k 10 90 python3 benches/pytorch_sweep.py --device cuda --n 4096 --windows 8 \
+  --model-dir $D/bert-base-cased --corpus $D/wikitext-2/wiki.test.raw --embedding word-pos-first \
+  --methods skyformer,nystromformer,performer,informer --features 8,16,32,64,128,256 --out /tmp/peer.csv \
+  > /tmp/peer.txt 2>&1; echo "-- peer: exit $?" >> /tmp/peer.txt
+head -40 /tmp/peer.txt >> "$LOG"
+APPROX_BENCH_PROFILE=1 step preset-n4096-cuda-8 40 $BIN --figure skyformer "${C[@]}" --lengths 4096 --windows 8 --device cuda --out /tmp/sky4096
+
+log "8 every unit test and the pipeline tests on cuda"
 cd "$BUILD_PATH"
 for t in "${TESTS[@]}"; do
   APPROX_BENCH_TEST_DEVICE=cuda timeout 80 "$t" --test-threads 8 > /tmp/t.txt 2>&1; echo "exit $?" >> /tmp/t.txt
