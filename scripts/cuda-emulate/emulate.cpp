@@ -42,13 +42,13 @@ template <typename T> static T __shfl_xor_sync(unsigned, T v, int off) {
 using std::exp; using std::log; using std::fma; using std::min; using std::max;
 #include "attention_host.inc"
 
-template <typename T>
-void launch(void (*kernel)(const T*, const T*, const T*, T*, T*, int, int, int, int), int br, int h,
-            int n, int g, int causal, int window, size_t smem, const T* q, const T* k, const T* v, T* o, T* lse) {
-    const int threads = br / 4 * 8, nqb = (n + br - 1) / br;
+// Runs `body` as every block of a grid (gx, gy) of `threads` threads, one block after another,
+// with `smem` bytes of shared memory filled with 0xff (NaN) where the kernel loads nothing.
+template <typename Body>
+void run_grid(long long gx, int gy, int threads, size_t smem, Body body) {
     std::vector<unsigned char> shared(smem + 64);
-    for (int by = 0; by < h; by++)
-        for (int bx = 0; bx < nqb; bx++) {
+    for (int by = 0; by < gy; by++)
+        for (long long bx = 0; bx < gx; bx++) {
             std::barrier<> bar(threads);
             block_barrier = &bar;
             std::vector<std::unique_ptr<std::barrier<>>> warps;
@@ -58,15 +58,22 @@ void launch(void (*kernel)(const T*, const T*, const T*, T*, T*, int, int, int, 
                 warp_barriers.push_back(warps.back().get());
             }
             shared_block = shared.data();
-            std::memset(shared.data(), 0xff, shared.size());  // garbage (NaN) where nothing is loaded
+            std::memset(shared.data(), 0xff, shared.size());
             std::vector<std::thread> ts;
             for (int t = 0; t < threads; t++)
                 ts.emplace_back([&, t] {
-                    threadIdx.x = t; blockIdx.x = bx; blockIdx.y = by;
-                    kernel(q, k, v, o, lse, n, g, causal, window);
+                    threadIdx.x = t; blockIdx.x = (unsigned)bx; blockIdx.y = by;
+                    body();
                 });
             for (auto& t : ts) t.join();
         }
+}
+
+template <typename T>
+void launch(void (*kernel)(const T*, const T*, const T*, T*, T*, int, int, int, int), int br, int h,
+            int n, int g, int causal, int window, size_t smem, const T* q, const T* k, const T* v, T* o, T* lse) {
+    run_grid((n + br - 1) / br, h, br / 4 * 8, smem,
+             [&] { kernel(q, k, v, o, lse, n, g, causal, window); });
 }
 
 template <typename T>
@@ -141,26 +148,8 @@ double check_sampled(void (*kernel)(const T*, const T*, const unsigned*, T*, lon
     for (auto& x : k) x = (T)nd(rng);
     for (long long r = 0; r < rows; r++)
         for (int s = 0; s < u; s++) idx[r * u + s] = (unsigned)((r / n) * n + rng() % n);
-    const int threads = 128;
-    std::vector<unsigned char> shared(4 * p * sizeof(T) + 64);
-    for (long long bx = 0; bx < (rows + 3) / 4; bx++) {
-        std::barrier<> bar(threads);
-        block_barrier = &bar;
-        std::vector<std::unique_ptr<std::barrier<>>> warps;
-        warp_barriers.clear();
-        for (int w = 0; w < threads / 32; w++) {
-            warps.emplace_back(new std::barrier<>(32));
-            warp_barriers.push_back(warps.back().get());
-        }
-        shared_block = shared.data();
-        std::vector<std::thread> ts;
-        for (int t = 0; t < threads; t++)
-            ts.emplace_back([&, t] {
-                threadIdx.x = t; blockIdx.x = (unsigned)bx;
-                kernel(q.data(), k.data(), idx.data(), out.data(), rows, n, p, u);
-            });
-        for (auto& t : ts) t.join();
-    }
+    run_grid((rows + 3) / 4, 1, 128, 4 * p * sizeof(T),
+             [&] { kernel(q.data(), k.data(), idx.data(), out.data(), rows, n, p, u); });
     double worst = 0;
     for (long long r = 0; r < rows; r++) {
         double mx = -INFINITY, sum = 0;

@@ -99,16 +99,14 @@ pub fn causal_attention(
     // A CUDA device takes the same kernel's device form where it applies (f32/f64, p = 64 or
     // 128); other devices take the blocked candle path below, which scales the scores itself.
     let visible = crate::numerics::flash::Visible::Causal { window };
-    if q.device().is_cpu() {
-        let qs = (q * (1.0 / (p as f64).sqrt()))?;
-        if let Some((o, _)) = crate::numerics::flash::on_host(&qs, k, v, visible)? {
-            return Ok(o);
-        }
+    let qs = (q * (1.0 / (p as f64).sqrt()))?;
+    let fused = if q.device().is_cpu() {
+        crate::numerics::flash::on_host(&qs, k, v, visible)?.map(|(o, _)| o)
     } else {
-        let qs = (q * (1.0 / (p as f64).sqrt()))?;
-        if let Some(o) = crate::numerics::flash::on_device(&qs, k, v, visible)? {
-            return Ok(o);
-        }
+        crate::numerics::flash::on_device(&qs, k, v, visible)?
+    };
+    if let Some(o) = fused {
+        return Ok(o);
     }
     causal_attention_blocks(q, k, v, window, block_rows(heads, n))
 }

@@ -10,7 +10,7 @@ use candle_core::cuda_backend::cudarc::driver::{DeviceRepr, LaunchConfig, PushKe
 use candle_core::cuda_backend::{CudaDType, WrapErr};
 use candle_core::{CpuStorage, CudaStorage, CustomOp3, DType, Layout, Shape, Tensor};
 
-use super::{disabled, function};
+use super::{disabled, function, operand};
 use crate::numerics::flash::Visible;
 
 /// The kernel for an element type and head size: (name, rows per block, threads, shared bytes).
@@ -114,11 +114,6 @@ impl FusedAttention {
         v: &CudaStorage,
         lv: &Layout,
     ) -> candle_core::Result<(CudaStorage, Shape)> {
-        for l in [lq, lk, lv] {
-            if !l.is_contiguous() {
-                candle_core::bail!("fused attention: operands must be contiguous");
-            }
-        }
         let (h, n, p) = lq.shape().dims3()?;
         let hkv = lk.shape().dims3()?.0;
         let dev = q.device().clone();
@@ -129,9 +124,12 @@ impl FusedAttention {
             );
         };
         let func = function(&dev, name, shared)?;
-        let qv = q.as_cuda_slice::<T>()?.slice(lq.start_offset()..);
-        let kv = k.as_cuda_slice::<T>()?.slice(lk.start_offset()..);
-        let vv = v.as_cuda_slice::<T>()?.slice(lv.start_offset()..);
+        let op = "fused attention";
+        let (qv, kv, vv) = (
+            operand::<T>(q, lq, op)?,
+            operand::<T>(k, lk, op)?,
+            operand::<T>(v, lv, op)?,
+        );
         // SAFETY: every element is written by the kernel (rows < n of every head).
         let out = unsafe { dev.alloc::<T>(h * n * p)? };
         // log D per row: written by the kernel for the row statistics; not returned yet.

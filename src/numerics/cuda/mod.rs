@@ -13,11 +13,12 @@ pub mod sampled_logits;
 use std::sync::{Arc, Mutex, OnceLock};
 
 use candle_core::cuda_backend::cudarc::driver::{
-    sys::CUfunction_attribute, CudaFunction, CudaModule,
+    sys::CUfunction_attribute, CudaFunction, CudaModule, CudaView,
 };
 use candle_core::cuda_backend::cudarc::nvrtc::{compile_ptx_with_opts, CompileOptions, Ptx};
+use candle_core::cuda_backend::CudaDType;
 use candle_core::cuda_backend::WrapErr;
-use candle_core::CudaDevice;
+use candle_core::{CudaDevice, CudaStorage, Layout};
 
 /// Set to 0, every path takes candle's kernels instead of these (the "before" of BENCHMARKS.md,
 /// on the same card in the same run).
@@ -28,6 +29,19 @@ const SOURCE: &str = concat!(
     include_str!("attention.cu"),
     include_str!("sampled_logits.cu")
 );
+
+/// A kernel operand: `storage` read from its layout's start, which must be contiguous (the
+/// callers make it so; `op` names the kernel in the error).
+pub(crate) fn operand<'a, T: CudaDType>(
+    storage: &'a CudaStorage,
+    layout: &Layout,
+    op: &str,
+) -> candle_core::Result<CudaView<'a, T>> {
+    if !layout.is_contiguous() {
+        candle_core::bail!("{op}: operands must be contiguous");
+    }
+    Ok(storage.as_cuda_slice::<T>()?.slice(layout.start_offset()..))
+}
 
 /// Whether [`KERNELS_VAR`] turned the kernels off.
 pub(crate) fn disabled() -> bool {

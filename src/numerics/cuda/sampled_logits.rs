@@ -9,7 +9,7 @@ use candle_core::cuda_backend::cudarc::driver::{DeviceRepr, LaunchConfig, PushKe
 use candle_core::cuda_backend::{CudaDType, WrapErr};
 use candle_core::{CpuStorage, CudaStorage, CustomOp3, DType, Layout, Shape, Tensor};
 
-use super::{disabled, function};
+use super::{disabled, function, operand};
 
 /// M̄ [B, n] for q, k [B, n, p] on a CUDA device and `idx` [B, n, U] (u32, rows of the flattened
 /// keys [B·n, p]), or None where the kernel does not apply (another device, a dtype other than
@@ -92,18 +92,16 @@ impl SampledSparsity {
         idx: &CudaStorage,
         li: &Layout,
     ) -> candle_core::Result<(CudaStorage, Shape)> {
-        for l in [lq, lk, li] {
-            if !l.is_contiguous() {
-                candle_core::bail!("sampled sparsity: operands must be contiguous");
-            }
-        }
         let rows = lq.shape().elem_count() / self.p;
         let dev = q.device().clone();
         let shared = (4 * self.p * std::mem::size_of::<T>()) as u32;
         let func = function(&dev, name, shared.max(1))?;
-        let qv = q.as_cuda_slice::<T>()?.slice(lq.start_offset()..);
-        let kv = k.as_cuda_slice::<T>()?.slice(lk.start_offset()..);
-        let iv = idx.as_cuda_slice::<u32>()?.slice(li.start_offset()..);
+        let op = "sampled sparsity";
+        let (qv, kv, iv) = (
+            operand::<T>(q, lq, op)?,
+            operand::<T>(k, lk, op)?,
+            operand::<u32>(idx, li, op)?,
+        );
         // SAFETY: the kernel writes every row's value.
         let out = unsafe { dev.alloc::<T>(rows)? };
         let (rows_i, n_i, p_i, u_i) = (rows as i64, self.n as i32, self.p as i32, self.u as i32);
