@@ -31,6 +31,7 @@ pub struct ExactAttention {
     /// O, [n, p], in the inputs' dtype.
     pub output: Tensor,
     q: Tensor,
+    /// K as given ([n, p]): transposed only by the paths that need Kᵀ (the fused kernels take K).
     k: Tensor,
     mask: Mask,
     log_rowsum: std::sync::OnceLock<Tensor>,
@@ -144,8 +145,8 @@ impl ExactAttention {
         mask: Mask,
         kernel: ExactKernel,
     ) -> Result<Self> {
-        let (qs, kt) = scaled_operands(q, k)?;
         let p = v.dim(1)?;
+        let qs = (q * (1.0 / (q.dims2()?.1 as f64).sqrt()))?;
         let visible = match mask {
             Mask::None => Visible::All,
             Mask::Causal => Visible::Causal { window: None },
@@ -157,7 +158,7 @@ impl ExactAttention {
                 return Ok(Self {
                     output: output.squeeze(0)?,
                     q: qs,
-                    k: kt,
+                    k: k.clone(),
                     mask,
                     log_rowsum: std::sync::OnceLock::new(),
                 });
@@ -170,12 +171,13 @@ impl ExactAttention {
                 return Ok(Self {
                     output: output.squeeze(0)?,
                     q: qs,
-                    k: kt,
+                    k: k.clone(),
                     mask,
                     log_rowsum,
                 });
             }
         }
+        let kt = k.t()?.contiguous()?;
         let blocks = map_masked_score_blocks(&qs, &kt, mask, |_, _, s| {
             // The keys this block sees: all of them, or 0..a+b under the causal mask.
             let v = &v.narrow(0, 0, s.dim(1)?)?;
@@ -212,7 +214,7 @@ impl ExactAttention {
         Ok(Self {
             output,
             q: qs,
-            k: kt,
+            k: k.clone(),
             mask,
             log_rowsum,
         })
@@ -224,7 +226,8 @@ impl ExactAttention {
         if let Some(t) = self.log_rowsum.get() {
             return Ok(t);
         }
-        let t = map_masked_score_blocks(&self.q, &self.k, self.mask, |_, _, s| {
+        let kt = self.k.t()?.contiguous()?;
+        let t = map_masked_score_blocks(&self.q, &kt, self.mask, |_, _, s| {
             let m = s.max_keepdim(D::Minus1)?;
             let z = s.broadcast_sub(&m)?.exp()?.sum_keepdim(D::Minus1)?;
             Ok((m + z.log()?)?)

@@ -55,7 +55,6 @@ impl ExactAttention {
         }
         let g = h / hkv;
         let qs = (q * (1.0 / (p as f64).sqrt()))?.contiguous()?;
-        let kt = k.transpose(1, 2)?.contiguous()?; // [H_kv, p, n_k]
         let visible = match mask {
             Mask::None => Visible::All,
             Mask::Causal => Visible::Causal { window: None },
@@ -63,16 +62,19 @@ impl ExactAttention {
         // On a CUDA device: every head in one launch of the fused kernel (issue 34).
         let out = match flash::on_device(&qs, k, v, visible)? {
             Some(out) => out,
-            None => Self::blocks_over_heads(&qs, &kt, v, mask, hkv, g)?,
+            None => {
+                let kt = k.transpose(1, 2)?.contiguous()?; // [H_kv, p, n_k]
+                Self::blocks_over_heads(&qs, &kt, v, mask, hkv, g)?
+            }
         };
         (0..h)
             .map(|i| {
                 Ok(ExactAttention {
                     output: out.get(i)?,
                     q: qs.get(i)?,
-                    k: kt.get(i / g)?,
+                    k: k.get(i / g)?,
                     mask,
-                    // log D on demand, from this head's scaled Q and Kᵀ (only the restricted
+                    // log D on demand, from this head's scaled Q and K (only the restricted
                     // methods' mass reads it).
                     log_rowsum: std::sync::OnceLock::new(),
                 })
