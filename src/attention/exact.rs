@@ -108,8 +108,12 @@ pub fn mask_after_diagonal(s: &Tensor, start: usize) -> Result<Tensor> {
 
 /// Q/√p (scaled once, n×p, instead of every n×n score block) and Kᵀ made contiguous.
 pub fn scaled_operands(q: &Tensor, k: &Tensor) -> Result<(Tensor, Tensor)> {
-    let p = q.dims2()?.1;
-    Ok(((q * (1.0 / (p as f64).sqrt()))?, k.t()?.contiguous()?))
+    Ok((scaled_queries(q)?, k.t()?.contiguous()?))
+}
+
+/// Q̃ = Q/√p for q [n, p].
+pub fn scaled_queries(q: &Tensor) -> Result<Tensor> {
+    Ok((q * (1.0 / (q.dims2()?.1 as f64).sqrt()))?)
 }
 
 /// The arithmetic of exact attention's row blocks.
@@ -146,7 +150,7 @@ impl ExactAttention {
         kernel: ExactKernel,
     ) -> Result<Self> {
         let p = v.dim(1)?;
-        let qs = (q * (1.0 / (q.dims2()?.1 as f64).sqrt()))?;
+        let qs = scaled_queries(q)?;
         let visible = match mask {
             Mask::None => Visible::All,
             Mask::Causal => Visible::Causal { window: None },

@@ -111,14 +111,8 @@ pub unsafe fn scores(
         let a = q.as_ptr().add(i * p);
         for c in 0..panels {
             let (b, out) = (b0.add(c * p * NR), s.as_mut_ptr().add(i * ld + c * NR));
-            match r {
-                6 => tile::<6, false>(a, p, b, NR, p, out, ld, mx, po),
-                5 => tile::<5, false>(a, p, b, NR, p, out, ld, mx, po),
-                4 => tile::<4, false>(a, p, b, NR, p, out, ld, mx, po),
-                3 => tile::<3, false>(a, p, b, NR, p, out, ld, mx, po),
-                2 => tile::<2, false>(a, p, b, NR, p, out, ld, mx, po),
-                _ => tile::<1, false>(a, p, b, NR, p, out, ld, mx, po),
-            }
+            // r ≤ MR rows: one register tile.
+            tile_rows::<false>(r, a, p, b, p, out, ld, mx, po);
         }
         i += MR;
     }
