@@ -25,8 +25,9 @@ use crate::config::InputConfig;
 /// The version of the Q/K/V computation: bump it whenever the forward's arithmetic changes (the
 /// layers before L, RoPE, the projections, the embedding pipeline), so that no entry computed by
 /// the old code is read by the new. (3: the fused kernel's own FMA tile products and exponential;
-/// 4: that exponential's shorter chain and paired sums, which round differently.)
-pub const FORWARD_VERSION: &str = "qkv-forward-4";
+/// 4: that exponential's shorter chain and paired sums, which round differently; 5: its
+/// degree-5 polynomial, scripts/fit-exp-poly.py.)
+pub const FORWARD_VERSION: &str = "qkv-forward-5";
 
 /// Where the cache lives unless the caller says: `$APPROX_BENCH_QKV_CACHE` (a directory, or
 /// `off`), else `$XDG_CACHE_HOME/approx-bench/qkv`, else `~/.cache/approx-bench/qkv`.
