@@ -335,14 +335,30 @@ unsafe fn tile<const R: usize, const ACCUMULATE: bool>(
 ) {
     let mut lo = [_mm256_setzero_ps(); R];
     let mut hi = [_mm256_setzero_ps(); R];
-    for l in 0..depth {
+    // One base pointer per row, indexed by l: each broadcast is then one load with base+index
+    // addressing. Written as a[r·a_rs + l], LLVM walked the rows with a chain of pointer adds,
+    // 7 integer operations per depth step beside 12 FMAs and 8 loads, and the 4-wide front end,
+    // not the FMA ports, set the pace. Two depth steps per loop trip halve the loop's own
+    // operations. Each accumulator still adds its terms in order l = 0, 1, …: the bits are
+    // unchanged (the kernel 0.91× its time, median of 8 alternated rounds, session 19).
+    let rows: [*const f32; R] = std::hint::black_box(std::array::from_fn(|r| a.add(r * a_rs)));
+    let step = |l: usize, lo: &mut [__m256; R], hi: &mut [__m256; R]| {
         let b0 = _mm256_loadu_ps(b.add(l * b_rs));
         let b1 = _mm256_loadu_ps(b.add(l * b_rs + 8));
         for r in 0..R {
-            let x = _mm256_broadcast_ss(&*a.add(r * a_rs + l));
+            let x = _mm256_broadcast_ss(&*rows[r].add(l));
             lo[r] = _mm256_fmadd_ps(x, b0, lo[r]);
             hi[r] = _mm256_fmadd_ps(x, b1, hi[r]);
         }
+    };
+    let mut l = 0;
+    while l + 2 <= depth {
+        step(l, &mut lo, &mut hi);
+        step(l + 1, &mut lo, &mut hi);
+        l += 2;
+    }
+    if l < depth {
+        step(l, &mut lo, &mut hi);
     }
     for r in 0..R {
         let out = c.add(r * c_rs);
