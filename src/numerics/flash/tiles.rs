@@ -244,8 +244,9 @@ unsafe fn exp8(x: __m256) -> __m256 {
     let rounder = _mm256_set1_ps(ROUNDER + 127.0);
     // exp(r) ≈ 1 + r(c1 + r(c2 + r(c3 + r(c4 + r c5)))) on |r| ≤ ln2/2: a degree-5 minimax fit
     // of the relative error (9.2e-8; 1.6e-7 with the f32 roundings, simulated over all of
-    // [−87.3, 0]; scripts/fit-exp-poly.py), in five multiply-adds by Horner's rule. Cephes' degree-7 form took 11
-    // operations where this takes 6, and this loop is bound by its operations, not its chain.
+    // [−87.3, 0] by scripts/fit-exp-poly.py), in five multiply-adds by Horner's rule. Cephes'
+    // 1 + r + r²·P(r), P of degree 5, took 11 operations where this takes 6, and this loop is
+    // bound by its operations, not its chain.
     // The constant term is exactly 1, so exp(0) = 1 at each row's maximum.
     let [c1, c2, c3, c4, c5] = [
         0.999_999_7_f32,
