@@ -59,6 +59,77 @@ pub enum Command {
     /// Compare runs with the published values of both Figure 1s (METHODS.md §4): a markdown table of
     /// every matched anchor point with mean ± SE and the ratio, and the calibration score.
     Anchors(AnchorsArgs),
+    /// A method in every layer of a decoder LLM, the damage at the output (METHODS.md §10):
+    /// next-token KL, top-1 and NLL against the exact run, beside every layer's operator error.
+    /// Writes e2e.csv, e2e_layers.csv, summary.csv (which operator metric predicts the KL),
+    /// ids.txt and manifest.json; rerun the same command to resume.
+    E2e(E2eArgs),
+}
+
+#[derive(Debug, Clone, Args)]
+pub struct E2eArgs {
+    #[command(flatten)]
+    pub inputs: InputArgs,
+    /// Window lengths n, comma-separated (windows of the corpus; ignored with --ids).
+    #[arg(long, value_delimiter = ',', default_value = "1024")]
+    pub lengths: Vec<usize>,
+    /// Windows per length.
+    #[arg(long, default_value_t = 4)]
+    pub windows: usize,
+    /// Continuation tokens n_f: the scored positions are the last n_f predictions of each window
+    /// (METHODS.md §10.1); decode methods compress the first n − n_f tokens' cache.
+    #[arg(long, default_value_t = 256)]
+    pub n_f: usize,
+    /// Methods, comma-separated ids or presets: `prefill` (the §7 causal methods), `quant` (the §8
+    /// methods, d = 0), `decode` (the §9 methods and the cache reads dkv_q4_0, dkivi2), `all`
+    /// (the three). The mode follows the method: §9 ids and d-prefixed §8 caches run in decode mode.
+    #[arg(long, value_delimiter = ',', default_value = "all")]
+    pub methods: Vec<String>,
+    /// Budgets d (keys per query, prompt keys kept per head), comma-separated; §8 methods run once.
+    #[arg(long, value_delimiter = ',', default_value = "64,256,1024")]
+    pub features: Vec<usize>,
+    /// Token ids from a file instead of the corpus: text (each line one window of
+    /// whitespace-separated ids) or .npy (integers, 1-D one window, 2-D one row per window).
+    #[arg(long)]
+    pub ids: Option<PathBuf>,
+    /// Layers ℓ* of the one-layer view (the method on the exact run's Q/K/V of ℓ*) [default: 0 and L/2].
+    #[arg(long, value_delimiter = ',')]
+    pub one_layer: Option<Vec<usize>>,
+    /// Also write e2e_positions.csv: per scored position KL, both argmaxes and both NLLs.
+    #[arg(long)]
+    pub positions: bool,
+    /// Base seed of every trial's stream (the §7–§9 methods are deterministic).
+    #[arg(long, default_value_t = 0)]
+    pub seed: u64,
+    /// Output directory.
+    #[arg(long, default_value = "results/e2e-latest")]
+    pub out: PathBuf,
+    /// Print the correlation table (summary.csv) at the end.
+    #[arg(long)]
+    pub summary: bool,
+    /// No per-point lines and no KL report on stderr.
+    #[arg(long)]
+    pub quiet: bool,
+}
+
+impl E2eArgs {
+    pub fn request(&self, command: Vec<String>) -> anyhow::Result<approx_bench::e2e::E2eRequest> {
+        Ok(approx_bench::e2e::E2eRequest {
+            inputs: approx_bench::config::InputConfig::new(&self.inputs.options())?,
+            lengths: self.lengths.clone(),
+            windows: self.windows,
+            n_f: self.n_f,
+            methods: approx_bench::e2e::expand_methods(&self.methods),
+            features: self.features.clone(),
+            ids_file: self.ids.clone(),
+            out: self.out.clone(),
+            seed: self.seed,
+            one_layer: self.one_layer.clone(),
+            positions: self.positions,
+            quiet: self.quiet,
+            command,
+        })
+    }
 }
 
 #[derive(Debug, Clone, Args)]

@@ -147,6 +147,25 @@ fn run(cli: Cli) -> anyhow::Result<i32> {
             print_summary(&outcome);
             Ok(0)
         }
+        Some(Command::E2e(a)) => {
+            approx_bench::inputs::hub::allow_progress(!a.quiet);
+            let outcome = approx_bench::e2e::run(&a.request(std::env::args().collect())?)?;
+            if !a.quiet {
+                for (name, r) in &outcome.reports {
+                    eprintln!("{}", approx_bench::e2e::format_report(name, r));
+                }
+            }
+            if a.summary {
+                print!("{}", approx_bench::e2e::summary::table(&outcome.out)?);
+            }
+            eprintln!(
+                "{}: {} new points, {} in all (e2e.csv, e2e_layers.csv, summary.csv)",
+                outcome.out.display(),
+                outcome.new_points,
+                outcome.total_points
+            );
+            Ok(0)
+        }
         Some(Command::Check(a)) => {
             approx_bench::check::execute(&a.request(std::env::args().collect())?)
         }

@@ -11,6 +11,8 @@
 //! - `numerics/` never imports `attention` (or anything above it).
 //! - `config` never imports `inputs` (or the sweep, the outputs, `score`, `check`): they read the
 //!   configuration, so it cannot point back at them.
+//! - `models/` never imports `protocol`, `sweep`, `report`, `inputs` or a face: a forward does not
+//!   know it is being measured.
 //! - `inputs/` never imports `score`, `sweep`, `report`, `check` or `bench`: they read its outputs.
 //! - The ground floor (`tensor_util`, `file_hash`, `runtime`, `choice`, `device`, `interrupt`,
 //!   `atomic_file`) imports nothing of the house.
@@ -25,7 +27,9 @@ const HOUSE: &[&str] = &[
     "check",
     "config",
     "inputs",
+    "models",
     "numerics",
+    "protocol",
     "report",
     "score",
     "sweep",
@@ -165,6 +169,17 @@ fn the_inputs_know_nothing_of_their_readers() {
     assert_none(
         "inputs/ never imports score, sweep, report, check or bench (the dump's sidecar format lives with its writer)",
         violations("inputs", &["score", "sweep", "report", "check", "bench"]),
+    );
+}
+
+#[test]
+fn a_forward_does_not_know_it_is_measured() {
+    assert_none(
+        "models/ never imports protocol, sweep, report, inputs or a face (score, check, bench, e2e)",
+        violations(
+            "models",
+            &["protocol", "sweep", "report", "inputs", "score", "check", "bench", "e2e"],
+        ),
     );
 }
 

@@ -27,6 +27,7 @@ __version__ = _core.__version__
 __all__ = [
     "inputs",
     "sweep",
+    "e2e",
     "plot",
     "exact",
     "spectral_error",
@@ -184,6 +185,90 @@ def sweep(
             options[key] = os.fspath(options[key])
     command = [os.path.basename(sys.executable)] + list(sys.argv)
     return _core.sweep(names, user, os.fspath(out), bool(force), bool(quiet), command, **options)
+
+
+def e2e(
+    model_dir,
+    attention: Union[str, UserMethod, tuple, Sequence] = (),
+    *,
+    out,
+    methods: Sequence[str] = (),
+    features: Sequence[int] = (64, 256, 1024),
+    lengths: Sequence[int] = (1024,),
+    windows: int = 4,
+    n_f: int = 256,
+    ids=None,
+    seed: int = 0,
+    quiet: bool = True,
+    **options,
+) -> list[dict]:
+    """Runs your attention in every layer of a decoder LLM (``approx-bench e2e``, METHODS.md §10)
+    and returns the rows of ``e2e.csv``: next-token ``kl_mean``, ``top1``, ``dnll``, … against
+    the exact model, beside each layer's operator error, for your method and the built-in
+    ``methods`` (ids or the presets "prefill", "quant", "decode", "all") side by side.
+
+    ``attention`` is a function ``f(q, k, v, d, rng, mask="causal")`` returning one query head's
+    causal attention output [n, p] (numpy in; anything ``numpy.asarray`` takes out, so torch
+    tensors on the CPU too), a pair ``(name, f)``, a triple ``(name, f, "decode")`` for a
+    decode-time method (called with ``n_f=…`` as in :func:`sweep`, returning the continuation's
+    rows or the prompt keys it reads), or a list of these. It is called for every query head of
+    every layer, on that layer's own Q, K, V (which carry the earlier layers' errors), at each
+    budget d of ``features``. ``ids`` is a file of token ids (one window a line) used instead of
+    the corpus. Other options are :func:`inputs`'s (``corpus``, ``dtype``, ``model``, …).
+    Rerunning with the same ``out`` resumes; a wrong shape or a non-finite value from your
+    function raises ValueError naming the layer, head and d, and rows already written stay.
+    """
+    import csv
+
+    if isinstance(attention, (str, tuple)) or callable(attention):
+        attention = [attention]
+    names: list[str] = list(methods)
+    user = []
+    for m in attention:
+        if isinstance(m, str):
+            names.append(m)
+            continue
+        mode = "prefill"
+        if isinstance(m, tuple) and len(m) == 3:
+            m, mode = m[:2], m[2]
+        if isinstance(m, tuple) and len(m) == 2 and isinstance(m[0], str) and callable(m[1]):
+            name, f = m
+        elif callable(m):
+            name, f = getattr(m, "__name__", ""), m
+            if not name or name == "<lambda>":
+                raise ValueError("a lambda has no name: pass (name, function) instead")
+        else:
+            raise ValueError(f"attention: {m!r} is neither a method id nor a function")
+        if mode not in ("prefill", "decode"):
+            raise ValueError(f"attention {name!r}: mode {mode!r} is neither 'prefill' nor 'decode'")
+        names.append(name)
+        user.append((name, f, mode == "decode"))
+    for key in ("corpus", "qkv_cache"):
+        if options.get(key) is not None:
+            options[key] = os.fspath(options[key])
+    command = [os.path.basename(sys.executable)] + list(sys.argv)
+    out = _core.e2e(
+        names,
+        user,
+        os.fspath(out),
+        bool(quiet),
+        command,
+        [int(n) for n in lengths],
+        int(windows),
+        int(n_f),
+        [int(d) for d in features],
+        ids=None if ids is None else os.fspath(ids),
+        seed=int(seed),
+        model_dir=os.fspath(model_dir),
+        **options,
+    )
+    with open(os.path.join(out, "e2e.csv"), newline="") as f:
+        rows = list(csv.DictReader(f))
+    for r in rows:
+        for k, v in r.items():
+            if k not in ("mode", "method", "dtype"):
+                r[k] = float(v) if k not in ("window", "d", "n", "n_f") else int(v)
+    return rows
 
 
 def plot(runs, out, statistic: str = "mean") -> list[str]:

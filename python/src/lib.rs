@@ -340,6 +340,70 @@ fn sweep(
     Ok(outcome.out.display().to_string())
 }
 
+/// Runs (or resumes) `approx-bench e2e` into `out` (METHODS.md §10): `methods` lists built-in
+/// ids, presets and the names of `user` methods, in order; `user` holds (name, callable, decode).
+/// A user's callable is every layer's attention, per query head, as in `sweep`. Returns `out`.
+#[pyfunction]
+#[pyo3(signature = (methods, user, out, quiet, command, lengths, windows, n_f, features, ids=None, seed=0, **kwargs))]
+#[allow(clippy::too_many_arguments)]
+fn e2e(
+    py: Python<'_>,
+    methods: Vec<String>,
+    user: Vec<(String, Py<PyAny>, bool)>,
+    out: PathBuf,
+    quiet: bool,
+    command: Vec<String>,
+    lengths: Vec<usize>,
+    windows: usize,
+    n_f: usize,
+    features: Vec<usize>,
+    ids: Option<PathBuf>,
+    seed: u64,
+    kwargs: Option<&Bound<'_, PyDict>>,
+) -> PyResult<String> {
+    let kw = kwargs.cloned().unwrap_or_else(|| PyDict::new(py));
+    let inputs = InputConfig::new(&run::input_options(&kw)?).map_err(err)?;
+    if let Some(k) = kw.keys().iter().next() {
+        return Err(PyValueError::new_err(format!("e2e: unknown option {k}")));
+    }
+    let extra = user
+        .into_iter()
+        .map(
+            |(name, func, decode)| approx_bench::protocol::end_to_end::E2eMethod {
+                method: Box::new(user_method::PyMethod::new(&name, func)),
+                name,
+                decode,
+            },
+        )
+        .collect();
+    let req = approx_bench::e2e::E2eRequest {
+        inputs,
+        lengths,
+        windows,
+        n_f,
+        methods: approx_bench::e2e::expand_methods(&methods),
+        features,
+        ids_file: ids,
+        out: out.clone(),
+        seed,
+        one_layer: None,
+        positions: false,
+        quiet,
+        command,
+    };
+    approx_bench::inputs::hub::allow_progress(!quiet);
+    // The GIL is released while the forward runs; each user call takes it back.
+    let outcome = py
+        .detach(|| approx_bench::e2e::run_with(&req, extra))
+        .map_err(err)?;
+    if !quiet {
+        for (name, r) in &outcome.reports {
+            eprintln!("{}", approx_bench::e2e::format_report(name, r));
+        }
+    }
+    Ok(outcome.out.display().to_string())
+}
+
 /// Draws the CLI's figures from run directories (or summary.csv files) into `out`; returns the
 /// files written. `statistic`: "mean" or "median".
 #[pyfunction]
@@ -376,6 +440,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(methods, m)?)?;
     m.add_function(wrap_pyfunction!(inputs, m)?)?;
     m.add_function(wrap_pyfunction!(sweep, m)?)?;
+    m.add_function(wrap_pyfunction!(e2e, m)?)?;
     m.add_function(wrap_pyfunction!(plot, m)?)?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     Ok(())

@@ -87,6 +87,7 @@ fn check_model_type(text: &str, file: &Path) -> Result<()> {
 pub fn resolve(
     source: &ModelSource,
     inputs: &InputConfig,
+    depth: models::Depth,
     hub: impl Fn() -> Result<Hub>,
 ) -> Result<Option<DecoderFiles>> {
     let need_weights = inputs.model == ModelKind::Pretrained;
@@ -129,7 +130,7 @@ pub fn resolve(
                 None
             } else if dir.join("model.safetensors.index.json").is_file() {
                 let index = dir.join("model.safetensors.index.json");
-                let shards = models::shards_needed(&index, inputs.layer)?
+                let shards = models::shards_needed(&index, depth)?
                     .into_iter()
                     .map(|f| dir.join(f))
                     .collect();
@@ -187,7 +188,7 @@ pub fn resolve(
                 match hub.file(&repo, "model.safetensors.index.json") {
                     Ok(index) => {
                         let mut shards = Vec::new();
-                        for f in models::shards_needed(&index, inputs.layer)? {
+                        for f in models::shards_needed(&index, depth)? {
                             shards.push(hub.file(&repo, &f)?);
                         }
                         Some(Weights::Safetensors {
@@ -233,6 +234,7 @@ fn beside_tokenizer(dir: &Path, model: &Path) -> Result<PathBuf> {
 pub fn load(
     files: &DecoderFiles,
     inputs: &InputConfig,
+    depth: models::Depth,
     device: &candle_core::Device,
 ) -> Result<(DecoderConfig, DecoderWeights)> {
     if inputs.embeddings_from != inputs.model {
@@ -240,9 +242,13 @@ pub fn load(
             "--embeddings-from applies to BERT only; a decoder's embeddings come with its weights"
         ));
     }
-    let layer = inputs.layer;
+    // The whole model has no measured layer to check.
+    let layer = match depth {
+        models::Depth::Through(l) => l,
+        models::Depth::Whole => 0,
+    };
     let (cfg, weights) = match &files.weights {
-        Some(Weights::Gguf(g)) => models::load_gguf(g, layer, device)?,
+        Some(Weights::Gguf(g)) => models::load_gguf(g, depth, device)?,
         weights => {
             let cfg = if is_gguf(&files.config) {
                 models::GgufFile::open(&files.config)?.config()?
@@ -252,9 +258,9 @@ pub fn load(
             check_layer(&cfg, layer)?;
             let w = match weights {
                 Some(Weights::Safetensors { path, .. }) => {
-                    models::load_safetensors(&cfg, layer, path, device)?
+                    models::load_safetensors(&cfg, depth, path, device)?
                 }
-                _ => models::initialize(&cfg, layer, inputs.model_seed, device)?,
+                _ => models::initialize(&cfg, depth, inputs.model_seed, device)?,
             };
             (cfg, w)
         }

@@ -8,7 +8,8 @@ pub mod decoder;
 pub mod dump;
 pub mod hub;
 pub mod model;
-pub mod models;
+// The model room moved to `crate::models`; `inputs::models::…` paths keep working.
+pub use crate::models;
 pub mod qkv;
 pub mod qkv_cache;
 
@@ -157,6 +158,16 @@ pub fn prepare(inputs: &InputConfig) -> Result<Prepared> {
 /// [`prepare`] tokenizing only the corpus's first `need_tokens` tokens or so (whole rows): what a
 /// run of `windows` windows of length up to `n` reads.
 pub fn prepare_for(inputs: &InputConfig, need_tokens: usize) -> Result<Prepared> {
+    prepare_depth(inputs, need_tokens, models::Depth::Through(inputs.layer))
+}
+
+/// [`prepare_for`] with a decoder loaded to `depth` (the whole model for an end-to-end run,
+/// METHODS.md §10.1); a BERT encoder is refused at [`models::Depth::Whole`].
+pub fn prepare_depth(
+    inputs: &InputConfig,
+    need_tokens: usize,
+    depth: models::Depth,
+) -> Result<Prepared> {
     let device = qkv::device(&inputs.device)?;
     let source = inputs.source();
     let corpus_path = || -> Result<PathBuf> {
@@ -168,8 +179,8 @@ pub fn prepare_for(inputs: &InputConfig, need_tokens: usize) -> Result<Prepared>
             )?,
         })
     };
-    if let Some(files) = decoder::resolve(&source, inputs, hub::Hub::from_env)? {
-        let (config, weights) = decoder::load(&files, inputs, &device)?;
+    if let Some(files) = decoder::resolve(&source, inputs, depth, hub::Hub::from_env)? {
+        let (config, weights) = decoder::load(&files, inputs, depth, &device)?;
         let tokenizer = corpus::load_tokenizer(&files.tokenizer)?;
         let bos = models::bos_token(&files.tokenizer, files.tokenizer_config.as_deref())?;
         let corpus_path = corpus_path()?;
@@ -204,6 +215,12 @@ pub fn prepare_for(inputs: &InputConfig, need_tokens: usize) -> Result<Prepared>
             files: list,
             qkv_cache: None,
         });
+    }
+    if depth == models::Depth::Whole {
+        return Err(crate::usage!(
+            "{}: an end-to-end run needs a decoder LLM (Llama, Mistral, Qwen; safetensors or GGUF), not a BERT encoder",
+            hub::source_name(&source)
+        ));
     }
     let files = hub::model_files(
         &source,

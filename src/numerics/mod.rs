@@ -12,6 +12,7 @@ pub mod formats;
 pub mod inverse;
 pub mod key_sets;
 pub mod lsh;
+pub mod next_token;
 pub mod pooling;
 pub mod sampling;
 pub mod shifted_exp;

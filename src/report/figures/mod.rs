@@ -30,6 +30,7 @@ mod axis;
 mod decode;
 mod decoder;
 mod draw;
+pub mod e2e;
 mod field;
 mod figs;
 mod quant;

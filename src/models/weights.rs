@@ -13,7 +13,7 @@ use candle_core::{DType, Device, Tensor};
 use rand::SeedableRng;
 
 use super::decoder_config::DecoderConfig;
-use super::llama::{DecoderLayerWeights, DecoderWeights, LayerRest, Linear};
+use super::llama::{DecoderLayerWeights, DecoderWeights, LayerRest, Linear, OutputHead};
 use crate::numerics::sampling::{derive_labeled_seed, normal_values, TrialRng};
 use crate::usage;
 
@@ -36,17 +36,43 @@ pub(crate) trait TensorSource {
     fn get(&mut self, name: &str, shape: &[usize], init: Init) -> Result<Tensor>;
 }
 
-/// The embeddings and layers 0..=`layer` from `src`; layer L without o_proj and the MLP.
+/// How much of a decoder to load: through the measured layer L (a Q/K/V dump: layers 0..=L,
+/// layer L without o_proj and the MLP), or the whole model (every layer, the final norm and the
+/// LM head: METHODS.md §10.1).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Depth {
+    Through(usize),
+    Whole,
+}
+
+impl From<usize> for Depth {
+    fn from(layer: usize) -> Self {
+        Depth::Through(layer)
+    }
+}
+
+impl Depth {
+    /// The last layer loaded, and whether it is loaded whole (o_proj, MLP).
+    fn last_layer(self, cfg: &DecoderConfig) -> (usize, bool) {
+        match self {
+            Depth::Through(l) => (l, false),
+            Depth::Whole => (cfg.num_hidden_layers.saturating_sub(1), true),
+        }
+    }
+}
+
+/// The embeddings and layers of `depth` from `src`.
 pub(crate) fn build(
     src: &mut dyn TensorSource,
     cfg: &DecoderConfig,
-    layer: usize,
+    depth: Depth,
 ) -> Result<DecoderWeights> {
+    let (layer, last_whole) = depth.last_layer(cfg);
     if layer >= cfg.num_hidden_layers {
         return Err(usage!(
             "--layer {layer} is beyond the model: it has {} layers (0..={})",
             cfg.num_hidden_layers,
-            cfg.num_hidden_layers - 1
+            cfg.num_hidden_layers.saturating_sub(1)
         ));
     }
     let (hid, p) = (cfg.hidden_size, cfg.head_dim);
@@ -75,7 +101,7 @@ pub(crate) fn build(
         let pre = format!("model.layers.{l}");
         let a = format!("{pre}.self_attn");
         let m = format!("{pre}.mlp");
-        let rest = if l < layer {
+        let rest = if l < layer || last_whole {
             Some(LayerRest {
                 o: lin(src, &format!("{a}.o_proj"), hid, qd, cfg.o_bias)?,
                 post_norm: src.get(
@@ -105,12 +131,32 @@ pub(crate) fn build(
             rest,
         });
     }
-    Ok(DecoderWeights { embed, layers })
+    let head = if depth == Depth::Whole {
+        let norm = src.get("model.norm.weight", &[hid], Init::Ones)?;
+        // A tied head is the embedding matrix itself (SmolLM2's `token_embd`).
+        let lm_head = if cfg.tie_word_embeddings {
+            None
+        } else {
+            Some(src.get("lm_head.weight", &[cfg.vocab_size, hid], Init::Normal)?)
+        };
+        Some(OutputHead { norm, lm_head })
+    } else {
+        None
+    };
+    Ok(DecoderWeights {
+        embed,
+        layers,
+        head,
+    })
 }
 
 /// Whether a tensor name belongs to the embeddings or layers 0..=`layer` (with or without the
-/// `model.` prefix): what a sharded checkpoint must provide for layer L, and nothing else.
-fn needed_for(name: &str, layer: usize) -> bool {
+/// `model.` prefix): what a sharded checkpoint must provide for layer L, and nothing else. The
+/// whole model needs every tensor.
+fn needed_for(name: &str, depth: Depth) -> bool {
+    let Depth::Through(layer) = depth else {
+        return true;
+    };
     let name = name.strip_prefix("model.").unwrap_or(name);
     if name == "embed_tokens.weight" {
         return true;
@@ -124,7 +170,8 @@ fn needed_for(name: &str, layer: usize) -> bool {
 /// The shard files (names as in the index, sorted) of a sharded safetensors checkpoint that hold
 /// `model.embed_tokens.weight` and `model.layers.{0..=layer}.*`: the only ones to fetch and read
 /// (METHODS.md §7.1 "Weights": layer 0 of a 70B model is one shard, not the whole model).
-pub fn shards_needed(index_json: &Path, layer: usize) -> Result<Vec<String>> {
+pub fn shards_needed(index_json: &Path, depth: impl Into<Depth>) -> Result<Vec<String>> {
+    let depth = depth.into();
     let text = std::fs::read_to_string(index_json).map_err(|e| {
         usage!(
             "weights index {}: cannot read it ({e})",
@@ -148,7 +195,7 @@ pub fn shards_needed(index_json: &Path, layer: usize) -> Result<Vec<String>> {
         })?;
     let mut files = BTreeSet::new();
     for (name, file) in map {
-        if needed_for(name, layer) {
+        if needed_for(name, depth) {
             let file = file.as_str().ok_or_else(|| {
                 usage!(
                     "weights index {}: the file of tensor '{name}' is not a string",
@@ -160,7 +207,7 @@ pub fn shards_needed(index_json: &Path, layer: usize) -> Result<Vec<String>> {
     }
     if files.is_empty() {
         return Err(usage!(
-            "weights index {}: no shard holds model.embed_tokens or model.layers.0..={layer}",
+            "weights index {}: no shard holds model.embed_tokens or the layers of {depth:?}",
             index_json.display()
         ));
     }
@@ -215,14 +262,15 @@ impl TensorSource for Safetensors {
 /// `model.safetensors.index.json`, of which only the shards from [`shards_needed`] are read.
 pub fn load_safetensors(
     cfg: &DecoderConfig,
-    layer: usize,
+    depth: impl Into<Depth>,
     path: &Path,
     device: &Device,
 ) -> Result<DecoderWeights> {
+    let depth = depth.into();
     let is_index = path.extension().is_some_and(|e| e == "json");
     let files: Vec<PathBuf> = if is_index {
         let dir = path.parent().unwrap_or(Path::new("."));
-        shards_needed(path, layer)?
+        shards_needed(path, depth)?
             .into_iter()
             .map(|f| dir.join(f))
             .collect()
@@ -231,7 +279,7 @@ pub fn load_safetensors(
     };
     if let Some(missing) = files.iter().find(|f| !f.is_file()) {
         return Err(usage!(
-            "weights {}: shard {} is not there; fetch it (it holds layers 0..={layer} or the embeddings)",
+            "weights {}: shard {} is not there; fetch it (it holds the layers of {depth:?} or the embeddings)",
             path.display(),
             missing.display()
         ));
@@ -252,7 +300,7 @@ pub fn load_safetensors(
         family: cfg.family.model_type(),
         device: device.clone(),
     };
-    build(&mut src, cfg, layer)
+    build(&mut src, cfg, depth.into())
 }
 
 /// transformers' `_init_weights`, each tensor from its own seed (model seed, tensor name), rows
@@ -299,7 +347,7 @@ impl TensorSource for Initialized {
 /// initialized`"): Linear and Embedding N(0, initializer_range²), biases 0, RMSNorm weights 1.
 pub fn initialize(
     cfg: &DecoderConfig,
-    layer: usize,
+    depth: impl Into<Depth>,
     seed: u64,
     device: &Device,
 ) -> Result<DecoderWeights> {
@@ -308,5 +356,5 @@ pub fn initialize(
         std: cfg.initializer_range,
         device: device.clone(),
     };
-    build(&mut src, cfg, layer)
+    build(&mut src, cfg, depth.into())
 }

@@ -1,10 +1,11 @@
-//! Decoder LLMs as Q/K/V sources (METHODS.md §7.1): Llama, Mistral, Qwen2 and Qwen3, from Hugging
+//! The model room: decoder LLMs as Q/K/V sources (METHODS.md §7.1) and as whole models (§10.1): Llama, Mistral, Qwen2 and Qwen3, from Hugging
 //! Face safetensors or a GGUF file, one file per concern:
 //! - `decoder_config`: config.json → [`DecoderConfig`] (families, head layout, RoPE parameters);
 //! - `rope`: rotate-half RoPE with default, linear and llama3 inverse frequencies;
 //! - `weights`: safetensors (single or only the needed shards) and transformers-style init;
 //! - `gguf`: GGUF metadata and dequantized tensors, llama.cpp's q/k row order undone;
-//! - `llama`: the forward through layers 0..L−1 and the post-RoPE Q, K, V of layer L;
+//! - `llama`: the forward, every layer's attention through one hook: the post-RoPE Q, K, V of
+//!   layer L (the dump), or the whole model's logits;
 //! - `tokens`: the BOS policy and the token windows.
 
 pub mod decoder_config;
@@ -18,6 +19,8 @@ pub use decoder_config::{
     decoder_family, DecoderConfig, DecoderFamily, RopeConfig, RopeScaling, SUPPORTED_FAMILIES,
 };
 pub use gguf::{load_gguf, GgufFile};
-pub use llama::{causal_attention, window_qkv, DecoderWeights};
+pub use llama::{
+    causal_attention, forward_logits, window_qkv, AttentionHook, DecoderWeights, ExactAttention,
+};
 pub use tokens::{bos_token, decoder_window, windows_available};
-pub use weights::{initialize, load_safetensors, shards_needed};
+pub use weights::{initialize, load_safetensors, shards_needed, Depth};

@@ -283,8 +283,11 @@ impl GgufFile {
 /// The GGUF name of a Hugging Face tensor name, and the number of heads whose rows llama.cpp
 /// permuted (Some for q/k of the llama architecture).
 fn gguf_name(hf: &str, cfg: &DecoderConfig) -> Option<(String, Option<usize>)> {
-    if hf == "model.embed_tokens.weight" {
-        return Some(("token_embd.weight".into(), None));
+    match hf {
+        "model.embed_tokens.weight" => return Some(("token_embd.weight".into(), None)),
+        "model.norm.weight" => return Some(("output_norm.weight".into(), None)),
+        "lm_head.weight" => return Some(("output.weight".into(), None)),
+        _ => {}
     }
     let rest = hf.strip_prefix("model.layers.")?;
     let (l, part) = rest.split_once('.')?;
@@ -358,7 +361,7 @@ impl TensorSource for GgufSource<'_> {
 /// read and dequantized).
 pub fn load_gguf(
     path: &Path,
-    layer: usize,
+    depth: impl Into<super::weights::Depth>,
     device: &Device,
 ) -> Result<(DecoderConfig, DecoderWeights)> {
     let mut file = GgufFile::open(path)?;
@@ -368,7 +371,7 @@ pub fn load_gguf(
         cfg: cfg.clone(),
         device: device.clone(),
     };
-    let w = build(&mut src, &cfg, layer)?;
+    let w = build(&mut src, &cfg, depth.into())?;
     Ok((cfg, w))
 }
 

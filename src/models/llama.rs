@@ -1,5 +1,8 @@
 //! The Llama-style decoder forward (llama, mistral, qwen2, qwen3 share it; METHODS.md §7.1 "Layers
-//! before L", "Layer L"): the post-RoPE Q, K, V of layer L for one window.
+//! before L", "Layer L"; §10.1 "Model"): embeddings → layers → final norm → LM head, each layer's
+//! attention called through one [`AttentionHook`] (exact, a method, or a user's callable). The
+//! Q/K/V dump is this forward stopped at layer L ([`window_qkv`]); the whole model gives logits
+//! ([`forward_logits`]).
 //!
 //! candle-transformers' llama/mistral/qwen2/qwen3 models compute attention inside their forward
 //! and expose no layer's post-RoPE Q/K/V (nor an f64 path), so the forward is written here, step
@@ -43,12 +46,52 @@ pub struct LayerRest {
     pub down: Linear,
 }
 
-/// The token embeddings and layers 0..=L (f32, on the run's device).
+/// The final RMSNorm and the LM head of a whole model.
+#[derive(Debug, Clone)]
+pub struct OutputHead {
+    pub norm: Tensor,
+    /// [vocab, hidden]; None when tied to the token embeddings.
+    pub lm_head: Option<Tensor>,
+}
+
+/// The token embeddings and layers 0..=L (f32, on the run's device), and for a whole model
+/// (`models::Depth::Whole`) every layer and the output head.
 #[derive(Debug, Clone)]
 pub struct DecoderWeights {
     /// [vocab, hidden].
     pub embed: Tensor,
     pub layers: Vec<DecoderLayerWeights>,
+    /// The final norm and LM head; None when loaded only through layer L.
+    pub head: Option<OutputHead>,
+}
+
+/// The one seam every layer's attention passes through: layer `layer`'s post-RoPE Q [H, n, p],
+/// K and V [H_kv, n, p] (and its sliding window, if any) in, O [H, n, p] out, in Q's dtype.
+pub trait AttentionHook: Sync {
+    fn attend(
+        &self,
+        layer: usize,
+        q: &Tensor,
+        k: &Tensor,
+        v: &Tensor,
+        window: Option<usize>,
+    ) -> Result<Tensor>;
+}
+
+/// The model's own attention: exact causal softmax (METHODS.md §7.2), the fused kernel.
+pub struct ExactAttention;
+
+impl AttentionHook for ExactAttention {
+    fn attend(
+        &self,
+        _layer: usize,
+        q: &Tensor,
+        k: &Tensor,
+        v: &Tensor,
+        window: Option<usize>,
+    ) -> Result<Tensor> {
+        causal_attention(q, k, v, window)
+    }
 }
 
 impl DecoderWeights {
@@ -257,22 +300,33 @@ fn layer_qkv_rows(
     Ok((rope::apply(&q, cos, sin)?, rope::apply(&k, cos, sin)?, v))
 }
 
-/// One whole decoder layer (eval mode), as transformers' `LlamaDecoderLayer.forward`.
+/// One whole decoder layer `l` (eval mode), as transformers' `LlamaDecoderLayer.forward`, its
+/// attention through `hook`.
 fn decoder_layer(
     x: &Tensor,
-    lw: &DecoderLayerWeights,
+    l: usize,
+    w: &DecoderWeights,
     cfg: &DecoderConfig,
-    cos: &Tensor,
-    sin: &Tensor,
-    window: Option<usize>,
+    rope: &(Tensor, Tensor),
+    hook: &dyn AttentionHook,
 ) -> Result<Tensor> {
+    let lw = &w.layers[l];
     let rest = lw
         .rest
         .as_ref()
         .expect("layers before L carry o_proj and the MLP");
     let n = x.dim(0)?;
-    let (q, k, v) = layer_qkv(x, lw, cfg, cos, sin)?;
-    let ctx = causal_attention(&q, &k, &v, window)?
+    let (q, k, v) = layer_qkv(x, lw, cfg, &rope.0, &rope.1)?;
+    let o = hook.attend(l, &q, &k, &v, cfg.sliding_window[l])?;
+    if o.dims() != q.dims() {
+        return Err(crate::usage!(
+            "the attention of layer {l} returned shape {:?}; it must return O shaped like Q, {:?}",
+            o.dims(),
+            q.dims()
+        ));
+    }
+    let ctx = o
+        .to_dtype(x.dtype())?
         .transpose(0, 1)?
         .contiguous()?
         .reshape((n, cfg.num_attention_heads * cfg.head_dim))?;
@@ -287,56 +341,103 @@ fn decoder_layer(
     Ok(Tensor::cat(&outs, 0)?)
 }
 
-/// X^L, the input of the measured layer for `ids` ([n, hidden], in `dtype`), and the RoPE tables.
-fn measured_layer_input(
+/// The embedded window `ids` ([n, hidden], in `dtype`) and the RoPE tables of positions 0..n−1.
+fn embed(
     w: &DecoderWeights,
     cfg: &DecoderConfig,
     ids: &[u32],
     dtype: DType,
-) -> Result<(Tensor, Tensor, Tensor)> {
+) -> Result<(Tensor, (Tensor, Tensor))> {
+    if !matches!(dtype, DType::F32 | DType::F64) {
+        return Err(crate::usage!(
+            "a decoder forward runs in f32 or f64, not {dtype:?}"
+        ));
+    }
+    if ids.is_empty() {
+        return Err(crate::usage!("an empty token window has no forward"));
+    }
     let dev = w.embed.device();
     let n = ids.len();
-    if let Some(&bad) = ids
-        .iter()
-        .find(|&&i| i as usize >= w.embed.dim(0).unwrap_or(0))
-    {
+    let vocab = w.embed.dim(0)?;
+    if let Some(&bad) = ids.iter().find(|&&i| i as usize >= vocab) {
         return Err(crate::usage!(
-            "token id {bad} is outside the model's vocabulary of {} (the tokenizer does not fit the model)",
-            w.embed.dim(0)?
+            "token id {bad} is outside the model's vocabulary of {vocab} (the tokenizer or the ids do not fit the model)"
         ));
     }
     let ids_t = Tensor::from_vec(ids.to_vec(), n, dev)?;
-    let mut x = w.embed.index_select(&ids_t, 0)?.to_dtype(dtype)?;
-    let (cos, sin) = rope::cos_sin(&cfg.rope, cfg.head_dim, n, dtype, dev)?;
-    let (_, earlier) = w.layers.split_last().expect("at least one layer");
-    for (l, lw) in earlier.iter().enumerate() {
+    let x = w.embed.index_select(&ids_t, 0)?.to_dtype(dtype)?;
+    let rope = rope::cos_sin(&cfg.rope, cfg.head_dim, n, dtype, dev)?;
+    Ok((x, rope))
+}
+
+/// X after layers 0..`upto` (exclusive), each layer's attention through `hook`.
+fn run_layers(
+    mut x: Tensor,
+    upto: usize,
+    w: &DecoderWeights,
+    cfg: &DecoderConfig,
+    rope: &(Tensor, Tensor),
+    hook: &dyn AttentionHook,
+) -> Result<Tensor> {
+    for l in 0..upto {
         // A layer at n = 8192 takes seconds: a signal stops the forward here (nothing of it is kept).
         crate::interrupt::check()?;
-        x = decoder_layer(&x, lw, cfg, &cos, &sin, cfg.sliding_window[l])?;
+        x = decoder_layer(&x, l, w, cfg, rope, hook)?;
     }
-    Ok((x, cos, sin))
+    Ok(x)
 }
 
 /// Post-RoPE Q [H, n, p], K [H_kv, n, p] and V [H_kv, n, p] of layer L (the last loaded layer) for
-/// the token window `ids` at positions 0..n−1, in `dtype` (f32 or f64). Layers before L run
-/// exactly as transformers' eager implementation (METHODS.md §7.1).
+/// the token window `ids` at positions 0..n−1, in `dtype` (f32 or f64): the forward with exact
+/// attention, stopped at layer L. Layers before L run exactly as transformers' eager
+/// implementation (METHODS.md §7.1).
 pub fn window_qkv(
     weights: &DecoderWeights,
     cfg: &DecoderConfig,
     ids: &[u32],
     dtype: DType,
 ) -> Result<(Tensor, Tensor, Tensor)> {
-    if !matches!(dtype, DType::F32 | DType::F64) {
-        return Err(crate::usage!(
-            "decoder Q/K/V are computed in f32 or f64, not {dtype:?}"
+    let (x, rope) = embed(weights, cfg, ids, dtype)?;
+    let last = weights.layers.len() - 1;
+    let x = run_layers(x, last, weights, cfg, &rope, &ExactAttention)?;
+    layer_qkv(&x, &weights.layers[last], cfg, &rope.0, &rope.1)
+}
+
+/// The logits ([rows, vocab], in `dtype`) of the whole model (METHODS.md §10.1) on the window
+/// `ids`, every layer's attention through `hook`; only the rows `rows` go through the final norm
+/// and the LM head (the scored positions: n_f of n rows, and the head is the model's largest
+/// product).
+pub fn forward_logits(
+    weights: &DecoderWeights,
+    cfg: &DecoderConfig,
+    ids: &[u32],
+    dtype: DType,
+    hook: &dyn AttentionHook,
+    rows: std::ops::Range<usize>,
+) -> Result<Tensor> {
+    let head = weights.head.as_ref().ok_or_else(|| {
+        anyhow::anyhow!(
+            "the logits need the whole model (models::Depth::Whole); only layers 0..={} are loaded",
+            weights.layer()
+        )
+    })?;
+    if weights.layers.len() != cfg.num_hidden_layers || rows.end > ids.len() || rows.is_empty() {
+        return Err(anyhow::anyhow!(
+            "forward_logits: {} of {} layers loaded, rows {rows:?} of {}",
+            weights.layers.len(),
+            cfg.num_hidden_layers,
+            ids.len()
         ));
     }
-    if ids.is_empty() {
-        return Err(crate::usage!("an empty token window has no Q/K/V"));
-    }
-    let (x, cos, sin) = measured_layer_input(weights, cfg, ids, dtype)?;
-    let last = weights.layers.last().expect("at least one layer");
-    layer_qkv(&x, last, cfg, &cos, &sin)
+    let (x, rope) = embed(weights, cfg, ids, dtype)?;
+    let x = run_layers(x, weights.layers.len(), weights, cfg, &rope, hook)?;
+    let x = rms_norm(
+        &x.narrow(0, rows.start, rows.len())?,
+        &head.norm,
+        cfg.rms_norm_eps,
+    )?;
+    let w = head.lm_head.as_ref().unwrap_or(&weights.embed);
+    Ok(x.matmul(&w.to_dtype(dtype)?.t()?)?)
 }
 
 #[cfg(test)]

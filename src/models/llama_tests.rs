@@ -5,7 +5,7 @@ use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
 use super::*;
-use crate::inputs::models::{
+use crate::models::{
     gguf::load_gguf,
     weights::{initialize, load_safetensors, shards_needed},
 };

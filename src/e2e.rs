@@ -1,0 +1,291 @@
+//! `approx-bench e2e` (METHODS.md §10): the face over the end-to-end protocol. It loads the
+//! whole decoder, takes the windows (from the corpus or an ids file), runs the exact run once per
+//! window and every (method, d) point against it, and writes `e2e.csv`, `e2e_layers.csv`,
+//! (with `--positions`) `e2e_positions.csv`, `ids.txt`, `summary.csv` and a manifest. Rows are
+//! appended as points finish; a rerun of the same command skips the points already written.
+
+use std::collections::BTreeSet;
+use std::path::{Path, PathBuf};
+
+use anyhow::{Context, Result};
+
+use crate::config::InputConfig;
+use crate::inputs::{self, Model};
+use crate::models::Depth;
+use crate::numerics::next_token::KldReport;
+use crate::protocol::end_to_end::{default_one_layer, E2eMethod, E2ePoint, Window};
+use crate::usage;
+
+mod files;
+mod ids;
+pub mod summary;
+
+pub use files::E2E_COLUMNS;
+pub use ids::read_ids;
+
+/// What `approx-bench e2e` runs.
+#[derive(Debug, Clone)]
+pub struct E2eRequest {
+    pub inputs: InputConfig,
+    pub lengths: Vec<usize>,
+    pub windows: usize,
+    pub n_f: usize,
+    pub methods: Vec<String>,
+    pub features: Vec<usize>,
+    /// Token ids from a file instead of the corpus (each line, or .npy row, one window).
+    pub ids_file: Option<PathBuf>,
+    pub out: PathBuf,
+    pub seed: u64,
+    /// The layers ℓ* of the one-layer view (default 0 and ⌊L/2⌋).
+    pub one_layer: Option<Vec<usize>>,
+    pub positions: bool,
+    pub quiet: bool,
+    pub command: Vec<String>,
+}
+
+/// What a finished run reports: the llama.cpp-style statistics of each point computed now (over
+/// its windows' positions), and the counts.
+pub struct E2eOutcome {
+    pub out: PathBuf,
+    pub reports: Vec<(String, KldReport)>,
+    pub new_points: usize,
+    pub total_points: usize,
+}
+
+/// One (mode, method, d) point's key in the files.
+pub type PointKey = (usize, String, String, usize);
+
+/// Runs the request; see the module doc.
+pub fn run(req: &E2eRequest) -> Result<E2eOutcome> {
+    run_with(req, Vec::new())
+}
+
+/// [`run`] with methods defined outside the registry (a user's Python callable): a name in
+/// `req.methods` that one of `extra` bears is that method, in the mode it was given.
+pub fn run_with(req: &E2eRequest, extra: Vec<E2eMethod>) -> Result<E2eOutcome> {
+    let mut extra = extra;
+    let methods = req
+        .methods
+        .iter()
+        .map(|id| match extra.iter().position(|m| &m.name == id) {
+            Some(i) => Ok(extra.remove(i)),
+            None => E2eMethod::resolve(id),
+        })
+        .collect::<Result<Vec<_>>>()?;
+    if methods.is_empty() {
+        return Err(usage!("--methods: name at least one method"));
+    }
+    let need = req.lengths.iter().max().copied().unwrap_or(0) * (req.windows + 1) * 2;
+    let prepared = inputs::prepare_depth(&req.inputs, need, Depth::Whole)?;
+    let Model::Decoder { config, weights } = &prepared.model else {
+        unreachable!("prepare_depth refuses an encoder at Depth::Whole");
+    };
+    if let Some(l) = config.sliding_window.iter().position(|w| w.is_some()) {
+        return Err(usage!(
+            "{}: layer {l} attends through a sliding window; end to end runs models whose layers all attend causally over the whole window (the attention spec of the families issue will carry windows)",
+            prepared.model_id
+        ));
+    }
+    let windows = match &req.ids_file {
+        Some(f) => read_ids(f, config.vocab_size)?,
+        None => corpus_windows(&prepared, req)?,
+    };
+    let one_layer = req
+        .one_layer
+        .clone()
+        .unwrap_or_else(|| default_one_layer(config.num_hidden_layers));
+    if let Some(&l) = one_layer.iter().find(|&&l| l >= config.num_hidden_layers) {
+        return Err(usage!(
+            "--one-layer {l}: the model has {} layers (0..={})",
+            config.num_hidden_layers,
+            config.num_hidden_layers - 1
+        ));
+    }
+    for (m, d) in methods
+        .iter()
+        .flat_map(|m| m.budgets(&req.features).into_iter().map(move |d| (m, d)))
+    {
+        for ids in &windows {
+            let n = ids.len();
+            if req.n_f >= n {
+                return Err(usage!(
+                    "--n-f {}: the continuation must leave a prompt of at least one token in a window of n = {n}; give --n-f below n",
+                    req.n_f
+                ));
+            }
+            let budget_n = if m.decode { n - req.n_f } else { n };
+            m.method
+                .check(budget_n, d)
+                .map_err(|e| usage!("{} at d = {d}: {e}", m.name))?;
+            m.method
+                .check_head_dim(config.head_dim)
+                .map_err(|e| usage!("{}: {e}", m.name))?;
+        }
+    }
+    let _lock = crate::report::run_lock::create_and_lock(&req.out)?;
+    let mut store = files::Store::open(&req.out, req, &windows, &prepared.model_id, &one_layer)?;
+    let mut reports = Vec::new();
+    let mut new_points = 0;
+    for (m, d) in methods
+        .iter()
+        .flat_map(|m| m.budgets(&req.features).into_iter().map(move |d| (m, d)))
+    {
+        let mode = m.mode(req.n_f).name();
+        let mut positions = crate::numerics::next_token::PositionScores::default();
+        for (w, ids) in windows.iter().enumerate() {
+            if store.done(&(w, mode.to_string(), m.name.clone(), d)) {
+                continue;
+            }
+            let window = Window {
+                weights,
+                cfg: config,
+                ids,
+                n_f: req.n_f,
+                dtype: req.inputs.candle_dtype(),
+                seed: req.seed,
+                index: w,
+                one_layer: one_layer.clone(),
+            };
+            let exact = store.exact_run(&window)?;
+            let point = window.point(exact, m, d).with_context(|| {
+                format!(
+                    "{} ({mode}) at d = {d}, window {w} (n = {})",
+                    m.name,
+                    ids.len()
+                )
+            })?;
+            store.append(w, ids.len(), m, d, &point)?;
+            log_point(req, w, m, d, &point);
+            extend(&mut positions, &point);
+            new_points += 1;
+        }
+        if !positions.is_empty() {
+            reports.push((
+                format!("{} ({mode}) d = {d}", m.name),
+                KldReport::new(&positions),
+            ));
+        }
+    }
+    let total_points = store.finish(config.num_hidden_layers)?;
+    Ok(E2eOutcome {
+        out: req.out.clone(),
+        reports,
+        new_points,
+        total_points,
+    })
+}
+
+/// The method list with the presets expanded (§10.2), duplicates dropped, order kept.
+pub fn expand_methods(list: &[String]) -> Vec<String> {
+    use crate::attention::{family_method_ids, Family};
+    let prefill = || {
+        let mut v = vec!["window", "topk"];
+        v.extend(family_method_ids(Family::Prefill));
+        v
+    };
+    let decode = || {
+        let mut v = family_method_ids(Family::Decode);
+        v.extend(["dkv_q4_0", "dkivi2"]);
+        v
+    };
+    let mut out: Vec<String> = Vec::new();
+    for id in list {
+        let ids: Vec<&str> = match id.as_str() {
+            "prefill" => prefill(),
+            "quant" => family_method_ids(Family::Quantized),
+            "decode" => decode(),
+            "all" => [prefill(), family_method_ids(Family::Quantized), decode()].concat(),
+            other => vec![other],
+        };
+        for i in ids {
+            if !out.iter().any(|o| o == i) {
+                out.push(i.to_string());
+            }
+        }
+    }
+    out
+}
+
+/// The corpus windows of every length, in the order lengths × windows (the `window` column is
+/// the index in that order: the line of `ids.txt`).
+fn corpus_windows(prepared: &inputs::Prepared, req: &E2eRequest) -> Result<Vec<Vec<u32>>> {
+    if req.lengths.is_empty() || req.windows == 0 {
+        return Err(usage!(
+            "--lengths and --windows: name at least one length and one window"
+        ));
+    }
+    let mut out = Vec::new();
+    for &n in &req.lengths {
+        for w in 0..req.windows {
+            out.push(prepared.corpus.window(n, w)?);
+        }
+    }
+    Ok(out)
+}
+
+fn extend(all: &mut crate::numerics::next_token::PositionScores, p: &E2ePoint) {
+    let s = &p.scores;
+    all.kl.extend(&s.kl);
+    all.argmax_exact.extend(&s.argmax_exact);
+    all.argmax_method.extend(&s.argmax_method);
+    all.nll_exact.extend(&s.nll_exact);
+    all.nll_method.extend(&s.nll_method);
+}
+
+fn log_point(req: &E2eRequest, w: usize, m: &E2eMethod, d: usize, p: &E2ePoint) {
+    if req.quiet {
+        return;
+    }
+    let o = p.scores.metrics();
+    let op = p.layers.iter().map(|l| l.abs_error()).sum::<f64>() / p.layers.len() as f64;
+    eprintln!(
+        "window {w}: {} d = {d}: KL {:.4e}, top-1 {:.3}, ΔNLL {:+.4}, layer-mean ‖E‖₂ {op:.4} ({:.1} s)",
+        m.name, o.kl_mean, o.top1, o.dnll, p.seconds
+    );
+}
+
+/// The KL report of one point, as llama.cpp's `llama-perplexity --kl-divergence` prints its own.
+pub fn format_report(name: &str, r: &KldReport) -> String {
+    let pct = |x: f64| 100.0 * x;
+    format!(
+        "====== {name} against the exact run ({} positions) ======\n\
+         Mean PPL(exact)               : {:10.6} ± {:.6}\n\
+         Mean PPL(method)              : {:10.6} ± {:.6}\n\
+         Cor(ln(PPL(method)), ln(PPL(exact))): {:6.2}%\n\
+         Mean PPL(method)/PPL(exact)   : {:10.6} ± {:.6}\n\
+         Mean    KLD: {:10.6} ± {:.6}\n\
+         Maximum KLD: {:10.6}\n\
+         99.9%   KLD: {:10.6}\n\
+         99.0%   KLD: {:10.6}\n\
+         95.0%   KLD: {:10.6}\n\
+         90.0%   KLD: {:10.6}\n\
+         Median  KLD: {:10.6}\n\
+         RMS Δp     : {:7.3} ± {:.3} %\n\
+         Same top p : {:7.3} ± {:.3} %\n",
+        r.positions,
+        r.ppl_exact,
+        r.ppl_exact_se,
+        r.ppl_method,
+        r.ppl_method_se,
+        pct(r.ln_ppl_correlation),
+        r.ppl_ratio,
+        r.ppl_ratio_se,
+        r.kld_mean,
+        r.kld_se,
+        r.kld_max,
+        r.kld_p999,
+        r.kld_p99,
+        r.kld_p95,
+        r.kld_p90,
+        r.kld_median,
+        pct(r.rms_dp),
+        pct(r.rms_dp_se),
+        pct(r.same_top),
+        pct(r.same_top_se),
+    )
+}
+
+/// The `window`, `mode`, `method`, `d` of every point a run directory's `e2e.csv` holds.
+pub fn points_in(out: &Path) -> Result<BTreeSet<PointKey>> {
+    files::read_points(&out.join("e2e.csv"))
+}

@@ -1,0 +1,417 @@
+//! The run directory of `approx-bench e2e` (METHODS.md §10.3): rows appended as points finish,
+//! a torn last row dropped on the next start, every other file written whole under a temporary
+//! name and renamed into place.
+
+use std::collections::BTreeSet;
+use std::fs::{File, OpenOptions};
+use std::io::Write;
+use std::path::{Path, PathBuf};
+
+use anyhow::{Context, Result};
+
+use super::{E2eRequest, PointKey};
+use crate::protocol::end_to_end::{E2eMethod, E2ePoint, ExactRun, Window};
+use crate::usage;
+
+/// `e2e.csv`'s columns before the one-layer view's and `seconds` (§10.3).
+pub const E2E_COLUMNS: &[&str] = &[
+    "window",
+    "mode",
+    "method",
+    "d",
+    "n",
+    "n_f",
+    "dtype",
+    "kl_mean",
+    "kl_p99",
+    "kl_max",
+    "top1",
+    "nll_exact",
+    "nll_method",
+    "dnll",
+    "ppl_ratio",
+    "op_err_mean",
+    "op_rel_err_mean",
+    "op_1mcos_mean",
+    "keys_mean",
+    "kv_read",
+    "mass_mean",
+];
+
+const LAYER_COLUMNS: &[&str] = &[
+    "window",
+    "mode",
+    "method",
+    "d",
+    "layer",
+    "abs_error",
+    "rel_error",
+    "one_minus_cos",
+    "keys",
+    "mass",
+    "kv_read",
+];
+
+const POSITION_COLUMNS: &[&str] = &[
+    "window",
+    "mode",
+    "method",
+    "d",
+    "position",
+    "kl",
+    "argmax_exact",
+    "argmax_method",
+    "nll_exact",
+    "nll_method",
+];
+
+/// `e2e.csv`'s header for the one-layer view's layers.
+pub fn e2e_header(one_layer: &[usize]) -> Vec<String> {
+    let mut h: Vec<String> = E2E_COLUMNS.iter().map(|s| s.to_string()).collect();
+    for l in one_layer {
+        h.push(format!("one_layer_err_l{l}"));
+        h.push(format!("one_layer_1mcos_l{l}"));
+    }
+    h.push("seconds".into());
+    h
+}
+
+/// The open run directory.
+pub struct Store {
+    out: PathBuf,
+    done: BTreeSet<PointKey>,
+    e2e: File,
+    layers: File,
+    positions: Option<File>,
+    dtype: String,
+    n_f: usize,
+    manifest: serde_json::Value,
+    exact: Option<(usize, ExactRun)>,
+}
+
+impl Store {
+    /// Opens (or resumes) `out` for `req` over `windows`.
+    pub fn open(
+        out: &Path,
+        req: &E2eRequest,
+        windows: &[Vec<u32>],
+        model_id: &str,
+        one_layer: &[usize],
+    ) -> Result<Self> {
+        let ids_text: String = windows
+            .iter()
+            .map(|w| {
+                w.iter()
+                    .map(|i| i.to_string())
+                    .collect::<Vec<_>>()
+                    .join(" ")
+                    + "\n"
+            })
+            .collect();
+        let manifest = serde_json::json!({
+            "kind": "e2e",
+            "model_id": model_id,
+            "dtype": format!("{:?}", req.inputs.dtype).to_lowercase(),
+            "n_f": req.n_f,
+            "seed": req.seed,
+            "one_layer": one_layer,
+            "windows": windows.len(),
+            "ids_sha256": sha256_hex(ids_text.as_bytes()),
+        });
+        check_same_run(out, &manifest)?;
+        crate::atomic_file::write(&out.join("ids.txt"), ids_text.as_bytes())?;
+        let header = e2e_header(one_layer);
+        let done = keep_complete_rows(&out.join("e2e.csv"), &header, None)?;
+        let strs = |c: &[&str]| c.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+        keep_complete_rows(
+            &out.join("e2e_layers.csv"),
+            &strs(LAYER_COLUMNS),
+            Some(&done),
+        )?;
+        let positions = if req.positions {
+            let path = out.join("e2e_positions.csv");
+            keep_complete_rows(&path, &strs(POSITION_COLUMNS), Some(&done))?;
+            Some(append(&path, &strs(POSITION_COLUMNS))?)
+        } else {
+            None
+        };
+        let mut store = Self {
+            out: out.to_path_buf(),
+            e2e: append(&out.join("e2e.csv"), &header)?,
+            layers: append(&out.join("e2e_layers.csv"), &strs(LAYER_COLUMNS))?,
+            positions,
+            done,
+            dtype: manifest["dtype"].as_str().unwrap_or("").to_string(),
+            n_f: req.n_f,
+            manifest,
+            exact: None,
+        };
+        store.manifest["command"] = serde_json::json!(req.command);
+        store.write_manifest("running")?;
+        Ok(store)
+    }
+
+    pub fn done(&self, key: &PointKey) -> bool {
+        self.done.contains(key)
+    }
+
+    /// The exact run of `window`, computed once per window (points go window by window within a
+    /// method, so the last one is kept).
+    pub fn exact_run(&mut self, window: &Window) -> Result<&ExactRun> {
+        if self.exact.as_ref().is_none_or(|(w, _)| *w != window.index) {
+            let run = window
+                .exact()
+                .with_context(|| format!("the exact run of window {}", window.index))?;
+            self.exact = Some((window.index, run));
+        }
+        Ok(&self.exact.as_ref().expect("just set").1)
+    }
+
+    /// Writes a point: its layer rows, positions, then its e2e.csv row (the row that marks it done).
+    pub fn append(
+        &mut self,
+        w: usize,
+        n: usize,
+        m: &E2eMethod,
+        d: usize,
+        p: &E2ePoint,
+    ) -> Result<()> {
+        let mode = m.mode(self.n_f).name();
+        let key = format!("{w},{mode},{},{d}", m.name);
+        let mut text = String::new();
+        for (l, e) in p.layers.iter().enumerate() {
+            text += &format!(
+                "{key},{l},{},{},{},{},{},{}\n",
+                e.abs_error(),
+                e.rel_error(),
+                e.one_minus_cos(),
+                e.keys(),
+                e.mass(),
+                e.kv_read()
+            );
+        }
+        write_rows(&mut self.layers, &text, &self.out.join("e2e_layers.csv"))?;
+        if let Some(f) = self.positions.as_mut() {
+            let s = &p.scores;
+            let mut text = String::new();
+            for i in 0..s.len() {
+                text += &format!(
+                    "{key},{},{},{},{},{},{}\n",
+                    n - self.n_f - 1 + i,
+                    s.kl[i],
+                    s.argmax_exact[i],
+                    s.argmax_method[i],
+                    s.nll_exact[i],
+                    s.nll_method[i]
+                );
+            }
+            write_rows(f, &text, &self.out.join("e2e_positions.csv"))?;
+        }
+        let row = e2e_row(&key, n, self.n_f, &self.dtype, p);
+        write_rows(&mut self.e2e, &row, &self.out.join("e2e.csv"))?;
+        self.done.insert((w, mode.to_string(), m.name.clone(), d));
+        Ok(())
+    }
+
+    /// Marks the run complete and writes `summary.csv`; returns the number of points.
+    pub fn finish(&mut self, layers: usize) -> Result<usize> {
+        let _ = layers;
+        super::summary::write(&self.out)?;
+        crate::report::figures::e2e::draw(&self.out)?;
+        self.write_manifest("complete")?;
+        Ok(self.done.len())
+    }
+
+    fn write_manifest(&mut self, status: &str) -> Result<()> {
+        self.manifest["status"] = serde_json::json!(status);
+        let text = serde_json::to_string_pretty(&self.manifest)?;
+        crate::atomic_file::write(&self.out.join("manifest.json"), text.as_bytes())
+    }
+}
+
+/// The e2e.csv row of a point: the output metrics, the layer means, the one-layer view.
+fn e2e_row(key: &str, n: usize, n_f: usize, dtype: &str, p: &E2ePoint) -> String {
+    let o = p.scores.metrics();
+    let l = p.layers.len() as f64;
+    let mean = |f: &dyn Fn(&crate::protocol::layer_hook::LayerError) -> f64| {
+        p.layers.iter().map(f).sum::<f64>() / l
+    };
+    let mut row = format!(
+        "{key},{n},{n_f},{dtype},{},{},{},{},{},{},{},{},{},{},{},{},{},{}",
+        o.kl_mean,
+        o.kl_p99,
+        o.kl_max,
+        o.top1,
+        o.nll_exact,
+        o.nll_method,
+        o.dnll,
+        o.ppl_ratio,
+        mean(&|e| e.abs_error()),
+        mean(&|e| e.rel_error()),
+        mean(&|e| e.one_minus_cos()),
+        mean(&|e| e.keys()),
+        mean(&|e| e.kv_read()),
+        mean(&|e| e.mass()),
+    );
+    for (_, e) in &p.one_layer {
+        row += &format!(",{},{}", e.abs_error(), e.one_minus_cos());
+    }
+    row += &format!(",{}\n", p.seconds);
+    row
+}
+
+/// A resumed run must be the same run: same model, dtype, split, seed, view and windows.
+fn check_same_run(out: &Path, manifest: &serde_json::Value) -> Result<()> {
+    let path = out.join("manifest.json");
+    let Ok(text) = std::fs::read_to_string(&path) else {
+        if out.join("e2e.csv").exists() {
+            return Err(usage!(
+                "{}: holds an e2e.csv but no manifest.json; it is not a run this tool can resume: use another --out",
+                out.display()
+            ));
+        }
+        return Ok(());
+    };
+    let old: serde_json::Value = serde_json::from_str(&text).map_err(|e| {
+        usage!(
+            "{}: not valid JSON ({e}); use another --out",
+            path.display()
+        )
+    })?;
+    for key in [
+        "kind",
+        "model_id",
+        "dtype",
+        "n_f",
+        "seed",
+        "one_layer",
+        "ids_sha256",
+    ] {
+        if old[key] != manifest[key] {
+            return Err(usage!(
+                "{}: holds a run with {key} = {} where this command has {}; rerun the same command to resume it, or give another --out",
+                out.display(),
+                old[key],
+                manifest[key]
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// Keeps the complete rows of `path` (those ending in a newline with the header's field count),
+/// and of those only the rows whose point is in `done` (a point's layer and position rows are
+/// written before its e2e.csv row); rewrites the file whole if anything was dropped. Returns the
+/// points of the kept rows.
+fn keep_complete_rows(
+    path: &Path,
+    header: &[String],
+    done: Option<&BTreeSet<PointKey>>,
+) -> Result<BTreeSet<PointKey>> {
+    let mut points = BTreeSet::new();
+    let Ok(text) = std::fs::read_to_string(path) else {
+        return Ok(points);
+    };
+    let mut lines = text.split_inclusive('\n');
+    let head = lines.next().unwrap_or("");
+    if head.trim_end() != header.join(",") {
+        return Err(usage!(
+            "{}: its header is not this run's ({}); give another --out",
+            path.display(),
+            header.join(",")
+        ));
+    }
+    let mut kept = head.to_string();
+    let mut dropped = false;
+    for line in lines {
+        let fields: Vec<&str> = line.trim_end().split(',').collect();
+        let key = line
+            .ends_with('\n')
+            .then_some(())
+            .filter(|_| fields.len() == header.len())
+            .and_then(|_| {
+                Some((
+                    fields[0].parse().ok()?,
+                    fields[1].into(),
+                    fields[2].into(),
+                    fields[3].parse().ok()?,
+                ))
+            });
+        match key {
+            Some(k) if done.is_none_or(|d| d.contains(&k)) => {
+                kept += line;
+                points.insert(k);
+            }
+            _ => dropped = true,
+        }
+    }
+    if dropped {
+        crate::atomic_file::write(path, kept.as_bytes())?;
+    }
+    Ok(points)
+}
+
+/// `path` opened for appending, with `header` written first if it is new.
+fn append(path: &Path, header: &[String]) -> Result<File> {
+    let new = !path.exists();
+    let mut f = OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(path)
+        .map_err(|e| usage!("{}: cannot open it for writing ({e})", path.display()))?;
+    if new {
+        write_rows(&mut f, &(header.join(",") + "\n"), path)?;
+    }
+    Ok(f)
+}
+
+fn write_rows(f: &mut File, text: &str, path: &Path) -> Result<()> {
+    f.write_all(text.as_bytes())
+        .and_then(|_| f.flush())
+        .map_err(|e| {
+            usage!(
+                "{}: cannot write rows ({e}); free space or fix permissions, then rerun to resume",
+                path.display()
+            )
+        })
+}
+
+/// The points of an `e2e.csv`.
+pub fn read_points(path: &Path) -> Result<BTreeSet<PointKey>> {
+    let text = std::fs::read_to_string(path)
+        .map_err(|e| usage!("{}: cannot read it ({e})", path.display()))?;
+    let header: Vec<String> = text
+        .lines()
+        .next()
+        .unwrap_or("")
+        .split(',')
+        .map(String::from)
+        .collect();
+    keep_complete_rows_readonly(&text, header.len())
+}
+
+fn keep_complete_rows_readonly(text: &str, width: usize) -> Result<BTreeSet<PointKey>> {
+    Ok(text
+        .split_inclusive('\n')
+        .skip(1)
+        .filter(|l| l.ends_with('\n'))
+        .map(|l| l.trim_end().split(',').collect::<Vec<_>>())
+        .filter(|f| f.len() == width)
+        .filter_map(|f| {
+            Some((
+                f[0].parse().ok()?,
+                f[1].into(),
+                f[2].into(),
+                f[3].parse().ok()?,
+            ))
+        })
+        .collect())
+}
+
+fn sha256_hex(bytes: &[u8]) -> String {
+    use sha2::Digest;
+    sha2::Sha256::digest(bytes)
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect()
+}

@@ -1,0 +1,229 @@
+//! The end-to-end protocol (METHODS.md §10.1): a method in every layer of a decoder, the damage
+//! measured at the output (next-token KL, top-1, NLL against the exact run in the same dtype) and,
+//! from the same forward, every layer's local operator error; plus the one-layer view, the same
+//! method on the exact run's Q/K/V of a layer ℓ*.
+//!
+//! A window of n tokens is a prompt of n_p = n − n_f tokens and a continuation; the scored
+//! positions are i = n_p − 1 … n − 2, the prediction at i of token i + 1 (every label inside the
+//! window).
+
+use std::time::Instant;
+
+use anyhow::{ensure, Result};
+use candle_core::{DType, Tensor};
+
+use super::layer_hook::{LayerError, MethodHook, Mode, RecordingExact};
+use crate::attention::{self, Family, Mask, Method};
+use crate::models::{forward_logits, DecoderConfig, DecoderWeights};
+use crate::numerics::next_token::{log_softmax_rows, score_positions, PositionScores};
+use crate::usage;
+
+/// A method as the end-to-end run names it: its CSV id (a §8 cache read under the decode protocol
+/// is `d` + the cache's id, §10.2), the method, and its mode.
+pub struct E2eMethod {
+    pub name: String,
+    pub method: Box<dyn Method>,
+    pub decode: bool,
+}
+
+impl E2eMethod {
+    /// Resolves an id of §10.2: a §9 method or a `d`-prefixed §8 cache (decode mode), or a causal
+    /// §7 or §8 method (prefill mode). Everything else is refused, naming why.
+    pub fn resolve(id: &str) -> Result<Self> {
+        if let Some(cache) = id.strip_prefix('d') {
+            if let Ok(m) = attention::by_id(cache) {
+                if m.family() == Family::Quantized && m.decodes() {
+                    return Ok(Self {
+                        name: id.to_string(),
+                        method: m,
+                        decode: true,
+                    });
+                }
+            }
+        }
+        let m = attention::by_id(id).map_err(|e| usage!("--methods: {e}"))?;
+        if m.family() == Family::Decode {
+            return Ok(Self {
+                name: id.to_string(),
+                method: m,
+                decode: true,
+            });
+        }
+        if !m.masks().contains(&Mask::Causal) {
+            return Err(usage!(
+                "--methods {id}: it has no causal form (METHODS.md §7.4), and a decoder's output needs its causal mask; end to end runs the §7 prefill methods, the §8 methods, the §9 decode methods and the §8 caches read under the decode protocol (d + the cache's id, e.g. dkv_q4_0)"
+            ));
+        }
+        Ok(Self {
+            name: id.to_string(),
+            method: m,
+            decode: false,
+        })
+    }
+
+    pub fn mode(&self, n_f: usize) -> Mode {
+        if self.decode {
+            Mode::Decode { n_f }
+        } else {
+            Mode::Prefill
+        }
+    }
+
+    /// The budgets the method runs at from the grid: d = 0 for the §8 methods and cache reads.
+    pub fn budgets(&self, grid: &[usize]) -> Vec<usize> {
+        attention::budgets(self.method.id(), grid)
+    }
+}
+
+/// One window of an end-to-end run: the model, the token ids, the split and the dtype.
+pub struct Window<'a> {
+    pub weights: &'a DecoderWeights,
+    pub cfg: &'a DecoderConfig,
+    pub ids: &'a [u32],
+    pub n_f: usize,
+    pub dtype: DType,
+    /// The run seed and this window's index (each trial's derived seed).
+    pub seed: u64,
+    pub index: usize,
+    /// The layers ℓ* of the one-layer view.
+    pub one_layer: Vec<usize>,
+}
+
+/// What the exact run leaves for every method run of the window.
+pub struct ExactRun {
+    /// Log-probabilities (f64) at the scored positions.
+    pub logp: Vec<Vec<f64>>,
+    /// The exact run's post-RoPE Q, K, V of the one-layer view's layers.
+    pub kept: Vec<(usize, Tensor, Tensor, Tensor)>,
+    pub seconds: f64,
+}
+
+/// One (mode, method, d) point of a window.
+pub struct E2ePoint {
+    pub scores: PositionScores,
+    /// Every layer's local error in the method run.
+    pub layers: Vec<LayerError>,
+    /// (ℓ*, the method's error on the exact run's Q/K/V of ℓ*).
+    pub one_layer: Vec<(usize, LayerError)>,
+    pub seconds: f64,
+}
+
+impl Window<'_> {
+    pub fn n(&self) -> usize {
+        self.ids.len()
+    }
+    pub fn n_p(&self) -> usize {
+        self.n() - self.n_f
+    }
+    /// The rows whose logits are scored, n_p − 1 … n − 2.
+    pub fn scored_rows(&self) -> std::ops::Range<usize> {
+        self.n_p() - 1..self.n() - 1
+    }
+    /// The labels of the scored positions, tokens n_p … n − 1.
+    pub fn labels(&self) -> &[u32] {
+        &self.ids[self.n_p()..]
+    }
+
+    /// Checks the split: a prompt of at least one token and a continuation of at least one.
+    pub fn check(&self) -> Result<()> {
+        ensure!(
+            self.n_f >= 1 && self.n_f < self.n(),
+            crate::UsageError(format!(
+                "--n-f {}: the continuation must be at least 1 token and leave a prompt of at least 1 in a window of n = {} tokens; give --n-f below n",
+                self.n_f,
+                self.n()
+            ))
+        );
+        Ok(())
+    }
+
+    /// The exact run: the window through the model with exact attention in the run's dtype.
+    pub fn exact(&self) -> Result<ExactRun> {
+        self.check()?;
+        let t0 = Instant::now();
+        let hook = RecordingExact::new(self.one_layer.clone());
+        let logits = forward_logits(
+            self.weights,
+            self.cfg,
+            self.ids,
+            self.dtype,
+            &hook,
+            self.scored_rows(),
+        )?;
+        crate::tensor_util::check_finite(&logits, || {
+            format!(
+                "the exact run's logits of window {} (n = {}) in {:?}: the forward overflowed; try --dtype f64",
+                self.index,
+                self.n(),
+                self.dtype
+            )
+        })?;
+        Ok(ExactRun {
+            logp: log_softmax_rows(&logits)?,
+            kept: hook.into_kept(),
+            seconds: t0.elapsed().as_secs_f64(),
+        })
+    }
+
+    /// The method `m` at budget `d` in every layer, scored against `exact`.
+    pub fn point(&self, exact: &ExactRun, m: &E2eMethod, d: usize) -> Result<E2ePoint> {
+        self.check()?;
+        let t0 = Instant::now();
+        let layers = self.cfg.num_hidden_layers;
+        let hook = MethodHook::new(
+            m.method.as_ref(),
+            d,
+            m.mode(self.n_f),
+            layers,
+            self.seed,
+            self.index,
+        );
+        let logits = forward_logits(
+            self.weights,
+            self.cfg,
+            self.ids,
+            self.dtype,
+            &hook,
+            self.scored_rows(),
+        )?;
+        let errors = hook.layer_errors()?;
+        let flagged: usize = errors.iter().map(|e| e.nonfinite_rows).sum();
+        ensure!(
+            flagged == 0,
+            "{} at d = {d} gave {flagged} non-finite (or non-positive-normaliser) rows over the layers of window {}; no end-to-end row is written for it",
+            m.name,
+            self.index
+        );
+        let scores = score_positions(&exact.logp, &log_softmax_rows(&logits)?, self.labels())?;
+        let seconds = t0.elapsed().as_secs_f64();
+        let mut one_layer = Vec::new();
+        for (l, q, k, v) in &exact.kept {
+            let single = MethodHook::new(
+                m.method.as_ref(),
+                d,
+                m.mode(self.n_f),
+                layers,
+                self.seed,
+                self.index,
+            );
+            one_layer.push((*l, single.layer(*l, q, k, v)?.1));
+        }
+        Ok(E2ePoint {
+            scores,
+            layers: errors,
+            one_layer,
+            seconds,
+        })
+    }
+}
+
+/// The one-layer view's default layers ℓ* = 0 and ⌊L/2⌋ (§10.1).
+pub fn default_one_layer(layers: usize) -> Vec<usize> {
+    let mut v = vec![0, layers / 2];
+    v.dedup();
+    v
+}
+
+#[cfg(test)]
+#[path = "end_to_end_tests.rs"]
+mod tests;

@@ -1,0 +1,294 @@
+//! A method as a model's attention (METHODS.md §10.1): the [`AttentionHook`] that replaces every
+//! layer's attention with a method's Ô on that layer's own (already perturbed) Q, K, V, and
+//! measures, on the way, the layer's local operator error against exact attention of those same
+//! inputs.
+//!
+//! Prefill mode: every row of every layer is the method's. Decode mode (§9.1 in every layer): the
+//! prompt rows are exact, the continuation rows read the compressed prompt; a layer-level method
+//! (Ada-KV, TOVA, PyramidKV) sees the layer's [`LayerContext`] with ℓ and L.
+
+use std::sync::{Arc, Mutex};
+
+use anyhow::Result;
+use candle_core::{DType, Tensor};
+use rayon::prelude::*;
+
+use crate::attention::decode::{DecodeHead, LayerContext};
+use crate::attention::{HeadInputs, Mask, Method, Target};
+use crate::models::AttentionHook;
+use crate::numerics::agreement::agreement;
+use crate::numerics::sampling::TrialKey;
+use crate::numerics::spectral;
+use crate::protocol::trial::{cache_columns, flagged_rows, trial_mass};
+
+/// Which rows a method replaces (METHODS.md §10.1).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Mode {
+    /// Every row of every layer.
+    Prefill,
+    /// The n_f continuation rows; the prompt rows stay exact.
+    Decode { n_f: usize },
+}
+
+impl Mode {
+    pub fn name(self) -> &'static str {
+        match self {
+            Mode::Prefill => "prefill",
+            Mode::Decode { .. } => "decode",
+        }
+    }
+    fn n_f(self) -> Option<usize> {
+        match self {
+            Mode::Prefill => None,
+            Mode::Decode { n_f } => Some(n_f),
+        }
+    }
+}
+
+/// One layer's local error (§10.1 "Layer metrics"): per query head, and their means.
+#[derive(Debug, Clone, PartialEq)]
+pub struct LayerError {
+    /// Per query head: ‖O − Ô‖₂, ‖O − Ô‖₂/‖O‖₂, 1 − cos_sim, keys, mass, kv_read (over the rows
+    /// the method changes). `keys`, `mass` and `kv_read` are NaN for a method without them.
+    pub heads: Vec<[f64; 6]>,
+    /// Rows of Ô that are non-finite or whose normaliser is ≤ 0, over all heads.
+    pub nonfinite_rows: usize,
+}
+
+impl LayerError {
+    /// The mean over query heads of column `c` (0 abs_error … 5 kv_read).
+    pub fn mean(&self, c: usize) -> f64 {
+        self.heads.iter().map(|h| h[c]).sum::<f64>() / self.heads.len() as f64
+    }
+    pub fn abs_error(&self) -> f64 {
+        self.mean(0)
+    }
+    pub fn rel_error(&self) -> f64 {
+        self.mean(1)
+    }
+    pub fn one_minus_cos(&self) -> f64 {
+        self.mean(2)
+    }
+    pub fn keys(&self) -> f64 {
+        self.mean(3)
+    }
+    pub fn mass(&self) -> f64 {
+        self.mean(4)
+    }
+    pub fn kv_read(&self) -> f64 {
+        self.mean(5)
+    }
+}
+
+/// A method at budget d as every layer's attention of one window's forward.
+pub struct MethodHook<'a> {
+    pub method: &'a dyn Method,
+    pub d: usize,
+    pub mode: Mode,
+    /// The model's layer count L.
+    pub layers: usize,
+    /// The run seed and the window, for each trial's derived seed.
+    pub seed: u64,
+    pub window: usize,
+    /// Each layer's local error, as the forward passes it.
+    errors: Mutex<Vec<Option<LayerError>>>,
+}
+
+impl<'a> MethodHook<'a> {
+    pub fn new(
+        method: &'a dyn Method,
+        d: usize,
+        mode: Mode,
+        layers: usize,
+        seed: u64,
+        window: usize,
+    ) -> Self {
+        Self {
+            method,
+            d,
+            mode,
+            layers,
+            seed,
+            window,
+            errors: Mutex::new(vec![None; layers]),
+        }
+    }
+
+    /// Every layer's local error, in layer order (after a forward).
+    pub fn layer_errors(&self) -> Result<Vec<LayerError>> {
+        let errors = self.errors.lock().expect("layer errors lock").clone();
+        errors
+            .into_iter()
+            .enumerate()
+            .map(|(l, e)| e.ok_or_else(|| anyhow::anyhow!("layer {l} was not run")))
+            .collect()
+    }
+
+    /// Layer `layer`'s O (the method's rows, the exact prompt rows in decode mode) and local error.
+    pub fn layer(
+        &self,
+        layer: usize,
+        q: &Tensor,
+        k: &Tensor,
+        v: &Tensor,
+    ) -> Result<(Tensor, LayerError)> {
+        let (heads, n, _) = q.dims3()?;
+        let kv_heads = k.dim(0)?;
+        let ctx = match self.mode.n_f() {
+            Some(n_f) => Some(Arc::new(LayerContext::new(
+                q.clone(),
+                k.clone(),
+                v.clone(),
+                n_f,
+                layer,
+                self.layers,
+            )?)),
+            None => None,
+        };
+        let per_head: Vec<(Tensor, [f64; 6], usize)> = (0..heads)
+            .into_par_iter()
+            .map(|h| self.head(layer, h, h * kv_heads / heads, n, q, k, v, ctx.as_ref()))
+            .collect::<Result<_>>()?;
+        let outs: Vec<&Tensor> = per_head.iter().map(|(o, _, _)| o).collect();
+        let o = Tensor::stack(&outs, 0)?;
+        let error = LayerError {
+            heads: per_head.iter().map(|(_, e, _)| *e).collect(),
+            nonfinite_rows: per_head.iter().map(|(_, _, f)| f).sum(),
+        };
+        Ok((o, error))
+    }
+
+    /// Query head `h` (reading K/V head `kv`) of layer `layer`: its O rows and its error columns.
+    #[allow(clippy::too_many_arguments)]
+    fn head(
+        &self,
+        layer: usize,
+        h: usize,
+        kv: usize,
+        n: usize,
+        q: &Tensor,
+        k: &Tensor,
+        v: &Tensor,
+        ctx: Option<&Arc<LayerContext>>,
+    ) -> Result<(Tensor, [f64; 6], usize)> {
+        let m = self.method;
+        let mut head = HeadInputs::masked(q.get(h)?, k.get(kv)?, v.get(kv)?, Mask::Causal)?;
+        if let Some(ctx) = ctx {
+            head = head.decoding(DecodeHead {
+                head: h,
+                layer: ctx.clone(),
+            });
+        }
+        let seed = TrialKey {
+            seed: self.seed,
+            n,
+            window: self.window,
+            head: layer * q.dim(0)? + h,
+            method: m.id(),
+            d: self.d,
+        }
+        .derive_seed();
+        let where_ = || {
+            format!(
+                "method {} at d = {}, layer {layer}, head {h}",
+                m.id(),
+                self.d
+            )
+        };
+        let approx = match m.approximate_trial(&head, self.d, seed) {
+            Ok(a) => a,
+            // What a user's own function returns (a wrong shape, a NaN) is the user's to fix.
+            Err(e) if m.family() == crate::attention::Family::User => {
+                return Err(crate::usage!("{}: {e:#}", where_()));
+            }
+            Err(e) => return Err(e.context(where_())),
+        };
+        let exact = &head.exact()?.output;
+        let exact64 = head.scored(&exact.to_dtype(DType::F64)?)?;
+        let norms = spectral::error_norms(&exact64, &approx.output)?;
+        let exact_norm = spectral::matrix_norms(&exact64)?.spectral;
+        let cos = agreement(&exact64, &approx.output)?.cos_sim;
+        let mass = trial_mass(&approx, &head, Target::Softmax)?;
+        let keys = approx.support.as_ref().map(|s| s.keys);
+        let (mass, keys, _, kv_read) =
+            cache_columns(m, mass, keys, n, Mask::Causal, self.mode.n_f());
+        let nan = f64::NAN;
+        let cols = [
+            norms.spectral,
+            norms.spectral / exact_norm,
+            1.0 - cos,
+            keys.unwrap_or(nan),
+            mass.unwrap_or(nan),
+            kv_read.unwrap_or(nan),
+        ];
+        let rows = approx.output.to_dtype(q.dtype())?;
+        let o = match self.mode {
+            Mode::Prefill => rows,
+            Mode::Decode { n_f } => Tensor::cat(&[exact.narrow(0, 0, n - n_f)?, rows], 0)?,
+        };
+        Ok((o, cols, flagged_rows(&approx)?))
+    }
+}
+
+impl AttentionHook for MethodHook<'_> {
+    fn attend(
+        &self,
+        layer: usize,
+        q: &Tensor,
+        k: &Tensor,
+        v: &Tensor,
+        window: Option<usize>,
+    ) -> Result<Tensor> {
+        if let Some(w) = window {
+            // The methods' key sets assume the full causal mask; a sliding window changes the
+            // target itself (METHODS.md §7.7.0), which the attention spec will carry.
+            anyhow::bail!(
+                "layer {layer} has a sliding window of {w}: end-to-end methods run on full causal layers only"
+            );
+        }
+        let (o, error) = self.layer(layer, q, k, v)?;
+        self.errors.lock().expect("layer errors lock")[layer] = Some(error);
+        Ok(o)
+    }
+}
+
+/// The exact attention that keeps the post-RoPE Q, K, V of some layers (the exact run's inputs
+/// of the one-layer view, §10.1 "Summary columns").
+pub struct RecordingExact {
+    keep: Vec<usize>,
+    kept: Mutex<Vec<(usize, Tensor, Tensor, Tensor)>>,
+}
+
+impl RecordingExact {
+    pub fn new(keep: Vec<usize>) -> Self {
+        Self {
+            keep,
+            kept: Mutex::new(Vec::new()),
+        }
+    }
+    /// (layer, Q, K, V) of every kept layer, in layer order.
+    pub fn into_kept(self) -> Vec<(usize, Tensor, Tensor, Tensor)> {
+        let mut kept = self.kept.into_inner().expect("kept lock");
+        kept.sort_by_key(|k| k.0);
+        kept
+    }
+}
+
+impl AttentionHook for RecordingExact {
+    fn attend(
+        &self,
+        layer: usize,
+        q: &Tensor,
+        k: &Tensor,
+        v: &Tensor,
+        window: Option<usize>,
+    ) -> Result<Tensor> {
+        if self.keep.contains(&layer) {
+            self.kept
+                .lock()
+                .expect("kept lock")
+                .push((layer, q.clone(), k.clone(), v.clone()));
+        }
+        crate::models::ExactAttention.attend(layer, q, k, v, window)
+    }
+}
