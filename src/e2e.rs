@@ -124,47 +124,55 @@ pub fn run_with(req: &E2eRequest, extra: Vec<E2eMethod>) -> Result<E2eOutcome> {
     }
     let _lock = crate::report::run_lock::create_and_lock(&req.out)?;
     let mut store = files::Store::open(&req.out, req, &windows, &prepared.model_id, &one_layer)?;
+    let dtype = req.inputs.candle_dtype();
     let mut reports = Vec::new();
     let mut new_points = 0;
-    for (m, d) in methods
-        .iter()
-        .flat_map(|m| m.budgets(&req.features).into_iter().map(move |d| (m, d)))
-    {
-        let mode = m.mode(req.n_f).name();
-        let mut positions = crate::numerics::next_token::PositionScores::default();
-        for (w, ids) in windows.iter().enumerate() {
-            if store.done(&(w, mode.to_string(), m.name.clone(), d)) {
-                continue;
+    let mut run_all = |store: &mut files::Store| -> Result<()> {
+        for (m, d) in methods
+            .iter()
+            .flat_map(|m| m.budgets(&req.features).into_iter().map(move |d| (m, d)))
+        {
+            let mode = m.mode(req.n_f).name();
+            let mut positions = crate::numerics::next_token::PositionScores::default();
+            for (w, ids) in windows.iter().enumerate() {
+                if store.done(&(w, mode.to_string(), m.name.clone(), d)) {
+                    continue;
+                }
+                let window = Window {
+                    weights,
+                    cfg: config,
+                    ids,
+                    n_f: req.n_f,
+                    dtype,
+                    seed: req.seed,
+                    index: w,
+                    one_layer: one_layer.clone(),
+                };
+                let exact = store.exact_run(&window)?;
+                let point = window.point(exact, m, d).with_context(|| {
+                    format!(
+                        "{} ({mode}) at d = {d}, window {w} (n = {})",
+                        m.name,
+                        ids.len()
+                    )
+                })?;
+                store.append(w, ids.len(), m, d, &point)?;
+                log_point(req, w, m, d, &point);
+                extend(&mut positions, &point);
+                new_points += 1;
             }
-            let window = Window {
-                weights,
-                cfg: config,
-                ids,
-                n_f: req.n_f,
-                dtype: req.inputs.candle_dtype(),
-                seed: req.seed,
-                index: w,
-                one_layer: one_layer.clone(),
-            };
-            let exact = store.exact_run(&window)?;
-            let point = window.point(exact, m, d).with_context(|| {
-                format!(
-                    "{} ({mode}) at d = {d}, window {w} (n = {})",
-                    m.name,
-                    ids.len()
-                )
-            })?;
-            store.append(w, ids.len(), m, d, &point)?;
-            log_point(req, w, m, d, &point);
-            extend(&mut positions, &point);
-            new_points += 1;
+            if !positions.is_empty() {
+                reports.push((
+                    format!("{} ({mode}) d = {d}", m.name),
+                    KldReport::new(&positions),
+                ));
+            }
         }
-        if !positions.is_empty() {
-            reports.push((
-                format!("{} ({mode}) d = {d}", m.name),
-                KldReport::new(&positions),
-            ));
-        }
+        Ok(())
+    };
+    if let Err(e) = run_all(&mut store) {
+        store.stopped();
+        return Err(e);
     }
     let total_points = store.finish(config.num_hidden_layers)?;
     Ok(E2eOutcome {

@@ -10,17 +10,21 @@ use std::path::Path;
 use common::decoder_fixture::*;
 use common::*;
 
-const FLAGS: &str = "e2e --lengths 64 --windows 2 --features 8,16 --quiet";
-
-/// The run with `extra` flags; `--n-f 16` and the methods window, streaming, snapkv, topk_dec
-/// unless `extra` sets them.
+/// The run with `extra` flags, and the defaults below for each flag `extra` does not set.
 fn e2e(model: &Path, corpus: &Path, out: &Path, extra: &str) -> std::process::Output {
-    let mut flags = format!("{FLAGS} --out {} {extra}", out.display());
-    if !extra.contains("--n-f") {
-        flags += " --n-f 16";
-    }
-    if !extra.contains("--methods") {
-        flags += " --methods window,streaming,snapkv,topk_dec";
+    let mut flags = format!(
+        "e2e --features 8,16 --quiet --out {} {extra}",
+        out.display()
+    );
+    for (flag, value) in [
+        ("--n-f", "16"),
+        ("--methods", "window,streaming,snapkv,topk_dec"),
+        ("--windows", "2"),
+        ("--lengths", "64"),
+    ] {
+        if !extra.contains(flag) {
+            flags += &format!(" {flag} {value}");
+        }
     }
     decoder_cli(model, corpus, &flags)
 }
@@ -144,4 +148,26 @@ fn ids_from_a_file_are_the_windows_and_ids_txt_gives_them_back() {
         rows_without_seconds(&a.join("e2e.csv")),
         rows_without_seconds(&b.join("e2e.csv"))
     );
+}
+
+#[test]
+fn more_windows_extend_a_run_and_other_windows_are_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = llama_dir(&dir.path().join("m"), true);
+    let corpus = corpus(dir.path());
+    let (a, b) = (dir.path().join("a"), dir.path().join("b"));
+    let o = e2e(&model, &corpus, &a, "");
+    assert!(o.status.success(), "{}", stderr(&o));
+    let o = e2e(&model, &corpus, &b, "--windows 1");
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert_eq!(rows_without_seconds(&b.join("e2e.csv")).len(), 1 + 8);
+    let o = e2e(&model, &corpus, &b, "");
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert_eq!(
+        rows_without_seconds(&a.join("e2e.csv")),
+        rows_without_seconds(&b.join("e2e.csv"))
+    );
+    let o = e2e(&model, &corpus, &b, "--lengths 48");
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    assert!(stderr(&o).contains("other windows"), "{}", stderr(&o));
 }

@@ -356,16 +356,6 @@ def insert(path, src, at, text, before=False):
     return src[:i] + text + src[i:]
 
 
-def write_readme(root, text, figure):
-    path = f"{root}/README.md"
-    src = open(path).read()
-    image = IMAGE.format(FIGURE) if figure else None
-    new, body = block(src, text, image, True)
-    if new is None:
-        new = insert(path, src, "<!-- /quant-numbers -->", f"\n\n{INTRO}\n\n{body}")
-    open(path, "w").write(new)
-
-
 def write_docs(root, text, figure):
     path = f"{root}/docs/reproductions.md"
     src = open(path).read()
@@ -381,7 +371,7 @@ def main():
     ap.add_argument("--root", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."),
                     help="the repository root (default: this script's)")
     ap.add_argument("--write", action="store_true",
-                    help="rewrite the blocks of README.md and docs/reproductions.md under the root")
+                    help="rewrite the block of docs/reproductions.md under the root")
     a = ap.parse_args()
     root = os.path.normpath(a.root)
     fs = facts(root)
@@ -394,7 +384,8 @@ def main():
     print(t)
     print(s)
     if a.write:
-        write_readme(root, s, figure and bool(fs))
+        # The README holds a hand-written takeaway of a few sentences (issue 43); the numbers
+        # live in docs/reproductions.md only.
         write_docs(root, t.rstrip("\n"), figure and bool(fs))
 
 

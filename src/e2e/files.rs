@@ -115,8 +115,12 @@ impl Store {
             "n_f": req.n_f,
             "seed": req.seed,
             "one_layer": one_layer,
-            "windows": windows.len(),
-            "ids_sha256": sha256_hex(ids_text.as_bytes()),
+            // One hash per window: a rerun with more windows extends the run (the old windows
+            // must be its first ones), one with other windows is refused.
+            "window_sha256": windows
+                .iter()
+                .map(|w| sha256_hex(w.iter().map(|i| format!("{i} ")).collect::<String>().as_bytes()))
+                .collect::<Vec<_>>(),
         });
         check_same_run(out, &manifest)?;
         crate::atomic_file::write(&out.join("ids.txt"), ids_text.as_bytes())?;
@@ -222,6 +226,17 @@ impl Store {
         Ok(self.done.len())
     }
 
+    /// Marks the run `interrupted` (a signal) or `failed` (an error) before the error is returned:
+    /// its rows stand, and the same command completes it.
+    pub fn stopped(&mut self) {
+        let status = if crate::interrupt::requested().is_some() {
+            "interrupted"
+        } else {
+            "failed"
+        };
+        let _ = self.write_manifest(status);
+    }
+
     fn write_manifest(&mut self, status: &str) -> Result<()> {
         self.manifest["status"] = serde_json::json!(status);
         let text = serde_json::to_string_pretty(&self.manifest)?;
@@ -278,15 +293,18 @@ fn check_same_run(out: &Path, manifest: &serde_json::Value) -> Result<()> {
             path.display()
         )
     })?;
-    for key in [
-        "kind",
-        "model_id",
-        "dtype",
-        "n_f",
-        "seed",
-        "one_layer",
-        "ids_sha256",
-    ] {
+    let (old_w, new_w) = (&old["window_sha256"], &manifest["window_sha256"]);
+    let prefix = match (old_w.as_array(), new_w.as_array()) {
+        (Some(o), Some(n)) => o.len() <= n.len() && n[..o.len()] == o[..],
+        _ => false,
+    };
+    if !prefix {
+        return Err(usage!(
+            "{}: holds a run of other windows (other lengths, corpus, ids, or fewer --windows); rerun the same command to resume it, or give another --out",
+            out.display()
+        ));
+    }
+    for key in ["kind", "model_id", "dtype", "n_f", "seed", "one_layer"] {
         if old[key] != manifest[key] {
             return Err(usage!(
                 "{}: holds a run with {key} = {} where this command has {}; rerun the same command to resume it, or give another --out",
