@@ -368,7 +368,12 @@ pub fn score(req: &ScoreRequest) -> Result<SweepOutcome> {
                     v.get(kv_head)?,
                     dump.info.mask,
                 )?;
-                let exact64 = head.target_output(req.target)?;
+                let exact64 = head.target_output(req.target).with_context(|| {
+                    format!(
+                        "--qkv {}: n = {n}, window {w}, head {h}",
+                        dump.path.display()
+                    )
+                })?;
                 let exact64 = match req.decode {
                     Some(n_f) => exact64.narrow(0, n - n_f, n_f)?,
                     None => exact64,

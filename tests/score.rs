@@ -380,3 +380,40 @@ fn corrupt_dumps_integer_outputs_and_a_masked_kernelized_target_are_refused() {
     );
     assert!(!stderr(&o).contains("device"), "{}", stderr(&o));
 }
+
+/// Finite but huge values in a dump (head 1's Q and K ≈ 1e20 in one channel: logits past f32's
+/// range) are an overflow of the f32 target, named with the dump and the head (exit 2), not a
+/// device's wrong result.
+#[test]
+fn a_dump_whose_logits_overflow_f32_is_named_as_an_overflow() {
+    let tmp = tempfile::tempdir().unwrap();
+    let model = tiny_model(&tmp.path().join("m"), false);
+    let (qkv, approx) = (tmp.path().join("qkv"), tmp.path().join("approx"));
+    std::fs::create_dir_all(&qkv).unwrap();
+    std::fs::create_dir_all(&approx).unwrap();
+    let f = dump(&model, &qkv, 16, 0);
+    write_outputs(&f, &approx, "mine", "vmean", 16, 0, &[4]);
+    let mut t = candle_core::safetensors::load(&f, &Device::Cpu).unwrap();
+    for key in ["q", "k"] {
+        let x = &t[key];
+        let p = x.dims()[2];
+        let mut v: Vec<f32> = x.flatten_all().unwrap().to_vec1().unwrap();
+        for row in 0..16 {
+            v[(16 + row) * p + 3] = 1e20; // head 1, every row, column 3
+        }
+        let dims = x.dims().to_vec();
+        t.insert(key.into(), Tensor::from_vec(v, dims, &Device::Cpu).unwrap());
+    }
+    candle_core::safetensors::save(&t, &f).unwrap();
+    let o = score(&qkv, &approx, "mine", &tmp.path().join("out"), &[]);
+    let e = stderr(&o);
+    assert_usage_error(
+        &o,
+        &format!(
+            "--qkv {}: n = 16, window 0, head 1: the exact softmax target overflows",
+            f.display()
+        ),
+    );
+    assert!(e.contains("dump-qkv --dtype f64"), "{e}");
+    assert!(!e.contains("device"), "{e}");
+}

@@ -401,3 +401,100 @@ fn a_signal_ends_a_command_that_does_not_poll_at_once() {
         t0.elapsed()
     );
 }
+
+// Issue 44: overflow named as overflow, decode with the kernelized target, merges that check
+// their rows and paths and resume when interrupted.
+
+/// The tiny pretrained model under `dir` with layer 0's `which` bias ("query", "key", "value")
+/// set to `value` in channel 3 (head 0's): finite weights whose Q/K/V are finite but huge.
+fn huge_bias_model(dir: &Path, which: &[&str], value: f32) -> String {
+    let model = tiny_model(dir, true);
+    let weights = model.join("model.safetensors");
+    let mut map = candle_core::safetensors::load(&weights, &candle_core::Device::Cpu).unwrap();
+    for w in which {
+        let name = map
+            .keys()
+            .find(|k| k.ends_with(&format!("layer.0.attention.self.{w}.bias")))
+            .unwrap()
+            .clone();
+        let mut v: Vec<f32> = map[&name].to_vec1().unwrap();
+        v[3] = value;
+        let n = v.len();
+        map.insert(
+            name,
+            candle_core::Tensor::from_vec(v, n, &candle_core::Device::Cpu).unwrap(),
+        );
+    }
+    candle_core::safetensors::save(&map, &weights).unwrap();
+    model.to_str().unwrap().to_string()
+}
+
+/// Replaces the value of `flag` in `args`.
+fn set_flag(args: &mut [String], flag: &str, value: &str) {
+    let i = args.iter().position(|x| x == flag).unwrap();
+    args[i + 1] = value.into();
+}
+
+/// Logits beyond f32's range (|q|, |k| ≈ 1e20 in one channel) and V whose sums over keys pass
+/// it (|v| ≈ 3e38) are finite inputs that overflow an f32 forward: exit 2 naming the overflow,
+/// the head and the input, suggesting --dtype f64 (which runs the same head), never the device.
+#[test]
+fn finite_but_huge_qkv_are_named_as_an_overflow_not_blamed_on_the_device() {
+    let tmp = tempfile::tempdir().unwrap();
+    let c = corpus_path().to_str().unwrap().to_string();
+    let cases: [(&str, &[&str], f32, &str); 2] = [
+        ("qk", &["query", "key"], 1e20, "its logits (Q·Kᵀ) reach"),
+        (
+            "v",
+            &["value"],
+            3e38,
+            "the sum over keys of V's column 3 reaches",
+        ),
+    ];
+    for (tag, which, value, cause) in cases {
+        let m = huge_bias_model(&tmp.path().join(tag), which, value);
+        let out = tmp.path().join(format!("run-{tag}"));
+        let mut args = grid(&m, &c, &out, &["--layer", "0"]);
+        args[1] = "pretrained".into();
+        set_flag(&mut args, "--methods", "vmean");
+        let o = sweep(&args);
+        let e = stderr(&o);
+        assert_eq!(o.status.code(), Some(2), "{tag}: {e}");
+        assert!(
+            e.contains("head 0") && e.contains("the exact softmax target overflows"),
+            "{tag}: {e}"
+        );
+        assert!(e.contains(cause) && e.contains("--dtype f64"), "{tag}: {e}");
+        assert!(
+            !e.contains("device") && !e.contains("panicked"),
+            "{tag}: {e}"
+        );
+        let out64 = tmp.path().join(format!("run-{tag}-f64"));
+        let mut args = grid(&m, &c, &out64, &["--layer", "0"]);
+        args[1] = "pretrained".into();
+        set_flag(&mut args, "--methods", "vmean");
+        args.extend(["--dtype".to_string(), "f64".to_string()]);
+        let o = sweep(&args);
+        assert!(o.status.success(), "{tag} in f64: {}", stderr(&o));
+    }
+}
+
+/// `--decode N_F --target kernelized` is refused when the configuration is read, by the sweep
+/// and by `bench`, as `--target kernelized --mask causal` is.
+#[test]
+fn decode_with_the_kernelized_target_is_refused() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (m, c) = tiny_inputs(&tmp.path().join("m"), false);
+    let out = tmp.path().join("run");
+    let flags = ["--decode", "4", "--target", "kernelized"];
+    let mut args = grid(&m, &c, &out, &flags);
+    let a: Vec<&str> = args.iter().map(String::as_str).collect();
+    expect_usage_error(&a, "--decode 4 with --target kernelized");
+    // bench takes the sweep's flags but --out and --quiet.
+    args.truncate(args.len() - flags.len() - 3);
+    args.insert(0, "bench".into());
+    args.extend(flags.iter().map(|s| s.to_string()));
+    let a: Vec<&str> = args.iter().map(String::as_str).collect();
+    expect_usage_error(&a, "--decode 4 with --target kernelized");
+    assert!(!out.exists());
+}
