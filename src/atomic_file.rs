@@ -46,6 +46,55 @@ pub fn write(path: &Path, bytes: &[u8]) -> Result<()> {
     })
 }
 
+/// Removes the temporary files of `path` ([`temporary_name`]) left by processes that no longer
+/// run (a kill -9 or SIGXFSZ mid-write skips the cleanup of [`write_with`]); those of live
+/// processes, and everything else, stay. Best effort: a file that cannot be removed stays too.
+pub fn remove_stale_temporaries(path: &Path) {
+    let (Some(dir), Some(name)) = (path.parent(), path.file_name()) else {
+        return;
+    };
+    let prefix = format!(".{}.partial-", name.to_string_lossy());
+    let dir = if dir.as_os_str().is_empty() {
+        Path::new(".")
+    } else {
+        dir
+    };
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return;
+    };
+    for e in entries.flatten() {
+        let file = e.file_name().to_string_lossy().into_owned();
+        let Some(rest) = file.strip_prefix(&prefix) else {
+            continue;
+        };
+        let digits: String = rest.chars().take_while(char::is_ascii_digit).collect();
+        if let Ok(pid) = digits.parse::<u32>() {
+            if !process_alive(pid) {
+                let _ = std::fs::remove_file(e.path());
+            }
+        }
+    }
+}
+
+/// Whether process `pid` exists (kill(2) with signal 0: ESRCH means it does not). Where that
+/// cannot be asked, every process counts as alive, so nothing is removed.
+fn process_alive(pid: u32) -> bool {
+    #[cfg(unix)]
+    {
+        let Ok(pid) = i32::try_from(pid) else {
+            return true;
+        };
+        // SAFETY: signal 0 sends nothing; it only checks that the process exists.
+        let r = unsafe { libc::kill(pid, 0) };
+        r == 0 || std::io::Error::last_os_error().raw_os_error() != Some(libc::ESRCH)
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = pid;
+        true
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -69,5 +118,23 @@ mod tests {
         write(&p, b"new").unwrap();
         assert_eq!(std::fs::read(&p).unwrap(), b"new");
         assert_eq!(temporary_name(&p).extension().unwrap(), "png");
+    }
+
+    /// A temporary left by a dead process is removed, one of a live process (this one) and the
+    /// other files stay.
+    #[test]
+    fn stale_temporaries_of_dead_processes_are_removed() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("trials.csv");
+        // A pid above Linux's pid_max (2²²) belongs to no process.
+        let dead = dir.path().join(".trials.csv.partial-4194400.csv");
+        let live = temporary_name(&p);
+        let other = dir.path().join(".summary.csv.partial-4194400.csv");
+        for f in [&p, &dead, &live, &other] {
+            std::fs::write(f, b"x").unwrap();
+        }
+        remove_stale_temporaries(&p);
+        assert!(!dead.exists());
+        assert!(live.exists() && other.exists() && p.exists());
     }
 }

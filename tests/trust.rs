@@ -498,3 +498,139 @@ fn decode_with_the_kernelized_target_is_refused() {
     expect_usage_error(&a, "--decode 4 with --target kernelized");
     assert!(!out.exists());
 }
+
+/// Two shards of the tiny grid, run into `tmp/s1` and `tmp/s2`.
+fn two_shards(tmp: &Path, m: &str, c: &str) -> Vec<std::path::PathBuf> {
+    (1..=2)
+        .map(|k| {
+            let dir = tmp.join(format!("s{k}"));
+            let o = sweep(&grid(m, c, &dir, &["--shard", &format!("{k}/2")]));
+            assert!(o.status.success(), "{}", stderr(&o));
+            dir
+        })
+        .collect()
+}
+
+fn merge(dirs: &[&Path], out: &Path) -> std::process::Output {
+    let mut args = vec!["merge".to_string()];
+    args.extend(dirs.iter().map(|d| d.to_str().unwrap().to_string()));
+    args.extend(["--out".to_string(), out.to_str().unwrap().to_string()]);
+    let a: Vec<&str> = args.iter().map(String::as_str).collect();
+    run(&a, &[])
+}
+
+/// `merge` refuses a row that is no trial of the run (head 99 of a 4-head model), naming it,
+/// as a resume does, instead of writing a "complete" run with a real trial missing.
+#[test]
+fn merge_refuses_a_row_that_is_no_trial_of_the_run() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (m, c) = tiny_inputs(&tmp.path().join("m"), false);
+    let shards = two_shards(tmp.path(), &m, &c);
+    let trials = shards[1].join("trials.csv");
+    let text = std::fs::read_to_string(&trials).unwrap();
+    let header: Vec<&str> = text.lines().next().unwrap().split(',').collect();
+    let head_col = header.iter().position(|h| *h == "head").unwrap();
+    let mut lines: Vec<String> = text.lines().map(String::from).collect();
+    let mut cells: Vec<String> = lines[5].split(',').map(String::from).collect();
+    cells[head_col] = "99".into();
+    lines[5] = cells.join(",");
+    std::fs::write(&trials, lines.join("\n") + "\n").unwrap();
+    let out = tmp.path().join("merged");
+    let o = merge(&[&shards[0], &shards[1]], &out);
+    let e = stderr(&o);
+    assert_eq!(o.status.code(), Some(2), "{e}");
+    assert!(
+        e.contains(&format!(
+            "{}: row 6 is not a trial of this run: head 99 (the model has 4 heads)",
+            trials.display()
+        )),
+        "{e}"
+    );
+    assert!(!out.join("manifest.json").exists());
+}
+
+/// A shard path that does not exist, an empty directory or a file: exit 2 naming the path and
+/// what to give instead, not a raw "No such file or directory".
+#[test]
+fn merge_of_a_missing_empty_or_file_path_is_named() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (m, c) = tiny_inputs(&tmp.path().join("m"), false);
+    let good = tmp.path().join("good");
+    assert!(sweep(&grid(&m, &c, &good, &[])).status.success());
+    let missing = tmp.path().join("missing");
+    let empty = tmp.path().join("empty");
+    std::fs::create_dir_all(&empty).unwrap();
+    let file = good.join("trials.csv");
+    let out = tmp.path().join("merged");
+    for (bad, what) in [
+        (&missing, "does not exist"),
+        (&empty, "holds no manifest.json"),
+        (&file, "is a file, not a run directory"),
+    ] {
+        for dirs in [[bad, &good], [&good, bad]] {
+            let o = merge(&[dirs[0], dirs[1]], &out);
+            let e = stderr(&o);
+            assert_eq!(o.status.code(), Some(2), "{e}");
+            assert!(
+                e.contains(&format!("merge: {} {what}", bad.display()))
+                    && e.contains("give the --out directories of the shards"),
+                "{e}"
+            );
+            assert!(!e.contains("No such file"), "{e}");
+        }
+    }
+}
+
+/// A merge killed while writing (here by SIGXFSZ, a file-size limit below trials.csv's size)
+/// is completed by rerunning the same command: the rows and summary of an uninterrupted merge,
+/// manifest complete, no temporary or marker left.
+#[test]
+fn an_interrupted_merge_is_completed_by_the_same_command() {
+    use std::os::unix::process::CommandExt;
+    let tmp = tempfile::tempdir().unwrap();
+    let (m, c) = tiny_inputs(&tmp.path().join("m"), false);
+    let shards = two_shards(tmp.path(), &m, &c);
+    let whole = tmp.path().join("whole");
+    let o = merge(&[&shards[0], &shards[1]], &whole);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let size = std::fs::metadata(whole.join("trials.csv")).unwrap().len();
+    assert!(size > 16384, "{size} bytes: enlarge the grid");
+    let out = tmp.path().join("cut");
+    let mut cmd = Command::new(bin());
+    cmd.arg("merge")
+        .args(&shards)
+        .arg("--out")
+        .arg(&out)
+        .stderr(Stdio::piped());
+    // SAFETY: setrlimit(2) in the child before exec, on plain integers.
+    unsafe {
+        cmd.pre_exec(|| {
+            let limit = |bytes| libc::rlimit {
+                rlim_cur: bytes,
+                rlim_max: bytes,
+            };
+            libc::setrlimit(libc::RLIMIT_CORE, &limit(0));
+            libc::setrlimit(libc::RLIMIT_FSIZE, &limit(8192));
+            Ok(())
+        });
+    }
+    let o = cmd.output().unwrap();
+    assert!(!o.status.success(), "the merge was not interrupted");
+    assert!(!out.join("manifest.json").exists());
+    let o = merge(&[&shards[0], &shards[1]], &out);
+    assert!(o.status.success(), "{}", stderr(&o));
+    for f in ["trials.csv", "summary.csv"] {
+        assert_eq!(
+            std::fs::read(out.join(f)).unwrap(),
+            std::fs::read(whole.join(f)).unwrap(),
+            "{f}"
+        );
+    }
+    assert_eq!(manifest(&out)["status"], "complete");
+    let left: Vec<String> = std::fs::read_dir(&out)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .filter(|n| n.contains("partial") || n.contains("merge"))
+        .collect();
+    assert!(left.is_empty(), "{left:?}");
+}

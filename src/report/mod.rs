@@ -4,6 +4,7 @@ pub mod anchors;
 pub mod check;
 pub mod console;
 pub mod figures;
+pub mod grid;
 pub mod manifest;
 pub mod merge;
 pub mod run_lock;

@@ -171,58 +171,17 @@ fn check_same_inputs(old: &[InputFile], new: &[InputFile], out: &std::path::Path
     Ok(())
 }
 
-/// The trial grid of a run, to check the rows a resume finds against.
-struct Grid<'a> {
-    cfg: &'a RunConfig,
-    model: &'a str,
-    heads: &'a [usize],
-    shard: Option<crate::config::Shard>,
-}
-
-impl Grid<'_> {
-    /// Why `r` is not a trial of this run, if it is not.
-    fn outside(&self, r: &TrialRow) -> Option<String> {
-        let cfg = self.cfg;
-        let li = cfg.lengths.iter().position(|&n| n == r.n);
-        Some(if r.model != self.model {
-            format!("model {} (this run: {})", r.model, self.model)
-        } else if r.layer != cfg.inputs.layer {
-            format!("layer {} (this run: {})", r.layer, cfg.inputs.layer)
-        } else if li.is_none() {
-            format!("n = {} (not in --lengths)", r.n)
-        } else if r.window >= cfg.windows {
-            format!("window {} (--windows {})", r.window, cfg.windows)
-        } else if self
-            .shard
-            .is_some_and(|s| !s.takes(li.unwrap_or(0) * cfg.windows + r.window))
-        {
-            format!("n = {}, window {} (not in this shard)", r.n, r.window)
-        } else if !self.heads.contains(&r.head) {
-            format!("head {} (not in --heads)", r.head)
-        } else if !cfg.methods.contains(&r.method) {
-            format!("method {} (not in --methods)", r.method)
-        } else if !attention::budgets(&r.method, &cfg.features).contains(&r.d) {
-            format!("{} at d = {} (not in --features)", r.method, r.d)
-        } else if r.target != cfg.target || r.mask != cfg.mask {
-            format!("target {:?}, mask {:?}", r.target, r.mask)
-        } else {
-            return None;
-        })
+/// The decode protocol (§9.1) needs a causal continuation: an encoder has none. Checked once the
+/// model is read (the sweep, `bench`).
+pub fn refuse_decode_of_encoder(cfg: &RunConfig, prepared: &inputs::Prepared) -> Result<()> {
+    let decoder = matches!(prepared.model, inputs::Model::Decoder { .. });
+    if let (Some(n_f), false) = (cfg.decode, decoder) {
+        return Err(usage!(
+            "--decode {n_f}: {} is an encoder (BERT), which has no causal continuation to decode (METHODS.md §9.1); use a decoder model (--model-dir with a Llama, Mistral or Qwen checkpoint or GGUF)",
+            prepared.model_id
+        ));
     }
-
-    /// The first row outside the grid, as a usage error naming it.
-    fn check(&self, rows: &[TrialRow], path: &std::path::Path) -> Result<()> {
-        for (i, r) in rows.iter().enumerate() {
-            if let Some(why) = self.outside(r) {
-                return Err(usage!(
-                    "{}: row {} is not a trial of this run: {why}; this directory holds rows of another run. Use another --out, or --force to start over",
-                    path.display(),
-                    i + 2
-                ));
-            }
-        }
-        Ok(())
-    }
+    Ok(())
 }
 
 /// Runs (or resumes) a sweep into `opts.out`.
@@ -253,13 +212,7 @@ pub fn run_with(
             );
         }
     }
-    // The decode protocol (§9.1) needs a causal continuation: an encoder has none.
-    if let (Some(n_f), false) = (cfg.decode, decoder) {
-        return Err(usage!(
-            "--decode {n_f}: {} is an encoder (BERT), which has no causal continuation to decode (METHODS.md §9.1); use a decoder model (--model-dir with a Llama, Mistral or Qwen checkpoint or GGUF)",
-            prepared.model_id
-        ));
-    }
+    refuse_decode_of_encoder(cfg, &prepared)?;
     let all_heads = prepared.heads();
     let heads: Vec<usize> = match &cfg.heads {
         Some(h) => {
@@ -312,13 +265,17 @@ pub fn run_with(
     let model_name = cfg.inputs.model.name().to_string();
     let trials_path = opts.out.join("trials.csv");
     let (mut writer, old_rows) = TrialWriter::open(&trials_path)?;
-    Grid {
+    crate::report::grid::Grid {
         cfg,
         model: &model_name,
         heads: &heads,
         shard: opts.shard,
     }
-    .check(&old_rows, &trials_path)?;
+    .check(
+        &old_rows,
+        &trials_path,
+        "this directory holds rows of another run. Use another --out, or --force to start over",
+    )?;
     // Every check is done: only now is the manifest rewritten (a refused resume leaves it as it was).
     let mut manifest = Manifest {
         model_id: prepared.model_id.clone(),
