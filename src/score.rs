@@ -410,7 +410,7 @@ pub fn score(req: &ScoreRequest) -> Result<SweepOutcome> {
                         }
                         .derive_seed(),
                         error: norms.spectral,
-                        rel_error: norms.spectral / exact_norm,
+                        rel_error: crate::numerics::agreement::relative(norms.spectral, exact_norm),
                         frob_error: norms.frobenius,
                         exact_norm,
                         nonfinite_rows: flagged,

@@ -653,7 +653,7 @@ impl TrialContext<'_> {
             d,
             seed: r.seed,
             error: r.norms.spectral,
-            rel_error: r.norms.spectral / r.exact_norm,
+            rel_error: crate::numerics::agreement::relative(r.norms.spectral, r.exact_norm),
             frob_error: r.norms.frobenius,
             exact_norm: r.exact_norm,
             nonfinite_rows: r.nonfinite_rows,
