@@ -469,6 +469,8 @@ fn finite_but_huge_qkv_are_named_as_an_overflow_not_blamed_on_the_device() {
             !e.contains("device") && !e.contains("panicked"),
             "{tag}: {e}"
         );
+        // The run stopped: its manifest says so rather than `running`.
+        assert_eq!(manifest(&out)["status"], "failed", "{tag}");
         let out64 = tmp.path().join(format!("run-{tag}-f64"));
         let mut args = grid(&m, &c, &out64, &["--layer", "0"]);
         args[1] = "pretrained".into();
@@ -633,4 +635,100 @@ fn an_interrupted_merge_is_completed_by_the_same_command() {
         .filter(|n| n.contains("partial") || n.contains("merge"))
         .collect();
     assert!(left.is_empty(), "{left:?}");
+}
+
+/// `bench --repeats 0` would print a median of no timing, and `bench --decode` on an encoder
+/// has no continuation: both are refused, the latter as the sweep refuses it.
+#[test]
+fn bench_refuses_zero_repeats_and_decode_on_an_encoder() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (m, c) = tiny_inputs(&tmp.path().join("m"), false);
+    let base = [
+        "bench",
+        "--model",
+        "initialized",
+        "--model-dir",
+        &m,
+        "--corpus",
+        &c,
+        "--lengths",
+        "16",
+        "--methods",
+        "vmean",
+        "--features",
+        "4",
+    ];
+    let mut zero = base.to_vec();
+    zero.extend(["--repeats", "0"]);
+    expect_usage_error(&zero, "--repeats 0: give at least 1 timed repetition");
+    let mut decode = base.to_vec();
+    decode[10] = "decode";
+    // dec_streaming keeps 4 sink tokens and needs d ≥ 8.
+    decode[8] = "32";
+    decode[12] = "8";
+    decode.extend(["--decode", "4", "--repeats", "1"]);
+    expect_usage_error(
+        &decode,
+        "is an encoder (BERT), which has no causal continuation",
+    );
+}
+
+/// An all-zero V (layer 0's value weights and bias zeroed) makes O = 0: every row's rel_error
+/// and cos_sim are defined (0 and 1 where Ô = O = 0), not the NaN of 0/0 that the summary would
+/// drop without a word.
+#[test]
+fn an_all_zero_v_gives_defined_relative_measures() {
+    let tmp = tempfile::tempdir().unwrap();
+    let model = tiny_model(&tmp.path().join("m"), true);
+    let weights = model.join("model.safetensors");
+    let mut map = candle_core::safetensors::load(&weights, &candle_core::Device::Cpu).unwrap();
+    let names: Vec<String> = map
+        .keys()
+        .filter(|k| k.contains("layer.0.attention.self.value."))
+        .cloned()
+        .collect();
+    assert_eq!(names.len(), 2);
+    for name in names {
+        let zero = map[&name].zeros_like().unwrap();
+        map.insert(name, zero);
+    }
+    candle_core::safetensors::save(&map, &weights).unwrap();
+    let out = tmp.path().join("run");
+    let c = corpus_path().to_str().unwrap().to_string();
+    let mut args = grid(model.to_str().unwrap(), &c, &out, &["--layer", "0"]);
+    args[1] = "pretrained".into();
+    let o = sweep(&args);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let rows = approx_bench::report::trials::read_rows(&out.join("trials.csv")).unwrap();
+    assert_eq!(rows.len(), 144);
+    for r in rows {
+        assert_eq!(r.exact_norm, 0.0, "{:?}", r.key());
+        assert_eq!((r.rel_error, r.cos_sim), (0.0, Some(1.0)), "{:?}", r.key());
+    }
+}
+
+/// A malformed `APPROX_BENCH_QKV_CACHE_MAX_GB` is refused when the cache is opened (exit 2
+/// naming the variable and its value), instead of silently capping the cache at 16 GB.
+#[test]
+fn a_malformed_cache_cap_is_a_usage_error() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (m, c) = tiny_inputs(&tmp.path().join("m"), false);
+    let cache = tmp.path().join("cache");
+    let out = tmp.path().join("run");
+    let mut args = grid(&m, &c, &out, &["--qkv-cache", cache.to_str().unwrap()]);
+    set_flag(&mut args, "--methods", "vmean");
+    let a: Vec<&str> = args.iter().map(String::as_str).collect();
+    for bad in ["abc", "-1", "nan"] {
+        let o = run(&a, &[("APPROX_BENCH_QKV_CACHE_MAX_GB", bad)]);
+        let e = stderr(&o);
+        assert_eq!(o.status.code(), Some(2), "{bad}: {e}");
+        assert!(
+            e.contains(&format!(
+                "APPROX_BENCH_QKV_CACHE_MAX_GB=\"{bad}\": not a size in GB"
+            )),
+            "{e}"
+        );
+    }
+    let o = run(&a, &[("APPROX_BENCH_QKV_CACHE_MAX_GB", "0.5")]);
+    assert!(o.status.success(), "{}", stderr(&o));
 }

@@ -422,14 +422,24 @@ pub fn run_with(
         }
         Ok(())
     };
-    let ran = {
-        let _polling = crate::interrupt::polling();
-        run_units()
-    };
+    // Held until the manifest says how the run ended: a signal that arrives while the summary
+    // and manifest are written only sets the flag, instead of ending the process with the
+    // manifest still at `running`.
+    let polling = crate::interrupt::polling();
+    let ran = run_units();
     bar.finish_and_clear();
     let interrupted = crate::interrupt::requested();
-    if interrupted.is_none() {
-        ran?;
+    if let (None, Err(e)) = (interrupted, ran) {
+        // A refusal or a failure mid-run (an overflowing head, a full disk): the manifest says
+        // the run stopped, rather than `running` for ever; its rows stay and a rerun resumes.
+        // Best effort: the error that stopped the run is the one to report.
+        manifest.finished = Some(manifest::now());
+        manifest.status = "failed".into();
+        if let Ok(rows) = trials::read_rows(&trials_path) {
+            manifest.trials = rows.len();
+        }
+        let _ = manifest.write(&opts.out);
+        return Err(e);
     }
     if let Some(report) = device::profile_report() {
         eprintln!("{report}");
@@ -454,6 +464,7 @@ pub fn run_with(
         }
     });
     manifest.write(&opts.out)?;
+    drop(polling);
     if let Some(signal) = interrupted {
         return Err(crate::interrupt::Interrupted {
             signal,
