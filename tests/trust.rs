@@ -732,3 +732,38 @@ fn a_malformed_cache_cap_is_a_usage_error() {
     let o = run(&a, &[("APPROX_BENCH_QKV_CACHE_MAX_GB", "0.5")]);
     assert!(o.status.success(), "{}", stderr(&o));
 }
+
+/// The same `--methods` in another order are the same trials: a resume goes on (nothing to
+/// redo, the run keeps its order) and shards run with either order merge.
+#[test]
+fn the_same_methods_in_another_order_resume_and_merge() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (m, c) = tiny_inputs(&tmp.path().join("m"), false);
+    let out = tmp.path().join("run");
+    assert!(sweep(&grid(&m, &c, &out, &[])).status.success());
+    let before = std::fs::read(out.join("trials.csv")).unwrap();
+    let mut args = grid(&m, &c, &out, &[]);
+    set_flag(&mut args, "--methods", "skeinformer,vmean,informer");
+    let o = sweep(&args);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert_eq!(std::fs::read(out.join("trials.csv")).unwrap(), before);
+    assert_eq!(
+        manifest(&out)["config"]["methods"],
+        serde_json::json!(["vmean", "informer", "skeinformer"])
+    );
+    let s1 = tmp.path().join("s1");
+    assert!(sweep(&grid(&m, &c, &s1, &["--shard", "1/2"]))
+        .status
+        .success());
+    let s2 = tmp.path().join("s2");
+    let mut args = grid(&m, &c, &s2, &["--shard", "2/2"]);
+    set_flag(&mut args, "--methods", "informer,skeinformer,vmean");
+    assert!(sweep(&args).status.success());
+    let merged = tmp.path().join("merged");
+    let o = merge(&[&s1, &s2], &merged);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert_eq!(
+        rows_without_timing(&merged.join("trials.csv")),
+        rows_without_timing(&out.join("trials.csv"))
+    );
+}

@@ -157,6 +157,17 @@ impl Manifest {
     }
 }
 
+/// Whether two runs' `--methods` are the same methods, in any order: the same trials (a trial's
+/// seed and result do not depend on the order), so a resume or a merge accepts them (issue 44).
+pub fn same_methods(a: &[String], b: &[String]) -> bool {
+    let sorted = |v: &[String]| {
+        let mut v = v.to_vec();
+        v.sort();
+        v
+    };
+    sorted(a) == sorted(b)
+}
+
 /// Field-by-field differences between two JSON values (for "configuration differs" messages).
 pub fn json_diff(
     prefix: &str,

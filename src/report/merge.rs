@@ -7,7 +7,7 @@ use anyhow::{Context, Result};
 
 use crate::config::RunConfig;
 use crate::report::grid::Grid;
-use crate::report::manifest::{json_diff, Manifest, MergedPart, BUILD};
+use crate::report::manifest::{json_diff, same_methods, Manifest, MergedPart, BUILD};
 use crate::report::summary::{self, SummaryRow};
 use crate::report::trials::{self, TrialRow};
 use crate::usage;
@@ -58,6 +58,11 @@ fn config_diff(a: &Manifest, b: &Manifest) -> Result<Vec<String>> {
                 y["inputs"][key] = serde_json::Value::Null;
             }
         }
+    }
+    // Shards that list the same methods in another order ran the same trials; the merged run
+    // takes the first's order.
+    if same_methods(&a.config.methods, &b.config.methods) {
+        y["methods"] = x["methods"].clone();
     }
     let mut diff = Vec::new();
     json_diff("", &x, &y, &mut diff);

@@ -93,10 +93,15 @@ fn check_out(cfg: &RunConfig, opts: &SweepOptions) -> Result<Option<Manifest>> {
     }
     if opts.out.join("manifest.json").exists() {
         let old = Manifest::read(&opts.out)?;
-        let (a, b) = (
+        let (a, mut b) = (
             serde_json::to_value(&old.config)?,
             serde_json::to_value(cfg)?,
         );
+        // The same methods in another order are the same trials (a trial's seed and result do
+        // not depend on the order): the resume goes on in the run's own order (`run_with`).
+        if manifest::same_methods(&old.config.methods, &cfg.methods) {
+            b["methods"] = a["methods"].clone();
+        }
         if a != b {
             let mut diff = Vec::new();
             manifest::json_diff("", &a, &b, &mut diff);
@@ -197,6 +202,19 @@ pub fn run_with(
     mut extra: Vec<Box<dyn attention::Method>>,
 ) -> Result<SweepOutcome> {
     let (lock, resumed) = prepare_out(cfg, opts)?;
+    // A resume with the methods in another order (accepted by `check_out`) keeps the run's
+    // order: its rows, summary and manifest stay those of one configuration.
+    let reordered;
+    let cfg = match &resumed {
+        Some(old) if old.config.methods != cfg.methods => {
+            reordered = RunConfig {
+                methods: old.config.methods.clone(),
+                ..cfg.clone()
+            };
+            &reordered
+        }
+        _ => cfg,
+    };
     // The windows all start at the corpus's beginning: the longest length times the window count
     // is every token the run reads, so only that prefix is tokenized.
     let need = cfg.lengths.iter().max().copied().unwrap_or(0) * cfg.windows;
