@@ -482,22 +482,26 @@ fn finite_but_huge_qkv_are_named_as_an_overflow_not_blamed_on_the_device() {
 }
 
 /// `--decode N_F --target kernelized` is refused when the configuration is read, by the sweep
-/// and by `bench`, as `--target kernelized --mask causal` is.
+/// and by `bench`, as `--target kernelized --mask causal` is (it reached the device check and
+/// was blamed on the device), here on the tiny llama.
 #[test]
 fn decode_with_the_kernelized_target_is_refused() {
+    use common::decoder_fixture::{corpus, decoder_cli, decoder_run, llama_dir};
     let tmp = tempfile::tempdir().unwrap();
-    let (m, c) = tiny_inputs(&tmp.path().join("m"), false);
+    let model = llama_dir(&tmp.path().join("llama"), true);
+    let c = corpus(tmp.path());
     let out = tmp.path().join("run");
-    let flags = ["--decode", "4", "--target", "kernelized"];
-    let mut args = grid(&m, &c, &out, &flags);
-    let a: Vec<&str> = args.iter().map(String::as_str).collect();
-    expect_usage_error(&a, "--decode 4 with --target kernelized");
-    // bench takes the sweep's flags but --out and --quiet.
-    args.truncate(args.len() - flags.len() - 3);
-    args.insert(0, "bench".into());
-    args.extend(flags.iter().map(|s| s.to_string()));
-    let a: Vec<&str> = args.iter().map(String::as_str).collect();
-    expect_usage_error(&a, "--decode 4 with --target kernelized");
+    let flags = "--model pretrained --lengths 64 --windows 1 --decode 16 --features 8 --layer 1 \
+                 --methods decode --target kernelized";
+    for o in [
+        decoder_run(&model, &c, &out, flags),
+        decoder_cli(&model, &c, &format!("bench {flags} --repeats 1")),
+    ] {
+        let e = stderr(&o);
+        assert_eq!(o.status.code(), Some(2), "{e}");
+        assert!(e.contains("--decode 16 with --target kernelized"), "{e}");
+        assert!(!e.contains("device"), "{e}");
+    }
     assert!(!out.exists());
 }
 
