@@ -438,6 +438,7 @@ fn set_flag(args: &mut [String], flag: &str, value: &str) {
 /// Logits beyond f32's range (|q|, |k| ≈ 1e20 in one channel) and V whose sums over keys pass
 /// it (|v| ≈ 3e38) are finite inputs that overflow an f32 forward: exit 2 naming the overflow,
 /// the head and the input, suggesting --dtype f64 (which runs the same head), never the device.
+/// (The sums of V overflow where V is summed before it is normalised, as on the CPU path.)
 #[test]
 fn finite_but_huge_qkv_are_named_as_an_overflow_not_blamed_on_the_device() {
     let tmp = tempfile::tempdir().unwrap();
@@ -459,16 +460,23 @@ fn finite_but_huge_qkv_are_named_as_an_overflow_not_blamed_on_the_device() {
         set_flag(&mut args, "--methods", "vmean");
         let o = sweep(&args);
         let e = stderr(&o);
+        assert!(
+            !e.contains("device") && !e.contains("panicked"),
+            "{tag}: {e}"
+        );
+        if tag == "v" && o.status.success() {
+            // A product path that normalises before it sums V (the batched device path) does
+            // not overflow, and its target passed the check: right rows, no error to name.
+            let rows = approx_bench::report::trials::read_rows(&out.join("trials.csv")).unwrap();
+            assert!(rows.iter().all(|r| r.exact_norm.is_finite()), "{tag}");
+            continue;
+        }
         assert_eq!(o.status.code(), Some(2), "{tag}: {e}");
         assert!(
             e.contains("head 0") && e.contains("the exact softmax target overflows"),
             "{tag}: {e}"
         );
         assert!(e.contains(cause) && e.contains("--dtype f64"), "{tag}: {e}");
-        assert!(
-            !e.contains("device") && !e.contains("panicked"),
-            "{tag}: {e}"
-        );
         // The run stopped: its manifest says so rather than `running`.
         assert_eq!(manifest(&out)["status"], "failed", "{tag}");
         let out64 = tmp.path().join(format!("run-{tag}-f64"));
