@@ -473,7 +473,9 @@ fn finite_but_huge_qkv_are_named_as_an_overflow_not_blamed_on_the_device() {
         }
         assert_eq!(o.status.code(), Some(2), "{tag}: {e}");
         assert!(
-            e.contains("head 0") && e.contains("the exact softmax target overflows"),
+            e.contains("layer 0, n = 16, window 0")
+                && e.contains("head 0")
+                && e.contains("the exact softmax target overflows"),
             "{tag}: {e}"
         );
         assert!(e.contains(cause) && e.contains("--dtype f64"), "{tag}: {e}");

@@ -572,9 +572,9 @@ impl TrialContext<'_> {
         }
         // The run's target in f64, once per head (error_norms then takes it as is), before any
         // method's clock starts; a sample of its rows is checked against float64 first.
-        let exact64 = head
-            .target_output(cfg.target)
-            .with_context(|| format!("n = {n}, window {w}, head {h}"))?;
+        let exact64 = head.target_output(cfg.target).with_context(|| {
+            format!("layer {}, n = {n}, window {w}, head {h}", cfg.inputs.layer)
+        })?;
         let exact_norm = spectral::matrix_norms(&exact64)?.spectral;
         let mut rows = Vec::new();
         for m in self.methods {
