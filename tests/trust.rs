@@ -781,3 +781,46 @@ fn the_same_methods_in_another_order_resume_and_merge() {
         rows_without_timing(&out.join("trials.csv"))
     );
 }
+
+/// `trials.csv` of `dir` with column `col` of data row `row` (1-based) set to `value`.
+fn edit_cell(dir: &Path, row: usize, col: &str, value: &str) {
+    let trials = dir.join("trials.csv");
+    let text = std::fs::read_to_string(&trials).unwrap();
+    let header: Vec<&str> = text.lines().next().unwrap().split(',').collect();
+    let i = header.iter().position(|h| *h == col).unwrap();
+    let mut lines: Vec<String> = text.lines().map(String::from).collect();
+    let mut cells: Vec<String> = lines[row].split(',').map(String::from).collect();
+    cells[i] = value.into();
+    lines[row] = cells.join(",");
+    std::fs::write(&trials, lines.join("\n") + "\n").unwrap();
+}
+
+/// A row that contradicts itself (a seed that is not its trial's, a negative error) is refused
+/// by a resume and by `merge`, naming it, instead of passing for a measurement.
+#[test]
+fn rows_that_contradict_themselves_are_refused_by_resume_and_merge() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (m, c) = tiny_inputs(&tmp.path().join("m"), false);
+    let shards = two_shards(tmp.path(), &m, &c);
+    let s1 = shards[0].as_path();
+    edit_cell(s1, 3, "seed", "12345");
+    let o = sweep(&grid(&m, &c, s1, &["--shard", "1/2"]));
+    let e = stderr(&o);
+    assert_eq!(o.status.code(), Some(2), "{e}");
+    assert!(
+        e.contains("row 4 is not a trial of this run: seed 12345 (this trial's seed"),
+        "{e}"
+    );
+    let o = merge(&[s1, &shards[1]], &tmp.path().join("merged"));
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    assert!(stderr(&o).contains("seed 12345"), "{}", stderr(&o));
+    let s2 = shards[1].as_path();
+    edit_cell(s2, 2, "error", "-0.5");
+    let o = merge(&[s2], &tmp.path().join("merged2"));
+    let e = stderr(&o);
+    assert_eq!(o.status.code(), Some(2), "{e}");
+    assert!(
+        e.contains("row 3 is not a trial of this run: error -0.5 (an error is at least 0)"),
+        "{e}"
+    );
+}

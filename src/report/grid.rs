@@ -49,8 +49,38 @@ impl Grid<'_> {
         } else if r.target != cfg.target || r.mask != cfg.mask {
             format!("target {:?}, mask {:?}", r.target, r.mask)
         } else {
-            return None;
+            return self.contradiction(r);
         })
+    }
+
+    /// What a row of this grid says that no trial can (issue 44: an edited or corrupted row
+    /// otherwise passes for a measurement): a seed other than the trial's own, or a negative
+    /// error.
+    fn contradiction(&self, r: &TrialRow) -> Option<String> {
+        let seed = crate::numerics::sampling::TrialKey {
+            seed: self.cfg.seed,
+            n: r.n,
+            window: r.window,
+            head: r.head,
+            method: &r.method,
+            d: r.d,
+        }
+        .derive_seed();
+        let negative = [
+            ("error", r.error),
+            ("rel_error", r.rel_error),
+            ("frob_error", r.frob_error),
+        ]
+        .into_iter()
+        .find(|(_, x)| *x < 0.0);
+        if r.seed != seed {
+            Some(format!(
+                "seed {} (this trial's seed under --seed {} is {seed})",
+                r.seed, self.cfg.seed
+            ))
+        } else {
+            negative.map(|(name, x)| format!("{name} {x} (an error is at least 0)"))
+        }
     }
 
     /// The first row of `path` outside the grid, as a usage error naming it, followed by
