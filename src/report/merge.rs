@@ -78,7 +78,7 @@ pub struct Merged {
 /// Marks `out` as holding a merge that has not finished: written before any output and removed
 /// after the manifest, so that an interrupted merge (a kill, a signal, a full disk) is recognised
 /// and completed by the same command instead of refused as a directory that holds a run.
-const MERGING: &str = ".merge-incomplete";
+pub const MERGING: &str = ".merge-incomplete";
 
 /// The files a merge writes into `out`, each renamed into place whole.
 const OUTPUTS: [&str; 3] = ["trials.csv", "summary.csv", "manifest.json"];
@@ -100,7 +100,9 @@ pub fn merge(dirs: &[PathBuf], out: &Path) -> Result<Merged> {
     // One writer per run directory, the merged one too (issue 32).
     let _lock = super::run_lock::create_and_lock(out)?;
     let marker = out.join(MERGING);
-    if marker.exists() {
+    // A manifest is written last by a merge and first by a sweep: beside the mark, it means the
+    // merge had finished (or a run has started there since), so the directory is not rewritten.
+    if marker.exists() && !out.join("manifest.json").exists() {
         // An interrupted merge: its outputs are rewritten below; its temporaries go.
         for f in OUTPUTS {
             crate::atomic_file::remove_stale_temporaries(&out.join(f));
