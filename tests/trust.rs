@@ -597,26 +597,15 @@ fn merge_of_a_missing_empty_or_file_path_is_named() {
     }
 }
 
-/// A merge killed while writing (here by SIGXFSZ, a file-size limit below trials.csv's size)
-/// is completed by rerunning the same command: the rows and summary of an uninterrupted merge,
-/// manifest complete, no temporary or marker left.
-#[test]
-fn an_interrupted_merge_is_completed_by_the_same_command() {
+/// `merge SHARDS --out out` killed while it writes trials.csv: by SIGXFSZ, under a file-size
+/// limit of 8 kB (below the merged trials.csv's size).
+fn interrupted_merge(shards: &[std::path::PathBuf], out: &Path) {
     use std::os::unix::process::CommandExt;
-    let tmp = tempfile::tempdir().unwrap();
-    let (m, c) = tiny_inputs(&tmp.path().join("m"), false);
-    let shards = two_shards(tmp.path(), &m, &c);
-    let whole = tmp.path().join("whole");
-    let o = merge(&[&shards[0], &shards[1]], &whole);
-    assert!(o.status.success(), "{}", stderr(&o));
-    let size = std::fs::metadata(whole.join("trials.csv")).unwrap().len();
-    assert!(size > 16384, "{size} bytes: enlarge the grid");
-    let out = tmp.path().join("cut");
     let mut cmd = Command::new(bin());
     cmd.arg("merge")
-        .args(&shards)
+        .args(shards)
         .arg("--out")
-        .arg(&out)
+        .arg(out)
         .stderr(Stdio::piped());
     // SAFETY: setrlimit(2) in the child before exec, on plain integers.
     unsafe {
@@ -633,6 +622,23 @@ fn an_interrupted_merge_is_completed_by_the_same_command() {
     let o = cmd.output().unwrap();
     assert!(!o.status.success(), "the merge was not interrupted");
     assert!(!out.join("manifest.json").exists());
+}
+
+/// A merge killed while writing (here by SIGXFSZ, a file-size limit below trials.csv's size)
+/// is completed by rerunning the same command: the rows and summary of an uninterrupted merge,
+/// manifest complete, no temporary or marker left.
+#[test]
+fn an_interrupted_merge_is_completed_by_the_same_command() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (m, c) = tiny_inputs(&tmp.path().join("m"), false);
+    let shards = two_shards(tmp.path(), &m, &c);
+    let whole = tmp.path().join("whole");
+    let o = merge(&[&shards[0], &shards[1]], &whole);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let size = std::fs::metadata(whole.join("trials.csv")).unwrap().len();
+    assert!(size > 16384, "{size} bytes: enlarge the grid");
+    let out = tmp.path().join("cut");
+    interrupted_merge(&shards, &out);
     let o = merge(&[&shards[0], &shards[1]], &out);
     assert!(o.status.success(), "{}", stderr(&o));
     for f in ["trials.csv", "summary.csv"] {
@@ -823,4 +829,52 @@ fn rows_that_contradict_themselves_are_refused_by_resume_and_merge() {
         e.contains("row 3 is not a trial of this run: error -0.5 (an error is at least 0)"),
         "{e}"
     );
+}
+
+/// A run of budget-free methods only (the quantized family, d = 0) ignores `--features`, so a
+/// resume with other `--features` is the same run: nothing to redo, the run keeps its own.
+#[test]
+fn a_quantized_only_run_resumes_whatever_its_features() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (m, c) = tiny_inputs(&tmp.path().join("m"), false);
+    let out = tmp.path().join("run");
+    let mut args = grid(&m, &c, &out, &[]);
+    set_flag(&mut args, "--methods", "kv_f16,kv_fp8");
+    let o = sweep(&args);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let before = std::fs::read(out.join("trials.csv")).unwrap();
+    set_flag(&mut args, "--features", "4,16");
+    let o = sweep(&args);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert_eq!(std::fs::read(out.join("trials.csv")).unwrap(), before);
+    assert_eq!(
+        manifest(&out)["config"]["features"],
+        serde_json::json!([2, 4, 8])
+    );
+    // With a method that has a d axis, other --features are another configuration.
+    set_flag(&mut args, "--methods", "kv_f16,vmean");
+    let o = sweep(&args);
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+}
+
+/// The directory of an interrupted merge that a run has taken over since (`--force`) is that
+/// run's: a merge into it is refused as into any run, not rewritten.
+#[test]
+fn a_run_started_over_an_interrupted_merge_is_not_overwritten_by_a_merge() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (m, c) = tiny_inputs(&tmp.path().join("m"), false);
+    let shards = two_shards(tmp.path(), &m, &c);
+    let out = tmp.path().join("cut");
+    interrupted_merge(&shards, &out);
+    let o = sweep(&grid(&m, &c, &out, &["--force", "--heads", "0"]));
+    assert!(o.status.success(), "{}", stderr(&o));
+    let run = std::fs::read(out.join("trials.csv")).unwrap();
+    let o = merge(&[&shards[0], &shards[1]], &out);
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    assert!(
+        stderr(&o).contains("already holds a trials.csv"),
+        "{}",
+        stderr(&o)
+    );
+    assert_eq!(std::fs::read(out.join("trials.csv")).unwrap(), run);
 }

@@ -7,7 +7,7 @@ use anyhow::{Context, Result};
 
 use crate::config::RunConfig;
 use crate::report::grid::Grid;
-use crate::report::manifest::{json_diff, same_methods, Manifest, MergedPart, BUILD};
+use crate::report::manifest::{json_diff, Manifest, MergedPart, BUILD};
 use crate::report::summary::{self, SummaryRow};
 use crate::report::trials::{self, TrialRow};
 use crate::usage;
@@ -34,10 +34,7 @@ fn grid_rank(cfg: &RunConfig, r: &TrialRow) -> (usize, usize, usize, usize, usiz
 /// corpus (`dir:…`, `file:…`) at another path is the same input when every input file has the
 /// same sha256 in both manifests, so only the files' contents count there.
 fn config_diff(a: &Manifest, b: &Manifest) -> Result<Vec<String>> {
-    let (mut x, mut y) = (
-        serde_json::to_value(&a.config)?,
-        serde_json::to_value(&b.config)?,
-    );
+    let (mut x, mut y) = crate::report::manifest::comparable_configs(&a.config, &b.config)?;
     let contents = |m: &Manifest| {
         let mut files: Vec<(String, String)> = m
             .inputs
@@ -58,11 +55,6 @@ fn config_diff(a: &Manifest, b: &Manifest) -> Result<Vec<String>> {
                 y["inputs"][key] = serde_json::Value::Null;
             }
         }
-    }
-    // Shards that list the same methods in another order ran the same trials; the merged run
-    // takes the first's order.
-    if same_methods(&a.config.methods, &b.config.methods) {
-        y["methods"] = x["methods"].clone();
     }
     let mut diff = Vec::new();
     json_diff("", &x, &y, &mut diff);

@@ -93,15 +93,7 @@ fn check_out(cfg: &RunConfig, opts: &SweepOptions) -> Result<Option<Manifest>> {
     }
     if opts.out.join("manifest.json").exists() {
         let old = Manifest::read(&opts.out)?;
-        let (a, mut b) = (
-            serde_json::to_value(&old.config)?,
-            serde_json::to_value(cfg)?,
-        );
-        // The same methods in another order are the same trials (a trial's seed and result do
-        // not depend on the order): the resume goes on in the run's own order (`run_with`).
-        if manifest::same_methods(&old.config.methods, &cfg.methods) {
-            b["methods"] = a["methods"].clone();
-        }
+        let (a, b) = manifest::comparable_configs(&old.config, cfg)?;
         if a != b {
             let mut diff = Vec::new();
             manifest::json_diff("", &a, &b, &mut diff);
@@ -202,18 +194,20 @@ pub fn run_with(
     mut extra: Vec<Box<dyn attention::Method>>,
 ) -> Result<SweepOutcome> {
     let (lock, resumed) = prepare_out(cfg, opts)?;
-    // A resume with the methods in another order (accepted by `check_out`) keeps the run's
-    // order: its rows, summary and manifest stay those of one configuration.
-    let reordered;
+    // A resume goes on in the run's own configuration where `check_out` accepted another form
+    // of it (its methods in another order, --features of budget-free methods): its rows,
+    // summary and manifest stay those of one configuration.
+    let resumed_cfg;
     let cfg = match &resumed {
-        Some(old) if old.config.methods != cfg.methods => {
-            reordered = RunConfig {
+        Some(old) => {
+            resumed_cfg = RunConfig {
                 methods: old.config.methods.clone(),
+                features: old.config.features.clone(),
                 ..cfg.clone()
             };
-            &reordered
+            &resumed_cfg
         }
-        _ => cfg,
+        None => cfg,
     };
     // The windows all start at the corpus's beginning: the longest length times the window count
     // is every token the run reads, so only that prefix is tokenized.
