@@ -417,3 +417,39 @@ fn a_dump_whose_logits_overflow_f32_is_named_as_an_overflow() {
     assert!(e.contains("dump-qkv --dtype f64"), "{e}");
     assert!(!e.contains("device"), "{e}");
 }
+
+/// A score that did not finish (killed: its manifest still `running`, part of its rows) is
+/// completed by the same command, without --force, to the rows of an uninterrupted score; a
+/// finished one is still refused.
+#[test]
+fn rerunning_an_unfinished_score_completes_it() {
+    let tmp = tempfile::tempdir().unwrap();
+    let model = tiny_model(&tmp.path().join("m"), false);
+    let (qkv, approx) = (tmp.path().join("qkv"), tmp.path().join("approx"));
+    std::fs::create_dir_all(&qkv).unwrap();
+    std::fs::create_dir_all(&approx).unwrap();
+    let f = dump(&model, &qkv, 16, 0);
+    write_outputs(&f, &approx, "mine", "vmean", 16, 0, &[4, 8]);
+    let out = tmp.path().join("out");
+    let o = score(&qkv, &approx, "mine", &out, &[]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let whole = std::fs::read_to_string(out.join("trials.csv")).unwrap();
+    assert_usage_error(
+        &score(&qkv, &approx, "mine", &out, &[]),
+        "already holds a run; use another --out, or --force",
+    );
+    // What a kill mid-score leaves: the starting manifest and the first rows.
+    let man = out.join("manifest.json");
+    let mut m: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&man).unwrap()).unwrap();
+    m["status"] = "running".into();
+    std::fs::write(&man, m.to_string()).unwrap();
+    let cut: Vec<&str> = whole.lines().take(3).collect();
+    std::fs::write(out.join("trials.csv"), cut.join("\n") + "\n").unwrap();
+    let o = score(&qkv, &approx, "mine", &out, &[]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert_eq!(
+        common::rows_without_timing(&out.join("trials.csv")),
+        common::lines_without_column(&whole, "seconds")
+    );
+}
