@@ -24,6 +24,10 @@ pub fn temporary_name(path: &Path) -> PathBuf {
 /// place once `write` succeeded and the file is on disk. On failure the temporary file is removed
 /// and `path` is untouched.
 pub fn write_with(path: &Path, write: impl FnOnce(&Path) -> Result<()>) -> Result<()> {
+    // Temporaries of `path` that a killed process left (a SIGINT in `plot`, a SIGXFSZ in the
+    // cache) would pile up; an hour's age keeps those of a writer on another host sharing the
+    // directory, whose process this host cannot see.
+    remove_stale_temporaries(path, STALE_AFTER);
     let tmp = temporary_name(path);
     let done = write(&tmp).and_then(|()| {
         // Durable before it replaces the old file (best effort where the FS cannot sync).
@@ -46,10 +50,14 @@ pub fn write(path: &Path, bytes: &[u8]) -> Result<()> {
     })
 }
 
+/// How old a dead process's temporary must be before any write removes it ([`write_with`]).
+pub const STALE_AFTER: std::time::Duration = std::time::Duration::from_secs(3600);
+
 /// Removes the temporary files of `path` ([`temporary_name`]) left by processes that no longer
-/// run (a kill -9 or SIGXFSZ mid-write skips the cleanup of [`write_with`]); those of live
-/// processes, and everything else, stay. Best effort: a file that cannot be removed stays too.
-pub fn remove_stale_temporaries(path: &Path) {
+/// run (a kill -9 or SIGXFSZ mid-write skips the cleanup of [`write_with`]) and last modified at
+/// least `min_age` ago; those of live processes, and everything else, stay. A caller that holds
+/// the directory's lock may pass zero. Best effort: a file that cannot be removed stays too.
+pub fn remove_stale_temporaries(path: &Path, min_age: std::time::Duration) {
     let (Some(dir), Some(name)) = (path.parent(), path.file_name()) else {
         return;
     };
@@ -68,7 +76,13 @@ pub fn remove_stale_temporaries(path: &Path) {
             continue;
         };
         let digits: String = rest.chars().take_while(char::is_ascii_digit).collect();
-        if let Ok(pid) = digits.parse::<u32>() {
+        let old_enough = e
+            .metadata()
+            .and_then(|m| m.modified())
+            .ok()
+            .and_then(|t| t.elapsed().ok())
+            .is_some_and(|age| age >= min_age);
+        if let (Ok(pid), true) = (digits.parse::<u32>(), old_enough) {
             if !process_alive(pid) {
                 let _ = std::fs::remove_file(e.path());
             }
@@ -133,8 +147,23 @@ mod tests {
         for f in [&p, &dead, &live, &other] {
             std::fs::write(f, b"x").unwrap();
         }
-        remove_stale_temporaries(&p);
+        // Too young for a writer's own sweep: kept (its process may run on another host).
+        remove_stale_temporaries(&p, STALE_AFTER);
+        assert!(dead.exists());
+        remove_stale_temporaries(&p, std::time::Duration::ZERO);
         assert!(!dead.exists());
         assert!(live.exists() && other.exists() && p.exists());
+        // An hour old: any write of the same target removes it.
+        std::fs::write(&dead, b"x").unwrap();
+        let hour_ago = std::time::SystemTime::now() - STALE_AFTER;
+        std::fs::File::options()
+            .write(true)
+            .open(&dead)
+            .unwrap()
+            .set_modified(hour_ago)
+            .unwrap();
+        write(&p, b"new").unwrap();
+        assert!(!dead.exists() && other.exists());
+        assert_eq!(std::fs::read(&p).unwrap(), b"new");
     }
 }

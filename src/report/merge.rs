@@ -97,7 +97,7 @@ pub fn merge(dirs: &[PathBuf], out: &Path) -> Result<Merged> {
     if marker.exists() && !out.join("manifest.json").exists() {
         // An interrupted merge: its outputs are rewritten below; its temporaries go.
         for f in OUTPUTS {
-            crate::atomic_file::remove_stale_temporaries(&out.join(f));
+            crate::atomic_file::remove_stale_temporaries(&out.join(f), std::time::Duration::ZERO);
         }
     } else if out.join("trials.csv").exists() {
         return Err(usage!(
