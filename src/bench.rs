@@ -58,10 +58,17 @@ fn matmul_peak(device: &Device, q: &Tensor, k: &Tensor, v: &Tensor) -> Result<f6
 }
 
 pub fn run(cfg: &RunConfig, reps: usize) -> Result<()> {
+    // A median of no timing is no measurement.
+    if reps == 0 {
+        return Err(crate::usage!(
+            "--repeats 0: give at least 1 timed repetition per stage (default 5)"
+        ));
+    }
     let t0 = Instant::now();
     // Window 0 of the longest length is every token the bench reads.
     let need = cfg.lengths.iter().max().copied().unwrap_or(0);
     let prepared = inputs::prepare_for(&cfg.inputs, need)?;
+    crate::sweep::refuse_decode_of_encoder(cfg, &prepared)?;
     println!(
         "inputs: {:.3} s (resolve, tokenize {} tokens, load weights)",
         t0.elapsed().as_secs_f64(),

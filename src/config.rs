@@ -364,6 +364,14 @@ impl RunConfig {
                 "--decode {n_f} with --mask none: a continuation query reads only the tokens before it (METHODS.md §9.1); drop --mask none"
             ));
         }
+        // The continuation protocol scores causal softmax attention (§9.1); the kernelized
+        // target has no mask, so its exact target would be computed over keys a continuation
+        // query never reads (issue 44: it reached the device check as a "wrong result").
+        if let (Some(n_f), Target::Kernelized) = (a.decode, a.target) {
+            return Err(usage!(
+                "--decode {n_f} with --target kernelized: the decode protocol scores causal softmax attention (METHODS.md §9.1) and the kernelized target is defined without a mask (§7.2); drop --target kernelized, or drop --decode"
+            ));
+        }
         if a.decode == Some(0) {
             return Err(usage!(
                 "--decode 0: give the continuation length n_f, at least 1 ({} recommended)",

@@ -65,7 +65,7 @@ fn run(cli: Cli) -> anyhow::Result<i32> {
         }
         Some(Command::Bench(a)) => {
             let cfg = RunConfig::new(&with_native_mask(a.sweep.options())?)?;
-            approx_bench::bench::run(&cfg, a.repeats.max(1))?;
+            approx_bench::bench::run(&cfg, a.repeats)?;
             Ok(0)
         }
         Some(Command::Anchors(a)) => {

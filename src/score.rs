@@ -173,6 +173,25 @@ fn load_tensor(path: &Path, key: &str, shape: &[usize]) -> Result<Tensor> {
     Ok(t)
 }
 
+/// Whether `out` holds this very score (same configuration, input files of the same sha256)
+/// that did not finish: its manifest is not `complete`.
+fn unfinished_same_score(out: &Path, cfg: &RunConfig, files: &[InputFile]) -> Result<bool> {
+    if !out.join("manifest.json").is_file() {
+        return Ok(false);
+    }
+    let old = Manifest::read(out)?;
+    let (a, b) = crate::report::manifest::comparable_configs(&old.config, cfg)?;
+    let hashes = |f: &[InputFile]| {
+        let mut h: Vec<(String, String)> = f
+            .iter()
+            .map(|x| (x.role.clone(), x.sha256.clone()))
+            .collect();
+        h.sort();
+        h
+    };
+    Ok(old.status != "complete" && a == b && hashes(&old.inputs) == hashes(files))
+}
+
 /// Scores the Ô files against the dumps and writes the run into `req.out`.
 pub fn score(req: &ScoreRequest) -> Result<SweepOutcome> {
     crate::config::check_user_name(&req.name)?;
@@ -321,7 +340,9 @@ pub fn score(req: &ScoreRequest) -> Result<SweepOutcome> {
     let lock = crate::report::run_lock::create_and_lock(&req.out)?;
     crate::report::run_lock::probe_writable(&req.out)?;
     let trials_path = req.out.join("trials.csv");
-    if req.force {
+    // A score stopped before it finished (a signal, a kill, an error) is redone whole by the same
+    // command: rerunning resumes, as the README promises, without --force.
+    if req.force || unfinished_same_score(&req.out, &cfg, &files)? {
         crate::report::remove_run_outputs(&req.out)?;
     } else if trials_path.exists() {
         return Err(usage!(
@@ -368,7 +389,12 @@ pub fn score(req: &ScoreRequest) -> Result<SweepOutcome> {
                     v.get(kv_head)?,
                     dump.info.mask,
                 )?;
-                let exact64 = head.target_output(req.target)?;
+                let exact64 = head.target_output(req.target).with_context(|| {
+                    format!(
+                        "--qkv {}: n = {n}, window {w}, head {h}",
+                        dump.path.display()
+                    )
+                })?;
                 let exact64 = match req.decode {
                     Some(n_f) => exact64.narrow(0, n - n_f, n_f)?,
                     None => exact64,
@@ -405,7 +431,7 @@ pub fn score(req: &ScoreRequest) -> Result<SweepOutcome> {
                         }
                         .derive_seed(),
                         error: norms.spectral,
-                        rel_error: norms.spectral / exact_norm,
+                        rel_error: crate::numerics::agreement::relative(norms.spectral, exact_norm),
                         frob_error: norms.frobenius,
                         exact_norm,
                         nonfinite_rows: flagged,

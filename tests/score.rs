@@ -380,3 +380,76 @@ fn corrupt_dumps_integer_outputs_and_a_masked_kernelized_target_are_refused() {
     );
     assert!(!stderr(&o).contains("device"), "{}", stderr(&o));
 }
+
+/// Finite but huge values in a dump (head 1's Q and K ≈ 1e20 in one channel: logits past f32's
+/// range) are an overflow of the f32 target, named with the dump and the head (exit 2), not a
+/// device's wrong result.
+#[test]
+fn a_dump_whose_logits_overflow_f32_is_named_as_an_overflow() {
+    let tmp = tempfile::tempdir().unwrap();
+    let model = tiny_model(&tmp.path().join("m"), false);
+    let (qkv, approx) = (tmp.path().join("qkv"), tmp.path().join("approx"));
+    std::fs::create_dir_all(&qkv).unwrap();
+    std::fs::create_dir_all(&approx).unwrap();
+    let f = dump(&model, &qkv, 16, 0);
+    write_outputs(&f, &approx, "mine", "vmean", 16, 0, &[4]);
+    let mut t = candle_core::safetensors::load(&f, &Device::Cpu).unwrap();
+    for key in ["q", "k"] {
+        let x = &t[key];
+        let p = x.dims()[2];
+        let mut v: Vec<f32> = x.flatten_all().unwrap().to_vec1().unwrap();
+        for row in 0..16 {
+            v[(16 + row) * p + 3] = 1e20; // head 1, every row, column 3
+        }
+        let dims = x.dims().to_vec();
+        t.insert(key.into(), Tensor::from_vec(v, dims, &Device::Cpu).unwrap());
+    }
+    candle_core::safetensors::save(&t, &f).unwrap();
+    let o = score(&qkv, &approx, "mine", &tmp.path().join("out"), &[]);
+    let e = stderr(&o);
+    assert_usage_error(
+        &o,
+        &format!(
+            "--qkv {}: n = 16, window 0, head 1: the exact softmax target overflows",
+            f.display()
+        ),
+    );
+    assert!(e.contains("dump-qkv --dtype f64"), "{e}");
+    assert!(!e.contains("device"), "{e}");
+}
+
+/// A score that did not finish (killed: its manifest still `running`, part of its rows) is
+/// completed by the same command, without --force, to the rows of an uninterrupted score; a
+/// finished one is still refused.
+#[test]
+fn rerunning_an_unfinished_score_completes_it() {
+    let tmp = tempfile::tempdir().unwrap();
+    let model = tiny_model(&tmp.path().join("m"), false);
+    let (qkv, approx) = (tmp.path().join("qkv"), tmp.path().join("approx"));
+    std::fs::create_dir_all(&qkv).unwrap();
+    std::fs::create_dir_all(&approx).unwrap();
+    let f = dump(&model, &qkv, 16, 0);
+    write_outputs(&f, &approx, "mine", "vmean", 16, 0, &[4, 8]);
+    let out = tmp.path().join("out");
+    let o = score(&qkv, &approx, "mine", &out, &[]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let whole = std::fs::read_to_string(out.join("trials.csv")).unwrap();
+    assert_usage_error(
+        &score(&qkv, &approx, "mine", &out, &[]),
+        "already holds a run; use another --out, or --force",
+    );
+    // What a kill mid-score leaves: the starting manifest and the first rows.
+    let man = out.join("manifest.json");
+    let mut m: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&man).unwrap()).unwrap();
+    m["status"] = "running".into();
+    std::fs::write(&man, m.to_string()).unwrap();
+    let cut: Vec<&str> = whole.lines().take(3).collect();
+    std::fs::write(out.join("trials.csv"), cut.join("\n") + "\n").unwrap();
+    let o = score(&qkv, &approx, "mine", &out, &[]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert_eq!(
+        common::rows_without_timing(&out.join("trials.csv")),
+        common::lines_without_column(&whole, "seconds")
+    );
+}

@@ -96,11 +96,29 @@ pub struct QkvCache {
     /// The key's fields but n and the window, as JSON.
     base: serde_json::Value,
     usage: Mutex<CacheUse>,
+    /// The most bytes the cache holds ([`MAX_VAR`]), read when it is opened.
+    cap: u64,
+}
+
+/// The cache's cap in bytes: `$APPROX_BENCH_QKV_CACHE_MAX_GB` GB, else 16 GB. A value that is not
+/// a finite number ≥ 0 is a usage error when the cache is opened (it used to fall back to 16 GB
+/// without a word, so a typo left a cache growing past what its user asked for).
+pub fn cap_bytes() -> Result<u64> {
+    let Ok(raw) = std::env::var(MAX_VAR) else {
+        return Ok(16_000_000_000);
+    };
+    match raw.trim().parse::<f64>() {
+        Ok(gb) if gb.is_finite() && gb >= 0.0 => Ok((gb * 1e9) as u64),
+        _ => Err(crate::usage!(
+            "{MAX_VAR}={raw:?}: not a size in GB; give a number at least 0 (e.g. {MAX_VAR}=16), or unset it for the default 16"
+        )),
+    }
 }
 
 impl QkvCache {
     /// The cache in `dir` for `inputs`, whose files (role, path) are hashed here (memoized).
     pub fn open(dir: &Path, inputs: &InputConfig, files: &[(String, PathBuf)]) -> Result<Self> {
+        let cap = cap_bytes()?;
         std::fs::create_dir_all(dir).map_err(|e| {
             crate::usage!(
                 "--qkv-cache {}: cannot create the directory ({e}); give a writable directory, or --qkv-cache off",
@@ -130,6 +148,7 @@ impl QkvCache {
                 dir: dir.display().to_string(),
                 ..CacheUse::default()
             }),
+            cap,
         })
     }
 
@@ -195,12 +214,7 @@ impl QkvCache {
     /// Removes the least recently used entries while the cache holds more than its cap
     /// ([`MAX_VAR`]).
     fn trim(&self) -> Result<()> {
-        let cap_gb = std::env::var(MAX_VAR)
-            .ok()
-            .and_then(|v| v.trim().parse::<f64>().ok())
-            .filter(|v| *v >= 0.0)
-            .unwrap_or(16.0);
-        self.trim_to((cap_gb * 1e9) as u64)
+        self.trim_to(self.cap)
     }
 
     fn trim_to(&self, cap: u64) -> Result<()> {

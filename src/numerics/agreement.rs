@@ -7,6 +7,27 @@
 use anyhow::Result;
 use candle_core::{DType, Tensor};
 
+/// `err / norm`, a relative error, defined where the target is zero (‖O‖ = 0, e.g. an all-zero
+/// V, issue 44): 0 when the error is 0 too (Ô = O), +∞ otherwise, never the NaN of 0/0 that
+/// would drop the trial from the means without a word.
+pub fn relative(err: f64, norm: f64) -> f64 {
+    if norm == 0.0 && err == 0.0 {
+        0.0
+    } else {
+        err / norm
+    }
+}
+
+/// ⟨O, Ô⟩/(‖O‖‖Ô‖) from the inner product and the squared norms, defined where a norm is zero:
+/// 1 when both outputs are zero (they are equal), 0 when only one is (nothing in common).
+fn cosine(dot: f64, oo: f64, aa: f64) -> f64 {
+    match (oo == 0.0, aa == 0.0) {
+        (true, true) => 1.0,
+        (true, false) | (false, true) => 0.0,
+        (false, false) => dot / (oo.sqrt() * aa.sqrt()),
+    }
+}
+
 /// cos_sim, rel_l1 and rmse of one trial.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Agreement {
@@ -35,8 +56,8 @@ pub fn agreement(exact: &Tensor, approx: &Tensor) -> Result<Agreement> {
     .to_vec1::<f64>()?;
     let count = o.elem_count() as f64;
     Ok(Agreement {
-        cos_sim: sums[0] / (sums[1].sqrt() * sums[2].sqrt()),
-        rel_l1: sums[3] / sums[4],
+        cos_sim: cosine(sums[0], sums[1], sums[2]),
+        rel_l1: relative(sums[3], sums[4]),
         rmse: (sums[5] / count).sqrt(),
     })
 }
@@ -65,8 +86,8 @@ pub fn agreement_heads(exact: &Tensor, approx: &Tensor) -> Result<Vec<Agreement>
     let count = o.dim(1)? as f64;
     Ok((0..b)
         .map(|i| Agreement {
-            cos_sim: sums[0][i] / (sums[1][i].sqrt() * sums[2][i].sqrt()),
-            rel_l1: sums[3][i] / sums[4][i],
+            cos_sim: cosine(sums[0][i], sums[1][i], sums[2][i]),
+            rel_l1: relative(sums[3][i], sums[4][i]),
             rmse: (sums[5][i] / count).sqrt(),
         })
         .collect())
@@ -105,6 +126,25 @@ mod tests {
                 );
             }
         }
+    }
+
+    /// Where O = 0 (an all-zero V) the measures are defined, not 0/0: equal outputs agree
+    /// fully, a non-zero Ô has no relative agreement with a zero target.
+    #[test]
+    fn a_zero_target_gives_defined_measures() {
+        let dev = test_device();
+        let zero = Tensor::zeros((2, 2), DType::F64, &dev).unwrap();
+        let same = agreement(&zero, &zero).unwrap();
+        assert_eq!((same.cos_sim, same.rel_l1, same.rmse), (1.0, 0.0, 0.0));
+        let o = Tensor::new(&[[1f64, 2.0], [3.0, -4.0]], &dev).unwrap();
+        let off = agreement(&zero, &o).unwrap();
+        assert_eq!((off.cos_sim, off.rel_l1), (0.0, f64::INFINITY));
+        assert_eq!(agreement(&o, &zero).unwrap().cos_sim, 0.0);
+        let batched = agreement_heads(&zero.unsqueeze(0).unwrap(), &zero.unsqueeze(0).unwrap());
+        assert_eq!(batched.unwrap()[0].cos_sim, 1.0);
+        assert_eq!(relative(0.0, 0.0), 0.0);
+        assert_eq!(relative(1.0, 0.0), f64::INFINITY);
+        assert!(relative(f64::NAN, 0.0).is_nan());
     }
 
     #[test]

@@ -157,6 +157,39 @@ impl Manifest {
     }
 }
 
+/// Whether two runs' `--methods` are the same methods, in any order.
+fn same_methods(a: &[String], b: &[String]) -> bool {
+    let sorted = |v: &[String]| {
+        let mut v = v.to_vec();
+        v.sort();
+        v
+    };
+    sorted(a) == sorted(b)
+}
+
+/// Two runs' configurations as JSON, `b`'s made equal to `a`'s where the difference does not
+/// change a trial (issue 44), so that a resume or a merge accepts it: the same methods in another
+/// order (a trial's seed and result do not depend on the order), and `--features` where both
+/// runs hold budget-free methods only (the quantized family ignores the d grid).
+pub fn comparable_configs(
+    a: &RunConfig,
+    b: &RunConfig,
+) -> Result<(serde_json::Value, serde_json::Value)> {
+    let (x, mut y) = (serde_json::to_value(a)?, serde_json::to_value(b)?);
+    if same_methods(&a.methods, &b.methods) {
+        y["methods"] = x["methods"].clone();
+    }
+    let budget_free = |c: &RunConfig| {
+        c.methods
+            .iter()
+            .all(|m| crate::attention::budgets(m, &[1]) == [0])
+    };
+    if budget_free(a) && budget_free(b) {
+        y["features"] = x["features"].clone();
+    }
+    Ok((x, y))
+}
+
 /// Field-by-field differences between two JSON values (for "configuration differs" messages).
 pub fn json_diff(
     prefix: &str,

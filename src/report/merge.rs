@@ -3,12 +3,13 @@
 
 use std::path::{Path, PathBuf};
 
-use anyhow::Result;
+use anyhow::{Context, Result};
 
 use crate::config::RunConfig;
+use crate::report::grid::Grid;
 use crate::report::manifest::{json_diff, Manifest, MergedPart, BUILD};
 use crate::report::summary::{self, SummaryRow};
-use crate::report::trials::{self, TrialRow, TrialWriter};
+use crate::report::trials::{self, TrialRow};
 use crate::usage;
 
 /// Position of a trial in the grid order (n, window, head, method, d) of `cfg`.
@@ -33,10 +34,7 @@ fn grid_rank(cfg: &RunConfig, r: &TrialRow) -> (usize, usize, usize, usize, usiz
 /// corpus (`dir:…`, `file:…`) at another path is the same input when every input file has the
 /// same sha256 in both manifests, so only the files' contents count there.
 fn config_diff(a: &Manifest, b: &Manifest) -> Result<Vec<String>> {
-    let (mut x, mut y) = (
-        serde_json::to_value(&a.config)?,
-        serde_json::to_value(&b.config)?,
-    );
+    let (mut x, mut y) = crate::report::manifest::comparable_configs(&a.config, &b.config)?;
     let contents = |m: &Manifest| {
         let mut files: Vec<(String, String)> = m
             .inputs
@@ -69,12 +67,20 @@ pub struct Merged {
     pub trials: usize,
 }
 
-/// Combines shard directories (same configuration) into one run in `out`.
+/// Marks `out` as holding a merge that has not finished: written before any output and removed
+/// after the manifest, so that an interrupted merge (a kill, a signal, a full disk) is recognised
+/// and completed by the same command instead of refused as a directory that holds a run.
+pub const MERGING: &str = ".merge-incomplete";
+
+/// The files a merge writes into `out`, each renamed into place whole.
+const OUTPUTS: [&str; 3] = ["trials.csv", "summary.csv", "manifest.json"];
+
+/// Combines shard directories (same configuration) into one run in `out`. Every output is
+/// written under a temporary name and renamed into place, inside a directory marked as an
+/// unfinished merge until the manifest is in place: rerunning an interrupted merge rewrites it
+/// whole, to the rows of an uninterrupted one.
 pub fn merge(dirs: &[PathBuf], out: &Path) -> Result<Merged> {
-    let manifests: Vec<Manifest> = dirs
-        .iter()
-        .map(|d| Manifest::read(d))
-        .collect::<Result<_>>()?;
+    let manifests: Vec<Manifest> = dirs.iter().map(|d| read_part(d)).collect::<Result<_>>()?;
     let first = &manifests[0];
     for (d, m) in dirs.iter().zip(&manifests).skip(1) {
         let diff = config_diff(first, m)?;
@@ -82,9 +88,86 @@ pub fn merge(dirs: &[PathBuf], out: &Path) -> Result<Merged> {
             return Err(usage!("{} was run with another configuration than {} ({}); only shards of one run can be merged", d.display(), dirs[0].display(), diff.join("; ")));
         }
     }
+    let rows = merged_rows(dirs, &manifests)?;
+    // One writer per run directory, the merged one too (issue 32).
+    let _lock = super::run_lock::create_and_lock(out)?;
+    let marker = out.join(MERGING);
+    // A manifest is written last by a merge and first by a sweep: beside the mark, it means the
+    // merge had finished (or a run has started there since), so the directory is not rewritten.
+    if marker.exists() && !out.join("manifest.json").exists() {
+        // An interrupted merge: its outputs are rewritten below; its temporaries go.
+        for f in OUTPUTS {
+            crate::atomic_file::remove_stale_temporaries(&out.join(f), std::time::Duration::ZERO);
+        }
+    } else if out.join("trials.csv").exists() {
+        return Err(usage!(
+            "--out {} already holds a trials.csv; merge into an empty directory",
+            out.display()
+        ));
+    }
+    crate::atomic_file::write(
+        &marker,
+        b"a merge into this directory has not finished; rerun it\n",
+    )?;
+    trials::rewrite(&out.join("trials.csv"), &rows)?;
+    let summary_rows = summary::summarize(&rows, &first.config.methods);
+    summary::write(&out.join("summary.csv"), &summary_rows)?;
+    let expected = expected_trials(first);
+    merged_manifest(dirs, &manifests, rows.len(), expected).write(out)?;
+    std::fs::remove_file(&marker)
+        .with_context(|| format!("removing {} after the merge", marker.display()))?;
+    if rows.len() != expected {
+        eprintln!("warning: merged {} of the {expected} trials of the configuration; some shards are missing or incomplete", rows.len());
+    }
+    Ok(Merged {
+        summary: summary_rows,
+        trials: rows.len(),
+    })
+}
+
+/// The manifest of a directory to merge, after checking that it is one: a path that does not
+/// exist, a file, or a directory without a run is a usage error naming the path.
+fn read_part(d: &Path) -> Result<Manifest> {
+    let what = if !d.exists() {
+        "does not exist"
+    } else if !d.is_dir() {
+        "is a file, not a run directory"
+    } else if !d.join("manifest.json").is_file() {
+        "holds no manifest.json: it is not a run directory, or its run has not started"
+    } else if !d.join("trials.csv").is_file() {
+        "holds a manifest.json but no trials.csv: its run has not written any row"
+    } else {
+        return Manifest::read(d);
+    };
+    Err(usage!(
+        "merge: {} {what}; give the --out directories of the shards (each holds manifest.json and trials.csv)",
+        d.display()
+    ))
+}
+
+/// The rows of every directory in the grid's order, each trial once. A row that is no trial of
+/// the run is refused as a resume refuses it ([`Grid`]); a trial present twice must agree.
+fn merged_rows(dirs: &[PathBuf], manifests: &[Manifest]) -> Result<Vec<TrialRow>> {
+    let first = &manifests[0];
+    let model = crate::choice::Choice::name(first.config.inputs.model);
+    let all: Vec<usize> = (0..first.heads).collect();
+    let heads = first.config.heads.as_deref().unwrap_or(&all);
     let mut by_key: std::collections::BTreeMap<_, TrialRow> = std::collections::BTreeMap::new();
-    for d in dirs {
-        for r in trials::read_rows(&d.join("trials.csv"))? {
+    for (d, m) in dirs.iter().zip(manifests) {
+        let path = d.join("trials.csv");
+        let rows = trials::read_rows(&path)?;
+        let grid = Grid {
+            cfg: &first.config,
+            model,
+            heads,
+            shard: m.shard,
+        };
+        grid.check(
+            &rows,
+            &path,
+            "merge only the shards' own rows: restore the file (or rerun that shard into a fresh --out) and merge again",
+        )?;
+        for r in rows {
             let rank = grid_rank(&first.config, &r);
             if let Some(prev) = by_key.get(&rank) {
                 let same = TrialRow {
@@ -107,36 +190,35 @@ pub fn merge(dirs: &[PathBuf], out: &Path) -> Result<Merged> {
             by_key.insert(rank, r);
         }
     }
-    // One writer per run directory, the merged one too (issue 32).
-    let _lock = super::run_lock::create_and_lock(out)?;
-    let path = out.join("trials.csv");
-    if path.exists() {
-        return Err(usage!(
-            "--out {} already holds a trials.csv; merge into an empty directory",
-            out.display()
-        ));
-    }
-    let (mut writer, _) = TrialWriter::open(&path)?;
-    for r in by_key.values() {
-        writer.append(r)?;
-    }
-    let rows: Vec<TrialRow> = by_key.into_values().collect();
-    let summary_rows = summary::summarize(&rows, &first.config.methods);
-    summary::write(&out.join("summary.csv"), &summary_rows)?;
-    let heads = first.config.heads.as_ref().map_or(first.heads, |h| h.len());
-    let budgets: usize = first
+    Ok(by_key.into_values().collect())
+}
+
+/// The number of trials of the whole configuration of `m`.
+fn expected_trials(m: &Manifest) -> usize {
+    let heads = m.config.heads.as_ref().map_or(m.heads, |h| h.len());
+    let budgets: usize = m
         .config
         .methods
         .iter()
-        .map(|m| crate::attention::budgets(m, &first.config.features).len())
+        .map(|id| crate::attention::budgets(id, &m.config.features).len())
         .sum();
-    let expected = first.config.lengths.len() * first.config.windows * heads * budgets;
-    let mut manifest = first.clone();
+    m.config.lengths.len() * m.config.windows * heads * budgets
+}
+
+/// The merged run's manifest: the first part's, with the trial count, the status, the times of
+/// all parts and their provenance.
+fn merged_manifest(
+    dirs: &[PathBuf],
+    manifests: &[Manifest],
+    trials: usize,
+    expected: usize,
+) -> Manifest {
+    let mut manifest = manifests[0].clone();
     manifest.shard = None;
     // The parts' cache use says nothing of the merged directory.
     manifest.qkv_cache = None;
-    manifest.trials = rows.len();
-    manifest.status = if rows.len() == expected {
+    manifest.trials = trials;
+    manifest.status = if trials == expected {
         "complete".into()
     } else {
         "partial".into()
@@ -149,7 +231,7 @@ pub fn merge(dirs: &[PathBuf], out: &Path) -> Result<Merged> {
         .unwrap_or_default();
     manifest.command = std::env::args().collect();
     manifest.build = BUILD.into();
-    let parts = dirs.iter().zip(&manifests).flat_map(|(d, m)| {
+    let parts = dirs.iter().zip(manifests).flat_map(|(d, m)| {
         if m.merged_from.is_empty() {
             vec![MergedPart {
                 path: d.display().to_string(),
@@ -182,12 +264,5 @@ pub fn merge(dirs: &[PathBuf], out: &Path) -> Result<Merged> {
             manifest.merged_from.push(part);
         }
     }
-    manifest.write(out)?;
-    if rows.len() != expected {
-        eprintln!("warning: merged {} of the {expected} trials of the configuration; some shards are missing or incomplete", rows.len());
-    }
-    Ok(Merged {
-        summary: summary_rows,
-        trials: rows.len(),
-    })
+    manifest
 }

@@ -4,16 +4,18 @@ pub mod anchors;
 pub mod check;
 pub mod console;
 pub mod figures;
+pub mod grid;
 pub mod manifest;
 pub mod merge;
 pub mod run_lock;
 pub mod summary;
 pub mod trials;
 
-/// Removes what a run writes into its directory (rows, summary, manifest and figures), so that
-/// `--force` leaves nothing of the previous run; anything else there is the user's and stays.
+/// Removes what a run writes into its directory (rows, summary, manifest, figures and the mark of
+/// an unfinished merge), so that `--force` leaves nothing of the previous run; anything else there
+/// is the user's and stays.
 pub fn remove_run_outputs(dir: &std::path::Path) -> anyhow::Result<()> {
-    for f in ["trials.csv", "summary.csv", "manifest.json"] {
+    for f in ["trials.csv", "summary.csv", "manifest.json", merge::MERGING] {
         remove_if_present(&dir.join(f))?;
     }
     for e in std::fs::read_dir(dir)?.flatten() {

@@ -202,7 +202,7 @@ impl TrialWriter {
 
 /// Replaces `path` by `rows` under the current header, through a temporary file renamed over it
 /// (a crash leaves either the old file or the new one).
-fn rewrite(path: &Path, rows: &[TrialRow]) -> Result<()> {
+pub fn rewrite(path: &Path, rows: &[TrialRow]) -> Result<()> {
     crate::atomic_file::write_with(path, |tmp| {
         let mut w = csv::Writer::from_path(tmp)
             .with_context(|| format!("writing {} (disk full?)", path.display()))?;

@@ -118,7 +118,7 @@ impl TrialContext<'_> {
             checked
                 .join()
                 .map_err(|_| anyhow::anyhow!("the target check panicked"))?
-                .with_context(|| format!("n = {n}, window {w}"))?;
+                .with_context(|| format!("layer {}, n = {n}, window {w}", cfg.inputs.layer))?;
             rows
         })
     }

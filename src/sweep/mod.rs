@@ -70,10 +70,7 @@ fn check_out(cfg: &RunConfig, opts: &SweepOptions) -> Result<Option<Manifest>> {
     }
     if opts.out.join("manifest.json").exists() {
         let old = Manifest::read(&opts.out)?;
-        let (a, b) = (
-            serde_json::to_value(&old.config)?,
-            serde_json::to_value(cfg)?,
-        );
+        let (a, b) = manifest::comparable_configs(&old.config, cfg)?;
         if a != b {
             let mut diff = Vec::new();
             manifest::json_diff("", &a, &b, &mut diff);
@@ -148,58 +145,17 @@ fn check_same_inputs(old: &[InputFile], new: &[InputFile], out: &std::path::Path
     Ok(())
 }
 
-/// The trial grid of a run, to check the rows a resume finds against.
-struct Grid<'a> {
-    cfg: &'a RunConfig,
-    model: &'a str,
-    heads: &'a [usize],
-    shard: Option<crate::config::Shard>,
-}
-
-impl Grid<'_> {
-    /// Why `r` is not a trial of this run, if it is not.
-    fn outside(&self, r: &TrialRow) -> Option<String> {
-        let cfg = self.cfg;
-        let li = cfg.lengths.iter().position(|&n| n == r.n);
-        Some(if r.model != self.model {
-            format!("model {} (this run: {})", r.model, self.model)
-        } else if r.layer != cfg.inputs.layer {
-            format!("layer {} (this run: {})", r.layer, cfg.inputs.layer)
-        } else if li.is_none() {
-            format!("n = {} (not in --lengths)", r.n)
-        } else if r.window >= cfg.windows {
-            format!("window {} (--windows {})", r.window, cfg.windows)
-        } else if self
-            .shard
-            .is_some_and(|s| !s.takes(li.unwrap_or(0) * cfg.windows + r.window))
-        {
-            format!("n = {}, window {} (not in this shard)", r.n, r.window)
-        } else if !self.heads.contains(&r.head) {
-            format!("head {} (not in --heads)", r.head)
-        } else if !cfg.methods.contains(&r.method) {
-            format!("method {} (not in --methods)", r.method)
-        } else if !attention::budgets(&r.method, &cfg.features).contains(&r.d) {
-            format!("{} at d = {} (not in --features)", r.method, r.d)
-        } else if r.target != cfg.target || r.mask != cfg.mask {
-            format!("target {:?}, mask {:?}", r.target, r.mask)
-        } else {
-            return None;
-        })
+/// The decode protocol (§9.1) needs a causal continuation: an encoder has none. Checked once the
+/// model is read (the sweep, `bench`).
+pub fn refuse_decode_of_encoder(cfg: &RunConfig, prepared: &inputs::Prepared) -> Result<()> {
+    let decoder = matches!(prepared.model, inputs::Model::Decoder { .. });
+    if let (Some(n_f), false) = (cfg.decode, decoder) {
+        return Err(usage!(
+            "--decode {n_f}: {} is an encoder (BERT), which has no causal continuation to decode (METHODS.md §9.1); use a decoder model (--model-dir with a Llama, Mistral or Qwen checkpoint or GGUF)",
+            prepared.model_id
+        ));
     }
-
-    /// The first row outside the grid, as a usage error naming it.
-    fn check(&self, rows: &[TrialRow], path: &std::path::Path) -> Result<()> {
-        for (i, r) in rows.iter().enumerate() {
-            if let Some(why) = self.outside(r) {
-                return Err(usage!(
-                    "{}: row {} is not a trial of this run: {why}; this directory holds rows of another run. Use another --out, or --force to start over",
-                    path.display(),
-                    i + 2
-                ));
-            }
-        }
-        Ok(())
-    }
+    Ok(())
 }
 
 /// Runs (or resumes) a sweep into `opts.out`.
@@ -215,6 +171,21 @@ pub fn run_with(
     mut extra: Vec<Box<dyn attention::Method>>,
 ) -> Result<SweepOutcome> {
     let (lock, resumed) = prepare_out(cfg, opts)?;
+    // A resume goes on in the run's own configuration where `check_out` accepted another form
+    // of it (its methods in another order, --features of budget-free methods): its rows,
+    // summary and manifest stay those of one configuration.
+    let resumed_cfg;
+    let cfg = match &resumed {
+        Some(old) => {
+            resumed_cfg = RunConfig {
+                methods: old.config.methods.clone(),
+                features: old.config.features.clone(),
+                ..cfg.clone()
+            };
+            &resumed_cfg
+        }
+        None => cfg,
+    };
     // The windows all start at the corpus's beginning: the longest length times the window count
     // is every token the run reads, so only that prefix is tokenized.
     let need = cfg.lengths.iter().max().copied().unwrap_or(0) * cfg.windows;
@@ -230,13 +201,7 @@ pub fn run_with(
             );
         }
     }
-    // The decode protocol (§9.1) needs a causal continuation: an encoder has none.
-    if let (Some(n_f), false) = (cfg.decode, decoder) {
-        return Err(usage!(
-            "--decode {n_f}: {} is an encoder (BERT), which has no causal continuation to decode (METHODS.md §9.1); use a decoder model (--model-dir with a Llama, Mistral or Qwen checkpoint or GGUF)",
-            prepared.model_id
-        ));
-    }
+    refuse_decode_of_encoder(cfg, &prepared)?;
     let all_heads = prepared.heads();
     let heads: Vec<usize> = match &cfg.heads {
         Some(h) => {
@@ -289,13 +254,17 @@ pub fn run_with(
     let model_name = cfg.inputs.model.name().to_string();
     let trials_path = opts.out.join("trials.csv");
     let (mut writer, old_rows) = TrialWriter::open(&trials_path)?;
-    Grid {
+    crate::report::grid::Grid {
         cfg,
         model: &model_name,
         heads: &heads,
         shard: opts.shard,
     }
-    .check(&old_rows, &trials_path)?;
+    .check(
+        &old_rows,
+        &trials_path,
+        "this directory holds rows of another run. Use another --out, or --force to start over",
+    )?;
     // Every check is done: only now is the manifest rewritten (a refused resume leaves it as it was).
     let mut manifest = Manifest {
         model_id: prepared.model_id.clone(),
@@ -442,14 +411,24 @@ pub fn run_with(
         }
         Ok(())
     };
-    let ran = {
-        let _polling = crate::interrupt::polling();
-        run_units()
-    };
+    // Held until the manifest says how the run ended: a signal that arrives while the summary
+    // and manifest are written only sets the flag, instead of ending the process with the
+    // manifest still at `running`.
+    let polling = crate::interrupt::polling();
+    let ran = run_units();
     bar.finish_and_clear();
     let interrupted = crate::interrupt::requested();
-    if interrupted.is_none() {
-        ran?;
+    if let (None, Err(e)) = (interrupted, ran) {
+        // A refusal or a failure mid-run (an overflowing head, a full disk): the manifest says
+        // the run stopped, rather than `running` for ever; its rows stay and a rerun resumes.
+        // Best effort: the error that stopped the run is the one to report.
+        manifest.finished = Some(manifest::now());
+        manifest.status = "failed".into();
+        if let Ok(rows) = trials::read_rows(&trials_path) {
+            manifest.trials = rows.len();
+        }
+        let _ = manifest.write(&opts.out);
+        return Err(e);
     }
     if let Some(report) = device::profile_report() {
         eprintln!("{report}");
@@ -474,6 +453,7 @@ pub fn run_with(
         }
     });
     manifest.write(&opts.out)?;
+    drop(polling);
     if let Some(signal) = interrupted {
         return Err(crate::interrupt::Interrupted {
             signal,
@@ -563,9 +543,9 @@ impl TrialContext<'_> {
         }
         // The run's target in f64, once per head (error_norms then takes it as is), before any
         // method's clock starts; a sample of its rows is checked against float64 first.
-        let exact64 = head
-            .target_output(cfg.target)
-            .with_context(|| format!("n = {n}, window {w}, head {h}"))?;
+        let exact64 = head.target_output(cfg.target).with_context(|| {
+            format!("layer {}, n = {n}, window {w}, head {h}", cfg.inputs.layer)
+        })?;
         let exact_norm = spectral::matrix_norms(&exact64)?.spectral;
         let mut rows = Vec::new();
         for m in self.methods {
@@ -659,7 +639,7 @@ impl TrialContext<'_> {
             d,
             seed: r.seed,
             error: r.norms.spectral,
-            rel_error: r.norms.spectral / r.exact_norm,
+            rel_error: crate::numerics::agreement::relative(r.norms.spectral, r.exact_norm),
             frob_error: r.norms.frobenius,
             exact_norm: r.exact_norm,
             nonfinite_rows: r.nonfinite_rows,

@@ -86,6 +86,9 @@ pub struct TargetCheck {
     out_rows: HostValues,
     /// f64 in and out: the tighter bound.
     exact_dtype: bool,
+    /// The largest finite value of the inputs' dtype, in which the softmax target was computed:
+    /// a failure whose row needs larger intermediates is an overflow, not a device's fault.
+    input_limit: f64,
 }
 
 impl TargetCheck {
@@ -107,20 +110,27 @@ impl TargetCheck {
             v: HostValues::of(v)?,
             rows,
             exact_dtype: output.dtype() == DType::F64 && q.dtype() == DType::F64,
+            input_limit: largest_finite(q.dtype()),
         })
     }
 
     /// The check of every head on the host's threads; `heads` names the batch's heads in an
-    /// error.
+    /// error. A failure on a row whose exact computation needs values beyond the range of the
+    /// dtype it ran in is a usage error (the inputs are too large: `--dtype f64`); any other is
+    /// the device's wrong result.
     pub fn verify(&self, target: Target, mask: Mask, heads: Option<&[usize]>) -> Result<()> {
         let (n, p, r) = (self.n, self.p, self.rows.len());
         let tol = if self.exact_dtype { 1e-9 } else { 1e-4 };
+        // The kernelized target is computed in float64 whatever the inputs' dtype (§6.4.1).
+        let limit = match target {
+            Target::Softmax => self.input_limit,
+            Target::Kernelized => f64::MAX,
+        };
         let batch: Vec<usize> = (0..self.heads).collect();
         let failures = crate::runtime::host_map(&batch, |&i| {
             check_head(
-                target,
-                mask,
-                tol,
+                (target, mask),
+                (tol, limit),
                 (n, p),
                 &self.rows,
                 (
@@ -131,66 +141,81 @@ impl TargetCheck {
                 &self.out_rows.f64s(i * r * p..(i + 1) * r * p),
             )
         });
+        let target_name = match target {
+            Target::Softmax => "softmax",
+            Target::Kernelized => "kernelized",
+        };
         for (i, failure) in failures.into_iter().enumerate() {
-            if let Some(what) = failure {
-                let name = heads.map_or(String::new(), |h| format!("head {}: ", h[i]));
-                bail!(
-                    "{name}the exact {} target is wrong at {what}. The device produced a wrong \
-                     result; no row of this head was written. Rerun with --device cpu, and report \
-                     the device, driver and command",
-                    match target {
-                        Target::Softmax => "softmax",
-                        Target::Kernelized => "kernelized",
-                    },
-                );
+            let name = heads.map_or(String::new(), |h| format!("head {}: ", h[i]));
+            match failure {
+                None => {}
+                Some(Failure::Overflow(what)) => {
+                    return Err(crate::usage!(
+                        "{name}the exact {target_name} target overflows: {what}. The inputs are \
+                         finite but too large for a {} forward, and no row of this head was \
+                         written. Rerun with --dtype f64 (for `score`, dump the Q/K/V with \
+                         `dump-qkv --dtype f64`), or check the model's weights",
+                        dtype_name(self.input_limit)
+                    ))
+                }
+                Some(Failure::Wrong(what)) => bail!(
+                    "{name}the exact {target_name} target is wrong at {what}. The device produced \
+                     a wrong result; no row of this head was written. Rerun with --device cpu, \
+                     and report the device, driver and command",
+                ),
             }
         }
         Ok(())
     }
 }
 
+/// The largest finite value of a float dtype (an integer dtype's never limits).
+fn largest_finite(dtype: DType) -> f64 {
+    match dtype {
+        DType::F16 => 65504.0,
+        // (2 − 2⁻⁷)·2¹²⁷, bfloat16's largest finite value.
+        DType::BF16 => 3.389_531_389_251_535_5e38,
+        DType::F32 => f64::from(f32::MAX),
+        _ => f64::MAX,
+    }
+}
+
+/// The dtype whose largest value is `limit`, for messages.
+fn dtype_name(limit: f64) -> &'static str {
+    if limit == f64::from(f32::MAX) {
+        "float32"
+    } else if limit == f64::MAX {
+        "float64"
+    } else {
+        "half-precision"
+    }
+}
+
+/// Why a sampled row of a target differs from its float64 recomputation.
+enum Failure {
+    /// The row's computation needs values beyond its dtype's range (named, with their size).
+    Overflow(String),
+    /// Finite intermediates, a wrong value: the device's.
+    Wrong(String),
+}
+
 /// One head's check (the sampled rows of q (r×p), k and v (n×p), row-major, and the output's
-/// sampled rows `got`, r×p): where it fails, if it does.
+/// sampled rows `got`, r×p): where it fails, if it does, and whether an overflow explains it.
 fn check_head(
-    target: Target,
-    mask: Mask,
-    tol: f64,
+    (target, mask): (Target, Mask),
+    (tol, limit): (f64, f64),
     (n, p): (usize, usize),
     rows: &[usize],
     (q_rows, k, v): (&[f64], &[f64], &[f64]),
     got: &[f64],
-) -> Option<String> {
+) -> Option<Failure> {
     let vmax: Vec<f64> = (0..p)
         .map(|c| (0..n).fold(0.0f64, |m, j| m.max(v[j * p + c].abs())))
         .collect();
-    let dot = |a: &[f64], b: &[f64]| a.iter().zip(b).map(|(x, y)| x * y).sum::<f64>();
     for (ri, &i) in rows.iter().enumerate() {
         let qi = &q_rows[ri * p..(ri + 1) * p];
         let keys = if mask == Mask::Causal { i + 1 } else { n };
-        let weights: Vec<f64> = match target {
-            Target::Softmax => {
-                let s: Vec<f64> = (0..keys)
-                    .map(|j| dot(qi, &k[j * p..(j + 1) * p]) / (p as f64).sqrt())
-                    .collect();
-                let m = s.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
-                let e: Vec<f64> = s.iter().map(|x| (x - m).exp()).collect();
-                let z: f64 = e.iter().sum();
-                e.iter().map(|x| x / z).collect()
-            }
-            Target::Kernelized => {
-                let s2 = 1.0 / (p as f64).sqrt();
-                (0..keys)
-                    .map(|j| {
-                        let d2: f64 = qi
-                            .iter()
-                            .zip(&k[j * p..(j + 1) * p])
-                            .map(|(a, b)| (a - b) * (a - b))
-                            .sum();
-                        (-d2 * s2 / 2.0).exp()
-                    })
-                    .collect()
-            }
-        };
+        let weights = row_weights(target, qi, &k[..keys * p], p);
         let mass: f64 = weights.iter().map(|w| w.abs()).sum();
         for c in 0..p {
             let want: f64 = weights
@@ -201,14 +226,88 @@ fn check_head(
             let bound = tol * mass * vmax[c];
             let o = got[ri * p + c];
             if (o - want).abs() > bound || o.is_nan() {
-                return Some(format!(
+                let at = format!(
                     "row {i}, column {c}: {o} where a float64 recomputation from the same Q, K, V \
-                     gives {want} (allowed difference {bound:.3e})"
-                ));
+                     gives {want}"
+                );
+                return Some(
+                    match overflow(target, limit, qi, &k[..keys * p], &v[..keys * p], p) {
+                        Some(why) => Failure::Overflow(format!("{at}, and {why}")),
+                        None => Failure::Wrong(format!("{at} (allowed difference {bound:.3e})")),
+                    },
+                );
             }
         }
     }
     None
+}
+
+/// The target's weights of one query row `qi` over the keys `k` (keys×p, row-major), in f64.
+fn row_weights(target: Target, qi: &[f64], k: &[f64], p: usize) -> Vec<f64> {
+    let dot = |a: &[f64], b: &[f64]| a.iter().zip(b).map(|(x, y)| x * y).sum::<f64>();
+    match target {
+        Target::Softmax => {
+            let s: Vec<f64> = k
+                .chunks_exact(p)
+                .map(|kj| dot(qi, kj) / (p as f64).sqrt())
+                .collect();
+            let m = s.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+            let e: Vec<f64> = s.iter().map(|x| (x - m).exp()).collect();
+            let z: f64 = e.iter().sum();
+            e.iter().map(|x| x / z).collect()
+        }
+        Target::Kernelized => {
+            let s2 = 1.0 / (p as f64).sqrt();
+            k.chunks_exact(p)
+                .map(|kj| {
+                    let d2: f64 = qi.iter().zip(kj).map(|(a, b)| (a - b) * (a - b)).sum();
+                    (-d2 * s2 / 2.0).exp()
+                })
+                .collect()
+        }
+    }
+}
+
+/// Why one row of the target cannot be computed within `limit` (its dtype's largest value), if
+/// it cannot. Any form of the computation holds at least: every partial sum of a logit
+/// (bounded by Σ_c |q_c·k_jc|, or Σ_c (|q_c| + |k_jc|)² for the kernelized distance) and, as the
+/// weights before normalisation are at most 1, every partial sum of Σ_j e_j·v_jc (bounded by
+/// Σ_j |v_jc|). Both bounds are reached when a channel dominates, which is what overflows.
+fn overflow(
+    target: Target,
+    limit: f64,
+    qi: &[f64],
+    k: &[f64],
+    v: &[f64],
+    p: usize,
+) -> Option<String> {
+    let term = |a: f64, b: f64| match target {
+        Target::Softmax => (a * b).abs(),
+        Target::Kernelized => (a.abs() + b.abs()).powi(2),
+    };
+    let logit = k
+        .chunks_exact(p)
+        .map(|kj| qi.iter().zip(kj).map(|(&a, &b)| term(a, b)).sum::<f64>())
+        .fold(0.0f64, f64::max);
+    let largest = |x: &[f64]| x.iter().fold(0.0f64, |m, y| m.max(y.abs()));
+    if logit > limit {
+        return Some(format!(
+            "its logits (Q·Kᵀ) reach {logit:.3e}, past the largest finite {limit:.3e}, with |Q| up \
+             to {:.3e} and |K| up to {:.3e}",
+            largest(qi),
+            largest(k)
+        ));
+    }
+    let (c, sum) = (0..p)
+        .map(|c| (c, v.iter().skip(c).step_by(p).map(|x| x.abs()).sum::<f64>()))
+        .fold((0, 0.0f64), |a, b| if b.1 > a.1 { b } else { a });
+    (sum > limit).then(|| {
+        format!(
+            "the sum over keys of V's column {c} reaches {sum:.3e}, past the largest finite \
+             {limit:.3e}, with |V| up to {:.3e}",
+            largest(v)
+        )
+    })
 }
 
 #[cfg(test)]
