@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """The PyTorch peer of one `approx-bench e2e` point (issue 43, BENCHMARKS.md): SmolLM2 from the GGUF in
 transformers (float32), every layer's attention replaced through transformers' `AttentionInterface` by the
-same method, the causal sliding window of d keys (`window`, METHODS.md §7.4: query i reads keys i − d < j ≤ i),
+same method, the causal sliding window of d keys (`window`, docs/reference.md §7.4: query i reads keys i − d < j ≤ i),
 one forward over one window of token ids, on the same thread count.
 
 It times what a PyTorch user would run to get the method's next-token distribution: a dense masked softmax

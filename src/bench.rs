@@ -211,7 +211,7 @@ fn timed(cfg: &RunConfig, reps: usize, prepared: &inputs::Prepared) -> Result<()
                 t_target * 1e3
             );
         }
-        // Under --decode (METHODS.md §9.1) head 0 of a fresh layer context per repeat, so that a
+        // Under --decode (docs/reference.md §9.1) head 0 of a fresh layer context per repeat, so that a
         // §9 method pays its per-window scores each time, as the first budget of a sweep does.
         let decoding = |h: HeadInputs| -> Result<HeadInputs> {
             Ok(

@@ -24,8 +24,26 @@ use approx_bench::report::figures::Statistic;
     name = "approx-bench",
     version,
     about = "Spectral-norm error of fast-attention approximations against exact softmax attention",
-    long_about = "Runs the trial grid lengths × windows × heads × methods × features on BERT layer Q/K/V \
-                  from Wikitext-2, and writes trials.csv, summary.csv and manifest.json into --out.",
+    long_about = "Measures how far fast-attention approximations are from exact attention, on \
+                  the real Q/K/V of a model's layer.\n\n\
+                  Without a subcommand it runs the sweep: the trial grid lengths × windows × \
+                  heads × methods × d on one layer of an encoder (BERT-style; Wikitext-2 by \
+                  default) or of a decoder LLM (Llama, Mistral, Qwen; safetensors or GGUF; \
+                  causal attention by default), and writes trials.csv, summary.csv and \
+                  manifest.json into --out (rerun the same command to resume). The methods span \
+                  every family: low rank and Nyström, random features, sampling, sparse and \
+                  hashing, sparse + low-rank hybrids, the LLM-era causal prefill methods, \
+                  quantized KV caches and SageAttention kernels and, with --decode N_F, \
+                  decode-time KV-cache compression; --target kernelized scores Skyformer's \
+                  Gaussian-kernel target instead of softmax.\n\n\
+                  Subcommands: e2e runs a method in every layer of a decoder and measures the \
+                  damage at the output (next-token KL, top-1 agreement and NLL against the exact \
+                  model) beside each layer's operator error; dump-qkv writes a window's Q/K/V \
+                  for your own method and score scores its outputs; plot, merge, check, anchors \
+                  and bench work on runs.\n\n\
+                  Every method's definition, what d means, its cost, the metric and the \
+                  protocols: docs/reference.md (the § numbers cited in the help texts are its \
+                  headings).",
     args_conflicts_with_subcommands = true
 )]
 pub struct Cli {
@@ -56,10 +74,10 @@ pub enum Command {
     /// Compare a run with a baseline: regressions beyond the noise, missing points, new
     /// non-finite trials and configuration changes. Exit 0 pass, 1 fail, 2 unusable input.
     Check(CheckArgs),
-    /// Compare runs with the published values of both Figure 1s (METHODS.md §4): a markdown table of
-    /// every matched anchor point with mean ± SE and the ratio, and the calibration score.
+    /// Compare runs with the published values of both Figure 1s (docs/reference.md §4): a markdown
+    /// table of every matched anchor point with mean ± SE and the ratio, and the calibration score.
     Anchors(AnchorsArgs),
-    /// A method in every layer of a decoder LLM, the damage at the output (METHODS.md §10):
+    /// A method in every layer of a decoder LLM, the damage at the output (docs/reference.md §10):
     /// next-token KL, top-1 and NLL against the exact run, beside every layer's operator error.
     /// Writes e2e.csv, e2e_layers.csv, summary.csv (which operator metric predicts the KL),
     /// ids.txt and manifest.json; rerun the same command to resume.
@@ -77,7 +95,7 @@ pub struct E2eArgs {
     #[arg(long, default_value_t = 4)]
     pub windows: usize,
     /// Continuation tokens n_f: the scored positions are the last n_f predictions of each window
-    /// (METHODS.md §10.1); decode methods compress the first n − n_f tokens' cache.
+    /// (docs/reference.md §10.1); decode methods compress the first n − n_f tokens' cache.
     #[arg(long, default_value_t = 256)]
     pub n_f: usize,
     /// Methods, comma-separated ids or presets: `prefill` (the §7 causal methods), `quant` (the §8
@@ -177,12 +195,12 @@ pub struct InputArgs {
     /// (seeded per window; 0 = eval mode).
     #[arg(long, default_value_t = 0.0)]
     pub embedding_dropout: f64,
-    /// Source of the embedding tables; defaults to --model (METHODS.md §1.4 item 8).
+    /// Source of the embedding tables; defaults to --model (docs/reference.md §1.4 item 8).
     #[arg(long, value_parser = ChoiceParser::<ModelKind>::new())]
     pub embeddings_from: Option<ModelKind>,
     /// How token ids become X. The default `word-pos-first` (positions for the first 512 tokens only) is
     /// the calibrated pipeline that reproduces both papers' initialized anchors (results/README.md);
-    /// `word-pos` is METHODS.md §1.4's recommendation (positions modulo the table).
+    /// `word-pos` is the recommendation of docs/reference.md §1.4 (positions modulo the table).
     #[arg(long, value_parser = ChoiceParser::<EmbeddingPolicy>::new(), default_value = "word-pos-first")]
     pub embedding: EmbeddingPolicy,
     /// Encoder layer whose Q/K/V are measured (earlier layers run exactly over the window).
@@ -219,7 +237,8 @@ pub struct SweepArgs {
     pub target: Target,
     /// Which keys a query attends to: `causal` (j ≤ i) or `none` [default: causal for decoder
     /// models (llama, mistral, qwen2, qwen3), none for BERT]. Under causal, d counts keys per query,
-    /// the default d grid is 16..2048 and the default lengths 2048, 8192 (METHODS.md §7.2–7.3).
+    /// the default d grid is 16..2048 and the default lengths 2048, 8192 (docs/reference.md
+    /// §7.2–7.3).
     #[arg(long, value_parser = ChoiceParser::<Mask>::new())]
     pub mask: Option<Mask>,
     /// Preset of a paper's Figure 1: sets --lengths, --methods and --features unless given.
@@ -262,8 +281,8 @@ pub struct SweepArgs {
     /// List every method (id, family, masks, target, bits per K/V value, what d means) and exit.
     #[arg(long)]
     pub list_methods: bool,
-    /// The decode protocol (METHODS.md §9.1): each window is a prompt and a continuation of N_F
-    /// tokens; the §9 methods compress the prompt's cache, and the error is that of the N_F
+    /// The decode protocol (docs/reference.md §9.1): each window is a prompt and a continuation of
+    /// N_F tokens; the §9 methods compress the prompt's cache, and the error is that of the N_F
     /// continuation queries reading it. 256 is the recommended value. Decoders only; implies
     /// --mask causal; default methods `decode` (the §9 family; `quant` adds the §8 KV caches).
     #[arg(long, value_name = "N_F")]
@@ -305,7 +324,7 @@ pub struct ScoreArgs {
     /// Replace a run already in --out.
     #[arg(long)]
     pub force: bool,
-    /// The decode protocol (METHODS.md §9.1): your files hold the continuation's N_F rows,
+    /// The decode protocol (docs/reference.md §9.1): your files hold the continuation's N_F rows,
     /// `o_hat` [heads, N_F, p], scored against the exact causal rows n − N_F..n (decoder dumps).
     #[arg(long, value_name = "N_F")]
     pub decode: Option<usize>,

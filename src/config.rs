@@ -126,7 +126,7 @@ pub struct RunOptions {
     pub seed: u64,
     /// The caller's own methods (e.g. Python functions), by the names `methods` uses for them.
     pub user_methods: BTreeMap<String, UserMethod>,
-    /// The decode protocol's continuation length n_f (METHODS.md §9.1, `--decode N_F`); None:
+    /// The decode protocol's continuation length n_f (docs/reference.md §9.1, `--decode N_F`); None:
     /// prefill (every row scored).
     pub decode: Option<usize>,
 }
@@ -215,7 +215,7 @@ pub struct RunConfig {
     /// The user's methods among `methods` (absent from manifests of runs without any).
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub user_methods: BTreeMap<String, UserMethod>,
-    /// The decode protocol's n_f (METHODS.md §9.1); absent from manifests of prefill runs.
+    /// The decode protocol's n_f (docs/reference.md §9.1); absent from manifests of prefill runs.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub decode: Option<usize>,
 }
@@ -361,7 +361,7 @@ impl RunConfig {
         // The decode protocol (§9.1) is causal: a continuation reads the tokens before it.
         if let (Some(n_f), Some(Mask::None)) = (a.decode, a.mask) {
             return Err(usage!(
-                "--decode {n_f} with --mask none: a continuation query reads only the tokens before it (METHODS.md §9.1); drop --mask none"
+                "--decode {n_f} with --mask none: a continuation query reads only the tokens before it (docs/reference.md §9.1); drop --mask none"
             ));
         }
         // The continuation protocol scores causal softmax attention (§9.1); the kernelized
@@ -369,7 +369,7 @@ impl RunConfig {
         // query never reads (issue 44: it reached the device check as a "wrong result").
         if let (Some(n_f), Target::Kernelized) = (a.decode, a.target) {
             return Err(usage!(
-                "--decode {n_f} with --target kernelized: the decode protocol scores causal softmax attention (METHODS.md §9.1) and the kernelized target is defined without a mask (§7.2); drop --target kernelized, or drop --decode"
+                "--decode {n_f} with --target kernelized: the decode protocol scores causal softmax attention (docs/reference.md §9.1) and the kernelized target is defined without a mask (§7.2); drop --target kernelized, or drop --decode"
             ));
         }
         if a.decode == Some(0) {
@@ -415,7 +415,7 @@ impl RunConfig {
                 "--figure {fig} reproduces a softmax-attention figure; drop --target kernelized, or use --methods kernelized without --figure"
             ));
         }
-        // Under the causal mask (METHODS.md §7.3) d is keys per query on 16..2048, at the lengths
+        // Under the causal mask (docs/reference.md §7.3) d is keys per query on 16..2048, at the lengths
         // of decoder prefills (SmolLM2's trained context is 8192), every causal method.
         let (def_lengths, def_methods) = match (mask, a.decode) {
             (Mask::Causal, Some(_)) => (strings(&["2048", "8192"]), strings(&["decode"])),
@@ -569,7 +569,7 @@ mod tests {
         assert!(format!("{err:#}").contains("drop --target kernelized"));
     }
 
-    /// METHODS.md §7.2–7.4: under the causal mask the causal methods are the default, a method
+    /// docs/reference.md §7.2–7.4: under the causal mask the causal methods are the default, a method
     /// without a causal form is refused naming those that have one, the d grid and lengths are the
     /// decoder ones, and a kernelized or figure run is refused.
     #[test]
@@ -583,7 +583,7 @@ mod tests {
         };
         let cfg = causal(None).unwrap();
         assert_eq!(cfg.mask, Mask::Causal);
-        // The §7.4 causal forms, then the prefill family (METHODS.md §7.5), in registry order
+        // The §7.4 causal forms, then the prefill family (docs/reference.md §7.5), in registry order
         // (the quantized family, §8, has no d axis: `--methods quant` asks for it).
         let mut want = vec!["vmean", "performer_favor", "svd_optimal", "window", "topk"];
         want.extend(attention::family_method_ids(attention::Family::Prefill));

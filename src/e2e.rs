@@ -1,4 +1,4 @@
-//! `approx-bench e2e` (METHODS.md §10): the face over the end-to-end protocol. It loads the
+//! `approx-bench e2e` (docs/reference.md §10): the face over the end-to-end protocol. It loads the
 //! whole decoder, takes the windows (from the corpus or an ids file), runs the exact run once per
 //! window and every (method, d) point against it, and writes `e2e.csv`, `e2e_layers.csv`,
 //! (with `--positions`) `e2e_positions.csv`, `ids.txt`, `summary.csv` and a manifest. Rows are

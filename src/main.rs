@@ -8,7 +8,7 @@ use approx_bench::config::{Choice, InputConfig, RunConfig};
 use approx_bench::{sweep, UsageError, EXIT_RUNTIME, EXIT_USAGE};
 use cli::{Cli, Command};
 
-/// Without --mask, the model's own: causal for a decoder, none for BERT (METHODS.md §7.2). Under
+/// Without --mask, the model's own: causal for a decoder, none for BERT (docs/reference.md §7.2). Under
 /// --decode the protocol's (causal), and the sweep refuses an encoder with the reason.
 fn with_native_mask(
     mut o: approx_bench::config::RunOptions,

@@ -30,12 +30,12 @@ pub struct ScoreRequest {
     pub qkv: PathBuf,
     pub approx: PathBuf,
     pub name: String,
-    /// What the Ô files approximate: softmax attention or C·V (METHODS.md §6.4.1).
+    /// What the Ô files approximate: softmax attention or C·V (docs/reference.md §6.4.1).
     pub target: crate::attention::Target,
     pub out: PathBuf,
     pub force: bool,
     pub command: Vec<String>,
-    /// The decode protocol's n_f (METHODS.md §9.1): the Ô files hold the continuation's rows,
+    /// The decode protocol's n_f (docs/reference.md §9.1): the Ô files hold the continuation's rows,
     /// [heads, n_f, p], scored against the exact causal rows n − n_f..n of each window.
     pub decode: Option<usize>,
 }
@@ -280,7 +280,7 @@ pub fn score(req: &ScoreRequest) -> Result<SweepOutcome> {
             || req.target != crate::attention::Target::Softmax
         {
             return Err(usage!(
-                "--decode {n_f}: the continuation protocol scores causal softmax attention (METHODS.md §9.1); the dumps in --qkv {} are under the {} mask (dump a decoder's Q/K/V)",
+                "--decode {n_f}: the continuation protocol scores causal softmax attention (docs/reference.md §9.1); the dumps in --qkv {} are under the {} mask (dump a decoder's Q/K/V)",
                 req.qkv.display(),
                 info0.mask
             ));

@@ -22,6 +22,9 @@
 //! - **Synopses in prose.** Every `--flag` of an inline `` `approx-bench [SUBCOMMAND] …` `` span,
 //!   and of the first cell of a flag table row (`| `--flag …` |`), is one that the subcommand's
 //!   `--help` lists. These spans carry placeholders (DIR, N), so they are checked, not run.
+//! - **Cited sections.** Every `§N(.N)*` that README.md, docs/*.md and the help texts of
+//!   src/cli.rs cite is a heading of docs/reference.md, and none of them names `METHODS.md` (the
+//!   specification outside the repository).
 //!
 //! Each check was seen to fail on a dead link, a dead anchor, a renamed flag and a bad value.
 
@@ -588,4 +591,164 @@ fn the_checks_find_what_they_look_for() {
     let bad_value = "error: --lengths: 'x' is not a positive integer\n";
     assert!(refusal(Some(2), bad_value, &["d/x"]).is_some());
     assert!(refusal(None, "", &[]).is_none());
+}
+
+/// The section number `N(.N)*` at the start of `s` (a sentence's closing dot is not part of it),
+/// and the rest of `s` after it.
+fn section_number(s: &str) -> (Option<String>, &str) {
+    let b = s.as_bytes();
+    let digits = |from: usize| b[from..].iter().take_while(|c| c.is_ascii_digit()).count();
+    let mut end = digits(0);
+    if end == 0 {
+        return (None, s);
+    }
+    while end < b.len() && b[end] == b'.' && digits(end + 1) > 0 {
+        end += 1 + digits(end + 1);
+    }
+    (Some(s[..end].to_string()), &s[end..])
+}
+
+/// Every section number that `text` cites: each `§N(.N)*`, and the end of a range
+/// `§N.N–N.N`.
+fn cited_sections(text: &str) -> Vec<String> {
+    let mut out = Vec::new();
+    for cite in text.split('§').skip(1) {
+        let (number, after) = section_number(cite);
+        if let Some(number) = number {
+            out.push(number);
+            if let Some(range) = after.strip_prefix('–') {
+                out.extend(section_number(range).0);
+            }
+        }
+    }
+    out
+}
+
+/// The section numbers that headings of the markdown `text` start with (`## §7.5 …` → 7.5).
+fn heading_sections(text: &str) -> BTreeSet<String> {
+    parse(text)
+        .prose
+        .iter()
+        .filter_map(|line| {
+            let t = line.trim_start();
+            let heading = t.trim_start_matches('#');
+            if !t.starts_with('#') || !heading.starts_with(' ') {
+                return None;
+            }
+            section_number(heading.trim_start().strip_prefix('§')?).0
+        })
+        .collect()
+}
+
+/// The string literals and doc comments of the Rust source `src` (what `--help` prints is
+/// among them), one per line; plain `//` comments and code are left out.
+fn help_texts(src: &str) -> String {
+    let mut out = String::new();
+    let mut chars = src.chars().peekable();
+    while let Some(c) = chars.next() {
+        match c {
+            '/' if chars.peek() == Some(&'/') => {
+                // From the second '/': "//…" for `///`, "/!…" for `//!`, "/ …" for `//`.
+                let line: String = chars.by_ref().take_while(|&c| c != '\n').collect();
+                if line.starts_with("//") || line.starts_with("/!") {
+                    out.push_str(&line);
+                    out.push('\n');
+                }
+            }
+            '"' => {
+                let mut escaped = false;
+                for c in chars.by_ref() {
+                    match (escaped, c) {
+                        (true, _) => escaped = false,
+                        (false, '\\') => escaped = true,
+                        (false, '"') => break,
+                        (false, c) => out.push(c),
+                    }
+                }
+                out.push('\n');
+            }
+            '\'' => {
+                // A char literal ('x', '\'', '"') is skipped whole; a lifetime is code.
+                let mut ahead = chars.clone();
+                match (ahead.next(), ahead.next(), ahead.next()) {
+                    (Some('\\'), Some(_), Some('\'')) => chars = ahead,
+                    (Some(_), Some('\''), _) => {
+                        chars.next();
+                        chars.next();
+                    }
+                    _ => {}
+                }
+            }
+            _ => {}
+        }
+    }
+    out
+}
+
+/// Each text's citations without a heading in `reference`, and each mention of `METHODS.md`.
+fn citation_problems(reference: &str, texts: &[(String, String)]) -> Vec<String> {
+    let headings = heading_sections(reference);
+    let mut problems = Vec::new();
+    for (name, text) in texts {
+        let cited: BTreeSet<String> = cited_sections(text).into_iter().collect();
+        for s in cited.difference(&headings) {
+            problems.push(format!(
+                "{name}: cites §{s}, but no heading of docs/reference.md starts with §{s}"
+            ));
+        }
+        if text.contains("METHODS.md") {
+            problems.push(format!(
+                "{name}: names METHODS.md, which a clone does not hold; cite docs/reference.md §N"
+            ));
+        }
+    }
+    problems
+}
+
+/// The specification the rows depend on is readable from a clone: every section that a user-facing
+/// text cites — README.md, docs/*.md (docs/decisions.md included; docs/reference.md itself is the
+/// target) and the help texts of src/cli.rs (string literals and doc comments) — is a heading of
+/// docs/reference.md that starts with exactly that number (§7.5 needs a `§7.5 …` heading; a
+/// `§7.5.3 …` one does not do), and none of them names `METHODS.md` or `../shared/METHODS.md`.
+/// Code comments elsewhere in src/ may still cite METHODS.md sections for now: the code cites the
+/// same numbers, which docs/reference.md now holds.
+#[test]
+fn every_cited_section_is_a_heading_of_the_reference() {
+    // The checker on made-up text: a missing section, a prefix match and a mention are caught.
+    let made_up = "# R\n## §7 D\n### §7.5.3 quest — pages\n```text\n## §9 in code\n```\n";
+    let texts = vec![(
+        "made-up".to_string(),
+        "See [§7.5.3](x#y), §7.5 and §7.\nAlso §9. And (METHODS.md §7) and §4.1–4.2.".to_string(),
+    )];
+    let found = citation_problems(made_up, &texts);
+    for s in ["§7.5,", "§9,", "§4.1,", "§4.2,", "METHODS.md"] {
+        assert!(
+            found.iter().any(|p| p.contains(s)),
+            "{s} not caught: {found:?}"
+        );
+    }
+    assert_eq!(found.len(), 5, "{found:?}");
+    let rust =
+        "//! a §1\n// plain §2\n/// doc §3\nlet c = '\"'; f(\"lit \\\"§4\\\" //x §5\"); '_';";
+    assert_eq!(cited_sections(&help_texts(rust)), ["1", "3", "4", "5"]);
+
+    let reference =
+        std::fs::read_to_string(root().join("docs/reference.md")).expect("docs/reference.md");
+    let mut texts: Vec<(String, String)> = documents()
+        .into_iter()
+        .filter(|(p, _)| !p.ends_with("docs/reference.md"))
+        .map(|(p, t)| (p.display().to_string(), t))
+        .collect();
+    let cli = std::fs::read_to_string(root().join("src/cli.rs")).unwrap();
+    texts.push(("src/cli.rs (help texts)".to_string(), help_texts(&cli)));
+    assert!(
+        texts
+            .iter()
+            .map(|(_, t)| cited_sections(t).len())
+            .sum::<usize>()
+            > 50,
+        "the citations were not found"
+    );
+    let problems = citation_problems(&reference, &texts);
+    assert!(problems.is_empty(), "{}", problems.join("\n"));
 }

@@ -57,9 +57,9 @@ def _qkv(q, k, v):
 
 def exact(q, k, v, target: str = "softmax", mask: str = "none") -> np.ndarray:
     """One head's target, computed as the benchmark computes it: O = softmax(QKᵀ/√p)V in the
-    inputs' dtype (over the keys j ≤ i with ``mask="causal"``, METHODS.md §7.2), or with
+    inputs' dtype (over the keys j ≤ i with ``mask="causal"``, docs/reference.md §7.2), or with
     ``target="kernelized"`` C·V, C_ij = exp(−‖q̃_i − k̃_j‖²/2), q̃ = q·p^-1/4, in float64
-    (METHODS.md §6.4.1)."""
+    (docs/reference.md §6.4.1)."""
     return _core.exact(*_qkv(q, k, v), target, mask)
 
 
@@ -72,7 +72,7 @@ def spectral_error(o, o_hat) -> tuple[float, float, float]:
 
 def agreement(o, o_hat) -> tuple[float, float, float]:
     """(cos_sim, rel_l1, rmse) of Ô against O on the flattened output, in float64, as trials.csv
-    records them (METHODS.md §8.5; the units of SageAttention's and KV-cache papers' tables)."""
+    records them (docs/reference.md §8.5; the units of SageAttention's and KV-cache papers' tables)."""
     o, o_hat = _head("o", o), _head("o_hat", o_hat)
     dtype = np.result_type(o, o_hat)
     return _core.agreement(o.astype(dtype, copy=False), o_hat.astype(dtype, copy=False))
@@ -80,11 +80,11 @@ def agreement(o, o_hat) -> tuple[float, float, float]:
 
 def approximate(method: str, q, k, v, d: int, seed: int, mask: str = "none") -> np.ndarray:
     """Ô of built-in method ``method`` with budget ``d`` for one head (its causal form with
-    ``mask="causal"``, METHODS.md §7.4; a method without one raises ValueError).
+    ``mask="causal"``, docs/reference.md §7.4; a method without one raises ValueError).
 
     ``seed`` is the trial's derived seed (the ``seed`` column of trials.csv, or
     :func:`trial_seed`); with the same Q, K, V the result equals the CLI's trial bit for bit.
-    The quantized family (``kv_q4_0``, ``kivi2``, ``sage2_8b``, …; METHODS.md §8) has no budget:
+    The quantized family (``kv_q4_0``, ``kivi2``, ``sage2_8b``, …; docs/reference.md §8) has no budget:
     pass ``d=0`` (trials.csv's d) and any seed.
     """
     if int(d) < 0:
@@ -152,7 +152,7 @@ def sweep(
     of shape [n, p]. Options: the CLI's flags with underscores (``target`` ("softmax" |
     "kernelized": what every method, yours included, is scored against), ``lengths``,
     ``features``, ``windows``, ``heads``, ``seed``, ``figure``, ``decode`` and every option of
-    :func:`inputs`). ``decode=n_f`` runs the decode protocol (METHODS.md §9.1): the last n_f rows of
+    :func:`inputs`). ``decode=n_f`` runs the decode protocol (docs/reference.md §9.1): the last n_f rows of
     each window are the continuation and the rows scored; your function is called with
     ``mask="causal", n_f=n_f`` and returns those n_f rows (or the whole window's [n, p]), or the
     prompt keys the continuation reads: one integer array (every continuation row) or a list of
@@ -202,7 +202,7 @@ def e2e(
     quiet: bool = True,
     **options,
 ) -> list[dict]:
-    """Runs your attention in every layer of a decoder LLM (``approx-bench e2e``, METHODS.md §10)
+    """Runs your attention in every layer of a decoder LLM (``approx-bench e2e``, docs/reference.md §10)
     and returns the rows of ``e2e.csv``: next-token ``kl_mean``, ``top1``, ``dnll``, … against
     the exact model, beside each layer's operator error, for your method and the built-in
     ``methods`` (ids or the presets "prefill", "quant", "decode", "all") side by side.

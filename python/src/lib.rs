@@ -123,7 +123,7 @@ fn exact<'py>(
     let mask = parse_mask(mask)?;
     if mask == Mask::Causal && target == Target::Kernelized {
         return Err(PyValueError::new_err(
-            "the kernelized target has no causal form (METHODS.md §7.2)",
+            "the kernelized target has no causal form (docs/reference.md §7.2)",
         ));
     }
     let h = head(q, k, v)?;
@@ -157,7 +157,7 @@ fn spectral_error(o: &Bound<'_, PyAny>, o_hat: &Bound<'_, PyAny>) -> PyResult<(f
     Ok((e.spectral, e.spectral / norm, e.frobenius))
 }
 
-/// cos_sim, rel_l1 and rmse of Ô against O on the flattened output (METHODS.md §8.5), as trials.csv
+/// cos_sim, rel_l1 and rmse of Ô against O on the flattened output (docs/reference.md §8.5), as trials.csv
 /// records them.
 #[pyfunction]
 fn agreement(o: &Bound<'_, PyAny>, o_hat: &Bound<'_, PyAny>) -> PyResult<(f64, f64, f64)> {
@@ -168,7 +168,7 @@ fn agreement(o: &Bound<'_, PyAny>, o_hat: &Bound<'_, PyAny>) -> PyResult<(f64, f
 
 /// Ô of a built-in method for one head, with the trial generator of derived seed `seed`
 /// (trials.csv's `seed` column, or `trial_seed(...)`): bit-identical to the CLI's trial. With
-/// `mask = "causal"` the method's causal form (METHODS.md §7.4).
+/// `mask = "causal"` the method's causal form (docs/reference.md §7.4).
 #[pyfunction]
 #[pyo3(signature = (method, q, k, v, d, seed, mask = "none"))]
 fn approximate<'py>(
@@ -191,7 +191,7 @@ fn approximate<'py>(
     }
     if d == 0 && m.has_budget() {
         return Err(PyValueError::new_err(format!(
-            "{method}: d = 0, but its budget d must be at least 1 (only the quantized family, METHODS.md §8, runs at d = 0)"
+            "{method}: d = 0, but its budget d must be at least 1 (only the quantized family, docs/reference.md §8, runs at d = 0)"
         )));
     }
     let h = head(q, k, v)?;
@@ -340,7 +340,7 @@ fn sweep(
     Ok(outcome.out.display().to_string())
 }
 
-/// Runs (or resumes) `approx-bench e2e` into `out` (METHODS.md §10): `methods` lists built-in
+/// Runs (or resumes) `approx-bench e2e` into `out` (docs/reference.md §10): `methods` lists built-in
 /// ids, presets and the names of `user` methods, in order; `user` holds (name, callable, decode).
 /// A user's callable is every layer's attention, per query head, as in `sweep`. Returns `out`.
 #[pyfunction]

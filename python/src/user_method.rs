@@ -111,7 +111,7 @@ impl Method for PyMethod {
             // Under the causal mask the function is told so (`mask="causal"`), and must take
             // that keyword: an estimate of bidirectional attention would be scored against the
             // causal target without anyone noticing. Unmasked runs call f(q, k, v, d, rng) as before.
-            // Under the decode protocol (METHODS.md §9.1, `decode=n_f`) it is also told n_f: the
+            // Under the decode protocol (docs/reference.md §9.1, `decode=n_f`) it is also told n_f: the
             // last n_f rows of q are the continuation, the rows scored, and it may return them
             // alone ([n_f, p]) or the whole window ([n, p], of which they are taken).
             let result = if head.mask == Mask::Causal {

@@ -101,7 +101,7 @@ def test_the_causal_target_and_causal_forms_against_numpy():
     q, k, v = head(n=200, p=16, dtype=np.float64, scale=1.5)
     o = ab.exact(q, k, v, mask="causal")
     assert np.abs(o - causal_attention(q, k, v)).max() < 1e-12
-    # The causal window of d keys and the prefix mean, from their definitions (METHODS.md §7.4).
+    # The causal window of d keys and the prefix mean, from their definitions (docs/reference.md §7.4).
     d = 7
     w = ab.approximate("window", q, k, v, d, 0, mask="causal")
     want = np.stack([_window_row(q, k, v, i, d) for i in range(len(q))])
@@ -133,7 +133,7 @@ def q8_0(x):
 def test_quantized_caches_against_numpy(mask):
     q, k, v = head(n=96, p=64, seed=3, dtype=np.float64)
     ref = lambda q_, k_, v_: ab.exact(q_, k_, v_, mask=mask)
-    # kv_f16: numpy's float64 → float16 cast rounds once, as METHODS.md §8.2 asks.
+    # kv_f16: numpy's float64 → float16 cast rounds once, as docs/reference.md §8.2 asks.
     f16 = lambda x: x.astype(np.float16).astype(np.float64)
     got = ab.approximate("kv_f16", q, k, v, 0, 0, mask=mask)
     assert np.abs(got - ref(f16(q), f16(k), f16(v))).max() < 1e-13

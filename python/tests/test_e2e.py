@@ -1,5 +1,5 @@
 """e2e(): a user's attention in every layer of a decoder, scored at the output beside the built-in
-methods (METHODS.md §10), on the repository's tiny llama (no ../shared needed)."""
+methods (docs/reference.md §10), on the repository's tiny llama (no ../shared needed)."""
 
 import numpy as np
 import pytest

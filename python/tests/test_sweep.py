@@ -230,7 +230,7 @@ def test_a_kernelized_sweep_scores_every_method_against_c_v(tiny, tmp_path):
 
 
 def causal_window(q, k, v, d, rng, mask=None):
-    """The d most recent keys j ≤ i (METHODS.md §7.4), dense, in float64: told the mask."""
+    """The d most recent keys j ≤ i (docs/reference.md §7.4), dense, in float64: told the mask."""
     assert mask == "causal"
     return masked_attention(q, k, v, lambda lag: (lag < 0) | (lag >= d))
 
@@ -304,7 +304,7 @@ def tiny_llama(tmp_path):
 
 
 def recent_prompt(q, k, v, d, rng, mask=None, n_f=None):
-    """dec_window written densely in float64 (METHODS.md §9.2): continuation query t reads the last d
+    """dec_window written densely in float64 (docs/reference.md §9.2): continuation query t reads the last d
     prompt keys and the continuation up to t; returns the n_f continuation rows."""
     assert mask == "causal" and n_f is not None
     n = q.shape[0]

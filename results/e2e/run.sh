@@ -7,13 +7,13 @@
 #
 # Resumable: rerunning completes what is missing, and a larger WINDOWS extends the run with the
 # next windows (the ones already there must be its first).
-#   committed: N=1024 WINDOWS=4 FEATURES=64,256 (results/e2e/smollm2-n1024; about 7 min a window on
+#   committed: N=1024 WINDOWS=2 FEATURES=64,256 (results/e2e/smollm2-n1024; about 7 min a window on
 #              the 2-core build machine)
 #   issue 43's target, not yet run: N=2048 WINDOWS=16 FEATURES=64,256,1024 (about 20 min a window)
 set -euo pipefail
 BIN=${BIN:-./target/release/approx-bench}
 N=${N:-1024}
-WINDOWS=${WINDOWS:-4}
+WINDOWS=${WINDOWS:-2}
 FEATURES=${FEATURES:-64,256}
 OUT=${OUT:-results/e2e/smollm2-n$N}
 $BIN e2e --model-dir ../shared/data/SmolLM2-135M-Instruct-Q4_1 \

@@ -220,7 +220,7 @@ int main() {
     // rounding of the logits themselves (an ulp of 300 is 3e-5), which any f32 kernel meets.
     if (check<float>("f32 large", flash_f32_p64, 64, 64, 2, 1, 130, 0, 300.0, false) > 1e-3) fails++;
     if (long_rows() > 1e-6) fails++;
-    // Sliding windows (METHODS.md §7.1): shorter than a tile, across tiles, longer than n.
+    // Sliding windows (docs/reference.md §7.1): shorter than a tile, across tiles, longer than n.
     for (int w : {5, 64, 100, 1000})
         if (check<float>("f32 window", flash_f32_p64, 64, 64, 2, 1, 230, 1, 3.0, false, w) > 2e-6) fails++;
     if (check<double>("f64 window", flash_f64_p64, 32, 64, 2, 1, 100, 1, 3.0, false, 40) > 1e-13) fails++;

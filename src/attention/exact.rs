@@ -1,4 +1,4 @@
-//! The target: exact softmax attention O = softmax(QKᵀ/√p)V (METHODS.md §1.1), max-shifted per
+//! The target: exact softmax attention O = softmax(QKᵀ/√p)V (docs/reference.md §1.1), max-shifted per
 //! row, computed in row blocks so that no n×n matrix is held (n = 16384 fits in memory). Under the
 //! causal mask (§7.2) row i attends to keys j ≤ i: a row block [a, a+b) multiplies only the keys
 //! 0..a+b (the key blocks above the diagonal are skipped: n²p MACs instead of 2n²p) and the
@@ -137,7 +137,7 @@ impl ExactAttention {
         Self::compute_with(q, k, v, Mask::None, ExactKernel::Auto)
     }
 
-    /// Exact attention under `mask` (the causal target of METHODS.md §7.2 with [`Mask::Causal`]).
+    /// Exact attention under `mask` (the causal target of docs/reference.md §7.2 with [`Mask::Causal`]).
     pub fn compute_masked(q: &Tensor, k: &Tensor, v: &Tensor, mask: Mask) -> Result<Self> {
         Self::compute_with(q, k, v, mask, ExactKernel::Auto)
     }

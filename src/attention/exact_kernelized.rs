@@ -1,5 +1,5 @@
 //! `exact_kernelized`: Kernelized Attention itself, O_C = C·V with the Gaussian kernel
-//! (Skyformer §3; METHODS.md §6.4.1), computed exactly in the run's dtype — the kernelized
+//! (Skyformer §3; docs/reference.md §6.4.1), computed exactly in the run's dtype — the kernelized
 //! target's counterpart of exact softmax attention. Its error is the run dtype's rounding (0 in
 //! f64), and its time is the cost every approximation of C·V is measured against. Independent of d.
 
@@ -30,7 +30,7 @@ impl Method for ExactKernelized {
             head.dtype(),
         )?))
     }
-    /// METHODS.md §6.4 summary: 2n²p (the n² exp are not MACs).
+    /// docs/reference.md §6.4 summary: 2n²p (the n² exp are not MACs).
     fn macs(&self, n: usize, p: usize, _d: usize) -> f64 {
         2.0 * (n * n * p) as f64
     }

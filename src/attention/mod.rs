@@ -52,7 +52,7 @@ pub struct HeadInputs {
     pub q: Tensor,
     pub k: Tensor,
     pub v: Tensor,
-    /// Which keys each query attends to: part of the target (METHODS.md §7.2).
+    /// Which keys each query attends to: part of the target (docs/reference.md §7.2).
     pub mask: Mask,
     /// Exact softmax attention, computed on first use (a kernelized run never needs it).
     exact: OnceLock<exact::ExactAttention>,
@@ -60,7 +60,7 @@ pub struct HeadInputs {
     kernelized: OnceLock<Tensor>,
     /// Per-head memo for products a method reuses across d (e.g. the SVD of P).
     memo: Memo,
-    /// Under the decode protocol (METHODS.md §9.1, `--decode N_F`): which query head this is and
+    /// Under the decode protocol (docs/reference.md §9.1, `--decode N_F`): which query head this is and
     /// its window's layer context. The scored rows are then the n_f continuation rows only.
     pub decode: Option<decode::DecodeHead>,
 }
@@ -148,7 +148,7 @@ impl HeadInputs {
         Ok(self.exact.get_or_init(|| e))
     }
 
-    /// The kernelized target O_C = C·V ([n, p], f64; METHODS.md §6.4.1 computes it in float64).
+    /// The kernelized target O_C = C·V ([n, p], f64; docs/reference.md §6.4.1 computes it in float64).
     pub fn kernelized(&self) -> Result<&Tensor> {
         if let Some(t) = self.kernelized.get() {
             return Ok(t);
@@ -228,7 +228,7 @@ pub struct Approximation {
     pub output: Tensor,
     pub normalizer: Option<Tensor>,
     /// For restrict-and-renormalise methods, the keys each row visited (trials.csv `keys` and
-    /// `mass`, METHODS.md §7.2); None for every other method.
+    /// `mass`, docs/reference.md §7.2); None for every other method.
     pub support: Option<KeySupport>,
 }
 
@@ -293,17 +293,17 @@ pub enum Family {
     Features,
     /// Exact logits on sampled keys or queries, the rest estimated.
     Sampling,
-    /// Restrict-and-renormalise on a structured or hashed key set per query (METHODS.md §6.1).
+    /// Restrict-and-renormalise on a structured or hashed key set per query (docs/reference.md §6.1).
     Sparse,
-    /// Sparse + low-rank combinations (METHODS.md §6.2.2).
+    /// Sparse + low-rank combinations (docs/reference.md §6.2.2).
     Hybrid,
-    /// The LLM-era causal prefill patterns (METHODS.md §7.5): restrict-and-renormalise on sinks,
+    /// The LLM-era causal prefill patterns (docs/reference.md §7.5): restrict-and-renormalise on sinks,
     /// pages, blocks, columns and diagonals.
     Prefill,
-    /// Quantized attention (METHODS.md §8): every key, stored and multiplied at fewer bits (KV
+    /// Quantized attention (docs/reference.md §8): every key, stored and multiplied at fewer bits (KV
     /// caches, SageAttention kernels); no budget d.
     Quantized,
-    /// Decode-time KV-cache compression (METHODS.md §9): the continuation reads a compressed
+    /// Decode-time KV-cache compression (docs/reference.md §9): the continuation reads a compressed
     /// prompt (`--decode N_F` only).
     Decode,
     /// A method defined outside the registry (a user's own, e.g. from Python); never a
@@ -362,11 +362,11 @@ impl MethodInfo {
         masks: &[Mask::None],
         targets: &[Target::Softmax],
     };
-    /// Both masks: a method with a causal form (METHODS.md §7.4).
+    /// Both masks: a method with a causal form (docs/reference.md §7.4).
     pub const BOTH_MASKS: &'static [Mask] = &[Mask::None, Mask::Causal];
-    /// The causal mask only: the LLM-era prefill methods (METHODS.md §7.5).
+    /// The causal mask only: the LLM-era prefill methods (docs/reference.md §7.5).
     pub const CAUSAL_ONLY: &'static [Mask] = &[Mask::Causal];
-    /// The kernelized target C·V only (METHODS.md §6.4).
+    /// The kernelized target C·V only (docs/reference.md §6.4).
     pub const KERNELIZED: &'static [Target] = &[Target::Kernelized];
 }
 
@@ -400,10 +400,10 @@ pub trait Method: Send + Sync {
     fn feature_meaning(&self) -> &'static str {
         required_info(self, "feature_meaning").meaning
     }
-    /// The targets the method estimates (METHODS.md §6.4.1: a method that row-normalises or is
+    /// The targets the method estimates (docs/reference.md §6.4.1: a method that row-normalises or is
     /// built from softmax blocks estimates softmax attention, not C·V). A user's own method
     /// (the default `Family::User`) is scored against whichever target the run has.
-    /// The masks the method has a form for (METHODS.md §7.4: a method without a published causal
+    /// The masks the method has a form for (docs/reference.md §7.4: a method without a published causal
     /// form is refused under the causal mask). A user's own method is told the run's mask
     /// (`HeadInputs::mask`) and may serve both.
     fn masks(&self) -> &'static [Mask] {
@@ -434,7 +434,7 @@ pub trait Method: Send + Sync {
     fn is_random(&self) -> bool {
         required_info(self, "is_random").random
     }
-    /// Leading multiply-add count (METHODS.md §2.11).
+    /// Leading multiply-add count (docs/reference.md §2.11).
     fn macs(&self, n: usize, p: usize, d: usize) -> f64;
     /// Why (n, d) cannot be run, if it cannot.
     fn check(&self, n: usize, d: usize) -> std::result::Result<(), String> {
@@ -447,7 +447,7 @@ pub trait Method: Send + Sync {
         let _ = n;
         Ok(())
     }
-    /// Why a head of dimension p cannot be run, if it cannot (METHODS.md §8.1: the ggml and KIVI
+    /// Why a head of dimension p cannot be run, if it cannot (docs/reference.md §8.1: the ggml and KIVI
     /// formats store blocks of 32 along p). The sweep asks before its first window.
     fn check_head_dim(&self, p: usize) -> std::result::Result<(), String> {
         let _ = p;
@@ -458,7 +458,7 @@ pub trait Method: Send + Sync {
     fn has_budget(&self) -> bool {
         self.family() != Family::Quantized
     }
-    /// Bits per K/V value the method reads at length n (`kv_bits`, METHODS.md §8.5), for a method
+    /// Bits per K/V value the method reads at length n (`kv_bits`, docs/reference.md §8.5), for a method
     /// that declares its own: the §8 formats. The sweep gives a restrict-and-renormalise method
     /// (one that returns a key support) 16, an f16 cache's width, and every other method none.
     fn kv_bits(&self, n: usize) -> Option<f64> {
@@ -513,7 +513,7 @@ pub fn row_softmax(x: &Tensor) -> Result<Tensor> {
     Ok(candle_nn::ops::softmax_last_dim(x)?)
 }
 
-/// x · p^{-1/4}: the input scaling under which q̃·k̃ = q·k/√p (METHODS.md §1.1).
+/// x · p^{-1/4}: the input scaling under which q̃·k̃ = q·k/√p (docs/reference.md §1.1).
 pub fn quarter_scale(x: &Tensor, p: usize) -> Result<Tensor> {
     Ok((x * (p as f64).powf(-0.25))?)
 }

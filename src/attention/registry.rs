@@ -49,7 +49,7 @@ pub fn registry() -> Vec<Box<dyn Method>> {
         Box::new(kdeformer::KdeFormer::reference()),
         Box::new(scatterbrain::Scatterbrain::smyrf()),
         Box::new(scatterbrain::Scatterbrain::local()),
-        // The causal prefill methods (METHODS.md §7.5).
+        // The causal prefill methods (docs/reference.md §7.5).
         Box::new(prefill::streaming::Streaming),
         Box::new(prefill::h2o::H2o),
         Box::new(prefill::quest::Quest),
@@ -57,7 +57,7 @@ pub fn registry() -> Vec<Box<dyn Method>> {
         Box::new(prefill::block_sparse::BlockSparse),
         Box::new(prefill::xattention::XAttention),
         Box::new(prefill::vertical_slash::VerticalSlash),
-        // Decode-time KV-cache compression (METHODS.md §9), `--decode N_F` only.
+        // Decode-time KV-cache compression (docs/reference.md §9), `--decode N_F` only.
         Box::new(decode::methods::StaticDecode(decode::kept::Static::Window)),
         Box::new(decode::methods::StaticDecode(
             decode::kept::Static::Streaming,
@@ -79,7 +79,7 @@ pub fn registry() -> Vec<Box<dyn Method>> {
         Box::new(decode::methods::StaticDecode(
             decode::kept::Static::EvictOracle,
         )),
-        // Quantized attention (METHODS.md §8): the KV caches, KIVI, SageAttention's kernels.
+        // Quantized attention (docs/reference.md §8): the KV caches, KIVI, SageAttention's kernels.
         Box::new(quantized::kv_cache::KvCache {
             format: quantized::kv_cache::CacheFormat::F16,
         }),
@@ -105,7 +105,7 @@ pub fn registry() -> Vec<Box<dyn Method>> {
         Box::new(quantized::sage::Sage {
             kernel: quantized::sage::SageKernel::Sage2Int4,
         }),
-        // The kernelized target's methods (METHODS.md §6.4).
+        // The kernelized target's methods (docs/reference.md §6.4).
         Box::new(exact_kernelized::ExactKernelized),
         Box::new(zero::Zero),
         Box::new(skyformer_gauss::SkyformerGauss::pseudo_inverse()),
@@ -149,7 +149,7 @@ pub fn mask_method_ids(target: Target, mask: Mask) -> Vec<&'static str> {
 
 /// The `field` preset (issue 13: every method of the field on one d axis): every registered
 /// method whose target is softmax attention and that has a bidirectional form, in registry order
-/// (the causal-only prefill methods of METHODS.md §7.5 join it under `--mask causal`). The
+/// (the causal-only prefill methods of docs/reference.md §7.5 join it under `--mask causal`). The
 /// quantized family (§8) has no d axis and is its own preset, `quant`.
 pub fn field_method_ids() -> Vec<&'static str> {
     field_method_ids_masked(Mask::None)
@@ -175,7 +175,7 @@ pub fn family_method_ids(family: Family) -> Vec<&'static str> {
 }
 
 /// The budgets a method runs at in a sweep over the d grid `grid`: the grid, or d = 0 alone for a
-/// method without a budget (the quantized family, METHODS.md §8.1). A user's own method (not
+/// method without a budget (the quantized family, docs/reference.md §8.1). A user's own method (not
 /// registered) has a budget.
 pub fn budgets(id: &str, grid: &[usize]) -> Vec<usize> {
     match describe(id) {
@@ -184,7 +184,7 @@ pub fn budgets(id: &str, grid: &[usize]) -> Vec<usize> {
     }
 }
 
-/// The methods that run under `--decode` (METHODS.md §9.1): the §9 family, then the §8 KV caches.
+/// The methods that run under `--decode` (docs/reference.md §9.1): the §9 family, then the §8 KV caches.
 pub fn decode_method_ids() -> Vec<&'static str> {
     registry()
         .iter()

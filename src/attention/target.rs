@@ -1,4 +1,4 @@
-//! What a run approximates (METHODS.md §1.1 and §6.4.1):
+//! What a run approximates (docs/reference.md §1.1 and §6.4.1):
 //!
 //! - `softmax`: O = softmax(QKᵀ/√p)V, the two papers' Figure 1 target (computed by [`super::exact`]);
 //! - `kernelized`: O_C = C·V with Skyformer's Gaussian kernel (Chen et al., NeurIPS 2021, §3,
@@ -28,10 +28,10 @@ pub enum Target {
 crate::choice::choice!(Target {
     Softmax = "softmax" "O = softmax(QKᵀ/√p)V (both papers' Figure 1)",
     Kernelized = "kernelized"
-        "O = C·V with the Gaussian kernel C_ij = exp(−‖q̃_i − k̃_j‖²/2), q̃ = q·p^-1/4, no normalisation (Skyformer's Kernelized Attention, METHODS.md §6.4)",
+        "O = C·V with the Gaussian kernel C_ij = exp(−‖q̃_i − k̃_j‖²/2), q̃ = q·p^-1/4, no normalisation (Skyformer's Kernelized Attention, docs/reference.md §6.4)",
 });
 
-/// Which keys a query attends to (METHODS.md §7.2). A property of the target: the exact
+/// Which keys a query attends to (docs/reference.md §7.2). A property of the target: the exact
 /// attention a run scores against, and what every method must reproduce.
 #[derive(
     Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Default, Serialize, Deserialize,
@@ -47,7 +47,7 @@ pub enum Mask {
 
 crate::choice::choice!(Mask {
     None = "none" "every query attends to every key (encoders; the default for BERT)",
-    Causal = "causal" "query i attends to keys j ≤ i (decoders; the default for llama, mistral, qwen2, qwen3; METHODS.md §7.2)",
+    Causal = "causal" "query i attends to keys j ≤ i (decoders; the default for llama, mistral, qwen2, qwen3; docs/reference.md §7.2)",
 });
 
 impl Mask {
@@ -82,7 +82,7 @@ impl Target {
     }
 }
 
-/// O_C = C·V ([n, p]) computed in `dtype` in the expanded form of METHODS.md §6.4.1: per row block,
+/// O_C = C·V ([n, p]) computed in `dtype` in the expanded form of docs/reference.md §6.4.1: per row block,
 /// one GEMM Q̃_b·K̃ᵀ, the rank-one correction −‖q̃_i‖²/2 − ‖k̃_j‖²/2, exp, and the product with V.
 /// No shift is needed: every exponent is −‖q̃_i − k̃_j‖²/2 ≤ 0 up to rounding, so every entry
 /// of C lies in (0, 1]. Never holds an n×n matrix (row blocks as for the softmax target).

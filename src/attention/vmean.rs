@@ -1,7 +1,7 @@
-//! V-Mean, Skeinformer's artificial baseline (Skeinformer §5; METHODS.md §2.1):
+//! V-Mean, Skeinformer's artificial baseline (Skeinformer §5; docs/reference.md §2.1):
 //! Ô = (1/n)·1·1ᵀV, every row the column mean of V. Independent of d.
 //!
-//! Under the causal mask (METHODS.md §7.4) the same baseline — uniform attention over the keys a
+//! Under the causal mask (docs/reference.md §7.4) the same baseline — uniform attention over the keys a
 //! row may see — is the prefix mean Ô_i = (1/(i+1)) Σ_{j≤i} v_j.
 
 use anyhow::Result;

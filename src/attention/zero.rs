@@ -1,4 +1,4 @@
-//! `zero`: Ô = 0, the kernelized target's trivial baseline (METHODS.md §6.4.1 [REC]). Its error is
+//! `zero`: Ô = 0, the kernelized target's trivial baseline (docs/reference.md §6.4.1 [REC]). Its error is
 //! ‖C·V‖₂ and its relative error exactly 1; a method above it does worse than outputting nothing.
 //! V-Mean plays this role for softmax only (its 1/n row scale belongs to softmax). Independent of d.
 

@@ -58,7 +58,7 @@ choice!(FigurePreset {
     Skeinformer = "skeinformer",
 });
 
-/// How token ids become the layer-0 input X (METHODS.md §1.4 items 1–2); each value's meaning is
+/// How token ids become the layer-0 input X (docs/reference.md §1.4 items 1–2); each value's meaning is
 /// its [`Choice::help`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
@@ -71,19 +71,19 @@ pub enum EmbeddingPolicy {
 
 choice!(EmbeddingPolicy {
     WordPos = "word-pos"
-        "LayerNorm(word + position[i mod P]), no token-type embedding (METHODS.md §1.4 [REC])",
+        "LayerNorm(word + position[i mod P]), no token-type embedding (docs/reference.md §1.4 [REC])",
     WordPosType = "word-pos-type"
         "Hugging Face's full BertEmbeddings: word + position[i mod P] + token_type[0] (diagnostic)",
     WordPosFirst = "word-pos-first"
         "LayerNorm(word + position[i]) for the first P tokens, LayerNorm(word) after them. The \
-         default: METHODS.md §1.4 recommends `word-pos` (and is silent on evidence beyond n = 1024), \
+         default: docs/reference.md §1.4 recommends `word-pos` (and is silent on evidence beyond n = 1024), \
          but on all 120 initialized anchor points of both figures this policy fits the published \
          level and growth with n within ×1.07 (weighted median) against ×1.49 for `word-pos` \
          (results/calibration, issue 4)",
     Word = "word" "LayerNorm(word), no positions at all",
 });
 
-/// Which initialization the Linear layers get (METHODS.md §4.5 calibration candidates); each
+/// Which initialization the Linear layers get (docs/reference.md §4.5 calibration candidates); each
 /// value's meaning is its [`Choice::help`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]

@@ -41,7 +41,7 @@ pub fn check_user_name(name: &str) -> Result<()> {
 /// Why `method` cannot be scored against `target`, naming the methods that can.
 fn target_mismatch(id: &str, target: Target) -> anyhow::Error {
     let why = match target {
-        Target::Kernelized => " (it estimates softmax attention: it row-normalises or is built from softmax blocks, METHODS.md §6.4.1)",
+        Target::Kernelized => " (it estimates softmax attention: it row-normalises or is built from softmax blocks, docs/reference.md §6.4.1)",
         Target::Softmax => " (it estimates the Gaussian-kernel product C·V; run it with --target kernelized)",
     };
     usage!(
@@ -52,7 +52,7 @@ fn target_mismatch(id: &str, target: Target) -> anyhow::Error {
 
 /// `parse_methods` for `target`, where the names in `user` stand for the caller's own methods.
 /// Presets: `all` (every method of `target` with a budget d), `field` (every softmax method with a budget d),
-/// `quant` (the quantized family, METHODS.md §8), `figure` (the
+/// `quant` (the quantized family, docs/reference.md §8), `figure` (the
 /// papers' methods, softmax), `kernelized` (every kernelized-target method). A preset or id of
 /// another target is refused with the methods that fit.
 pub fn parse_methods_with(
@@ -63,7 +63,7 @@ pub fn parse_methods_with(
     parse_methods_masked(values, user, target, Mask::None)
 }
 
-/// [`parse_methods_masked`] for a run under the decode protocol (`decode` = Some(n_f), METHODS.md
+/// [`parse_methods_masked`] for a run under the decode protocol (`decode` = Some(n_f), docs/reference.md
 /// §9.1) or not: under it the methods are the §9 family and the §8 KV caches (`decode`: the §9
 /// family; `quant`: the caches; `all`: both), anything else is refused naming them; without it a
 /// §9 method or the `decode` preset is refused naming `--decode`. A user's method runs in
@@ -84,7 +84,7 @@ pub fn parse_methods_decode(
             .find(|v| *v == "decode" || family.contains(v))
         {
             return Err(usage!(
-                "--methods {v}: a decode-time method (METHODS.md §9) runs only under the continuation protocol; add --decode N_F (e.g. --decode {})",
+                "--methods {v}: a decode-time method (docs/reference.md §9) runs only under the continuation protocol; add --decode N_F (e.g. --decode {})",
                 attention::decode::RECOMMENDED_N_F
             ));
         }
@@ -104,7 +104,7 @@ pub fn parse_methods_decode(
             id if decode_ids.contains(&id) => vec![id.to_string()],
             id => {
                 return Err(usage!(
-                    "--methods {id}: not a method of the decode protocol (--decode {n_f}, METHODS.md §9.1); it runs: {} (presets decode, quant, all)",
+                    "--methods {id}: not a method of the decode protocol (--decode {n_f}, docs/reference.md §9.1); it runs: {} (presets decode, quant, all)",
                     decode_ids.join(", ")
                 ))
             }
@@ -127,7 +127,7 @@ pub fn parse_methods_decode(
 /// Why `id` has no form under `mask`, naming the methods that have one.
 fn mask_mismatch(id: &str, mask: Mask) -> anyhow::Error {
     usage!(
-        "--methods: {id} has no {mask} form (METHODS.md §7.4: none exists or none is published for prefill); methods for --mask {mask}: {}",
+        "--methods: {id} has no {mask} form (docs/reference.md §7.4: none exists or none is published for prefill); methods for --mask {mask}: {}",
         attention::mask_method_ids(Target::Softmax, mask).join(", ")
     )
 }
@@ -143,7 +143,7 @@ pub fn parse_methods_masked(
 ) -> Result<Vec<String>> {
     if mask == Mask::Causal && target == Target::Kernelized {
         return Err(usage!(
-            "--target kernelized with --mask causal: the kernelized target is defined without a mask (METHODS.md §7.2); use --mask none, or --target softmax"
+            "--target kernelized with --mask causal: the kernelized target is defined without a mask (docs/reference.md §7.2); use --mask none, or --target softmax"
         ));
     }
     let mut out: Vec<String> = Vec::new();
@@ -161,7 +161,7 @@ pub fn parse_methods_masked(
     for v in values.iter().map(|s| s.trim()).filter(|s| !s.is_empty()) {
         let ids: Vec<String> = match v {
             // Every method with a d axis: the quantized family (no budget, and formats that refuse
-            // some head dimensions, METHODS.md §8.1) is asked for by name or with `quant`.
+            // some head dimensions, docs/reference.md §8.1) is asked for by name or with `quant`.
             "all" => strings(
                 attention::mask_method_ids(target, mask)
                     .into_iter()

@@ -1,4 +1,4 @@
-//! The run directory of `approx-bench e2e` (METHODS.md §10.3): rows appended as points finish,
+//! The run directory of `approx-bench e2e` (docs/reference.md §10.3): rows appended as points finish,
 //! a torn last row dropped on the next start, every other file written whole under a temporary
 //! name and renamed into place.
 

@@ -1,5 +1,5 @@
 //! `--ids FILE`: token windows from a file, so that a reference implementation can be fed the
-//! same windows (METHODS.md §10.1). Text: each non-empty line one window of whitespace-separated
+//! same windows (docs/reference.md §10.1). Text: each non-empty line one window of whitespace-separated
 //! ids. `.npy`: a C-order array of unsigned or signed integers, 1-D (one window) or 2-D (one row
 //! per window).
 

@@ -1,4 +1,4 @@
-//! Which operator metric predicts the damage at the output (issue 43, METHODS.md §10.6):
+//! Which operator metric predicts the damage at the output (issue 43, docs/reference.md §10.6):
 //! Spearman's ρ between `kl_mean` and each operator metric over the (mode, method, d) points,
 //! each point the mean over windows, with a bootstrap interval over windows; over all points and
 //! over the near-lossless ones (mean KL < 0.01) separately, since a predictor can rank large

@@ -1,6 +1,6 @@
 //! The text corpus as token windows: Wikitext-2 rows (raw text file or hub parquet) → the
 //! model's tokens (WordPiece or BPE; no special tokens, truncation and padding off) → consecutive
-//! non-overlapping n-token windows (METHODS.md §1.4 item 3), led by BOS for a decoder whose
+//! non-overlapping n-token windows (docs/reference.md §1.4 item 3), led by BOS for a decoder whose
 //! tokenizer adds one (§7.1).
 
 use std::path::{Path, PathBuf};
@@ -15,7 +15,7 @@ use crate::usage;
 pub struct Corpus {
     pub path: PathBuf,
     pub ids: Vec<u32>,
-    /// The token a decoder's tokenizer puts first (METHODS.md §7.1): each window then starts with
+    /// The token a decoder's tokenizer puts first (docs/reference.md §7.1): each window then starts with
     /// it and holds n − 1 stream tokens. None for BERT and tokenizers that add none.
     pub bos: Option<u32>,
     /// Whether `ids` is the whole corpus (false: a prefix of it, see [`tokenize_prefix`]).
@@ -190,7 +190,7 @@ pub fn load_tokenizer(path: &Path) -> Result<Tokenizer> {
 
 /// Tokenizes every row (no special tokens) and concatenates the ids. Row-wise tokenization
 /// equals tokenizing the concatenated split for BERT, whose pre-tokenizer splits on whitespace
-/// (and is how METHODS.md §7.1 builds a decoder's stream too).
+/// (and is how docs/reference.md §7.1 builds a decoder's stream too).
 pub fn tokenize(path: &Path, tokenizer: &Tokenizer, vocab_size: usize) -> Result<Corpus> {
     tokenize_prefix(path, tokenizer, vocab_size, usize::MAX)
 }
@@ -289,7 +289,7 @@ impl Corpus {
         }
     }
 
-    /// Window `w` (0-based) of length n: tokens [w·n, (w+1)·n), or with a BOS (METHODS.md §7.1)
+    /// Window `w` (0-based) of length n: tokens [w·n, (w+1)·n), or with a BOS (docs/reference.md §7.1)
     /// [BOS] + tokens [w(n−1), (w+1)(n−1)).
     pub fn window(&self, n: usize, w: usize) -> Result<Vec<u32>> {
         let fit = self.windows_available(n);
@@ -428,7 +428,7 @@ mod tests {
             complete: true,
         };
         assert_eq!(c.window(3, 2).unwrap(), &[6, 7, 8]);
-        // With a BOS each window holds n − 1 stream tokens after it (METHODS.md §7.1).
+        // With a BOS each window holds n − 1 stream tokens after it (docs/reference.md §7.1).
         let b = Corpus {
             bos: Some(99),
             ..c.clone()

@@ -1,5 +1,5 @@
 //! Where a decoder's files come from and how they become a [`super::Prepared`] model
-//! (METHODS.md §7.1): a local directory (config.json + model.safetensors, a sharded checkpoint's
+//! (docs/reference.md §7.1): a local directory (config.json + model.safetensors, a sharded checkpoint's
 //! index, or a .gguf beside tokenizer.json), a .gguf file given directly, or a hub repo whose
 //! config.json names a decoder family. Of a sharded checkpoint only the shards holding the
 //! embeddings and layers 0..=L are read, and from the hub only those are downloaded.
@@ -299,7 +299,7 @@ pub fn is_decoder(source: &ModelSource, hub: impl Fn() -> Result<Hub>) -> Result
     })
 }
 
-/// The mask of the model's own attention (METHODS.md §7.2): causal for a decoder, none for BERT.
+/// The mask of the model's own attention (docs/reference.md §7.2): causal for a decoder, none for BERT.
 pub fn native_mask(inputs: &InputConfig) -> Result<crate::attention::Mask> {
     Ok(if is_decoder(&inputs.source(), Hub::from_env)? {
         crate::attention::Mask::Causal

@@ -84,7 +84,7 @@ pub struct DumpInfo {
     pub heads: usize,
     pub head_dim: usize,
     /// K/V heads: `k` and `v` are [kv_heads, n, p] and query head h reads K/V head
-    /// ⌊h·kv_heads/heads⌋ (METHODS.md §7.1). Absent in dumps from before it: = heads.
+    /// ⌊h·kv_heads/heads⌋ (docs/reference.md §7.1). Absent in dumps from before it: = heads.
     #[serde(default)]
     pub kv_heads: Option<usize>,
     /// The mask of the model's own attention (causal for a decoder): what `score` measures Ô

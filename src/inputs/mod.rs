@@ -22,12 +22,12 @@ use crate::config::{InputConfig, ModelKind};
 
 /// The model whose layer L gives Q, K, V.
 pub enum Model {
-    /// A BERT encoder (METHODS.md §1.4).
+    /// A BERT encoder (docs/reference.md §1.4).
     Bert {
         config: candle_transformers::models::bert::Config,
         weights: model::BertWeights,
     },
-    /// A decoder LLM (METHODS.md §7.1): Llama, Mistral, Qwen2, Qwen3.
+    /// A decoder LLM (docs/reference.md §7.1): Llama, Mistral, Qwen2, Qwen3.
     Decoder {
         config: models::DecoderConfig,
         weights: models::DecoderWeights,
@@ -162,7 +162,7 @@ pub fn prepare_for(inputs: &InputConfig, need_tokens: usize) -> Result<Prepared>
 }
 
 /// [`prepare_for`] with a decoder loaded to `depth` (the whole model for an end-to-end run,
-/// METHODS.md §10.1); a BERT encoder is refused at [`models::Depth::Whole`].
+/// docs/reference.md §10.1); a BERT encoder is refused at [`models::Depth::Whole`].
 pub fn prepare_depth(
     inputs: &InputConfig,
     need_tokens: usize,

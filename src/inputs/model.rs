@@ -337,7 +337,7 @@ fn source<'a>(
 }
 
 /// Loads or initializes the embeddings and layers 0..=`layer`, each group from its own source
-/// (METHODS.md §1.4 item 8: the embedding source and the Q/K/V weight source are separate).
+/// (docs/reference.md §1.4 item 8: the embedding source and the Q/K/V weight source are separate).
 pub fn load(
     cfg: &Config,
     layer: usize,

@@ -1,4 +1,4 @@
-//! One window's per-head Q, K, V: embeddings (by a named policy, METHODS.md §1.4 items 1–2) →
+//! One window's per-head Q, K, V: embeddings (by a named policy, docs/reference.md §1.4 items 1–2) →
 //! encoder layers before the measured one, run exactly over the whole window → Q, K, V =
 //! X·Wᵀ + b of the measured layer, split into heads [heads, n, p].
 

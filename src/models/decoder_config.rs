@@ -1,4 +1,4 @@
-//! A decoder LLM's `config.json` (Llama, Mistral, Qwen2, Qwen3 families; METHODS.md §7.1
+//! A decoder LLM's `config.json` (Llama, Mistral, Qwen2, Qwen3 families; docs/reference.md §7.1
 //! "Families", "Config fields", "RoPE"), parsed into one plain struct and validated, so that the
 //! weights, the RoPE and the forward read checked numbers only.
 
@@ -9,7 +9,7 @@ use serde_json::Value;
 
 use crate::usage;
 
-/// The decoder families of METHODS.md §7.1, by `config.json` `model_type`.
+/// The decoder families of docs/reference.md §7.1, by `config.json` `model_type`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum DecoderFamily {
     Llama,
@@ -50,7 +50,7 @@ pub fn decoder_family(config_json_text: &str) -> Option<DecoderFamily> {
     DecoderFamily::from_model_type(v.get("model_type")?.as_str()?)
 }
 
-/// How the RoPE inverse frequencies are scaled (METHODS.md §7.1 "RoPE"). Only the types whose
+/// How the RoPE inverse frequencies are scaled (docs/reference.md §7.1 "RoPE"). Only the types whose
 /// effect is a fixed change of inv_freq are supported; yarn's attention factor, dynamic NTK's
 /// length dependence and longrope's per-dimension factors are refused rather than half-done.
 #[derive(Debug, Clone, PartialEq)]
@@ -123,7 +123,7 @@ impl DecoderConfig {
         self.num_attention_heads / self.num_key_value_heads
     }
 
-    /// The K/V head that query head `h` reads: ⌊h·H_kv/H⌋ (METHODS.md §7.1 "GQA"; HF `repeat_kv`
+    /// The K/V head that query head `h` reads: ⌊h·H_kv/H⌋ (docs/reference.md §7.1 "GQA"; HF `repeat_kv`
     /// repeats each K/V head over a contiguous group of H/H_kv query heads).
     pub fn kv_head(&self, h: usize) -> usize {
         h * self.num_key_value_heads / self.num_attention_heads
@@ -361,7 +361,7 @@ fn rope_config(v: &Value, file: &str) -> Result<RopeConfig> {
         },
         other => {
             return Err(usage!(
-                "config {file}: rope scaling type \"{other}\" is not supported; supported: {SUPPORTED_ROPE_TYPES} (METHODS.md §7.1)"
+                "config {file}: rope scaling type \"{other}\" is not supported; supported: {SUPPORTED_ROPE_TYPES} (docs/reference.md §7.1)"
             ))
         }
     };

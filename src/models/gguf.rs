@@ -1,4 +1,4 @@
-//! Decoder weights from a GGUF file (llama.cpp's format; METHODS.md §7.1 "Formats"): the config from
+//! Decoder weights from a GGUF file (llama.cpp's format; docs/reference.md §7.1 "Formats"): the config from
 //! its `{arch}.*` metadata, and the embeddings and layers 0..=L dequantized to f32 with
 //! candle-core's `quantized::gguf_file`, named back to Hugging Face's names so that the forward of
 //! `llama.rs` runs unchanged.

@@ -1,4 +1,4 @@
-//! The Llama-style decoder forward (llama, mistral, qwen2, qwen3 share it; METHODS.md §7.1 "Layers
+//! The Llama-style decoder forward (llama, mistral, qwen2, qwen3 share it; docs/reference.md §7.1 "Layers
 //! before L", "Layer L"; §10.1 "Model"): embeddings → layers → final norm → LM head, each layer's
 //! attention called through one [`AttentionHook`] (exact, a method, or a user's callable). The
 //! Q/K/V dump is this forward stopped at layer L ([`window_qkv`]); the whole model gives logits
@@ -78,7 +78,7 @@ pub trait AttentionHook: Sync {
     ) -> Result<Tensor>;
 }
 
-/// The model's own attention: exact causal softmax (METHODS.md §7.2), the fused kernel.
+/// The model's own attention: exact causal softmax (docs/reference.md §7.2), the fused kernel.
 pub struct ExactAttention;
 
 impl AttentionHook for ExactAttention {
@@ -123,7 +123,7 @@ fn block_rows(heads: usize, n: usize) -> usize {
     ((1usize << 24) / (heads * n).max(1)).clamp(1, n.max(1))
 }
 
-/// Exact causal attention of every query head (METHODS.md §7.2):
+/// Exact causal attention of every query head (docs/reference.md §7.2):
 /// O_i = Σ_{j≤i} softmax_j(q_i·k_j/√p) v_j, with query head h reading K/V head ⌊h·H_kv/H⌋, and with a
 /// sliding window W also j > i − W. q [H, n, p], k and v [H_kv, n, p] → [H, n, p].
 ///
@@ -390,7 +390,7 @@ fn run_layers(
 /// Post-RoPE Q [H, n, p], K [H_kv, n, p] and V [H_kv, n, p] of layer L (the last loaded layer) for
 /// the token window `ids` at positions 0..n−1, in `dtype` (f32 or f64): the forward with exact
 /// attention, stopped at layer L. Layers before L run exactly as transformers' eager
-/// implementation (METHODS.md §7.1).
+/// implementation (docs/reference.md §7.1).
 pub fn window_qkv(
     weights: &DecoderWeights,
     cfg: &DecoderConfig,
@@ -403,7 +403,7 @@ pub fn window_qkv(
     layer_qkv(&x, &weights.layers[last], cfg, &rope.0, &rope.1)
 }
 
-/// The logits ([rows, vocab], in `dtype`) of the whole model (METHODS.md §10.1) on the window
+/// The logits ([rows, vocab], in `dtype`) of the whole model (docs/reference.md §10.1) on the window
 /// `ids`, every layer's attention through `hook`; only the rows `rows` go through the final norm
 /// and the LM head (the scored positions: n_f of n rows, and the head is the model's largest
 /// product).

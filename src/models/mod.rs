@@ -1,4 +1,4 @@
-//! The model room: decoder LLMs as Q/K/V sources (METHODS.md §7.1) and as whole models (§10.1): Llama, Mistral, Qwen2 and Qwen3, from Hugging
+//! The model room: decoder LLMs as Q/K/V sources (docs/reference.md §7.1) and as whole models (§10.1): Llama, Mistral, Qwen2 and Qwen3, from Hugging
 //! Face safetensors or a GGUF file, one file per concern:
 //! - `decoder_config`: config.json → [`DecoderConfig`] (families, head layout, RoPE parameters);
 //! - `rope`: rotate-half RoPE with default, linear and llama3 inverse frequencies;

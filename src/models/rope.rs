@@ -1,4 +1,4 @@
-//! Rotary position embeddings in Hugging Face's rotate-half convention (METHODS.md §7.1 "RoPE"):
+//! Rotary position embeddings in Hugging Face's rotate-half convention (docs/reference.md §7.1 "RoPE"):
 //! inv_freq_t = θ^(−2t/p), angle_{i,t} = i·inv_freq_t, x' = x·cos + rotate_half(x)·sin with cos
 //! and sin repeating the p/2 angles over both halves.
 

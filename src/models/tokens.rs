@@ -1,4 +1,4 @@
-//! Decoder token windows (METHODS.md §7.1 "Tokens"): whether the tokenizer adds a BOS by default,
+//! Decoder token windows (docs/reference.md §7.1 "Tokens"): whether the tokenizer adds a BOS by default,
 //! and window w of length n cut from the corpus token stream with that BOS at position 0.
 
 use std::path::Path;
@@ -87,7 +87,7 @@ pub fn bos_token(
     }
 }
 
-/// Window `w` of length `n` (METHODS.md §7.1 "Tokens"): with a BOS, [BOS] +
+/// Window `w` of length `n` (docs/reference.md §7.1 "Tokens"): with a BOS, [BOS] +
 /// stream[w(n−1) .. (w+1)(n−1)]; without, stream[wn .. (w+1)n]. None when the stream is too short
 /// (or n is 0, or n is 1 with a BOS, which would hold no corpus token).
 pub fn decoder_window(stream: &[u32], n: usize, w: usize, bos: Option<u32>) -> Option<Vec<u32>> {

@@ -1,4 +1,4 @@
-//! Decoder weights for the embeddings and layers 0..=L (METHODS.md §7.1 "Weights",
+//! Decoder weights for the embeddings and layers 0..=L (docs/reference.md §7.1 "Weights",
 //! "`--model initialized`"): from Hugging Face safetensors (one file, or only the shards of a
 //! sharded checkpoint that hold what layer L needs), or initialized as transformers'
 //! `_init_weights` does. The GGUF route (`gguf.rs`) fills the same struct through the same
@@ -38,7 +38,7 @@ pub(crate) trait TensorSource {
 
 /// How much of a decoder to load: through the measured layer L (a Q/K/V dump: layers 0..=L,
 /// layer L without o_proj and the MLP), or the whole model (every layer, the final norm and the
-/// LM head: METHODS.md §10.1).
+/// LM head: docs/reference.md §10.1).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Depth {
     Through(usize),
@@ -169,7 +169,7 @@ fn needed_for(name: &str, depth: Depth) -> bool {
 
 /// The shard files (names as in the index, sorted) of a sharded safetensors checkpoint that hold
 /// `model.embed_tokens.weight` and `model.layers.{0..=layer}.*`: the only ones to fetch and read
-/// (METHODS.md §7.1 "Weights": layer 0 of a 70B model is one shard, not the whole model).
+/// (docs/reference.md §7.1 "Weights": layer 0 of a 70B model is one shard, not the whole model).
 pub fn shards_needed(index_json: &Path, depth: impl Into<Depth>) -> Result<Vec<String>> {
     let depth = depth.into();
     let text = std::fs::read_to_string(index_json).map_err(|e| {
@@ -253,7 +253,7 @@ impl TensorSource for Safetensors {
         crate::tensor_util::check_finite(&t, || {
             format!("weights {}: tensor '{found}'", self.what)
         })?;
-        // bf16/f16 checkpoints are widened once on load (METHODS.md §7.1 "Weights").
+        // bf16/f16 checkpoints are widened once on load (docs/reference.md §7.1 "Weights").
         Ok(t.to_dtype(DType::F32)?)
     }
 }
@@ -304,7 +304,7 @@ pub fn load_safetensors(
 }
 
 /// transformers' `_init_weights`, each tensor from its own seed (model seed, tensor name), rows
-/// from (that seed, row), as the BERT path does (METHODS.md §1.4): the values do not depend on
+/// from (that seed, row), as the BERT path does (docs/reference.md §1.4): the values do not depend on
 /// which tensors are built, in which order, or on the thread count.
 struct Initialized {
     seed: u64,
@@ -343,7 +343,7 @@ impl TensorSource for Initialized {
     }
 }
 
-/// Freshly initialized embeddings and layers 0..=`layer` (METHODS.md §7.1 "`--model
+/// Freshly initialized embeddings and layers 0..=`layer` (docs/reference.md §7.1 "`--model
 /// initialized`"): Linear and Embedding N(0, initializer_range²), biases 0, RMSNorm weights 1.
 pub fn initialize(
     cfg: &DecoderConfig,

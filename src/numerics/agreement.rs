@@ -1,4 +1,4 @@
-//! The literature's agreement measures between O and Ô (METHODS.md §8.5; SageAttention2 App. A.7,
+//! The literature's agreement measures between O and Ô (docs/reference.md §8.5; SageAttention2 App. A.7,
 //! `thu-ml/SpargeAttn`'s `precision_metric`), on one head's flattened n×p output, in f64:
 //! `cos_sim` = ⟨O, Ô⟩/(‖O‖_F‖Ô‖_F), `rel_l1` = Σ|O − Ô|/Σ|O|, `rmse` = √(mean (O − Ô)²). Papers
 //! flatten every head and layer into one vector; these are per head (a summary's mean over heads

@@ -6,16 +6,16 @@ use anyhow::Result;
 use candle_core::{DType, Tensor, D};
 use nalgebra::DMatrix;
 
-/// Default relative eigenvalue cut-off of [`symmetric_pinv`] (METHODS.md §2.3 [REC]: 1e-10·λ_max).
+/// Default relative eigenvalue cut-off of [`symmetric_pinv`] (docs/reference.md §2.3 [REC]: 1e-10·λ_max).
 pub const PINV_REL_CUTOFF: f64 = 1e-10;
 
 /// `steps` iterations of Z_{t+1} = ¼ Z_t (13I − NZ_t(15I − NZ_t(7I − NZ_t))) from
-/// Z₀ = Nᵀ / max_j Σ_i |N_ij| (METHODS.md §2.3; Nyströmformer Eq. (12)–(13), Razavi et al. 2014).
+/// Z₀ = Nᵀ / max_j Σ_i |N_ij| (docs/reference.md §2.3; Nyströmformer Eq. (12)–(13), Razavi et al. 2014).
 /// Runs on `n`'s device and dtype.
 pub fn iterative_inverse(n: &Tensor, steps: usize) -> Result<Tensor> {
     let d = n.dim(D::Minus1)?;
     let eye = Tensor::eye(d, n.dtype(), n.device())?;
-    // The largest column sum ‖N‖₁, one matrix at a time (METHODS.md §3 item 17): for a batch
+    // The largest column sum ‖N‖₁, one matrix at a time (docs/reference.md §3 item 17): for a batch
     // [B, d, d], each matrix its own.
     let col_max = n.abs()?.sum_keepdim(D::Minus2)?.max_keepdim(D::Minus1)?;
     let mut z = n.t()?.broadcast_div(&col_max)?;

@@ -1,4 +1,4 @@
-//! Softmax restricted to a gathered key set per query (METHODS.md §6.1 "Common form"), written
+//! Softmax restricted to a gathered key set per query (docs/reference.md §6.1 "Common form"), written
 //! once for every restrict-and-renormalise method (window, top-k, BigBird, Reformer, and the
 //! exact parts of the hybrids):
 //!

@@ -175,7 +175,7 @@ pub fn ranks(order: &[usize]) -> Vec<usize> {
     rank
 }
 
-/// Hash bits r of sortLSH (METHODS.md §6.3.0 [REC]: r = 7, both repos' default, independent of n
+/// Hash bits r of sortLSH (docs/reference.md §6.3.0 [REC]: r = 7, both repos' default, independent of n
 /// and the block size).
 pub const SORT_LSH_BITS: usize = 7;
 
@@ -204,7 +204,7 @@ pub fn gray_rank(mut h: usize) -> usize {
     r
 }
 
-/// sortLSH blocks (HyperAttention Alg. 1; METHODS.md §6.3.0), computed once per draw of Ω:
+/// sortLSH blocks (HyperAttention Alg. 1; docs/reference.md §6.3.0), computed once per draw of Ω:
 /// query i and key j are in blocks β_Q(i) = ⌊pos of i in π_Q / b⌋ and β_K(j) likewise, with
 /// π_Q, π_K the stable sorts of the bucket keys κ = g(h) (or g⁻¹(h)) of the sign-bit hashes.
 /// The last block is ragged when b ∤ n (no padding, §6.3.0 [REC]); as many keys as queries.

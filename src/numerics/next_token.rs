@@ -1,4 +1,4 @@
-//! Next-token output metrics (METHODS.md §10.1 "Output metrics"): a method run's logits against
+//! Next-token output metrics (docs/reference.md §10.1 "Output metrics"): a method run's logits against
 //! the exact run's at the scored positions, in f64 from the logits widened exactly, with
 //! log-probabilities by a max-shifted log_softmax; and the statistics of llama.cpp's
 //! `llama-perplexity --kl-divergence` report over those positions.

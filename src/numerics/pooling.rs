@@ -1,5 +1,5 @@
 //! One-dimensional pooling of a score vector with stride 1, as `torch.nn.functional.max_pool1d`
-//! and `avg_pool1d` compute it (METHODS.md §9.2: SnapKV, PyramidKV and Ada-KV smooth their
+//! and `avg_pool1d` compute it (docs/reference.md §9.2: SnapKV, PyramidKV and Ada-KV smooth their
 //! per-position scores before the top-k). The output has len + 2·padding − kernel + 1 entries
 //! (= len for kernel 7, padding 3 and kernel 5, padding 2). Max pooling pads with −∞; average
 //! pooling pads with zeros and counts them (PyTorch's default `count_include_pad=True`).

@@ -1,5 +1,5 @@
 //! Seeded randomness. Every draw of a trial comes from a generator seeded by a hash of
-//! (run seed, n, window, head, method, d) (METHODS.md §1.5), so a result never depends on run
+//! (run seed, n, window, head, method, d) (docs/reference.md §1.5), so a result never depends on run
 //! order, thread count, sharding or resume, and methods never share random numbers.
 
 use rand::{Rng, SeedableRng};
@@ -72,7 +72,7 @@ pub fn uniform_without_replacement(rng: &mut TrialRng, n: usize, k: usize) -> Ve
 /// yet drawn (successive sampling, as `torch.multinomial(replacement=False)`). Implemented by
 /// the Efraimidis–Spirakis keys u^{1/w}, which has exactly that distribution. If fewer than `k`
 /// weights are positive, the rest are drawn uniformly from the zero-weight indices
-/// (METHODS.md §2.8, degenerate case).
+/// (docs/reference.md §2.8, degenerate case).
 pub fn weighted_without_replacement(rng: &mut TrialRng, weights: &[f64], k: usize) -> Vec<usize> {
     let n = weights.len();
     assert!(k <= n, "cannot draw {k} distinct indices from {n}");

@@ -1,5 +1,5 @@
 //! The metric: ‖O − Ô‖₂ = σ_max(E), by power iteration on the p×p Gram matrix G = EᵀE
-//! (METHODS.md §1.2), with an exact symmetric eigen-solver kept as the check.
+//! (docs/reference.md §1.2), with an exact symmetric eigen-solver kept as the check.
 
 // `!(x > 0.0)` is deliberate throughout: it is true for NaN as well as for x ≤ 0.
 #![allow(clippy::neg_cmp_op_on_partial_ord)]

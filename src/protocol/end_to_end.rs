@@ -1,4 +1,4 @@
-//! The end-to-end protocol (METHODS.md §10.1): a method in every layer of a decoder, the damage
+//! The end-to-end protocol (docs/reference.md §10.1): a method in every layer of a decoder, the damage
 //! measured at the output (next-token KL, top-1, NLL against the exact run in the same dtype) and,
 //! from the same forward, every layer's local operator error; plus the one-layer view, the same
 //! method on the exact run's Q/K/V of a layer ℓ*.
@@ -51,7 +51,7 @@ impl E2eMethod {
         }
         if !m.masks().contains(&Mask::Causal) {
             return Err(usage!(
-                "--methods {id}: it has no causal form (METHODS.md §7.4), and a decoder's output needs its causal mask; end to end runs the §7 prefill methods, the §8 methods, the §9 decode methods and the §8 caches read under the decode protocol (d + the cache's id, e.g. dkv_q4_0)"
+                "--methods {id}: it has no causal form (docs/reference.md §7.4), and a decoder's output needs its causal mask; end to end runs the §7 prefill methods, the §8 methods, the §9 decode methods and the §8 caches read under the decode protocol (d + the cache's id, e.g. dkv_q4_0)"
             ));
         }
         Ok(Self {

@@ -1,4 +1,4 @@
-//! The end-to-end protocol's exactness limits (METHODS.md §10.4), determinism and thread
+//! The end-to-end protocol's exactness limits (docs/reference.md §10.4), determinism and thread
 //! invariance, on the qwen3 fixture's config (p = 32, GQA 4:2, tied head) with weights initialized
 //! at a larger spread than transformers' 0.02, so that attention is far from uniform.
 

@@ -1,4 +1,4 @@
-//! A method as a model's attention (METHODS.md §10.1): the [`AttentionHook`] that replaces every
+//! A method as a model's attention (docs/reference.md §10.1): the [`AttentionHook`] that replaces every
 //! layer's attention with a method's Ô on that layer's own (already perturbed) Q, K, V, and
 //! measures, on the way, the layer's local operator error against exact attention of those same
 //! inputs.
@@ -21,7 +21,7 @@ use crate::numerics::sampling::TrialKey;
 use crate::numerics::spectral;
 use crate::protocol::trial::{cache_columns, flagged_rows, trial_mass};
 
-/// Which rows a method replaces (METHODS.md §10.1).
+/// Which rows a method replaces (docs/reference.md §10.1).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Mode {
     /// Every row of every layer.
@@ -241,7 +241,7 @@ impl AttentionHook for MethodHook<'_> {
     ) -> Result<Tensor> {
         if let Some(w) = window {
             // The methods' key sets assume the full causal mask; a sliding window changes the
-            // target itself (METHODS.md §7.7.0), which the attention spec will carry.
+            // target itself (docs/reference.md §7.7.0), which the attention spec will carry.
             anyhow::bail!(
                 "layer {layer} has a sliding window of {w}: end-to-end methods run on full causal layers only"
             );

@@ -1,5 +1,5 @@
 //! One trial's measurement, shared by every protocol: what Ô is flagged for, the mass its rows
-//! captured, and the cache columns (`keys`, `kv_bits`, `kv_read`) of METHODS.md §7.2, §8.5, §9.1.
+//! captured, and the cache columns (`keys`, `kv_bits`, `kv_read`) of docs/reference.md §7.2, §8.5, §9.1.
 
 use anyhow::Result;
 use candle_core::DType;
@@ -47,7 +47,7 @@ pub fn trial_mass(
     }
 }
 
-/// A trial's `mass`, `keys`, `kv_bits` and `kv_read` (METHODS.md §8.5): a method without a budget
+/// A trial's `mass`, `keys`, `kv_bits` and `kv_read` (docs/reference.md §8.5): a method without a budget
 /// (the §8 family) visits every key (the dense count, mass 1) at its own width; a
 /// restrict-and-renormalise method (one with a key support) reads its keys from an f16 cache (16
 /// bits); every other method reads no cache (all four empty but what it measured). Under the

@@ -1,4 +1,4 @@
-//! The published values of both papers' Figure 1 (METHODS.md §4.1 and §4.2, read off the
+//! The published values of both papers' Figure 1 (docs/reference.md §4.1 and §4.2, read off the
 //! rasters: about ±0.01–0.02 on linear panels, ±1–2 % on log panels, ±0.05 where marked
 //! approximate), and the comparison of a run against them.
 
@@ -384,7 +384,7 @@ mod tests {
     fn the_tables_are_complete_and_informer_agrees_across_figures() {
         // 8 panels × 4 methods × 5 d + 4 panels × 4 methods × 5 d.
         assert_eq!(ANCHORS.len(), 160 + 80);
-        // METHODS.md §4.3: Informer's values are the same in both figures within 0.01.
+        // docs/reference.md §4.3: Informer's values are the same in both figures within 0.01.
         for a in ANCHORS
             .iter()
             .filter(|a| a.figure == "skeinformer" && a.method == "informer")

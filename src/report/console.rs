@@ -73,7 +73,7 @@ pub fn method_table() -> String {
         } else {
             "determ."
         };
-        // Restrict-and-renormalise methods read keys from an f16 cache (METHODS.md §8.5).
+        // Restrict-and-renormalise methods read keys from an f16 cache (docs/reference.md §8.5).
         let restricted = matches!(m.family(), Family::Sparse | Family::Prefill);
         let bits = match m.kv_bits(2048) {
             Some(b) => format!("{b:.2}"),

@@ -53,7 +53,7 @@ pub struct Manifest {
     /// How the run's windows' Q/K/V came: from the cache or computed (absent: no cache used).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub qkv_cache: Option<QkvCacheUse>,
-    /// The decode protocol (METHODS.md §9.1): n_f, and the layer ℓ of the model's L that
+    /// The decode protocol (docs/reference.md §9.1): n_f, and the layer ℓ of the model's L that
     /// PyramidKV's schedule read. Absent from prefill runs.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub decode: Option<DecodeInfo>,

@@ -40,7 +40,7 @@ pub struct SummaryRow {
     /// Mean mass captured over the trials (restrict-and-renormalise methods), else empty.
     #[serde(default)]
     pub mass_mean: Option<f64>,
-    /// Means over the trials of cos_sim, rel_l1 and rmse (METHODS.md §8.5: per-head measures; this
+    /// Means over the trials of cos_sim, rel_l1 and rmse (docs/reference.md §8.5: per-head measures; this
     /// mean over heads is the figure comparable with the papers' flattened ones), of kv_bits and of
     /// kv_read; empty where a trial lacks the column (older files, methods that read no cache).
     #[serde(default)]
@@ -53,7 +53,7 @@ pub struct SummaryRow {
     pub kv_bits: Option<f64>,
     #[serde(default)]
     pub kv_read_mean: Option<f64>,
-    /// The decode protocol's n_f (METHODS.md §9.1): the rows scored were the last n_f of each
+    /// The decode protocol's n_f (docs/reference.md §9.1): the rows scored were the last n_f of each
     /// window. Part of the point's identity (a decode and a prefill run never share a point).
     #[serde(default)]
     pub n_f: Option<usize>,

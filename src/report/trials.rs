@@ -36,7 +36,7 @@ pub struct TrialRow {
     /// files written before it existed read as softmax and positional readers keep working.
     #[serde(default)]
     pub target: crate::attention::Target,
-    /// The target's mask (`none` or `causal`, METHODS.md §7.2); files written before it read as
+    /// The target's mask (`none` or `causal`, docs/reference.md §7.2); files written before it read as
     /// none. The columns from here on came with decoder attention, after `target`, for the same
     /// reason `target` is last of its own generation.
     #[serde(default)]
@@ -53,7 +53,7 @@ pub struct TrialRow {
     /// visited; empty for every other method.
     #[serde(default)]
     pub keys: Option<f64>,
-    /// ⟨O, Ô⟩/(‖O‖_F‖Ô‖_F) on the head's flattened output (METHODS.md §8.5); the columns from here
+    /// ⟨O, Ô⟩/(‖O‖_F‖Ô‖_F) on the head's flattened output (docs/reference.md §8.5); the columns from here
     /// on came with quantized attention and are empty in files written before it.
     #[serde(default)]
     pub cos_sim: Option<f64>,
@@ -70,7 +70,7 @@ pub struct TrialRow {
     /// The fraction of dense f16 attention's K/V traffic, Σ_i |S_i|·kv_bits / (16·Σ_i |D_i|).
     #[serde(default)]
     pub kv_read: Option<f64>,
-    /// The decode protocol's continuation length (METHODS.md §9.1): the rows scored are the n_f
+    /// The decode protocol's continuation length (docs/reference.md §9.1): the rows scored are the n_f
     /// last of the window; empty for prefill runs and in files written before it.
     #[serde(default)]
     pub n_f: Option<usize>,

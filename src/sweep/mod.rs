@@ -151,7 +151,7 @@ pub fn refuse_decode_of_encoder(cfg: &RunConfig, prepared: &inputs::Prepared) ->
     let decoder = matches!(prepared.model, inputs::Model::Decoder { .. });
     if let (Some(n_f), false) = (cfg.decode, decoder) {
         return Err(usage!(
-            "--decode {n_f}: {} is an encoder (BERT), which has no causal continuation to decode (METHODS.md §9.1); use a decoder model (--model-dir with a Llama, Mistral or Qwen checkpoint or GGUF)",
+            "--decode {n_f}: {} is an encoder (BERT), which has no causal continuation to decode (docs/reference.md §9.1); use a decoder model (--model-dir with a Llama, Mistral or Qwen checkpoint or GGUF)",
             prepared.model_id
         ));
     }
@@ -196,7 +196,7 @@ pub fn run_with(
     if let Some(&n) = cfg.lengths.iter().find(|&&n| n > prepared.max_positions()) {
         if decoder && !opts.quiet {
             eprintln!(
-                "warning: n = {n} is beyond the model's max_position_embeddings ({}): it was not trained at that length (METHODS.md §7.6)",
+                "warning: n = {n} is beyond the model's max_position_embeddings ({}): it was not trained at that length (docs/reference.md §7.6)",
                 prepared.max_positions()
             );
         }
@@ -484,7 +484,7 @@ pub fn device_path(device: &candle_core::Device) -> bool {
     !device.is_cpu() || std::env::var(DEVICE_PATH_VAR).is_ok_and(|v| v.trim() == "1")
 }
 
-/// The window's layer context under the decode protocol (METHODS.md §9.1), None otherwise: what
+/// The window's layer context under the decode protocol (docs/reference.md §9.1), None otherwise: what
 /// every head's decode trial may read of the whole layer (the sweep's, and `bench`'s per repeat).
 pub fn layer_context(
     cfg: &RunConfig,
@@ -531,7 +531,7 @@ impl TrialContext<'_> {
         missing: &(dyn Fn(usize, &str, usize) -> bool + Sync),
     ) -> Result<Vec<TrialRow>> {
         let (cfg, n, w) = (self.cfg, self.n, self.window);
-        // Grouped-query heads (METHODS.md §7.1): query head h reads K/V head ⌊h·H_kv/H⌋.
+        // Grouped-query heads (docs/reference.md §7.1): query head h reads K/V head ⌊h·H_kv/H⌋.
         let kv_head = h * k.dim(0)? / q.dim(0)?;
         let (qh, kh, vh) = (q.get(h)?, k.get(kv_head)?, v.get(kv_head)?);
         let mut head = HeadInputs::masked(qh, kh, vh, cfg.mask)?;

@@ -1,4 +1,4 @@
-//! The budget schedules of the layer-level methods (METHODS.md §9.2), as their authors' code
+//! The budget schedules of the layer-level methods (docs/reference.md §9.2), as their authors' code
 //! computes them.
 
 use anyhow::{ensure, Result};
@@ -81,7 +81,7 @@ mod tests {
 
     #[test]
     fn pyramid_budgets_at_each_branch_of_the_schedule() {
-        // The METHODS.md example: d = 64, n_p = 1792, L = 30: min 1, max 63, steps 2; the layers'
+        // The docs/reference.md example: d = 64, n_p = 1792, L = 30: min 1, max 63, steps 2; the layers'
         // mean is 34 pooled tokens, not d − w = 32.
         let keep = |l| match pyramid_keep(64, 1792, 30, l).unwrap() {
             PyramidKeep::TopPlusWindow(k) => k,

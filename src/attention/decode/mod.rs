@@ -1,4 +1,4 @@
-//! Decode-time KV-cache compression (METHODS.md §9, issue 35): the continuation protocol and the
+//! Decode-time KV-cache compression (docs/reference.md §9, issue 35): the continuation protocol and the
 //! methods that compress a prompt's cache before decoding (SnapKV, PyramidKV, Ada-KV, H2O, TOVA,
 //! StreamingLLM), Quest's per-query pages, and two oracles.
 //!
@@ -181,10 +181,10 @@ impl DecodeHead {
 pub fn require_decode<'a>(head: &'a HeadInputs, id: &str) -> Result<&'a DecodeHead> {
     ensure!(
         head.mask == Mask::Causal,
-        "{id} is a decode-time method (METHODS.md §9): it needs the causal mask"
+        "{id} is a decode-time method (docs/reference.md §9): it needs the causal mask"
     );
     head.decode.as_ref().ok_or_else(|| {
-        crate::usage!("{id} is a decode-time method (METHODS.md §9): run it with --decode N_F (e.g. --decode {RECOMMENDED_N_F})")
+        crate::usage!("{id} is a decode-time method (docs/reference.md §9): run it with --decode N_F (e.g. --decode {RECOMMENDED_N_F})")
     })
 }
 

@@ -1,4 +1,4 @@
-//! The §9 methods against a float64 reference written from METHODS.md §9 with plain loops and
+//! The §9 methods against a float64 reference written from docs/reference.md §9 with plain loops and
 //! sorts (not from the code above): the kept sets exactly, Ô_F, keys, mass and kv_union. The data
 //! are seeded Gaussian heads with a planted sink (key 0 aligned with the queries, so the
 //! score-based methods have something to find) and a GQA layout of 6 query heads on 2 K/V heads.

@@ -1,6 +1,6 @@
 //! Exact attention for all heads of a window at once: the products are batched over heads
 //! ([H_kv, G·b, p] × [H_kv, p, n]), so a device runs a few large kernels per row block instead of
-//! a few small ones per head and block. Grouped-query heads (METHODS.md §7.1: query head h reads
+//! a few small ones per head and block. Grouped-query heads (docs/reference.md §7.1: query head h reads
 //! K/V head ⌊h·H_kv/H⌋, groups of G = H/H_kv consecutive heads) are a reshape of Q, never a copy of
 //! K or V: the G query heads of a group are stacked along the rows of one batch entry.
 //!

@@ -1,5 +1,5 @@
 //! Performer, FAVOR+ with positive orthogonal random features (Choromanski et al., ICLR 2021;
-//! METHODS.md §2.5), as in performer-pytorch's `softmax_kernel` + `linear_attention`.
+//! docs/reference.md §2.5), as in performer-pytorch's `softmax_kernel` + `linear_attention`.
 //!
 //! // Lemma 1 / Eq. (7): exp(x·y) = E_ω[exp(ω·x − ‖x‖²/2)·exp(ω·y − ‖y‖²/2)], ω ~ N(0, I_p)
 //! // §2.4 (ORF): the rows of Ω are orthogonal within p×p blocks, each marginally N(0, I_p)
@@ -7,7 +7,7 @@
 //! c = max_r ω_r·q̃ per query row, c = max_{j,r} ω_r·k̃_j one constant for all keys.
 //! Ô = diag(φ(Q̃)·(φ(K̃)ᵀ1))⁻¹ · φ(Q̃)·(φ(K̃)ᵀV); the normalizer φ(Q̃)·(φ(K̃)ᵀ1) is returned.
 //!
-//! Two ids (METHODS.md §2.5 [P≠C] double scaling):
+//! Two ids (docs/reference.md §2.5 [P≠C] double scaling):
 //! - `performer`: the estimator the authors ran for Fig. 1. Their wrapper divides Q and K by
 //!   p^{1/4} and the feature map multiplies by p^{-1/4} again, so the inputs are scaled by
 //!   p^{-1/2} in total and it estimates **softmax(QKᵀ/p)V**, not softmax(QKᵀ/√p)V (a bias that
@@ -19,13 +19,13 @@
 //! g_r ~ N(0, I_p). Drawn on the host with nalgebra from the trial generator, then moved to the
 //! device. No explicit sign fix is applied; nalgebra's QR returns R with a non-negative diagonal,
 //! which makes Q Haar-distributed (unlike LAPACK/torch.qr, whose first column has Q₀₀ ≤ 0), so
-//! each row is marginally N(0, I_p) as METHODS.md §2.5 states.
+//! each row is marginally N(0, I_p) as docs/reference.md §2.5 states.
 //! Computed in the input dtype on the head's device (the shifts keep exp in range).
 //!
-//! Causal form, `performer_favor` only (METHODS.md §7.4; Choromanski et al. 2021 §2.5
+//! Causal form, `performer_favor` only (docs/reference.md §7.4; Choromanski et al. 2021 §2.5
 //! "unidirectional", `causal_numerator`/`causal_denominator` of google-research/performer):
 //! Ô_i = φ(q_i)ᵀ(Σ_{j≤i} φ(k_j)v_jᵀ) / φ(q_i)ᵀ(Σ_{j≤i} φ(k_j)), the same φ, Ω and stabilisers. The
-//! key shift is one max over all keys, as in the authors' code. METHODS.md §7.4 calls it a constant
+//! key shift is one max over all keys, as in the authors' code. docs/reference.md §7.4 calls it a constant
 //! factor that cancels; it cancels in the exponential part only: ε is added after the shift, so a
 //! later key can move row i's weights through the shift by a relative amount of order ε = 1e-4
 //! (kept, to be the published estimator). The prefix sums run in chunks of rows: within a chunk the masked product
@@ -42,7 +42,7 @@ use crate::attention::{
 };
 use crate::numerics::sampling::{normal_values, TrialRng};
 
-/// Additive stabiliser of the feature map (METHODS.md §2.5).
+/// Additive stabiliser of the feature map (docs/reference.md §2.5).
 pub const EPS: f64 = 1e-4;
 
 pub struct Performer {
@@ -286,7 +286,7 @@ impl Method for Performer {
         let out = fr.narrow(2, 0, p)?.broadcast_div(&den)?;
         trials.per_head(&out, Some(&den.squeeze(2)?.to_dtype(DType::F64)?))
     }
-    /// METHODS.md §2.11: 4ndp, plus ⌈d/p⌉p³ for the QR blocks of Ω.
+    /// docs/reference.md §2.11: 4ndp, plus ⌈d/p⌉p³ for the QR blocks of Ω.
     fn macs(&self, n: usize, p: usize, d: usize) -> f64 {
         4.0 * (n * d * p) as f64 + (d.div_ceil(p) * p * p * p) as f64
     }
@@ -297,7 +297,7 @@ impl Method for Performer {
             &FAVOR
         })
     }
-    /// Causal: the bidirectional count plus the prefix sums, n·m·p (METHODS.md §7.4), and the
+    /// Causal: the bidirectional count plus the prefix sums, n·m·p (docs/reference.md §7.4), and the
     /// chunks' masked products n·c·m (c = CAUSAL_CHUNK rows).
     fn macs_masked(&self, n: usize, p: usize, d: usize, mask: Mask) -> f64 {
         let base = self.macs(n, p, d);

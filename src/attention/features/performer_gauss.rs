@@ -1,5 +1,5 @@
 //! `performer_gauss`: positive random features of the Gaussian kernel, an unbiased estimator of the
-//! kernelized target C·V (METHODS.md §6.4.3). From FAVOR+'s Lemma 1 (Choromanski et al., ICLR
+//! kernelized target C·V (docs/reference.md §6.4.3). From FAVOR+'s Lemma 1 (Choromanski et al., ICLR
 //! 2021, Eq. (7)), exp(x·y) = E_ω[e^{ω·x − ‖x‖²/2} e^{ω·y − ‖y‖²/2}]; multiplying by
 //! e^{−‖x‖²/2} e^{−‖y‖²/2} gives κ(x, y) = exp(−‖x − y‖²/2) = E_ω[ψ(x)·ψ(y)] with
 //!

@@ -1,6 +1,6 @@
 //! `performer_trig`: trigonometric random features of the softmax kernel — FAVOR's "SM_trig"
 //! (Choromanski et al., ICLR 2021, §2.3 Eq. (5) with h(x) = exp(‖x‖²/2), f₁ = sin, f₂ = cos;
-//! METHODS.md §6.2.1). From exp(x·y) = e^{‖x‖²/2} e^{‖y‖²/2} exp(−‖x−y‖²/2) and
+//! docs/reference.md §6.2.1). From exp(x·y) = e^{‖x‖²/2} e^{‖y‖²/2} exp(−‖x−y‖²/2) and
 //! exp(−‖x−y‖²/2) = E_ω[cos ω·(x−y)], ω ~ N(0, I_p):
 //!
 //!   φ(x) = m^{-1/2} e^{‖x‖²/2} [cos(Ωx), sin(Ωx)] ∈ ℝ^{2m},   x̃ = x·p^{-1/4} (once),

@@ -1,5 +1,5 @@
 //! `rff_gauss`: random Fourier features of the Gaussian kernel (Rahimi & Recht, NeurIPS 2007;
-//! METHODS.md §6.4.4), a diagnostic estimator of the kernelized target C·V. From Bochner,
+//! docs/reference.md §6.4.4), a diagnostic estimator of the kernelized target C·V. From Bochner,
 //! κ(x, y) = exp(−‖x − y‖²/2) = E_ω[cos ω·(x − y)], ω ~ N(0, I_p):
 //!
 //!   ψ(x̃) = m^{-1/2}[cos Ωx̃, sin Ωx̃],  m = ⌊d/2⌋,  Ω = Ω(m),   Ô = ψ(Q̃)·(ψ(K̃)ᵀV),

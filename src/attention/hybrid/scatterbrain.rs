@@ -1,7 +1,7 @@
 //! `scatterbrain`: FAVOR+ low rank + exact sparse correction (Chen, Dao, Winsor, Song, Rudra & Ré,
 //! NeurIPS 2021, "Scatterbrain: Unifying Sparse and Low-rank Attention Approximation", §3
 //! Eq. (1)–(2) and Alg. 1; support from the authors' `SBSmyrfAttention`, HazyResearch/fly);
-//! METHODS.md §6.2.2:
+//! docs/reference.md §6.2.2:
 //!
 //!   Â = Φ_QΦ_Kᵀ + S, S_ij = A_ij − φ(q̃_i)·φ(k̃_j) on 𝒮, 0 elsewhere;  Ô = diag(Â1)⁻¹ÂV
 //!   i.e. Â = A on 𝒮 and Φ_QΦ_Kᵀ off 𝒮.

@@ -1,4 +1,4 @@
-//! Linformer (Wang et al., 2020; METHODS.md §2.7) and its unreduced-JLT form.
+//! Linformer (Wang et al., 2020; docs/reference.md §2.7) and its unreduced-JLT form.
 //!
 //! - `linformer`: paper Eq. (7) with one projection shared by keys and values (E = F, as the
 //!   reference code does): Ô = rowsoftmax(Q (EK)ᵀ/√p)·(EV), E ∈ ℝ^{d×n} iid N(0, 0.02²), drawn fresh per
@@ -15,7 +15,7 @@ use crate::attention::{Approximation, Family, HeadInputs, HeadTrials, Method, Me
 use crate::numerics::sampling::{normal_values, rng_from_seed, TrialRng};
 use crate::tensor_util::from_f64;
 
-/// Standard deviation of the reference projection E (METHODS.md §2.7 [REC]).
+/// Standard deviation of the reference projection E (docs/reference.md §2.7 [REC]).
 pub const SIGMA: f64 = 0.02;
 
 /// Linformer; `jlt` selects the unreduced JLT form.
@@ -143,7 +143,7 @@ impl Method for Linformer {
     fn macs(&self, n: usize, p: usize, d: usize) -> f64 {
         let (n, p, d) = (n as f64, p as f64, d as f64);
         if self.jlt {
-            // n²(p + d) + 2ndp (METHODS.md §2.11).
+            // n²(p + d) + 2ndp (docs/reference.md §2.11).
             n * n * (p + d) + 2.0 * n * d * p
         } else {
             // EK, EV, Q(EK)ᵀ, attention·(EV): 4ndp.

@@ -1,14 +1,14 @@
-//! Nyströmformer (Xiong et al., AAAI 2021; METHODS.md §2.4), as in mlpen/Nystromformer.
+//! Nyströmformer (Xiong et al., AAAI 2021; docs/reference.md §2.4), as in mlpen/Nystromformer.
 //!
 //! // Eq. (14): Ô = softmax(Q̃K̄ᵀ) · (softmax(Q̄K̄ᵀ))⁺ · softmax(Q̄K̃ᵀ) · V
 //! // Eq. (12)–(13): (·)⁺ by 6 steps of Z_{t+1} = ¼Z_t(13I − AZ_t(15I − AZ_t(7I − AZ_t))), Z₀ = Aᵀ/‖A‖₁
 //! Q̃ = Q·p^{-1/4}, K̃ = K·p^{-1/4}; Q̄, K̄ are the d segment means (landmarks) of Q̃ and K̃.
 //!
 //! - d does not divide n: contiguous near-equal segments [⌊s·n/d⌋, ⌊(s+1)·n/d⌋), sizes differing
-//!   by at most 1 (the reference requires d | n; METHODS.md is silent otherwise).
+//!   by at most 1 (the reference requires d | n; docs/reference.md is silent otherwise).
 //! - d ≥ n: exact softmax attention, as the reference does at d = n (every row its own landmark;
 //!   the 6-step inverse would not invert an n×n attention matrix).
-//! - No depthwise-conv skip on V (METHODS.md §2.4 [REC]); deterministic; computed in the
+//! - No depthwise-conv skip on V (docs/reference.md §2.4 [REC]); deterministic; computed in the
 //!   input dtype on the head's device (the softmaxes are max-shifted).
 
 use anyhow::Result;
@@ -21,7 +21,7 @@ use crate::attention::{
 use crate::numerics::inverse::iterative_inverse;
 use crate::numerics::sampling::TrialRng;
 
-/// Iterations of the inverse (METHODS.md §2.4).
+/// Iterations of the inverse (docs/reference.md §2.4).
 pub const ITER_STEPS: usize = 6;
 
 pub struct Nystromformer;
@@ -105,7 +105,7 @@ impl Method for Nystromformer {
         self.check(batch.n(), d).map_err(anyhow::Error::msg)?;
         trials.per_head(&landmark_products(&batch.q, &batch.k, &batch.v, d)?, None)
     }
-    /// METHODS.md §2.11: 4ndp + 24d³, plus np for the landmarks.
+    /// docs/reference.md §2.11: 4ndp + 24d³, plus np for the landmarks.
     fn macs(&self, n: usize, p: usize, d: usize) -> f64 {
         let (n, p, d) = (n as f64, p as f64, d as f64);
         4.0 * n * d * p + 24.0 * d * d * d + n * p

@@ -1,5 +1,5 @@
 //! Skyformer, Figure-1 variant: the modified Nyström method applied to the raw score matrix
-//! A = exp(QKᵀ/√p) (Chen et al., NeurIPS 2021; METHODS.md §2.3).
+//! A = exp(QKᵀ/√p) (Chen et al., NeurIPS 2021; docs/reference.md §2.3).
 //!
 //! X = [Q̃; K̃] (2n×p), Ā = exp(XXᵀ) is PSD (Lemma 1) and A is its upper-right block.
 //! // Eq. (5): Ā̃ = ĀS (SᵀĀS)^† SᵀĀ, Ã = (I, 0) Ā̃ (0, I)ᵀ.
@@ -9,11 +9,11 @@
 //!
 //! Two ids:
 //! - `skyformer`: W = M^† (paper Eq. (5)), a float64 symmetric-eigen pseudo-inverse with
-//!   eigenvalues below 1e-10·λ_max dropped, no γ (METHODS.md §2.3 [REC]).
+//!   eigenvalues below 1e-10·λ_max dropped, no γ (docs/reference.md §2.3 [REC]).
 //! - `skyformer_iter`: the reference code path, W = D_δ^{-1/2}·IterInv(N, 6)·D_δ^{-1/2} with
 //!   Mγ = M + 0.1·I, δ = Mγ1, N = D_δ^{-1/2} Mγ D_δ^{-1/2} (Razavi et al. 2014 iteration).
 //!
-//! Landmarks (METHODS.md §2.3 [P≠C] sampling, follow the code): ⌈d/2⌉ rows of Q̃ and ⌊d/2⌋
+//! Landmarks (docs/reference.md §2.3 [P≠C] sampling, follow the code): ⌈d/2⌉ rows of Q̃ and ⌊d/2⌋
 //! rows of K̃, each iid uniform with replacement (stratified). For odd d the extra landmark comes
 //! from Q (the spec only defines even d). The 0/1 selection is used (no 1/√d column scaling).
 //!
@@ -36,7 +36,7 @@ use crate::numerics::sampling::{rng_from_seed, uniform_with_replacement, TrialRn
 use crate::numerics::shifted_exp::exp_minus_each;
 use crate::tensor_util::{index_tensor, to_vec_f64};
 
-/// Ridge of the reference code path (`skyformer_iter`), METHODS.md §2.3.
+/// Ridge of the reference code path (`skyformer_iter`), docs/reference.md §2.3.
 pub const GAMMA: f64 = 0.1;
 /// Iterations of the Razavi et al. inverse in the code path.
 pub const ITER_STEPS: usize = 6;
@@ -372,7 +372,7 @@ impl Method for Skyformer {
         )?;
         trials.per_head(&out.to_dtype(batch.dtype())?, Some(&den))
     }
-    /// METHODS.md §2.11: 4ndp + 24d³ (the table's one formula for both inverses; the
+    /// docs/reference.md §2.11: 4ndp + 24d³ (the table's one formula for both inverses; the
     /// pseudo-inverse's eigendecomposition is also O(d³)).
     fn macs(&self, n: usize, p: usize, d: usize) -> f64 {
         let (n, p, d) = (n as f64, p as f64, d as f64);

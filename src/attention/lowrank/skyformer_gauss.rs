@@ -1,6 +1,6 @@
 //! `skyformer_gauss` / `skyformer_gauss_iter`: Skyformer proper — the modified Nyström method
 //! applied to the Gaussian kernel matrix C (Chen et al., NeurIPS 2021, Eq. (5) on C, Theorem 2;
-//! METHODS.md §2.2 and §6.4.2). Estimates the kernelized target C·V, never softmax.
+//! docs/reference.md §2.2 and §6.4.2). Estimates the kernelized target C·V, never softmax.
 //!
 //! // X = [Q̃; K̃] (2n×p), C̄ = κ(X, X) is PSD and C is its upper-right block.
 //! // Eq. (5): C̄̃ = C̄S (SᵀC̄S)^† SᵀC̄;  C̃ = (I, 0) C̄̃ (0, I)ᵀ;  Ô = C̃V (no normalisation)
@@ -92,7 +92,7 @@ impl Method for SkyformerGauss {
         )?;
         Ok(Approximation::plain(out.to_dtype(head.dtype())?))
     }
-    /// METHODS.md §6.4 summary: 4ndp, plus 24d³ for the iterative inverse (the pseudo-inverse's
+    /// docs/reference.md §6.4 summary: 4ndp, plus 24d³ for the iterative inverse (the pseudo-inverse's
     /// eigendecomposition is also O(d³); counted the same, as for `skyformer`).
     fn macs(&self, n: usize, p: usize, d: usize) -> f64 {
         let (n, p, d) = (n as f64, p as f64, d as f64);

@@ -28,7 +28,7 @@
 //!   ‖(P − P_d)V‖.)
 //! - d ≥ n: P_d = P, so Ô = O exactly (the exact target is returned).
 //!
-//! Causal form (METHODS.md §7.4): the same with P the causal (lower-triangular) attention matrix;
+//! Causal form (docs/reference.md §7.4): the same with P the causal (lower-triangular) attention matrix;
 //! P_d is its best rank-d approximation, which is not itself triangular (the floor of rank-d
 //! factorisations, as bidirectionally).
 

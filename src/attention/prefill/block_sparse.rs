@@ -1,4 +1,4 @@
-//! `block_sparse`: mean-pooled block selection (METHODS.md §7.5.5) — MInference's block-sparse
+//! `block_sparse`: mean-pooled block selection (docs/reference.md §7.5.5) — MInference's block-sparse
 //! pattern (Jiang et al., NeurIPS 2024, "MInference 1.0", §3.2 "Block-Sparse", the estimate
 //! softmax(pool(Q)·pool(K)ᵀ); code `microsoft/MInference`) and the Sparse Frontier's
 //! "Block-Sparse" (Nawrot et al. 2025):

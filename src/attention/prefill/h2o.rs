@@ -1,4 +1,4 @@
-//! `h2o`: heavy hitters + a recent window (METHODS.md §7.5.2) — an **oracle**: it reads exact
+//! `h2o`: heavy hitters + a recent window (docs/reference.md §7.5.2) — an **oracle**: it reads exact
 //! causal attention rows. H2O (Zhang et al., NeurIPS 2023, "H₂O: Heavy-Hitter Oracle for Efficient
 //! Generative Inference of Large Language Models", §3–4), in the prefill simulation of its own
 //! evaluation (`FMInference/H2O`, `h2o_hf/utils_lm_eval/modify_llama.py`,

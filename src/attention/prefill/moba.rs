@@ -1,4 +1,4 @@
-//! `moba`: block gating by mean keys (METHODS.md §7.5.4) — MoBA (Lu et al. 2025, "MoBA: Mixture of
+//! `moba`: block gating by mean keys (docs/reference.md §7.5.4) — MoBA (Lu et al. 2025, "MoBA: Mixture of
 //! Block Attention for Long-Context LLMs", §2.2, the gate s_i = ⟨q, mean_pool(K[I_i])⟩; code
 //! `MoonshotAI/MoBA`), applied as a training-free mask (as MInference's `moba.py` applies it):
 //!

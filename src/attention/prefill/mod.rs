@@ -1,4 +1,4 @@
-//! LLM-era sparse prefill methods (METHODS.md §7.5), each a causal restrict-and-renormalise
+//! LLM-era sparse prefill methods (docs/reference.md §7.5), each a causal restrict-and-renormalise
 //! pattern on one axis — d = keys per query (§7.3):
 //!
 //! - `streaming` (§7.5.1): 4 attention sinks + a recent window (StreamingLLM; MInference's A-shape);
@@ -48,7 +48,7 @@ pub const fn prefill(id: &'static str, meaning: &'static str) -> crate::attentio
     }
 }
 
-// The seven descriptors, side by side (what d means for each is in METHODS.md §7.5).
+// The seven descriptors, side by side (what d means for each is in docs/reference.md §7.5).
 use crate::attention::MethodInfo;
 
 pub const STREAMING: MethodInfo = prefill(

@@ -1,4 +1,4 @@
-//! `quest`: query-aware page selection (METHODS.md §7.5.3) — Quest (Tang, Zhao, Zhu, Xiao, Kasikci
+//! `quest`: query-aware page selection (docs/reference.md §7.5.3) — Quest (Tang, Zhao, Zhu, Xiao, Kasikci
 //! & Han, ICML 2024, "Quest: Query-Aware Sparsity for Efficient Long-Context LLM Inference", §3.2,
 //! Algorithm 1; code `mit-han-lab/Quest`), applied at every prefill query:
 //!

@@ -1,4 +1,4 @@
-//! What the prefill methods (METHODS.md §7.5) share, written once: the causal-only guard, page
+//! What the prefill methods (docs/reference.md §7.5) share, written once: the causal-only guard, page
 //! and block bounds and means (b = 16), top-m with ties to the lower index, the page selector of
 //! `quest`/`moba` (§7.5.3–4), the block selector of `block_sparse`/`xattention` (§7.5.5, §7.5.7),
 //! the key groups of a block pattern (all queries of a query block share its key blocks: one
@@ -24,7 +24,7 @@ pub const SINKS: usize = 4;
 pub fn require_causal(head: &HeadInputs, id: &str) -> Result<()> {
     ensure!(
         head.mask == Mask::Causal,
-        "{id} is a causal prefill method (METHODS.md §7.5): it has no form under --mask {}",
+        "{id} is a causal prefill method (docs/reference.md §7.5): it has no form under --mask {}",
         head.mask.label()
     );
     Ok(())
@@ -366,7 +366,7 @@ pub fn host_f64(t: &Tensor) -> Result<Vec<f64>> {
     Ok(t.to_dtype(DType::F64)?.flatten_all()?.to_vec1()?)
 }
 
-/// The block methods' common part (METHODS.md §7.5.5, §7.5.7): per query block the diagonal block,
+/// The block methods' common part (docs/reference.md §7.5.5, §7.5.7): per query block the diagonal block,
 /// block 0 and the ⌈d/b⌉ − 2 best blocks by `score` ([nb × nb], row = query block), which is
 /// computed only when some block is chosen by score; then the restricted softmax over them.
 pub fn block_selection(

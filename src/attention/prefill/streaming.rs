@@ -1,4 +1,4 @@
-//! `streaming`: attention sinks + a recent window (METHODS.md §7.5.1) — StreamingLLM (Xiao, Tian,
+//! `streaming`: attention sinks + a recent window (docs/reference.md §7.5.1) — StreamingLLM (Xiao, Tian,
 //! Chen, Han & Lewis, ICLR 2024, "Efficient Streaming Language Models with Attention Sinks", §3.2;
 //! code `mit-han-lab/streaming-llm`, `streaming_llm/kv_cache.py`, start_size = 4), MInference's
 //! "A-shape" pattern:

@@ -168,7 +168,7 @@ pub fn sets_at<'a>(
     move |i, j, d| by_d[ds.iter().position(|&x| x == d).unwrap()][i][j]
 }
 
-/// The page methods' sets (METHODS.md §7.5.3–7.5.4) from a score of (row i, complete past page t):
+/// The page methods' sets (docs/reference.md §7.5.3–7.5.4) from a score of (row i, complete past page t):
 /// the own page (keys ≤ i) and the ⌈d/16⌉ − 1 best-scored complete past pages, ties to the lower.
 pub fn page_sets_from_scores(
     n: usize,

@@ -1,4 +1,4 @@
-//! `vertical_slash`: columns and diagonals from the last queries (METHODS.md §7.5.6) — MInference
+//! `vertical_slash`: columns and diagonals from the last queries (docs/reference.md §7.5.6) — MInference
 //! 1.0's vertical-slash pattern (Jiang et al., NeurIPS 2024, §3.2, Algorithm 3; code
 //! `microsoft/MInference`, `minference/modules/minference_forward.py`):
 //!

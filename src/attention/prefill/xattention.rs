@@ -1,4 +1,4 @@
-//! `xattention`: antidiagonal block scoring with a fixed budget (METHODS.md §7.5.7) — XAttention
+//! `xattention`: antidiagonal block scoring with a fixed budget (docs/reference.md §7.5.7) — XAttention
 //! (Xu, Guo, Han et al. 2025, "XAttention: Block Sparse Attention with Antidiagonal Scoring", §2.1–2.2;
 //! code `mit-han-lab/x-attention`):
 //!

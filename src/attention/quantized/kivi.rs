@@ -1,7 +1,7 @@
 //! `kivi4`, `kivi2` — KIVI (Liu, Yuan, Jin, Zhong, Xu, Braverman, Chen & Hu, ICML 2024, "KIVI: A
 //! Tuning-Free Asymmetric 2bit Quantization for KV Cache"; code `jy-yuan/KIVI`,
 //! `models/llama_kivi.py`, `quant/new_pack.py`), the cache's state after a prefill of n tokens
-//! (METHODS.md §8.3):
+//! (docs/reference.md §8.3):
 //!
 //! - **K per channel**: each channel's tokens in groups of G = 32 consecutive tokens from token 0,
 //!   asymmetric b-bit groups (§8.2); the last n mod R tokens (R = 128, the residual) stay in full

@@ -1,4 +1,4 @@
-//! The KV-cache methods of METHODS.md §8.3: every query row reads the window's K and V from a
+//! The KV-cache methods of docs/reference.md §8.3: every query row reads the window's K and V from a
 //! cache stored in a low-precision format, Ô = softmax(Q̂K̂ᵀ/√p)V̂ under the run's mask.
 //!
 //! - `kv_f16` — f16 Q, K, V: llama.cpp's default cache (`-ctk f16`), whose CPU kernel converts Q
@@ -124,7 +124,7 @@ fn ggml<T: Real>(method: &str, tensor: &str, x: &mut HostMat<T>, ty: GgmlType) -
     let mut f: Vec<f32> = x.data.iter().map(|v| v.to_f64() as f32).collect();
     ggml_roundtrip(ty, &mut f).map_err(|e| {
         crate::usage!(
-            "method {method}: {tensor} cannot be stored as {} ({e}; f16 holds at most 65504, METHODS.md §8.2) — leave {method} out for this model",
+            "method {method}: {tensor} cannot be stored as {} ({e}; f16 holds at most 65504, docs/reference.md §8.2) — leave {method} out for this model",
             ty.name().to_uppercase()
         )
     })?;

@@ -1,4 +1,4 @@
-//! Quantized attention (METHODS.md §8): the same key sets as exact attention, fewer bits. Two
+//! Quantized attention (docs/reference.md §8): the same key sets as exact attention, fewer bits. Two
 //! kinds, one file each, over the number formats of [`crate::numerics::formats`]:
 //!
 //! - [`kv_cache`]: what a decode step reads from a quantized KV cache — `kv_f16`, `kv_bf16`,
@@ -146,7 +146,7 @@ pub fn check_f16_range<T: Real>(method: &str, tensor: &str, before: &HostMat<T>)
     let largest = before.abs_max().to_f64();
     if largest >= crate::numerics::formats::F16_OVERFLOW {
         return Err(crate::usage!(
-            "method {method}: {tensor} holds |x| = {largest:.6e}, which overflows f16 (largest finite 65504, METHODS.md §8.2); this head cannot be stored in an f16 cache or kernel — leave {method} out for this model"
+            "method {method}: {tensor} holds |x| = {largest:.6e}, which overflows f16 (largest finite 65504, docs/reference.md §8.2); this head cannot be stored in an f16 cache or kernel — leave {method} out for this model"
         ));
     }
     Ok(())
@@ -156,7 +156,7 @@ pub fn check_f16_range<T: Real>(method: &str, tensor: &str, before: &HostMat<T>)
 pub fn check_blocks_of_32(p: usize) -> std::result::Result<(), String> {
     if p % 32 != 0 {
         return Err(format!(
-            "the head dimension p = {p} is not a multiple of 32: its formats store blocks of 32 values along p (METHODS.md §8.1)"
+            "the head dimension p = {p} is not a multiple of 32: its formats store blocks of 32 values along p (docs/reference.md §8.1)"
         ));
     }
     Ok(())

@@ -1,4 +1,4 @@
-//! The online softmax with a quantized P (METHODS.md §8.4), written once for the SageAttention
+//! The online softmax with a quantized P (docs/reference.md §8.4), written once for the SageAttention
 //! kernels. Query blocks of 128 rows, key blocks of 64 from token 0 (a ragged last block is
 //! smaller); under the causal mask a query block visits the key blocks up to its diagonal, and a
 //! logit j > i is −∞ before the max. For row i and key blocks c = 0, 1, … in order:

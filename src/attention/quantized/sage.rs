@@ -1,4 +1,4 @@
-//! SageAttention's kernels (METHODS.md §8.4): Q and K quantized for QKᵀ, P and V for PV, block by
+//! SageAttention's kernels (docs/reference.md §8.4): Q and K quantized for QKᵀ, P and V for PV, block by
 //! block, with the [`online_softmax`] whose P is quantized against the running row maximum.
 //!
 //! - `sage1` — SageAttention (Zhang, Wei, Zhu & Chen, ICLR 2025), `sageattn_qk_int8_pv_fp16_triton`

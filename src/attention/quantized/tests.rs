@@ -2,7 +2,7 @@
 //! is exact attention there), the online softmax against its literal recursion and, with an
 //! identity P quantizer, against exact attention; KIVI's residual boundaries; GQA heads reading
 //! one K̂/V̂; refusals; the widths and the `kv_read` axis. Agreement with an independent float64
-//! implementation of METHODS.md §8 on real heads is `tests/reference/quant_dump.py` (`.ci/run`).
+//! implementation of docs/reference.md §8 on real heads is `tests/reference/quant_dump.py` (`.ci/run`).
 
 use candle_core::{DType, Tensor};
 

@@ -1,5 +1,5 @@
 //! Uniform column (key) sampling, the self-normalised textbook sketch (a reference curve; cf. the
-//! "w/o column sampling" ablation of Skeinformer Table 1 without its geometric-mean fill, METHODS.md §2.8):
+//! "w/o column sampling" ablation of Skeinformer Table 1 without its geometric-mean fill, docs/reference.md §2.8):
 //! J ← d keys uniform without replacement; Ô = rowsoftmax(Q K_Jᵀ/√p)·V_J, the softmax taken over the
 //! sampled keys only. d ≥ n takes every key and is exact.
 

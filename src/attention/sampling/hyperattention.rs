@@ -1,7 +1,7 @@
 //! `hyperattention`: sortLSH block diagonal + uniform column sampling, non-causal (Han, Jayaram,
 //! Karbasi, Mirrokni, Woodruff & Zandieh, ICLR 2024, "HyperAttention: Long-context Attention in
 //! Near-Linear Time": Alg. 1 sortLSH, Alg. 2 ApproxD, Alg. 3 AMM, Thm. 1), as the authors' code
-//! (`insuhan/hyper-attn`, `hyper_attn.py` + `add_self_attentions`) computes it; METHODS.md §6.3.1:
+//! (`insuhan/hyper-attn`, `hyper_attn.py` + `add_self_attentions`) computes it; docs/reference.md §6.3.1:
 //!
 //!   b = min(d, n) block size, m = d samples, r = 7 hash bits
 //!   1  sortLSH (§6.3.0, `numerics::lsh::sort_lsh_blocks`) → β_Q, β_K; block part

@@ -1,10 +1,10 @@
-//! Informer's ProbSparse self-attention (Zhou et al., AAAI 2021; METHODS.md §2.6), as run in the
+//! Informer's ProbSparse self-attention (Zhou et al., AAAI 2021; docs/reference.md §2.6), as run in the
 //! Skyformer/Skeinformer norm experiment (reference `attention_informer.py`, adapted from Informer2020).
 //!
 //! - Sparsity measure: paper Eq. (2) M(q_i, K) = ln Σ_j e^{q_i·k_j/√d} − (1/L_K) Σ_j q_i·k_j/√d;
 //!   it is replaced by its max-mean bound (paper Eq. (4), Lemma 1) M̄ = max_j q_i·k_j − (1/L_K) Σ_j q_i·k_j
 //!   on U = c·⌈ln n⌉ sampled keys per query (paper Prop. 1); the sampled sum is divided by n, as
-//!   the code does ([P≠C] in METHODS.md: the paper's mean would divide by U), on unscaled logits.
+//!   the code does ([P≠C] in docs/reference.md: the paper's mean would divide by U), on unscaled logits.
 //! - Output: paper Eq. (3): the top-u queries get exact softmax rows; the other ("lazy") rows get mean(V).
 //! - `informer` maps d to the factor c = ⌈d / ln n⌉ and u = U = min(c·⌈ln n⌉, n) (the class used for the
 //!   norm runs); `informer_mask` (`attention_informermask.py`) uses u = U = min(d, n) directly.
@@ -24,7 +24,7 @@ pub struct Informer {
 }
 
 impl Informer {
-    /// `informer`: c = ⌈d/ln n⌉, u = U = min(c·⌈ln n⌉, n) (METHODS.md §2.6 [REC]).
+    /// `informer`: c = ⌈d/ln n⌉, u = U = min(c·⌈ln n⌉, n) (docs/reference.md §2.6 [REC]).
     pub fn log_factor() -> Self {
         Self { direct: false }
     }
@@ -45,7 +45,7 @@ impl Informer {
     }
 }
 
-/// The reference mapping: c = ⌈d / ln n⌉ and u = U = min(c·⌈ln n⌉, n), natural log (METHODS.md §2.6).
+/// The reference mapping: c = ⌈d / ln n⌉ and u = U = min(c·⌈ln n⌉, n), natural log (docs/reference.md §2.6).
 /// Needs n ≥ 2 (ln 1 = 0).
 pub fn factor_and_top(n: usize, d: usize) -> (usize, usize) {
     let ln_n = (n as f64).ln();
@@ -292,7 +292,7 @@ impl Method for Informer {
         trials.per_head(&out, None)
     }
     fn macs(&self, n: usize, p: usize, d: usize) -> f64 {
-        // nUp (sampled logits) + 2unp (exact rows) (METHODS.md §2.11).
+        // nUp (sampled logits) + 2unp (exact rows) (docs/reference.md §2.11).
         let (big_u, u) = self.sizes(n, d);
         ((big_u + 2 * u) * n * p) as f64
     }
@@ -375,7 +375,7 @@ mod tests {
 
     #[test]
     fn factor_and_top_table() {
-        // METHODS.md §2.6 table: (c, u) per n (rows) and d = 8, 16, 32, 64, 128, 256 (columns).
+        // docs/reference.md §2.6 table: (c, u) per n (rows) and d = 8, 16, 32, 64, 128, 256 (columns).
         let table: [(usize, [(usize, usize); 6]); 4] = [
             (
                 512,

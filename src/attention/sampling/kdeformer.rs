@@ -2,7 +2,7 @@
 //! exactly + value-norm importance sampling (Zandieh, Han, Daliri & Karbasi, ICML 2023,
 //! "KDEformer: Accelerating Transformers via Kernel Density Estimation": Alg. 2 (AMM by sampling),
 //! §4 practical version with the sortLSH heavy part of HyperAttention Alg. 1; code
-//! `majid-daliri/kdeformer`, `KDEformer.py`); METHODS.md §6.3.2:
+//! `majid-daliri/kdeformer`, `KDEformer.py`); docs/reference.md §6.3.2:
 //!
 //!   b = min(d, n), m = d, r = 7
 //!   1  sortLSH (§6.3.0) → β_Q, β_K, block part u_i (exact)

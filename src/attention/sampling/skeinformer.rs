@@ -1,4 +1,4 @@
-//! Skeinformer (Chen, Zeng, Hakkani-Tür, Jin, Ji, Yang, NAACL 2022; METHODS.md §2.8): Algorithm 1 and
+//! Skeinformer (Chen, Zeng, Hakkani-Tür, Jin, Ji, Yang, NAACL 2022; docs/reference.md §2.8): Algorithm 1 and
 //! the ablations of Skeinformer Table 1.
 //!
 //! - Steps 1–2: pilot rows J (uniform, with replacement) and their exact attention rows B_J.
@@ -9,7 +9,7 @@
 //!   with the geometric mean of its selected entries, δ_i = Σ_k A'_ik + (n − d)·g_i, R = δ⁻¹(A'V_{J'} + g·uᵀ).
 //! - Step 10: pilot-sampling reutilisation, R[J,:] = B_J V.
 //!
-//! Stability (METHODS.md §2.8 [REC]): row i is shifted by c_i = max_k L_ik before steps 5–6; A', g and δ
+//! Stability (docs/reference.md §2.8 [REC]): row i is shifted by c_i = max_k L_ik before steps 5–6; A', g and δ
 //! all scale by e^{−c_i}, so R is unchanged. The returned normalizer is that shifted δ (its sign is δ's).
 //!
 //! d is both the pilot size and the number of sampled columns, capped at n − 1 as the reference does
@@ -235,7 +235,7 @@ impl Method for Skeinformer {
     fn macs(&self, n: usize, p: usize, d: usize) -> f64 {
         let ndp = (n * effective_d(n, d) * p) as f64;
         match self.variant {
-            // Q_J Kᵀ, B_J V, Q K_{J'}ᵀ, A'V_{J'} (METHODS.md §2.11: 4ndp + O(nd)).
+            // Q_J Kᵀ, B_J V, Q K_{J'}ᵀ, A'V_{J'} (docs/reference.md §2.11: 4ndp + O(nd)).
             SkeinVariant::Full => 4.0 * ndp,
             // No B_J V.
             SkeinVariant::NoPilot | SkeinVariant::SimpleNorm => 3.0 * ndp,

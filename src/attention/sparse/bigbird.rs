@@ -1,5 +1,5 @@
 //! `bigbird`: block-sparse ITC attention — global + sliding-window + random blocks (Zaheer et al.,
-//! NeurIPS 2020, "Big Bird", §2 and App. D's blocked ITC construction; METHODS.md §6.1.1).
+//! NeurIPS 2020, "Big Bird", §2 and App. D's blocked ITC construction; docs/reference.md §6.1.1).
 //!
 //! Blocks of b tokens, B_t = {tb, …, min((t+1)b, n) − 1}, nb = ⌈n/b⌉ (the last may be partial):
 //!

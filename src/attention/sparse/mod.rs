@@ -1,4 +1,4 @@
-//! Sparse and hashing methods (METHODS.md §6.1): each query i attends, with the exact logits,
+//! Sparse and hashing methods (docs/reference.md §6.1): each query i attends, with the exact logits,
 //! to a visited key set V_i and renormalises over it. They differ only in how V_i is chosen:
 //! a sliding window (`window`), the top logits (`topk`, an oracle), global + window + random
 //! blocks (`bigbird`), or angular-LSH buckets (`reformer`). The softmax over the sets is the

@@ -1,5 +1,5 @@
 //! `reformer`: angular-LSH attention (Kitaev, Kaiser & Levskaya, ICLR 2020, "Reformer", §2
-//! "Hashing attention", Eq. (3)–(4) and Fig. 2) adapted to separate Q and K (METHODS.md §6.1.4).
+//! "Hashing attention", Eq. (3)–(4) and Fig. 2) adapted to separate Q and K (docs/reference.md §6.1.4).
 //!
 //! With chunk length c, H = 2 rounds and nb buckets, per round h:
 //!

@@ -1,4 +1,4 @@
-//! `topk`: the top-2d oracle (METHODS.md §6.1.3) — a **reference curve, not an efficient
+//! `topk`: the top-2d oracle (docs/reference.md §6.1.3) — a **reference curve, not an efficient
 //! method**. Each query keeps its kk = min(2d, n) largest logits and renormalises over them
 //! (the selection of top-k attention, Gupta, Dar, Goodman, Ciprut & Berant 2021, "Memory-efficient
 //! Transformers via Top-k Attention", §3, computed here in query blocks as theirs is):
@@ -19,7 +19,7 @@
 //! kept logits in the shared key-set softmax (another 2ndp, < 1/8 of n²p on the grid) so that
 //! all four §6.1 methods run one code path.
 //!
-//! Causal form (METHODS.md §7.4): S_i = the min(d, i+1) keys j ≤ i with the largest s_ij, ties to
+//! Causal form (docs/reference.md §7.4): S_i = the min(d, i+1) keys j ≤ i with the largest s_ij, ties to
 //! the lower index — d keys per query (§7.3), not 2d. Cost n²p/2 to select + Σ_i min(d, i+1)·2p.
 //!
 //! Within a sweep the selection is done once per head: each row's first 2·256 keys in rank order

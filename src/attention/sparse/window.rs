@@ -1,4 +1,4 @@
-//! `window`: sliding-window attention (METHODS.md §6.1.2), the token-centred local pattern of
+//! `window`: sliding-window attention (docs/reference.md §6.1.2), the token-centred local pattern of
 //! Longformer (Beltagy, Peters & Cohan 2020, §3.1 "Sliding Window", without its global tokens
 //! and dilation):
 //!
@@ -9,7 +9,7 @@
 //! window is truncated at the ends, neither wrapped nor shifted. Deterministic; exact iff
 //! d ≥ n − 1; d = 0 gives Ô_i = v_i.
 //!
-//! Causal form (METHODS.md §7.4): S_i = {j : max(0, i−d+1) ≤ j ≤ i}, the d most recent keys with
+//! Causal form (docs/reference.md §7.4): S_i = {j : max(0, i−d+1) ≤ j ≤ i}, the d most recent keys with
 //! the diagonal — d counts keys per query, as every method under the causal mask does (§7.3).
 //!
 //! Cost: (n(2d+1) − d(d+1))·2p MACs ≈ 4ndp (2p per visited pair); causal Σ_i min(d, i+1)·2p. The product computes the
@@ -223,7 +223,7 @@ mod tests {
         }
     }
 
-    /// The causal form: the d most recent keys, diagonal included (METHODS.md §7.4), with its
+    /// The causal form: the d most recent keys, diagonal included (docs/reference.md §7.4), with its
     /// keys and mass; n = 301 is not a multiple of the block.
     #[test]
     fn causal_form_equals_the_dense_masked_softmax_with_keys_and_mass() {

@@ -1,4 +1,4 @@
-// Informer's sparsity measure from sampled keys (METHODS.md §2.6) without gathering them: for
+// Informer's sparsity measure from sampled keys (docs/reference.md §2.6) without gathering them: for
 // each query row r of the flattened [B·n, p] queries, M̄_r = max_s q_r·k_{idx[r,s]} − (1/n)·Σ_s
 // q_r·k_{idx[r,s]} over its U sampled key rows (flat row indices into k [B·n, p]). The gathered
 // [B, n, U, p] block the candle path writes and reads back (3.5 GB at n = 4096, U = 279, 12 heads)

@@ -1,4 +1,4 @@
-//! Rounding to the small float formats of METHODS.md §8.2: IEEE binary16 (f16), bfloat16 and
+//! Rounding to the small float formats of docs/reference.md §8.2: IEEE binary16 (f16), bfloat16 and
 //! E4M3 (`float8_e4m3fn`), each **one** round-to-nearest-even of the value as given.
 //!
 //! Why not the `half` crate: its `f16::from_f64` goes through f32 on some CPUs (a double

@@ -1,4 +1,4 @@
-//! llama.cpp's legacy block types Q8_0, Q5_1, Q5_0, Q4_1, Q4_0 (METHODS.md §8.2, table), bit for
+//! llama.cpp's legacy block types Q8_0, Q5_1, Q5_0, Q4_1, Q4_0 (docs/reference.md §8.2, table), bit for
 //! bit as `quantize_row_*_ref` / `dequantize_row_*` in `ggml-quants.c` compute them; gguf-py's
 //! `gguf/quants.py` is the same arithmetic in numpy and is the cross-check of the committed
 //! fixtures (`tests/reference/generate_format_fixtures.py`).

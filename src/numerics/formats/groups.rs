@@ -1,4 +1,4 @@
-//! Integer groups of METHODS.md §8.2: KIVI's asymmetric b-bit groups (`jy-yuan/KIVI`
+//! Integer groups of docs/reference.md §8.2: KIVI's asymmetric b-bit groups (`jy-yuan/KIVI`
 //! `quant/new_pack.py`) and SageAttention's symmetric INT8/INT4 groups (`thu-ml/SageAttention`
 //! `triton/quant_per_block.py`), both computed in the run's dtype `T`, one `T` operation at a
 //! time in the order written in §8.2 (so an f64 run and an f32 run differ only by T's roundings).

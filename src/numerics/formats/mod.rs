@@ -1,4 +1,4 @@
-//! The number formats of METHODS.md §8.2, bit for bit: one round-to-nearest-even to f16, bf16 and
+//! The number formats of docs/reference.md §8.2, bit for bit: one round-to-nearest-even to f16, bf16 and
 //! saturating E4M3 (`float`), llama.cpp's Q8_0/Q5_1/Q5_0/Q4_1/Q4_0 blocks (`ggml`), and the
 //! integer groups of KIVI (asymmetric) and SageAttention (symmetric) (`groups`).
 //!

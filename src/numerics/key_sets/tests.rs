@@ -3,7 +3,7 @@ use rand::SeedableRng;
 
 use crate::numerics::sampling::{normal_values, uniform_without_replacement, TrialRng};
 
-/// The test oracle of METHODS.md §6.1: the dense masked softmax in float64, built entry by entry
+/// The test oracle of docs/reference.md §6.1: the dense masked softmax in float64, built entry by entry
 /// from the definition (no shared code with the product). Returns Ô and log Σ_{j∈V_i} e^{s_ij}.
 pub(crate) fn dense_masked_softmax(
     q: &[Vec<f64>],

@@ -1,4 +1,4 @@
-//! `decode.png` (METHODS.md §9.3): decode-time KV-cache compression. One row per (model, layer),
+//! `decode.png` (docs/reference.md §9.3): decode-time KV-cache compression. One row per (model, layer),
 //! one panel per length (2048 and 8192 where present); x = `kv_read`, the continuation's K/V
 //! traffic relative to dense f16 attention (log₂), y = ‖O_F − Ô_F‖₂ over the n_f continuation rows
 //! (log). The §9 methods are lines over d, the oracles (`topk_dec`, `evict_oracle`) grey, and the

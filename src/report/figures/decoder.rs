@@ -1,4 +1,4 @@
-//! `decoder.png` (METHODS.md §7.6): causal runs (decoder attention). One row per model; one panel
+//! `decoder.png` (docs/reference.md §7.6): causal runs (decoder attention). One row per model; one panel
 //! per length (2048 and 8192 where present, else every length) of ‖O − Ô‖₂ against the keys each
 //! query actually visited (log₂ x: restrict-and-renormalise methods do not all hit d), and a last
 //! column of the mass those keys carry against the same x, at the largest length. Feature methods

@@ -1,4 +1,4 @@
-//! `e2e.png` (METHODS.md §10.3): the damage at the output against bytes read and against the
+//! `e2e.png` (docs/reference.md §10.3): the damage at the output against bytes read and against the
 //! operator error. Left: x = `kv_read` (log₂), y = `kl_mean` (log), the sparse and §9 methods as
 //! lines over d, the §8 methods as single points, oracles grey. Right: y = `kl_mean` against the
 //! layer-mean operator error `op_err_mean` (log–log), one point per (mode, method, d), with

@@ -1,5 +1,5 @@
 //! The figures of issue 13: every method of the field on one d axis (softmax target), and the
-//! kernelized target's methods (relative error, METHODS.md §6.4.1 [REC]).
+//! kernelized target's methods (relative error, docs/reference.md §6.4.1 [REC]).
 //!
 //! * `field.png`: one row per model, one panel per n ∈ {1024, 4096} (the lengths present), plus
 //!   an accuracy–cost panel (error against measured seconds per head at the largest n; oracles
@@ -280,7 +280,7 @@ fn target_figure(rows: &[SummaryRow], measure: Measure, stat: Statistic) -> Opti
              sparse + low rank.",
         ),
         Measure::Relative => (
-            "The kernelized target: ‖C·V − Ô‖₂ / ‖C·V‖₂ (Gaussian kernel, METHODS.md §6.4)",
+            "The kernelized target: ‖C·V − Ô‖₂ / ‖C·V‖₂ (Gaussian kernel, docs/reference.md §6.4)",
             "Grey dashed: Ô = 0 (relative error 1). exact_kernelized (the exact product in the run's \
              dtype) is left out: its error is rounding only.",
         ),

@@ -20,9 +20,9 @@ pub(super) enum XOf {
     Features,
     Seconds,
     Macs,
-    /// Realised keys per query (restrict-and-renormalise methods), else d (METHODS.md §7.6).
+    /// Realised keys per query (restrict-and-renormalise methods), else d (docs/reference.md §7.6).
     Keys,
-    /// The fraction of dense f16 attention's K/V traffic (METHODS.md §8.5); NaN without one.
+    /// The fraction of dense f16 attention's K/V traffic (docs/reference.md §8.5); NaN without one.
     KvRead,
 }
 

@@ -1,4 +1,4 @@
-//! Figures: PNGs drawn from summary.csv (METHODS.md §4).
+//! Figures: PNGs drawn from summary.csv (docs/reference.md §4).
 //!
 //! * `skyformer-fig1.png`: Skyformer Fig. 1 — {initialized, pretrained} × n ∈ {512, 1024, 2048, 4096};
 //!   Skyformer, Nyströmformer, Performer, Informer in the paper's styles; linear y.
@@ -7,8 +7,8 @@
 //! * `all-methods-<model>.png`: every method present, one panel per n, the SVD optimum as a grey floor; log y.
 //! * `accuracy-cost-<model>.png`: per n, error against measured seconds per head and against
 //!   analytic multiply-adds, one series per method across d.
-//! * `quant.png` (a run with the quantized family, METHODS.md §8.5): see `quant.rs`.
-//! * `decode.png` (a `--decode` run, METHODS.md §9.3): see `decode.rs`; its rows are in no other
+//! * `quant.png` (a run with the quantized family, docs/reference.md §8.5): see `quant.rs`.
+//! * `decode.png` (a `--decode` run, docs/reference.md §9.3): see `decode.rs`; its rows are in no other
 //!   figure.
 //! * `field.png` (a run with the field's sparse or hybrid methods) and `kernelized.png` (a
 //!   `--target kernelized` run): see `field.rs`. Kernelized rows appear in no other figure.
@@ -181,7 +181,7 @@ impl Statistic {
 pub fn draw_all(runs: &[RunData], out_dir: &Path, stat: Statistic) -> Result<Vec<PathBuf>> {
     // Causal rows (decoder attention) belong to no encoder figure; the decoder figure is their own.
     let all = combine(runs);
-    // Decode rows (METHODS.md §9: the continuation's rows) are decode.png's alone.
+    // Decode rows (docs/reference.md §9: the continuation's rows) are decode.png's alone.
     let (decoding, all): (Vec<SummaryRow>, Vec<SummaryRow>) =
         all.into_iter().partition(|r| r.n_f.is_some());
     let decode_fig = decode::decode(&stat.apply(decoding), stat);

@@ -1,4 +1,4 @@
-//! `quant.png` (METHODS.md §8.5): quantized attention beside sparse attention on one axis of
+//! `quant.png` (docs/reference.md §8.5): quantized attention beside sparse attention on one axis of
 //! bytes read. One row per (model, layer), one panel per length (2048 and 8192 where present);
 //! x = `kv_read`, the fraction of dense f16 attention's K/V traffic (log₂), y = ‖O − Ô‖₂ (log);
 //! restrict-and-renormalise methods as lines over d, each §8 method (d = 0) a single point in its
@@ -108,7 +108,7 @@ pub fn quant(rows: &[SummaryRow], stat: Statistic) -> Option<Figure> {
             ));
             notes.insert(
                 1,
-                "Single points: the quantized family (every key, fewer bits; METHODS.md §8). Lines: restrict-and-renormalise methods over d (keys read from an f16 cache). Grey: the oracles."
+                "Single points: the quantized family (every key, fewer bits; docs/reference.md §8). Lines: restrict-and-renormalise methods over d (keys read from an f16 cache). Grey: the oracles."
                     .into(),
             );
             notes

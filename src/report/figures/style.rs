@@ -69,7 +69,7 @@ const fn st(color: RGBColor, dashed: bool, marker: Marker) -> SeriesStyle {
 }
 
 /// Skyformer Fig. 1: Skyformer red solid; Nyströmformer blue dashed with dots; Performer black
-/// dashed with dots; Informer blue solid with ▼ (METHODS.md §4.1).
+/// dashed with dots; Informer blue solid with ▼ (docs/reference.md §4.1).
 pub fn skyformer_style(method: &str) -> Option<SeriesStyle> {
     Some(match method {
         "skyformer" => st(RED, false, Marker::None),
@@ -81,7 +81,7 @@ pub fn skyformer_style(method: &str) -> Option<SeriesStyle> {
 }
 
 /// Skeinformer Fig. 1: Skeinformer red solid; V-Mean blue dashed with dots; Informer black
-/// dashed with dots; Linformer blue solid with ▼ (METHODS.md §4.2).
+/// dashed with dots; Linformer blue solid with ▼ (docs/reference.md §4.2).
 pub fn skeinformer_style(method: &str) -> Option<SeriesStyle> {
     Some(match method {
         "skeinformer" => st(RED, false, Marker::None),
@@ -181,7 +181,7 @@ pub fn method_rank(method: &str) -> (usize, String) {
 }
 
 /// Legend label of a method id in a figure of `mask`'s runs: under the causal mask `topk` keeps d
-/// keys per query, not 2d (METHODS.md §7.3).
+/// keys per query, not 2d (docs/reference.md §7.3).
 pub fn method_label_under(method: &str, mask: Mask) -> String {
     match (method, mask) {
         ("topk", Mask::Causal) => "Top-d keys (oracle)".into(),
