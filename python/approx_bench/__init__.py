@@ -134,6 +134,18 @@ def _describe(f) -> tuple[str, str]:
     return origin, hashlib.sha256(blob).hexdigest()
 
 
+def _named(m, what: str):
+    """(name, function) of a user's method given as a function or a (name, function) pair."""
+    if isinstance(m, tuple) and len(m) == 2 and isinstance(m[0], str) and callable(m[1]):
+        return m
+    if callable(m):
+        name = getattr(m, "__name__", "")
+        if not name or name == "<lambda>":
+            raise ValueError("a lambda has no name: pass (name, function) instead")
+        return name, m
+    raise ValueError(f"{what}: {m!r} is neither a method id nor a function")
+
+
 def sweep(
     methods: Sequence[Union[str, UserMethod, tuple]],
     *,
@@ -167,14 +179,7 @@ def sweep(
         if isinstance(m, str):
             names.append(m)
             continue
-        if isinstance(m, tuple) and len(m) == 2 and isinstance(m[0], str) and callable(m[1]):
-            name, f = m
-        elif callable(m):
-            name, f = getattr(m, "__name__", ""), m
-            if not name or name == "<lambda>":
-                raise ValueError("a lambda has no name: pass (name, function) instead")
-        else:
-            raise ValueError(f"methods: {m!r} is neither a method id nor a function")
+        name, f = _named(m, "methods")
         if any(name == u[0] for u in user):
             raise ValueError(f"methods: two of your methods are named {name!r}")
         origin, digest = _describe(f)
@@ -231,14 +236,7 @@ def e2e(
         mode = "prefill"
         if isinstance(m, tuple) and len(m) == 3:
             m, mode = m[:2], m[2]
-        if isinstance(m, tuple) and len(m) == 2 and isinstance(m[0], str) and callable(m[1]):
-            name, f = m
-        elif callable(m):
-            name, f = getattr(m, "__name__", ""), m
-            if not name or name == "<lambda>":
-                raise ValueError("a lambda has no name: pass (name, function) instead")
-        else:
-            raise ValueError(f"attention: {m!r} is neither a method id nor a function")
+        name, f = _named(m, "attention")
         if mode not in ("prefill", "decode"):
             raise ValueError(f"attention {name!r}: mode {mode!r} is neither 'prefill' nor 'decode'")
         names.append(name)

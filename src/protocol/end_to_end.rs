@@ -14,7 +14,7 @@ use candle_core::{DType, Tensor};
 
 use super::layer_hook::{LayerError, MethodHook, Mode, RecordingExact};
 use crate::attention::{self, Family, Mask, Method};
-use crate::models::{forward_logits, DecoderConfig, DecoderWeights};
+use crate::models::{forward_logits, AttentionHook, DecoderConfig, DecoderWeights};
 use crate::numerics::next_token::{log_softmax_rows, score_positions, PositionScores};
 use crate::usage;
 
@@ -137,29 +137,48 @@ impl Window<'_> {
         Ok(())
     }
 
-    /// The exact run: the window through the model with exact attention in the run's dtype.
-    pub fn exact(&self) -> Result<ExactRun> {
-        self.check()?;
-        let t0 = Instant::now();
-        let hook = RecordingExact::new(self.one_layer.clone());
+    /// The log-probabilities (f64) at the scored positions of the forward with `hook` as every
+    /// layer's attention; non-finite logits are an error naming `what`.
+    fn scored_logp(&self, hook: &dyn AttentionHook, what: &str) -> Result<Vec<Vec<f64>>> {
         let logits = forward_logits(
             self.weights,
             self.cfg,
             self.ids,
             self.dtype,
-            &hook,
+            hook,
             self.scored_rows(),
         )?;
         crate::tensor_util::check_finite(&logits, || {
             format!(
-                "the exact run's logits of window {} (n = {}) in {:?}: the forward overflowed; try --dtype f64",
+                "the logits of {what} on window {} (n = {}) in {:?}: the forward overflowed; try --dtype f64",
                 self.index,
                 self.n(),
                 self.dtype
             )
         })?;
+        log_softmax_rows(&logits)
+    }
+
+    /// `m` at budget `d` as every layer's attention of this window.
+    fn hook<'m>(&self, m: &'m E2eMethod, d: usize) -> MethodHook<'m> {
+        MethodHook::new(
+            m.method.as_ref(),
+            d,
+            m.mode(self.n_f),
+            self.cfg.num_hidden_layers,
+            self.seed,
+            self.index,
+        )
+    }
+
+    /// The exact run: the window through the model with exact attention in the run's dtype.
+    pub fn exact(&self) -> Result<ExactRun> {
+        self.check()?;
+        let t0 = Instant::now();
+        let hook = RecordingExact::new(self.one_layer.clone());
+        let logp = self.scored_logp(&hook, "the exact run")?;
         Ok(ExactRun {
-            logp: log_softmax_rows(&logits)?,
+            logp,
             kept: hook.into_kept(),
             seconds: t0.elapsed().as_secs_f64(),
         })
@@ -169,23 +188,8 @@ impl Window<'_> {
     pub fn point(&self, exact: &ExactRun, m: &E2eMethod, d: usize) -> Result<E2ePoint> {
         self.check()?;
         let t0 = Instant::now();
-        let layers = self.cfg.num_hidden_layers;
-        let hook = MethodHook::new(
-            m.method.as_ref(),
-            d,
-            m.mode(self.n_f),
-            layers,
-            self.seed,
-            self.index,
-        );
-        let logits = forward_logits(
-            self.weights,
-            self.cfg,
-            self.ids,
-            self.dtype,
-            &hook,
-            self.scored_rows(),
-        )?;
+        let hook = self.hook(m, d);
+        let logp = self.scored_logp(&hook, &format!("{} at d = {d}", m.name))?;
         let errors = hook.layer_errors()?;
         let flagged: usize = errors.iter().map(|e| e.nonfinite_rows).sum();
         ensure!(
@@ -194,19 +198,11 @@ impl Window<'_> {
             m.name,
             self.index
         );
-        let scores = score_positions(&exact.logp, &log_softmax_rows(&logits)?, self.labels())?;
+        let scores = score_positions(&exact.logp, &logp, self.labels())?;
         let seconds = t0.elapsed().as_secs_f64();
         let mut one_layer = Vec::new();
         for (l, q, k, v) in &exact.kept {
-            let single = MethodHook::new(
-                m.method.as_ref(),
-                d,
-                m.mode(self.n_f),
-                layers,
-                self.seed,
-                self.index,
-            );
-            one_layer.push((*l, single.layer(*l, q, k, v)?.1));
+            one_layer.push((*l, self.hook(m, d).layer(*l, q, k, v)?.1));
         }
         Ok(E2ePoint {
             scores,

@@ -73,9 +73,7 @@ fn style_of(m: &E2eMean, methods: &[String]) -> super::style::SeriesStyle {
         crate::attention::describe(c).is_some() && crate::attention::describe(&m.method).is_none()
     });
     let mut s = field_style(base.unwrap_or(&m.method), methods);
-    if base.is_some() {
-        s.dashed = true;
-    }
+    s.dashed = base.is_some();
     if crate::attention::describe(&m.method).is_some_and(|(_, oracle)| oracle) {
         s.color = GREY;
     }
