@@ -11,7 +11,6 @@ use anyhow::Result;
 use rand::{Rng, SeedableRng};
 
 use crate::numerics::next_token::{percentile, spearman};
-use crate::usage;
 
 /// The near-lossless subset's bound on a point's mean KL (nats).
 pub const NEAR_LOSSLESS_KL: f64 = 0.01;
@@ -50,33 +49,20 @@ fn predictors(header: &[&str]) -> Vec<usize> {
 
 /// The correlation table of the run in `out` (its e2e.csv).
 pub fn correlations(out: &Path) -> Result<Vec<Correlation>> {
-    let path = out.join("e2e.csv");
-    let text = std::fs::read_to_string(&path)
-        .map_err(|e| usage!("{}: cannot read it ({e})", path.display()))?;
-    let mut lines = text.lines();
-    let header: Vec<&str> = lines.next().unwrap_or("").split(',').collect();
-    let col = |name: &str| header.iter().position(|h| *h == name);
-    let kl = col("kl_mean").ok_or_else(|| usage!("{}: no kl_mean column", path.display()))?;
+    let t = crate::report::e2e_rows::E2eRows::read(&out.join("e2e.csv"))?;
+    let header: Vec<&str> = t.header.iter().map(String::as_str).collect();
+    let kl = t.col("kl_mean")?;
     let preds = predictors(&header);
     let mut table = Table::new();
-    for line in lines {
-        let f: Vec<&str> = line.split(',').collect();
-        if f.len() != header.len() {
-            continue;
-        }
-        let key = (
-            f[1].to_string(),
-            f[2].to_string(),
-            f[3].parse().unwrap_or(0),
-        );
+    for r in &t.rows {
         let values = std::iter::once(kl)
             .chain(preds.iter().copied())
-            .map(|i| f[i].parse::<f64>().unwrap_or(f64::NAN))
+            .map(|i| r.values[i])
             .collect();
         table
-            .entry(key)
+            .entry(r.point.clone())
             .or_default()
-            .insert(f[0].parse().unwrap_or(0), values);
+            .insert(r.window, values);
     }
     let windows: Vec<usize> = {
         let mut w: Vec<usize> = table.values().flat_map(|m| m.keys().copied()).collect();

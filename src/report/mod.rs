@@ -3,6 +3,7 @@
 pub mod anchors;
 pub mod check;
 pub mod console;
+pub mod e2e_rows;
 pub mod figures;
 pub mod grid;
 pub mod manifest;

@@ -28,28 +28,13 @@ pub struct E2eMean {
 
 /// The points of a run directory's `e2e.csv`.
 pub fn load(out: &Path) -> Result<Vec<E2eMean>> {
-    let text = std::fs::read_to_string(out.join("e2e.csv"))?;
-    let mut lines = text.lines();
-    let header: Vec<&str> = lines.next().unwrap_or("").split(',').collect();
-    let col = |n: &str| header.iter().position(|h| *h == n);
-    let (Some(kv), Some(op), Some(kl)) = (col("kv_read"), col("op_err_mean"), col("kl_mean"))
-    else {
-        anyhow::bail!("{}: not an e2e.csv", out.display());
-    };
+    let t = crate::report::e2e_rows::E2eRows::read(&out.join("e2e.csv"))?;
+    let cols = [t.col("kv_read")?, t.col("op_err_mean")?, t.col("kl_mean")?];
     let mut sums: BTreeMap<(String, String, usize), ([f64; 3], usize)> = BTreeMap::new();
-    for line in lines {
-        let f: Vec<&str> = line.split(',').collect();
-        if f.len() != header.len() {
-            continue;
-        }
-        let key = (
-            f[1].to_string(),
-            f[2].to_string(),
-            f[3].parse().unwrap_or(0),
-        );
-        let e = sums.entry(key).or_insert(([0.0; 3], 0));
-        for (s, i) in e.0.iter_mut().zip([kv, op, kl]) {
-            *s += f[i].parse::<f64>().unwrap_or(f64::NAN);
+    for r in &t.rows {
+        let e = sums.entry(r.point.clone()).or_insert(([0.0; 3], 0));
+        for (s, &i) in e.0.iter_mut().zip(&cols) {
+            *s += r.values[i];
         }
         e.1 += 1;
     }
