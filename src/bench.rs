@@ -247,10 +247,8 @@ fn timed(cfg: &RunConfig, reps: usize, prepared: &inputs::Prepared) -> Result<()
                 let t = time(dev, reps, || {
                     method.approximate(&decoding(head.with_empty_memo())?, d, &mut key.rng())
                 })?;
-                let macs = match cfg.decode {
-                    Some(n_f) => method.macs_decode(n, p, d, n_f),
-                    None => method.macs_masked(n, p, d, mask),
-                };
+                let macs =
+                    crate::protocol::Protocol::of(cfg.decode).macs(method.as_ref(), n, p, d, mask);
                 println!(
                     "  {:<18} {:>5} {:>10.3} {:>12.2}",
                     m,

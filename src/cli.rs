@@ -66,7 +66,7 @@ pub enum Command {
     /// Score your own method's outputs, computed anywhere on `dump-qkv` inputs: writes a run
     /// (trials.csv, summary.csv, manifest.json) that plot, check and merge take like any other.
     Score(ScoreArgs),
-    /// Combine shard outputs (--shard K/N runs) into one run with summary and manifest.
+    /// Combine shard outputs (--shard K/N runs, the sweep's or e2e's) into one run with summary and manifest.
     Merge(MergeArgs),
     /// Time each stage (Q/K/V, exact attention with GFLOP/s, every method and d, the metric) on window 0
     /// of each length, and report peak memory. Takes the sweep's flags; --windows and --out are ignored.
@@ -128,6 +128,10 @@ pub struct E2eArgs {
     /// No per-point lines and no KL report on stderr.
     #[arg(long)]
     pub quiet: bool,
+    /// Run only shard K of N (1-based): the windows w with w mod N = K − 1, whose rows are those
+    /// of an unsharded run. Join the shards' directories with `approx-bench merge`.
+    #[arg(long, value_name = "K/N")]
+    pub shard: Option<String>,
 }
 
 impl E2eArgs {
@@ -146,6 +150,11 @@ impl E2eArgs {
             positions: self.positions,
             quiet: self.quiet,
             command,
+            shard: self
+                .shard
+                .as_deref()
+                .map(approx_bench::config::Shard::parse)
+                .transpose()?,
         })
     }
 }
@@ -295,7 +304,8 @@ pub struct SweepArgs {
 
 #[derive(Debug, Clone, Args)]
 pub struct MergeArgs {
-    /// Shard output directories (each from a run with the same configuration and a different --shard).
+    /// Shard output directories (each from a run with the same configuration and a different --shard): a
+    /// sweep's, or `e2e`'s (their rows joined, summary.csv and e2e.png recomputed over every window).
     #[arg(required = true)]
     pub dirs: Vec<PathBuf>,
     /// Directory for the merged trials.csv, summary.csv and manifest.json.

@@ -18,6 +18,7 @@ use crate::usage;
 
 mod files;
 mod ids;
+pub mod merge;
 pub mod summary;
 
 pub use files::E2E_COLUMNS;
@@ -41,6 +42,8 @@ pub struct E2eRequest {
     pub positions: bool,
     pub quiet: bool,
     pub command: Vec<String>,
+    /// Run only shard K of N: the windows w with w mod N = K − 1 (`merge` joins the shards).
+    pub shard: Option<crate::config::Shard>,
 }
 
 /// What a finished run reports: the llama.cpp-style statistics of each point computed now (over
@@ -123,7 +126,22 @@ pub fn run_with(req: &E2eRequest, extra: Vec<E2eMethod>) -> Result<E2eOutcome> {
         }
     }
     let _lock = crate::report::run_lock::create_and_lock(&req.out)?;
-    let mut store = files::Store::open(&req.out, req, &windows, &prepared.model_id, &one_layer)?;
+    // The model's files by content (the corpus is in the windows' own hashes, and an --ids run
+    // reads no corpus rows).
+    let inputs_list = prepared
+        .files
+        .iter()
+        .filter(|(role, _)| role != "corpus")
+        .map(|(role, path)| crate::report::manifest::InputFile::hashed(role, path))
+        .collect::<Result<Vec<_>>>()?;
+    let mut store = files::Store::open(
+        &req.out,
+        req,
+        &windows,
+        &prepared.model_id,
+        &inputs_list,
+        &one_layer,
+    )?;
     let dtype = req.inputs.candle_dtype();
     let mut reports = Vec::new();
     let mut new_points = 0;
@@ -135,7 +153,8 @@ pub fn run_with(req: &E2eRequest, extra: Vec<E2eMethod>) -> Result<E2eOutcome> {
             let mode = m.mode(req.n_f).name();
             let mut positions = crate::numerics::next_token::PositionScores::default();
             for (w, ids) in windows.iter().enumerate() {
-                if store.done(&(w, mode.to_string(), m.name.clone(), d)) {
+                let other_shard = req.shard.is_some_and(|s| !s.takes(w));
+                if other_shard || store.done(&(w, mode.to_string(), m.name.clone(), d)) {
                     continue;
                 }
                 let window = Window {
@@ -174,7 +193,7 @@ pub fn run_with(req: &E2eRequest, extra: Vec<E2eMethod>) -> Result<E2eOutcome> {
         store.stopped();
         return Err(e);
     }
-    let total_points = store.finish(config.num_hidden_layers)?;
+    let total_points = store.finish()?;
     Ok(E2eOutcome {
         out: req.out.clone(),
         reports,

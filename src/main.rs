@@ -86,6 +86,21 @@ fn run(cli: Cli) -> anyhow::Result<i32> {
             println!("\n{} matched points; calibration score (weighted median |ln(mean/anchor)|, Informer and V-Mean ×3): {score:.3} (ratio ×{:.2})", cmp.len(), score.exp());
             Ok(0)
         }
+        Some(Command::Merge(a))
+            if a.dirs
+                .first()
+                .is_some_and(|d| approx_bench::e2e::merge::is_e2e_run(d)) =>
+        {
+            let m = approx_bench::e2e::merge::merge(&a.dirs, &a.out)?;
+            eprintln!(
+                "{}: {} points from {} shard(s), {}; summary.csv and e2e.png recomputed over every window",
+                a.out.display(),
+                m.points,
+                m.shards,
+                m.status
+            );
+            Ok(0)
+        }
         Some(Command::Merge(a)) => {
             let merged = approx_bench::report::merge::merge(&a.dirs, &a.out)?;
             approx_bench::report::console::print_summary(&a.out, &merged.summary, 0, merged.trials);

@@ -13,12 +13,13 @@ use std::path::{Path, PathBuf};
 use anyhow::{Context, Result};
 use candle_core::{DType, Device, Tensor};
 
-use crate::attention::HeadInputs;
+use crate::attention::Approximation;
 use crate::config::{Choice, RunConfig, UserMethod};
-use crate::numerics::{sampling::TrialKey, spectral};
+use crate::numerics::sampling::TrialKey;
+use crate::protocol::pipeline::{self, HeadTarget, Protocol, RowAt};
 use crate::report::manifest::{self, InputFile, Manifest};
 use crate::report::summary;
-use crate::report::trials::{TrialRow, TrialWriter};
+use crate::report::trials::TrialWriter;
 use crate::sweep::SweepOutcome;
 use crate::usage;
 
@@ -381,75 +382,52 @@ pub fn score(req: &ScoreRequest) -> Result<SweepOutcome> {
                 .iter()
                 .map(|d| load_tensor(&approx[&(n, w, *d)], "o_hat", &o_shape))
                 .collect::<Result<_>>()?;
+            let model = cfg.inputs.model.name();
+            let protocol = Protocol::of(req.decode);
             for h in 0..dump.info.heads {
-                let kv_head = h * dump.info.kv_heads() / dump.info.heads;
-                let head = HeadInputs::masked(
-                    q.get(h)?,
-                    k.get(kv_head)?,
-                    v.get(kv_head)?,
-                    dump.info.mask,
-                )?;
-                let exact64 = head.target_output(req.target).with_context(|| {
+                let (head, kv_head) = pipeline::layer_head(&q, &k, &v, h, dump.info.mask, None)?;
+                let target = HeadTarget::new(&head, req.target, protocol).with_context(|| {
                     format!(
                         "--qkv {}: n = {n}, window {w}, head {h}",
                         dump.path.display()
                     )
                 })?;
-                let exact64 = match req.decode {
-                    Some(n_f) => exact64.narrow(0, n - n_f, n_f)?,
-                    None => exact64,
-                };
-                let exact_norm = spectral::matrix_norms(&exact64)?.spectral;
                 for (&d, o) in features.iter().zip(&outs) {
-                    let o_hat = o.get(h)?.to_dtype(DType::F64)?;
-                    let norms = spectral::error_norms(&exact64, &o_hat).with_context(|| {
-                        format!(
-                            "scoring {} at n = {n}, window {w}, head {h}, d = {d}",
-                            req.name
-                        )
-                    })?;
-                    let agreement = crate::numerics::agreement::agreement(&exact64, &o_hat)?;
-                    let flagged = crate::sweep::flagged_rows(
-                        &crate::attention::Approximation::plain(o_hat.clone()),
-                    )?;
-                    let row = TrialRow {
-                        model: cfg.inputs.model.name().to_string(),
-                        model_id: info0.model_id.clone(),
+                    let o_hat = Approximation::plain(o.get(h)?.to_dtype(DType::F64)?);
+                    let seed = TrialKey {
+                        seed: cfg.seed,
+                        n,
+                        window: w,
+                        head: h,
+                        method: &req.name,
+                        d,
+                    }
+                    .derive_seed();
+                    // A user's file: no method here made it, so no cost or cache columns, and
+                    // its time is not ours to report.
+                    let measured = target
+                        .measure(None, d, &o_hat, seed, f64::NAN)
+                        .with_context(|| {
+                            format!(
+                                "scoring {} at n = {n}, window {w}, head {h}, d = {d}",
+                                req.name
+                            )
+                        })?;
+                    let row = RowAt {
+                        model,
+                        model_id: &info0.model_id,
                         layer: cfg.inputs.layer,
                         n,
                         window: w,
                         head: h,
-                        method: req.name.clone(),
+                        kv_head,
+                        method: &req.name,
                         d,
-                        seed: TrialKey {
-                            seed: cfg.seed,
-                            n,
-                            window: w,
-                            head: h,
-                            method: &req.name,
-                            d,
-                        }
-                        .derive_seed(),
-                        error: norms.spectral,
-                        rel_error: crate::numerics::agreement::relative(norms.spectral, exact_norm),
-                        frob_error: norms.frobenius,
-                        exact_norm,
-                        nonfinite_rows: flagged,
-                        macs: f64::NAN,
-                        seconds: f64::NAN,
                         target: req.target,
                         mask: dump.info.mask,
-                        kv_head: Some(kv_head),
-                        mass: None,
-                        keys: None,
-                        cos_sim: Some(agreement.cos_sim),
-                        rel_l1: Some(agreement.rel_l1),
-                        rmse: Some(agreement.rmse),
-                        kv_bits: None,
-                        kv_read: None,
-                        n_f: req.decode,
-                        kv_union: None,
-                    };
+                        protocol,
+                    }
+                    .row(&measured);
                     writer.append(&row)?;
                     rows.push(row);
                 }

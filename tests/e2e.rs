@@ -127,6 +127,11 @@ fn bad_input_is_exit_2_naming_it_and_keeps_what_was_written() {
     usage(&format!("--ids {}", npy.display()), "'<f8'");
     // Another configuration into the same directory is refused, naming what differs.
     usage("--seed 3", "seed");
+    // So is the same command after the model's files changed under the same directory name.
+    let config = model.join("config.json");
+    let text = std::fs::read_to_string(&config).unwrap();
+    std::fs::write(&config, format!("{text}\n")).unwrap();
+    usage("", "changed since this run started");
 }
 
 #[test]
@@ -170,4 +175,70 @@ fn more_windows_extend_a_run_and_other_windows_are_refused() {
     let o = e2e(&model, &corpus, &b, "--lengths 48");
     assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
     assert!(stderr(&o).contains("other windows"), "{}", stderr(&o));
+}
+
+#[test]
+fn shards_merged_are_the_unsharded_run() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = llama_dir(&dir.path().join("m"), true);
+    let corpus = corpus(dir.path());
+    let whole = dir.path().join("whole");
+    let o = e2e(&model, &corpus, &whole, "--windows 3");
+    assert!(o.status.success(), "{}", stderr(&o));
+    let shards: Vec<_> = (1..=2).map(|k| dir.path().join(format!("s{k}"))).collect();
+    for (k, s) in shards.iter().enumerate() {
+        let o = e2e(
+            &model,
+            &corpus,
+            s,
+            &format!("--windows 3 --shard {}/2", k + 1),
+        );
+        assert!(o.status.success(), "{}", stderr(&o));
+        let manifest = std::fs::read_to_string(s.join("manifest.json")).unwrap();
+        assert!(manifest.contains("\"status\": \"partial\""), "{manifest}");
+    }
+    // Shard 1 of 2 holds windows 0 and 2, shard 2 window 1: 8 points per window.
+    assert_eq!(
+        rows_without_seconds(&shards[0].join("e2e.csv")).len(),
+        1 + 16
+    );
+    assert_eq!(
+        rows_without_seconds(&shards[1].join("e2e.csv")).len(),
+        1 + 8
+    );
+    let merged = dir.path().join("merged");
+    let merge = |dirs: &[&Path], out: &Path| {
+        let mut args = vec!["merge", "--out", out.to_str().unwrap()];
+        args.extend(dirs.iter().map(|d| d.to_str().unwrap()));
+        run(&args, &[])
+    };
+    let o = merge(&[&shards[0], &shards[1]], &merged);
+    assert!(o.status.success(), "{}", stderr(&o));
+    for f in ["e2e.csv", "e2e_layers.csv", "ids.txt", "summary.csv"] {
+        assert_eq!(
+            rows_without_seconds(&whole.join(f)),
+            rows_without_seconds(&merged.join(f)),
+            "{f}"
+        );
+    }
+    let manifest = std::fs::read_to_string(merged.join("manifest.json")).unwrap();
+    assert!(manifest.contains("\"status\": \"complete\""), "{manifest}");
+    // A shard given twice, an unsharded run and a shard of another command are refused.
+    for (dirs, want) in [
+        (vec![&shards[0], &shards[0]], "given twice"),
+        (vec![&shards[0], &whole], "not a shard"),
+    ] {
+        let o = merge(
+            &dirs.iter().map(|d| d.as_path()).collect::<Vec<_>>(),
+            &dir.path().join("x"),
+        );
+        assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+        assert!(stderr(&o).contains(want), "{}", stderr(&o));
+    }
+    let other = dir.path().join("other");
+    let o = e2e(&model, &corpus, &other, "--windows 3 --shard 2/2 --seed 7");
+    assert!(o.status.success(), "{}", stderr(&o));
+    let o = merge(&[&shards[0], &other], &dir.path().join("y"));
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    assert!(stderr(&o).contains("seed differs"), "{}", stderr(&o));
 }

@@ -154,7 +154,8 @@ fn spectral_error(o: &Bound<'_, PyAny>, o_hat: &Bound<'_, PyAny>) -> PyResult<(f
     let e = spectral::error_norms(&o, &oh).map_err(err)?;
     let o64 = o.to_dtype(DType::F64).map_err(cerr)?;
     let norm = spectral::matrix_norms(&o64).map_err(err)?.spectral;
-    Ok((e.spectral, e.spectral / norm, e.frobenius))
+    let rel = approx_bench::numerics::agreement::relative(e.spectral, norm);
+    Ok((e.spectral, rel, e.frobenius))
 }
 
 /// cos_sim, rel_l1 and rmse of Ô against O on the flattened output (docs/reference.md §8.5), as trials.csv
@@ -390,6 +391,7 @@ fn e2e(
         positions: false,
         quiet,
         command,
+        shard: None,
     };
     approx_bench::inputs::hub::allow_progress(!quiet);
     // The GIL is released while the forward runs; each user call takes it back.

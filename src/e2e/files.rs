@@ -11,6 +11,7 @@ use anyhow::{Context, Result};
 
 use super::{E2eRequest, PointKey};
 use crate::protocol::end_to_end::{E2eMethod, E2ePoint, ExactRun, Window};
+use crate::report::manifest::{check_same_inputs, InputFile};
 use crate::usage;
 
 /// `e2e.csv`'s columns before the one-layer view's and `seconds` (§10.3).
@@ -96,6 +97,7 @@ impl Store {
         req: &E2eRequest,
         windows: &[Vec<u32>],
         model_id: &str,
+        inputs: &[InputFile],
         one_layer: &[usize],
     ) -> Result<Self> {
         let ids_text: String = windows
@@ -115,6 +117,8 @@ impl Store {
             "n_f": req.n_f,
             "seed": req.seed,
             "one_layer": one_layer,
+            "inputs": inputs,
+            "shard": req.shard.map(|s| format!("{}/{}", s.index, s.count)),
             // One hash per window: a rerun with more windows extends the run (the old windows
             // must be its first ones), one with other windows is refused.
             "window_sha256": windows
@@ -217,12 +221,17 @@ impl Store {
         Ok(())
     }
 
-    /// Marks the run complete and writes `summary.csv`; returns the number of points.
-    pub fn finish(&mut self, layers: usize) -> Result<usize> {
-        let _ = layers;
+    /// Marks the run complete (`partial`: one shard of it) and writes `summary.csv` and the
+    /// figure; returns the number of points.
+    pub fn finish(&mut self) -> Result<usize> {
         super::summary::write(&self.out)?;
         crate::report::figures::e2e::draw(&self.out)?;
-        self.write_manifest("complete")?;
+        let status = if self.manifest["shard"].is_null() {
+            "complete"
+        } else {
+            "partial"
+        };
+        self.write_manifest(status)?;
         Ok(self.done.len())
     }
 
@@ -304,7 +313,29 @@ fn check_same_run(out: &Path, manifest: &serde_json::Value) -> Result<()> {
             out.display()
         ));
     }
-    for key in ["kind", "model_id", "dtype", "n_f", "seed", "one_layer"] {
+    // The model's files by content, whatever their paths: a resume never mixes the rows of two
+    // checkpoints that share a directory name. A run from before the inputs were recorded
+    // resumes as before.
+    if let Some(was) = old.get("inputs") {
+        let parse = |v: &serde_json::Value| -> Result<Vec<InputFile>> {
+            serde_json::from_value(v.clone()).map_err(|e| {
+                usage!(
+                    "{}: its inputs are not readable ({e}); use another --out",
+                    path.display()
+                )
+            })
+        };
+        check_same_inputs(&parse(was)?, &parse(&manifest["inputs"])?, out)?;
+    }
+    for key in [
+        "kind",
+        "model_id",
+        "dtype",
+        "n_f",
+        "seed",
+        "one_layer",
+        "shard",
+    ] {
         if old[key] != manifest[key] {
             return Err(usage!(
                 "{}: holds a run with {key} = {} where this command has {}; rerun the same command to resume it, or give another --out",

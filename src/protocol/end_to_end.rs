@@ -12,7 +12,8 @@ use std::time::Instant;
 use anyhow::{ensure, Result};
 use candle_core::{DType, Tensor};
 
-use super::layer_hook::{LayerError, MethodHook, Mode, RecordingExact};
+use super::layer_hook::{LayerError, MethodHook, RecordingExact};
+use super::pipeline::Protocol;
 use crate::attention::{self, Family, Mask, Method};
 use crate::models::{forward_logits, AttentionHook, DecoderConfig, DecoderWeights};
 use crate::numerics::next_token::{log_softmax_rows, score_positions, PositionScores};
@@ -61,11 +62,11 @@ impl E2eMethod {
         })
     }
 
-    pub fn mode(&self, n_f: usize) -> Mode {
+    pub fn mode(&self, n_f: usize) -> Protocol {
         if self.decode {
-            Mode::Decode { n_f }
+            Protocol::Decode { n_f }
         } else {
-            Mode::Prefill
+            Protocol::Prefill
         }
     }
 

@@ -10,40 +10,14 @@
 use std::sync::{Arc, Mutex};
 
 use anyhow::Result;
-use candle_core::{DType, Tensor};
+use candle_core::Tensor;
 use rayon::prelude::*;
 
-use crate::attention::decode::{DecodeHead, LayerContext};
-use crate::attention::{HeadInputs, Mask, Method, Target};
+use crate::attention::decode::LayerContext;
+use crate::attention::{Mask, Method, Target};
 use crate::models::AttentionHook;
-use crate::numerics::agreement::agreement;
 use crate::numerics::sampling::TrialKey;
-use crate::numerics::spectral;
-use crate::protocol::trial::{cache_columns, flagged_rows, trial_mass};
-
-/// Which rows a method replaces (docs/reference.md §10.1).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Mode {
-    /// Every row of every layer.
-    Prefill,
-    /// The n_f continuation rows; the prompt rows stay exact.
-    Decode { n_f: usize },
-}
-
-impl Mode {
-    pub fn name(self) -> &'static str {
-        match self {
-            Mode::Prefill => "prefill",
-            Mode::Decode { .. } => "decode",
-        }
-    }
-    fn n_f(self) -> Option<usize> {
-        match self {
-            Mode::Prefill => None,
-            Mode::Decode { n_f } => Some(n_f),
-        }
-    }
-}
+use crate::protocol::pipeline::{layer_head, HeadTarget, Protocol};
 
 /// One layer's local error (§10.1 "Layer metrics"): per query head, and their means.
 #[derive(Debug, Clone, PartialEq)]
@@ -84,7 +58,7 @@ impl LayerError {
 pub struct MethodHook<'a> {
     pub method: &'a dyn Method,
     pub d: usize,
-    pub mode: Mode,
+    pub mode: Protocol,
     /// The model's layer count L.
     pub layers: usize,
     /// The run seed and the window, for each trial's derived seed.
@@ -98,7 +72,7 @@ impl<'a> MethodHook<'a> {
     pub fn new(
         method: &'a dyn Method,
         d: usize,
-        mode: Mode,
+        mode: Protocol,
         layers: usize,
         seed: u64,
         window: usize,
@@ -133,7 +107,6 @@ impl<'a> MethodHook<'a> {
         v: &Tensor,
     ) -> Result<(Tensor, LayerError)> {
         let (heads, n, _) = q.dims3()?;
-        let kv_heads = k.dim(0)?;
         let ctx = match self.mode.n_f() {
             Some(n_f) => Some(Arc::new(LayerContext::new(
                 q.clone(),
@@ -147,7 +120,7 @@ impl<'a> MethodHook<'a> {
         };
         let per_head: Vec<(Tensor, [f64; 6], usize)> = (0..heads)
             .into_par_iter()
-            .map(|h| self.head(layer, h, h * kv_heads / heads, n, q, k, v, ctx.as_ref()))
+            .map(|h| self.head(layer, h, n, q, k, v, ctx.as_ref()))
             .collect::<Result<_>>()?;
         let outs: Vec<&Tensor> = per_head.iter().map(|(o, _, _)| o).collect();
         let o = Tensor::stack(&outs, 0)?;
@@ -158,13 +131,12 @@ impl<'a> MethodHook<'a> {
         Ok((o, error))
     }
 
-    /// Query head `h` (reading K/V head `kv`) of layer `layer`: its O rows and its error columns.
+    /// Query head `h` of layer `layer`: its O rows and its error columns.
     #[allow(clippy::too_many_arguments)]
     fn head(
         &self,
         layer: usize,
         h: usize,
-        kv: usize,
         n: usize,
         q: &Tensor,
         k: &Tensor,
@@ -172,13 +144,7 @@ impl<'a> MethodHook<'a> {
         ctx: Option<&Arc<LayerContext>>,
     ) -> Result<(Tensor, [f64; 6], usize)> {
         let m = self.method;
-        let mut head = HeadInputs::masked(q.get(h)?, k.get(kv)?, v.get(kv)?, Mask::Causal)?;
-        if let Some(ctx) = ctx {
-            head = head.decoding(DecodeHead {
-                head: h,
-                layer: ctx.clone(),
-            });
-        }
+        let (head, _) = layer_head(q, k, v, h, Mask::Causal, ctx)?;
         let seed = TrialKey {
             seed: self.seed,
             n,
@@ -195,38 +161,31 @@ impl<'a> MethodHook<'a> {
                 self.d
             )
         };
-        let approx = match m.approximate_trial(&head, self.d, seed) {
-            Ok(a) => a,
+        let target = HeadTarget::new(&head, Target::Softmax, self.mode)?;
+        let (approx, r) = match target.trial(m, self.d, seed) {
+            Ok(t) => t,
             // What a user's own function returns (a wrong shape, a NaN) is the user's to fix.
             Err(e) if m.family() == crate::attention::Family::User => {
                 return Err(crate::usage!("{}: {e:#}", where_()));
             }
             Err(e) => return Err(e.context(where_())),
         };
-        let exact = &head.exact()?.output;
-        let exact64 = head.scored(&exact.to_dtype(DType::F64)?)?;
-        let norms = spectral::error_norms(&exact64, &approx.output)?;
-        let exact_norm = spectral::matrix_norms(&exact64)?.spectral;
-        let cos = agreement(&exact64, &approx.output)?.cos_sim;
-        let mass = trial_mass(&approx, &head, Target::Softmax)?;
-        let keys = approx.support.as_ref().map(|s| s.keys);
-        let (mass, keys, _, kv_read) =
-            cache_columns(m, mass, keys, n, Mask::Causal, self.mode.n_f());
         let nan = f64::NAN;
         let cols = [
-            norms.spectral,
-            norms.spectral / exact_norm,
-            1.0 - cos,
-            keys.unwrap_or(nan),
-            mass.unwrap_or(nan),
-            kv_read.unwrap_or(nan),
+            r.norms.spectral,
+            r.rel_error(),
+            1.0 - r.agreement.cos_sim,
+            r.cache.keys.unwrap_or(nan),
+            r.cache.mass.unwrap_or(nan),
+            r.cache.kv_read.unwrap_or(nan),
         ];
+        let exact = &head.exact()?.output;
         let rows = approx.output.to_dtype(q.dtype())?;
         let o = match self.mode {
-            Mode::Prefill => rows,
-            Mode::Decode { n_f } => Tensor::cat(&[exact.narrow(0, 0, n - n_f)?, rows], 0)?,
+            Protocol::Prefill => rows,
+            Protocol::Decode { n_f } => Tensor::cat(&[exact.narrow(0, 0, n - n_f)?, rows], 0)?,
         };
-        Ok((o, cols, flagged_rows(&approx)?))
+        Ok((o, cols, r.nonfinite_rows))
     }
 }
 

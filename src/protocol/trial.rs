@@ -1,5 +1,5 @@
-//! One trial's measurement, shared by every protocol: what Ô is flagged for, the mass its rows
-//! captured, and the cache columns (`keys`, `kv_bits`, `kv_read`) of docs/reference.md §7.2, §8.5, §9.1.
+//! What a trial's Ô is flagged for and the mass its rows captured (docs/reference.md §7.2), for
+//! the pipeline ([`super::pipeline`]) and the device path's batched measurement.
 
 use anyhow::Result;
 use candle_core::DType;
@@ -45,42 +45,6 @@ pub fn trial_mass(
         }
         _ => Ok(None),
     }
-}
-
-/// A trial's `mass`, `keys`, `kv_bits` and `kv_read` (docs/reference.md §8.5): a method without a budget
-/// (the §8 family) visits every key (the dense count, mass 1) at its own width; a
-/// restrict-and-renormalise method (one with a key support) reads its keys from an f16 cache (16
-/// bits); every other method reads no cache (all four empty but what it measured). Under the
-/// decode protocol (`decode` = n_f, §9.1) the rows are the continuation's: the dense count is the
-/// mean of t + 1 over F and `kv_read`'s denominator Σ_{t∈F}(t + 1).
-pub fn cache_columns(
-    m: &dyn attention::Method,
-    measured_mass: Option<f64>,
-    measured_keys: Option<f64>,
-    n: usize,
-    mask: attention::Mask,
-    decode: Option<usize>,
-) -> (Option<f64>, Option<f64>, Option<f64>, Option<f64>) {
-    use attention::quantized::{dense_keys, kv_read_of};
-    let dense = match decode {
-        Some(n_f) => attention::decode::dense_pairs(n, n_f) / n_f as f64,
-        None => dense_keys(n, mask),
-    };
-    let (mass, keys) = if m.has_budget() {
-        (measured_mass, measured_keys)
-    } else {
-        (Some(1.0), Some(dense))
-    };
-    let bits = match decode {
-        Some(n_f) => m.kv_bits_decode(n, n_f),
-        None => m.kv_bits(n),
-    };
-    let kv_bits = bits.or(measured_keys.map(|_| 16.0));
-    let read = match (kv_bits, keys) {
-        (Some(b), Some(k)) => Some(kv_read_of(b, k, dense)),
-        _ => None,
-    };
-    (mass, keys, kv_bits, read)
 }
 
 #[cfg(test)]

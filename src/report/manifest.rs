@@ -221,3 +221,62 @@ pub fn json_diff(
         _ => {}
     }
 }
+
+/// A resume continues only what was computed from the same inputs: for every role (corpus,
+/// tokenizer, config, weights — a sharded checkpoint has several weight files) the resumed run and
+/// this one read files of the same sha256s, whatever their paths (a run moved to another machine
+/// resumes). The run hashes its inputs anyway for its manifest, memoized per process, so comparing
+/// hashes costs nothing more than a size-and-mtime shortcut would. The sweep's resume and the
+/// end-to-end run's both check so.
+pub fn check_same_inputs(
+    old: &[InputFile],
+    new: &[InputFile],
+    out: &std::path::Path,
+) -> Result<()> {
+    let hashes = |files: &[InputFile], role: &str| -> Vec<String> {
+        let mut h: Vec<String> = files
+            .iter()
+            .filter(|f| f.role == role)
+            .map(|f| f.sha256.clone())
+            .collect();
+        h.sort();
+        h
+    };
+    let mut roles: Vec<&str> = old.iter().chain(new).map(|f| f.role.as_str()).collect();
+    roles.sort();
+    roles.dedup();
+    for role in roles {
+        let (was, now) = (hashes(old, role), hashes(new, role));
+        if was == now {
+            continue;
+        }
+        // Name a file of this run whose content the resumed run did not read, else one that it
+        // read and this run does not.
+        let changed = new
+            .iter()
+            .find(|f| f.role == role && !was.contains(&f.sha256))
+            .map(|f| {
+                format!(
+                    "the {role} {} changed since this run started (its sha256 is now {}…)",
+                    f.path,
+                    &f.sha256[..f.sha256.len().min(12)]
+                )
+            })
+            .or_else(|| {
+                old.iter()
+                    .find(|f| f.role == role && !now.contains(&f.sha256))
+                    .map(|f| {
+                        format!(
+                            "the run being resumed read a {role} ({}) that this run does not",
+                            f.path
+                        )
+                    })
+            })
+            .unwrap_or_else(|| format!("the {role} files differ"));
+        return Err(crate::usage!(
+            "--out {}: {changed}; its rows would mix two inputs. Restore the file, use another --out, or --force to start over",
+            out.display()
+        ));
+    }
+    Ok(())
+}

@@ -11,10 +11,11 @@ use std::time::Instant;
 use anyhow::{Context, Result};
 use candle_core::{DType, Tensor};
 
-use super::{TrialContext, TrialResult};
+use super::TrialContext;
 use crate::attention::exact::verify::TargetCheck;
 use crate::attention::{self, batch::each_head, HeadBatch, HeadInputs, HeadTrials};
 use crate::numerics::{sampling::TrialKey, spectral};
+use crate::protocol::pipeline::{HeadTarget, Protocol};
 use crate::report::trials::TrialRow;
 
 /// Set to 0, the device path runs each method head by head (its batched targets and metric
@@ -137,6 +138,22 @@ impl TrialContext<'_> {
         let (h_all, hkv) = (self.prepared.heads(), self.prepared.kv_heads());
 
         let batched = !env_is(HEAD_BATCH_VAR, "0");
+        // Each head's slice of the batch's checked target: the pipeline measures against it.
+        let heads: Vec<HeadTarget> = batch
+            .heads
+            .iter()
+            .zip(exact_norms)
+            .enumerate()
+            .map(|(b, (head, norm))| {
+                Ok(HeadTarget::from_parts(
+                    head,
+                    cfg.target,
+                    Protocol::Prefill,
+                    target.get(b)?,
+                    norm.spectral,
+                ))
+            })
+            .collect::<Result<_>>()?;
         let mut rows = Vec::new();
         for (mi, m) in self.methods.iter().enumerate() {
             for (di, d) in attention::budgets(m.id(), &cfg.features)
@@ -190,22 +207,19 @@ impl TrialContext<'_> {
                     if !need[b] {
                         continue;
                     }
-                    let result = TrialResult {
-                        seed: seeds[b],
-                        norms: norms[b],
-                        agreement: agreements[b],
-                        exact_norm: exact_norms[b].spectral,
-                        nonfinite_rows: flagged[b],
+                    let measured = heads[b].measured(
+                        Some(m.as_ref()),
+                        d,
+                        a,
+                        seeds[b],
                         seconds,
-                        mass: super::trial_mass(a, &batch.heads[b], cfg.target)?,
-                        keys: a.support.as_ref().map(|s| s.keys),
-                        kv_union: None,
-                    };
+                        norms[b],
+                        agreements[b],
+                        flagged[b],
+                    )?;
                     let h = jobs[b];
-                    rows.push((
-                        (b, mi, di),
-                        self.row(h, h * hkv / h_all, m.as_ref(), d, result),
-                    ));
+                    let at = self.row_at(h, h * hkv / h_all, m.id(), d);
+                    rows.push(((b, mi, di), at.row(&measured)));
                     self.bar.inc(1);
                 }
                 add_phase(4, t0);
@@ -250,7 +264,7 @@ fn score_heads(
         .map(|i| {
             let rows = &host[i * n..(i + 1) * n];
             if normalised {
-                Ok(super::count_flagged(
+                Ok(crate::protocol::trial::count_flagged(
                     rows,
                     Some(&host[(b + i) * n..(b + i + 1) * n]),
                 ))
@@ -258,7 +272,7 @@ fn score_heads(
                 // Some heads with a normaliser and some without (a user's method): one by one.
                 super::flagged_rows(&approx[i])
             } else {
-                Ok(super::count_flagged(rows, None))
+                Ok(crate::protocol::trial::count_flagged(rows, None))
             }
         })
         .collect::<Result<_>>()?;

@@ -3,15 +3,13 @@
 //! rows do not depend on order, resume or threads. Rows are appended as trials finish.
 
 use std::path::PathBuf;
-use std::time::Instant;
 
 use anyhow::{Context, Result};
 
-use crate::attention::{self, HeadInputs};
+use crate::attention;
 use crate::config::{Choice, RunConfig};
 use crate::inputs;
-use crate::numerics::agreement::{agreement, Agreement};
-use crate::numerics::{sampling::TrialKey, spectral};
+use crate::numerics::sampling::TrialKey;
 use crate::report::manifest::{self, InputFile, Manifest};
 use crate::report::summary::{self, SummaryRow};
 use crate::report::trials::{self, TrialRow, TrialWriter};
@@ -47,8 +45,8 @@ pub use device::{HEAD_BATCH_VAR, PROFILE_VAR};
 use crate::report::run_lock::RunLock;
 
 // One trial's measurement is the protocols' (prefill, decode, end to end): written once there.
+use crate::protocol::pipeline::{self, HeadTarget, Protocol, RowAt};
 pub use crate::protocol::trial::flagged_rows;
-use crate::protocol::trial::{cache_columns, count_flagged, trial_mass};
 
 /// Creates `opts.out`, takes its lock (one writer per run directory) and clears or checks what it
 /// holds; the lock is held until the returned value is dropped, after the figures are drawn.
@@ -89,60 +87,6 @@ fn check_out(cfg: &RunConfig, opts: &SweepOptions) -> Result<Option<Manifest>> {
         ));
     }
     Ok(None)
-}
-
-/// A resume continues only what was computed from the same inputs: for every role (corpus,
-/// tokenizer, config, weights — a sharded checkpoint has several weight files) the resumed run and
-/// this one read files of the same sha256s, whatever their paths (a run moved to another machine
-/// resumes). The run hashes its inputs anyway for its manifest, memoized per process, so comparing
-/// hashes costs nothing more than a size-and-mtime shortcut would.
-fn check_same_inputs(old: &[InputFile], new: &[InputFile], out: &std::path::Path) -> Result<()> {
-    let hashes = |files: &[InputFile], role: &str| -> Vec<String> {
-        let mut h: Vec<String> = files
-            .iter()
-            .filter(|f| f.role == role)
-            .map(|f| f.sha256.clone())
-            .collect();
-        h.sort();
-        h
-    };
-    let mut roles: Vec<&str> = old.iter().chain(new).map(|f| f.role.as_str()).collect();
-    roles.sort();
-    roles.dedup();
-    for role in roles {
-        let (was, now) = (hashes(old, role), hashes(new, role));
-        if was == now {
-            continue;
-        }
-        // Name a file of this run whose content the resumed run did not read, else one that it
-        // read and this run does not.
-        let changed = new
-            .iter()
-            .find(|f| f.role == role && !was.contains(&f.sha256))
-            .map(|f| {
-                format!(
-                    "the {role} {} changed since this run started (its sha256 is now {}…)",
-                    f.path,
-                    &f.sha256[..f.sha256.len().min(12)]
-                )
-            })
-            .or_else(|| {
-                old.iter()
-                    .find(|f| f.role == role && !now.contains(&f.sha256))
-                    .map(|f| {
-                        format!(
-                            "the run being resumed read a {role} ({}) that this run does not",
-                            f.path
-                        )
-                    })
-            })
-            .unwrap_or_else(|| format!("the {role} files differ"));
-        return Err(usage!(
-            "--out {}: {changed}; its rows would mix two inputs. Restore the file, use another --out, or --force to start over",
-            out.display()
-        ));
-    }
-    Ok(())
 }
 
 /// The decode protocol (§9.1) needs a causal continuation: an encoder has none. Checked once the
@@ -249,7 +193,7 @@ pub fn run_with(
         .map(|(role, path)| InputFile::hashed(role, path))
         .collect::<Result<Vec<_>>>()?;
     if let Some(old) = &resumed {
-        check_same_inputs(&old.inputs, &inputs_list, &opts.out)?;
+        manifest::check_same_inputs(&old.inputs, &inputs_list, &opts.out)?;
     }
     let model_name = cfg.inputs.model.name().to_string();
     let trials_path = opts.out.join("trials.csv");
@@ -519,8 +463,9 @@ struct TrialContext<'a> {
     bar: &'a indicatif::ProgressBar,
 }
 
-impl TrialContext<'_> {
-    /// Every missing trial of head `h`: the exact target once, then each method and d.
+impl<'a> TrialContext<'a> {
+    /// Every missing trial of head `h`: the exact target once, then each method and d, through
+    /// the protocols' pipeline.
     fn head_trials(
         &self,
         h: usize,
@@ -531,22 +476,13 @@ impl TrialContext<'_> {
         missing: &(dyn Fn(usize, &str, usize) -> bool + Sync),
     ) -> Result<Vec<TrialRow>> {
         let (cfg, n, w) = (self.cfg, self.n, self.window);
-        // Grouped-query heads (docs/reference.md §7.1): query head h reads K/V head ⌊h·H_kv/H⌋.
-        let kv_head = h * k.dim(0)? / q.dim(0)?;
-        let (qh, kh, vh) = (q.get(h)?, k.get(kv_head)?, v.get(kv_head)?);
-        let mut head = HeadInputs::masked(qh, kh, vh, cfg.mask)?;
-        if let Some(layer) = layer {
-            head = head.decoding(attention::decode::DecodeHead {
-                head: h,
-                layer: layer.clone(),
-            });
-        }
-        // The run's target in f64, once per head (error_norms then takes it as is), before any
-        // method's clock starts; a sample of its rows is checked against float64 first.
-        let exact64 = head.target_output(cfg.target).with_context(|| {
-            format!("layer {}, n = {n}, window {w}, head {h}", cfg.inputs.layer)
-        })?;
-        let exact_norm = spectral::matrix_norms(&exact64)?.spectral;
+        let (head, kv_head) = pipeline::layer_head(q, k, v, h, cfg.mask, layer)?;
+        // The run's target in f64, once per head, before any method's clock starts; a sample of
+        // its rows is checked against float64 first.
+        let target =
+            HeadTarget::new(&head, cfg.target, Protocol::of(cfg.decode)).with_context(|| {
+                format!("layer {}, n = {n}, window {w}, head {h}", cfg.inputs.layer)
+            })?;
         let mut rows = Vec::new();
         for m in self.methods {
             for d in attention::budgets(m.id(), &cfg.features) {
@@ -568,95 +504,39 @@ impl TrialContext<'_> {
                 };
                 self.bar
                     .set_message(format!("n={n} w={w} {} d={d}", m.id()));
-                let t0 = Instant::now();
-                let trial_seed = key.derive_seed();
-                let approx = m.approximate_trial(&head, d, trial_seed).with_context(|| {
-                    format!(
-                        "method {} at n = {n}, window {w}, head {h}, d = {d}",
-                        m.id()
-                    )
-                })?;
-                self.prepared.device.synchronize()?;
-                let seconds = t0.elapsed().as_secs_f64();
-                let result = TrialResult {
-                    seed: trial_seed,
-                    norms: spectral::error_norms(&exact64, &approx.output)?,
-                    agreement: agreement(&exact64, &approx.output)?,
-                    exact_norm,
-                    nonfinite_rows: flagged_rows(&approx)?,
-                    seconds,
-                    mass: trial_mass(&approx, &head, cfg.target)?,
-                    keys: approx.support.as_ref().map(|s| s.keys),
-                    kv_union: approx.support.as_ref().and_then(|s| s.kv_union),
-                };
-                rows.push(self.row(h, kv_head, m.as_ref(), d, result));
+                let (_, measured) = target
+                    .trial(m.as_ref(), d, key.derive_seed())
+                    .with_context(|| {
+                        format!(
+                            "method {} at n = {n}, window {w}, head {h}, d = {d}",
+                            m.id()
+                        )
+                    })?;
+                rows.push(self.row_at(h, kv_head, m.id(), d).row(&measured));
                 self.bar.inc(1);
             }
         }
         Ok(rows)
     }
-}
 
-/// What one trial measured, before it becomes a row.
-struct TrialResult {
-    seed: u64,
-    norms: spectral::ErrorNorms,
-    agreement: Agreement,
-    exact_norm: f64,
-    nonfinite_rows: usize,
-    seconds: f64,
-    mass: Option<f64>,
-    keys: Option<f64>,
-    kv_union: Option<f64>,
-}
-
-impl TrialContext<'_> {
-    /// The trials.csv row of head `h` (reading K/V head `kv_head`), method `m` at `d`.
-    fn row(
-        &self,
-        h: usize,
-        kv_head: usize,
-        m: &dyn attention::Method,
-        d: usize,
-        r: TrialResult,
-    ) -> TrialRow {
-        let cfg = self.cfg;
-        let (mass, keys, kv_bits, kv_read) =
-            cache_columns(m, r.mass, r.keys, self.n, cfg.mask, cfg.decode);
-        let p = self.prepared.head_dim();
-        let macs = match cfg.decode {
-            Some(n_f) => m.macs_decode(self.n, p, d, n_f),
-            None => m.macs_masked(self.n, p, d, cfg.mask),
-        };
-        TrialRow {
-            model: self.model_name.to_string(),
-            model_id: self.prepared.model_id.clone(),
-            layer: cfg.inputs.layer,
+    /// The identity columns of head `h`'s (reading K/V head `kv_head`) trial of `method` at `d`.
+    fn row_at<'m>(&self, h: usize, kv_head: usize, method: &'m str, d: usize) -> RowAt<'m>
+    where
+        'a: 'm,
+    {
+        RowAt {
+            model: self.model_name,
+            model_id: &self.prepared.model_id,
+            layer: self.cfg.inputs.layer,
             n: self.n,
             window: self.window,
             head: h,
-            method: m.id().to_string(),
+            kv_head,
+            method,
             d,
-            seed: r.seed,
-            error: r.norms.spectral,
-            rel_error: crate::numerics::agreement::relative(r.norms.spectral, r.exact_norm),
-            frob_error: r.norms.frobenius,
-            exact_norm: r.exact_norm,
-            nonfinite_rows: r.nonfinite_rows,
-            macs,
-            seconds: r.seconds,
-            target: cfg.target,
-            mask: cfg.mask,
-            kv_head: Some(kv_head),
-            mass,
-            keys,
-            cos_sim: Some(r.agreement.cos_sim),
-            rel_l1: Some(r.agreement.rel_l1),
-            rmse: Some(r.agreement.rmse),
-            kv_bits,
-            kv_read,
-            n_f: cfg.decode,
-            kv_union: r.kv_union,
+            target: self.cfg.target,
+            mask: self.cfg.mask,
+            protocol: Protocol::of(self.cfg.decode),
         }
     }
 }

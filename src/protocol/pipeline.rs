@@ -1,0 +1,333 @@
+//! The one pipeline every protocol shares, from a head's Q, K, V to a measured trial: which rows
+//! are scored ([`Protocol`]), the target they are scored against ([`HeadTarget`]), one trial of a
+//! method at d on it and its measurement ([`Measured`]), and the trials.csv row ([`RowAt`]).
+//!
+//! The sweep (its CPU and device paths), `score` and the end-to-end run's layers all go through
+//! it; they differ only in where Ô comes from (a method on the CPU, a batch of heads on a device,
+//! a user's file) and in what they do with the measurement (a row, a layer's error columns).
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use anyhow::Result;
+use candle_core::Tensor;
+
+use crate::attention::decode::{DecodeHead, LayerContext};
+use crate::attention::{self, Approximation, HeadInputs, Mask, Method, Target};
+use crate::numerics::agreement::{self, Agreement};
+use crate::numerics::spectral::{self, ErrorNorms};
+use crate::protocol::trial::{flagged_rows, trial_mass};
+use crate::report::trials::TrialRow;
+
+/// Which rows of a head a method's Ô replaces and is scored on (docs/reference.md §7, §9.1,
+/// §10.1). The end-to-end protocol runs one of these in every layer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Protocol {
+    /// Every row of the head (one layer's prefill, §7–§8).
+    Prefill,
+    /// The n_f continuation rows, which read a compressed prompt cache; the prompt rows stay
+    /// exact (§9.1).
+    Decode { n_f: usize },
+}
+
+impl Protocol {
+    /// `--decode N_F` or its absence.
+    pub fn of(decode: Option<usize>) -> Self {
+        match decode {
+            Some(n_f) => Protocol::Decode { n_f },
+            None => Protocol::Prefill,
+        }
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Protocol::Prefill => "prefill",
+            Protocol::Decode { .. } => "decode",
+        }
+    }
+
+    pub fn n_f(self) -> Option<usize> {
+        match self {
+            Protocol::Prefill => None,
+            Protocol::Decode { n_f } => Some(n_f),
+        }
+    }
+
+    /// The scored rows of an [n, ·] or [n] tensor of every row.
+    pub fn scored(self, t: &Tensor) -> Result<Tensor> {
+        Ok(match self {
+            Protocol::Prefill => t.clone(),
+            Protocol::Decode { n_f } => t.narrow(0, t.dim(0)? - n_f, n_f)?,
+        })
+    }
+
+    /// The method's leading multiply-adds at (n, p, d) under this protocol.
+    pub fn macs(self, m: &dyn Method, n: usize, p: usize, d: usize, mask: Mask) -> f64 {
+        match self {
+            Protocol::Prefill => m.macs_masked(n, p, d, mask),
+            Protocol::Decode { n_f } => m.macs_decode(n, p, d, n_f),
+        }
+    }
+
+    /// A trial's `mass`, `keys`, `kv_bits` and `kv_read` (docs/reference.md §8.5): a method without a
+    /// budget (the §8 family) visits every key (the dense count, mass 1) at its own width; a
+    /// restrict-and-renormalise method (one with a key support) reads its keys from an f16 cache
+    /// (16 bits); every other method reads no cache (all four empty but what it measured). Under
+    /// the decode protocol the rows are the continuation's: the dense count is the mean of t + 1
+    /// over F and `kv_read`'s denominator Σ_{t∈F}(t + 1).
+    pub fn cache_columns(
+        self,
+        m: &dyn Method,
+        measured_mass: Option<f64>,
+        measured_keys: Option<f64>,
+        n: usize,
+        mask: Mask,
+    ) -> CacheColumns {
+        use attention::quantized::{dense_keys, kv_read_of};
+        let dense = match self {
+            Protocol::Decode { n_f } => attention::decode::dense_pairs(n, n_f) / n_f as f64,
+            Protocol::Prefill => dense_keys(n, mask),
+        };
+        let (mass, keys) = if m.has_budget() {
+            (measured_mass, measured_keys)
+        } else {
+            (Some(1.0), Some(dense))
+        };
+        let bits = match self {
+            Protocol::Decode { n_f } => m.kv_bits_decode(n, n_f),
+            Protocol::Prefill => m.kv_bits(n),
+        };
+        let kv_bits = bits.or(measured_keys.map(|_| 16.0));
+        let kv_read = match (kv_bits, keys) {
+            (Some(b), Some(k)) => Some(kv_read_of(b, k, dense)),
+            _ => None,
+        };
+        CacheColumns {
+            mass,
+            keys,
+            kv_bits,
+            kv_read,
+        }
+    }
+}
+
+/// The cache columns of a trial (§8.5); empty where the method has none.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct CacheColumns {
+    pub mass: Option<f64>,
+    pub keys: Option<f64>,
+    pub kv_bits: Option<f64>,
+    pub kv_read: Option<f64>,
+}
+
+/// Query head `h` of a layer's [H, n, p] Q and [H_kv, n, p] K, V, under `mask`, with the layer's
+/// decode context when the protocol is decode, and the K/V head it reads: grouped-query heads
+/// (docs/reference.md §7.1) read K/V head ⌊h·H_kv/H⌋.
+pub fn layer_head(
+    q: &Tensor,
+    k: &Tensor,
+    v: &Tensor,
+    h: usize,
+    mask: Mask,
+    layer: Option<&Arc<LayerContext>>,
+) -> Result<(HeadInputs, usize)> {
+    let kv_head = h * k.dim(0)? / q.dim(0)?;
+    let mut head = HeadInputs::masked(q.get(h)?, k.get(kv_head)?, v.get(kv_head)?, mask)?;
+    if let Some(layer) = layer {
+        head = head.decoding(DecodeHead {
+            head: h,
+            layer: layer.clone(),
+        });
+    }
+    Ok((head, kv_head))
+}
+
+/// What one head's trials are scored against: the run's target on the protocol's rows, in f64,
+/// and its spectral norm; computed once per head, before any method's clock starts.
+pub struct HeadTarget<'h> {
+    pub head: &'h HeadInputs,
+    pub target: Target,
+    pub protocol: Protocol,
+    /// The target's scored rows in f64.
+    pub output: Tensor,
+    /// ‖O‖₂ of those rows.
+    pub norm: f64,
+}
+
+impl<'h> HeadTarget<'h> {
+    /// The head's target, after a sample of its rows was checked against a float64
+    /// recomputation ([`HeadInputs::target_output`]): a wrong target is an error, never a row.
+    pub fn new(head: &'h HeadInputs, target: Target, protocol: Protocol) -> Result<Self> {
+        // A head with a decode context narrows to the continuation itself; one without (`score`,
+        // which has no layer to give its heads) is narrowed here.
+        let output = match (&head.decode, protocol) {
+            (Some(dec), Protocol::Decode { n_f }) => {
+                debug_assert_eq!(dec.n_f(), n_f, "the head's decode context and the protocol");
+                head.target_output(target)?
+            }
+            (Some(_), Protocol::Prefill) => {
+                anyhow::bail!("a head under the decode protocol scored as prefill")
+            }
+            (None, _) => protocol.scored(&head.target_output(target)?)?,
+        };
+        let norm = spectral::matrix_norms(&output)?.spectral;
+        Ok(Self::from_parts(head, target, protocol, output, norm))
+    }
+
+    /// A target computed and checked elsewhere (batched over a window's heads on a device).
+    pub fn from_parts(
+        head: &'h HeadInputs,
+        target: Target,
+        protocol: Protocol,
+        output: Tensor,
+        norm: f64,
+    ) -> Self {
+        Self {
+            head,
+            target,
+            protocol,
+            output,
+            norm,
+        }
+    }
+
+    /// One trial: the method's Ô at d from the trial's seed, timed until the device is done,
+    /// then measured.
+    pub fn trial(&self, m: &dyn Method, d: usize, seed: u64) -> Result<(Approximation, Measured)> {
+        let t0 = Instant::now();
+        let approx = m.approximate_trial(self.head, d, seed)?;
+        self.head.device().synchronize()?;
+        let seconds = t0.elapsed().as_secs_f64();
+        let measured = self.measure(Some(m), d, &approx, seed, seconds)?;
+        Ok((approx, measured))
+    }
+
+    /// Ô against the target: the metric, the agreement measures and the flags, then the
+    /// protocol's columns. `m` is None for an Ô that no method here made (`score`'s files): its
+    /// cost and cache columns are then unknown.
+    pub fn measure(
+        &self,
+        m: Option<&dyn Method>,
+        d: usize,
+        approx: &Approximation,
+        seed: u64,
+        seconds: f64,
+    ) -> Result<Measured> {
+        let norms = spectral::error_norms(&self.output, &approx.output)?;
+        let agreement = agreement::agreement(&self.output, &approx.output)?;
+        let flagged = flagged_rows(approx)?;
+        self.measured(m, d, approx, seed, seconds, norms, agreement, flagged)
+    }
+
+    /// [`Self::measure`] from a metric computed elsewhere (batched over heads on a device).
+    #[allow(clippy::too_many_arguments)]
+    pub fn measured(
+        &self,
+        m: Option<&dyn Method>,
+        d: usize,
+        approx: &Approximation,
+        seed: u64,
+        seconds: f64,
+        norms: ErrorNorms,
+        agreement: Agreement,
+        nonfinite_rows: usize,
+    ) -> Result<Measured> {
+        let (n, p, mask) = (self.head.n(), self.head.p(), self.head.mask);
+        let support = approx.support.as_ref();
+        let (macs, cache) = match m {
+            Some(m) => {
+                let mass = trial_mass(approx, self.head, self.target)?;
+                let keys = support.map(|s| s.keys);
+                (
+                    self.protocol.macs(m, n, p, d, mask),
+                    self.protocol.cache_columns(m, mass, keys, n, mask),
+                )
+            }
+            None => (f64::NAN, CacheColumns::default()),
+        };
+        Ok(Measured {
+            seed,
+            norms,
+            agreement,
+            exact_norm: self.norm,
+            nonfinite_rows,
+            seconds,
+            macs,
+            cache,
+            kv_union: support.and_then(|s| s.kv_union),
+        })
+    }
+}
+
+/// What one trial measured.
+#[derive(Debug, Clone)]
+pub struct Measured {
+    pub seed: u64,
+    pub norms: ErrorNorms,
+    pub agreement: Agreement,
+    pub exact_norm: f64,
+    pub nonfinite_rows: usize,
+    pub seconds: f64,
+    pub macs: f64,
+    pub cache: CacheColumns,
+    pub kv_union: Option<f64>,
+}
+
+impl Measured {
+    /// ‖O − Ô‖₂/‖O‖₂, defined (0) where both are zero.
+    pub fn rel_error(&self) -> f64 {
+        agreement::relative(self.norms.spectral, self.exact_norm)
+    }
+}
+
+/// Where a trial sits in a run: the identity columns of its row.
+pub struct RowAt<'a> {
+    pub model: &'a str,
+    pub model_id: &'a str,
+    pub layer: usize,
+    pub n: usize,
+    pub window: usize,
+    pub head: usize,
+    pub kv_head: usize,
+    pub method: &'a str,
+    pub d: usize,
+    pub target: Target,
+    pub mask: Mask,
+    pub protocol: Protocol,
+}
+
+impl RowAt<'_> {
+    /// The trials.csv row of a measured trial.
+    pub fn row(&self, r: &Measured) -> TrialRow {
+        TrialRow {
+            model: self.model.to_string(),
+            model_id: self.model_id.to_string(),
+            layer: self.layer,
+            n: self.n,
+            window: self.window,
+            head: self.head,
+            method: self.method.to_string(),
+            d: self.d,
+            seed: r.seed,
+            error: r.norms.spectral,
+            rel_error: r.rel_error(),
+            frob_error: r.norms.frobenius,
+            exact_norm: r.exact_norm,
+            nonfinite_rows: r.nonfinite_rows,
+            macs: r.macs,
+            seconds: r.seconds,
+            target: self.target,
+            mask: self.mask,
+            kv_head: Some(self.kv_head),
+            mass: r.cache.mass,
+            keys: r.cache.keys,
+            cos_sim: Some(r.agreement.cos_sim),
+            rel_l1: Some(r.agreement.rel_l1),
+            rmse: Some(r.agreement.rmse),
+            kv_bits: r.cache.kv_bits,
+            kv_read: r.cache.kv_read,
+            n_f: self.protocol.n_f(),
+            kv_union: r.kv_union,
+        }
+    }
+}
