@@ -145,6 +145,8 @@ pub fn run_with(req: &E2eRequest, extra: Vec<E2eMethod>) -> Result<E2eOutcome> {
     let dtype = req.inputs.candle_dtype();
     let mut reports = Vec::new();
     let mut new_points = 0;
+    // Decode points run on the exact run's prompt rows (models::continuation).
+    let keep_prompt = methods.iter().any(|m| m.decode);
     let mut run_all = |store: &mut files::Store| -> Result<()> {
         for (m, d) in methods
             .iter()
@@ -166,6 +168,7 @@ pub fn run_with(req: &E2eRequest, extra: Vec<E2eMethod>) -> Result<E2eOutcome> {
                     seed: req.seed,
                     index: w,
                     one_layer: one_layer.clone(),
+                    keep_prompt,
                 };
                 let exact = store.exact_run(&window)?;
                 let point = window.point(exact, m, d).with_context(|| {

@@ -111,7 +111,7 @@ fn linear(x: &Tensor, l: &Linear) -> Result<Tensor> {
 
 /// RMSNorm over the last dimension: weight·x/√(mean(x²)+ε), in x's dtype (f32 as transformers
 /// computes it, or f64).
-fn rms_norm(x: &Tensor, weight: &Tensor, eps: f64) -> Result<Tensor> {
+pub(super) fn rms_norm(x: &Tensor, weight: &Tensor, eps: f64) -> Result<Tensor> {
     let ms = x.sqr()?.mean_keepdim(D::Minus1)?;
     let normed = x.broadcast_mul(&(ms + eps)?.sqrt()?.recip()?)?;
     Ok(normed.broadcast_mul(&weight.to_dtype(x.dtype())?)?)
@@ -246,7 +246,7 @@ fn row_chunks<R: Send>(
 
 /// Post-RoPE Q [H, n, p], K and V [H_kv, n, p] of one layer from its input X [n, hidden], in
 /// row chunks ([`row_chunks`]).
-fn layer_qkv(
+pub(super) fn layer_qkv(
     x: &Tensor,
     lw: &DecoderLayerWeights,
     cfg: &DecoderConfig,
@@ -310,14 +310,21 @@ fn decoder_layer(
     rope: &(Tensor, Tensor),
     hook: &dyn AttentionHook,
 ) -> Result<Tensor> {
-    let lw = &w.layers[l];
-    let rest = lw
-        .rest
-        .as_ref()
-        .expect("layers before L carry o_proj and the MLP");
-    let n = x.dim(0)?;
-    let (q, k, v) = layer_qkv(x, lw, cfg, &rope.0, &rope.1)?;
-    let o = hook.attend(l, &q, &k, &v, cfg.sliding_window[l])?;
+    let (q, k, v) = layer_qkv(x, &w.layers[l], cfg, &rope.0, &rope.1)?;
+    let o = attend_checked(hook, l, cfg, &q, &k, &v)?;
+    layer_output(x, &o, l, w, cfg)
+}
+
+/// The hook's O for layer `l`, refused unless it is shaped like Q.
+pub(super) fn attend_checked(
+    hook: &dyn AttentionHook,
+    l: usize,
+    cfg: &DecoderConfig,
+    q: &Tensor,
+    k: &Tensor,
+    v: &Tensor,
+) -> Result<Tensor> {
+    let o = hook.attend(l, q, k, v, cfg.sliding_window[l])?;
     if o.dims() != q.dims() {
         return Err(crate::usage!(
             "the attention of layer {l} returned shape {:?}; it must return O shaped like Q, {:?}",
@@ -325,6 +332,23 @@ fn decoder_layer(
             q.dims()
         ));
     }
+    Ok(o)
+}
+
+/// Layer `l`'s output for the rows X [m, hidden] from their attention O [H, m, p]: the output
+/// projection, the residual and the SwiGLU MLP.
+pub(super) fn layer_output(
+    x: &Tensor,
+    o: &Tensor,
+    l: usize,
+    w: &DecoderWeights,
+    cfg: &DecoderConfig,
+) -> Result<Tensor> {
+    let rest = w.layers[l]
+        .rest
+        .as_ref()
+        .expect("layers before L carry o_proj and the MLP");
+    let n = x.dim(0)?;
     let ctx = o
         .to_dtype(x.dtype())?
         .transpose(0, 1)?
@@ -342,7 +366,7 @@ fn decoder_layer(
 }
 
 /// The embedded window `ids` ([n, hidden], in `dtype`) and the RoPE tables of positions 0..n−1.
-fn embed(
+pub(super) fn embed(
     w: &DecoderWeights,
     cfg: &DecoderConfig,
     ids: &[u32],
@@ -371,7 +395,7 @@ fn embed(
 }
 
 /// X after layers 0..`upto` (exclusive), each layer's attention through `hook`.
-fn run_layers(
+pub(super) fn run_layers(
     mut x: Tensor,
     upto: usize,
     w: &DecoderWeights,
@@ -431,13 +455,19 @@ pub fn forward_logits(
     }
     let (x, rope) = embed(weights, cfg, ids, dtype)?;
     let x = run_layers(x, weights.layers.len(), weights, cfg, &rope, hook)?;
-    let x = rms_norm(
-        &x.narrow(0, rows.start, rows.len())?,
-        &head.norm,
-        cfg.rms_norm_eps,
-    )?;
+    output_logits(weights, head, cfg, &x.narrow(0, rows.start, rows.len())?)
+}
+
+/// The final norm and the LM head (tied or not) of the rows X [m, hidden].
+pub(super) fn output_logits(
+    weights: &DecoderWeights,
+    head: &OutputHead,
+    cfg: &DecoderConfig,
+    x: &Tensor,
+) -> Result<Tensor> {
+    let x = rms_norm(x, &head.norm, cfg.rms_norm_eps)?;
     let w = head.lm_head.as_ref().unwrap_or(&weights.embed);
-    Ok(x.matmul(&w.to_dtype(dtype)?.t()?)?)
+    Ok(x.matmul(&w.to_dtype(x.dtype())?.t()?)?)
 }
 
 #[cfg(test)]

@@ -6,8 +6,11 @@
 //! - `gguf`: GGUF metadata and dequantized tensors, llama.cpp's q/k row order undone;
 //! - `llama`: the forward, every layer's attention through one hook: the post-RoPE Q, K, V of
 //!   layer L (the dump), or the whole model's logits;
+//! - `continuation`: decode mode's forward of the continuation rows only, on the exact run's
+//!   prompt rows of every layer;
 //! - `tokens`: the BOS policy and the token windows.
 
+pub mod continuation;
 pub mod decoder_config;
 pub mod gguf;
 pub mod llama;
@@ -15,6 +18,7 @@ pub mod rope;
 pub mod tokens;
 pub mod weights;
 
+pub use continuation::{continuation_logits, PromptCache, PromptRecorder};
 pub use decoder_config::{
     decoder_family, DecoderConfig, DecoderFamily, RopeConfig, RopeScaling, SUPPORTED_FAMILIES,
 };

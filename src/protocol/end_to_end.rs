@@ -15,7 +15,10 @@ use candle_core::{DType, Tensor};
 use super::layer_hook::{LayerError, MethodHook, RecordingExact};
 use super::pipeline::Protocol;
 use crate::attention::{self, Family, Mask, Method};
-use crate::models::{forward_logits, AttentionHook, DecoderConfig, DecoderWeights};
+use crate::models::{
+    continuation_logits, forward_logits, AttentionHook, DecoderConfig, DecoderWeights, PromptCache,
+    PromptRecorder,
+};
 use crate::numerics::next_token::{log_softmax_rows, score_positions, PositionScores};
 use crate::usage;
 
@@ -88,6 +91,9 @@ pub struct Window<'a> {
     pub index: usize,
     /// The layers ℓ* of the one-layer view.
     pub one_layer: Vec<usize>,
+    /// Whether decode-mode points will run on this window: the exact run then keeps every
+    /// layer's prompt rows of Q, K, V for their continuation-only forward.
+    pub keep_prompt: bool,
 }
 
 /// What the exact run leaves for every method run of the window.
@@ -96,6 +102,9 @@ pub struct ExactRun {
     pub logp: Vec<Vec<f64>>,
     /// The exact run's post-RoPE Q, K, V of the one-layer view's layers.
     pub kept: Vec<(usize, Tensor, Tensor, Tensor)>,
+    /// Every layer's prompt rows of Q, K, V, for the decode-mode points' continuation-only
+    /// forward (kept when the window has decode points).
+    pub prompt: Option<PromptCache>,
     pub seconds: f64,
 }
 
@@ -149,7 +158,12 @@ impl Window<'_> {
             hook,
             self.scored_rows(),
         )?;
-        crate::tensor_util::check_finite(&logits, || {
+        self.checked_logp(&logits, what)
+    }
+
+    /// Log-softmax (f64) of the logits of `what`, refused where the forward overflowed.
+    fn checked_logp(&self, logits: &Tensor, what: &str) -> Result<Vec<Vec<f64>>> {
+        crate::tensor_util::check_finite(logits, || {
             format!(
                 "the logits of {what} on window {} (n = {}) in {:?}: the forward overflowed; try --dtype f64",
                 self.index,
@@ -157,7 +171,7 @@ impl Window<'_> {
                 self.dtype
             )
         })?;
-        log_softmax_rows(&logits)
+        log_softmax_rows(logits)
     }
 
     /// `m` at budget `d` as every layer's attention of this window.
@@ -177,12 +191,44 @@ impl Window<'_> {
         self.check()?;
         let t0 = Instant::now();
         let hook = RecordingExact::new(self.one_layer.clone());
-        let logp = self.scored_logp(&hook, "the exact run")?;
+        let (logp, prompt) = if self.keep_prompt {
+            let recorder = PromptRecorder::new(&hook, self.n_p(), self.cfg.num_hidden_layers);
+            let logp = self.scored_logp(&recorder, "the exact run")?;
+            (logp, Some(recorder.into_cache()?))
+        } else {
+            (self.scored_logp(&hook, "the exact run")?, None)
+        };
         Ok(ExactRun {
             logp,
             kept: hook.into_kept(),
+            prompt,
             seconds: t0.elapsed().as_secs_f64(),
         })
+    }
+
+    /// Decode mode's scored log-probabilities from the continuation-only forward: the first
+    /// scored row (n_p − 1) is a prompt row, the exact run's own; rows n_p … n − 2 go through the
+    /// layers on the exact run's prompt rows ([`continuation_logits`]).
+    fn continuation_logp(
+        &self,
+        exact: &ExactRun,
+        prompt: &PromptCache,
+        hook: &dyn AttentionHook,
+        what: &str,
+    ) -> Result<Vec<Vec<f64>>> {
+        let rows = self.n_p()..self.n() - 1;
+        let logits = continuation_logits(
+            self.weights,
+            self.cfg,
+            self.ids,
+            self.dtype,
+            hook,
+            prompt,
+            rows,
+        )?;
+        let mut logp = vec![exact.logp[0].clone()];
+        logp.extend(self.checked_logp(&logits, what)?);
+        Ok(logp)
     }
 
     /// The method `m` at budget `d` in every layer, scored against `exact`.
@@ -190,7 +236,11 @@ impl Window<'_> {
         self.check()?;
         let t0 = Instant::now();
         let hook = self.hook(m, d);
-        let logp = self.scored_logp(&hook, &format!("{} at d = {d}", m.name))?;
+        let what = format!("{} at d = {d}", m.name);
+        let logp = match (&exact.prompt, m.decode && self.n_f > 1) {
+            (Some(prompt), true) => self.continuation_logp(exact, prompt, &hook, &what)?,
+            _ => self.scored_logp(&hook, &what)?,
+        };
         let errors = hook.layer_errors()?;
         let flagged: usize = errors.iter().map(|e| e.nonfinite_rows).sum();
         ensure!(

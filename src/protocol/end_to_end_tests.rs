@@ -35,6 +35,7 @@ fn window<'a>(
         seed: 7,
         index: 0,
         one_layer: default_one_layer(cfg.num_hidden_layers),
+        keep_prompt: true,
     }
 }
 
@@ -95,6 +96,62 @@ fn decode_methods_keeping_the_whole_prompt_reproduce_the_exact_logits() {
     let m = E2eMethod::resolve("snapkv").unwrap();
     let p = win.point(&exact, &m, 2).unwrap();
     assert!(p.scores.kl[0] < 1e-13 && p.scores.metrics().kl_mean > 1e-6);
+}
+
+/// Decode mode's continuation-only forward (on the exact run's prompt rows) against the whole
+/// window through every layer: the same logits and layer errors, within f64's rounding (f64) and
+/// f32's (f32: the prompt rows of the whole-window forward come from the per-head exact kernel,
+/// the exact run's from the batched one).
+#[test]
+fn the_continuation_only_forward_is_the_whole_window_forward() {
+    let (cfg, w) = model();
+    let ids = ids(64);
+    for (dtype, tol) in [(DType::F64, 1e-12), (DType::F32, 2e-4)] {
+        let fast = window(&cfg, &w, &ids, 24, dtype);
+        let whole = Window {
+            keep_prompt: false,
+            ..window(&cfg, &w, &ids, 24, dtype)
+        };
+        let (exact_fast, exact_whole) = (fast.exact().unwrap(), whole.exact().unwrap());
+        assert!(exact_fast.prompt.is_some() && exact_whole.prompt.is_none());
+        assert_eq!(exact_fast.logp, exact_whole.logp);
+        for (id, d) in [
+            ("snapkv", 8),
+            ("adakv", 8),
+            ("dec_window", 8),
+            ("dkv_q4_0", 0),
+        ] {
+            let m = E2eMethod::resolve(id).unwrap();
+            let a = fast.point(&exact_fast, &m, d).unwrap();
+            let b = whole.point(&exact_whole, &m, d).unwrap();
+            assert!(b.scores.metrics().kl_mean > 1e-6, "{id}: the control moves");
+            for (x, y) in a.scores.nll_method.iter().zip(&b.scores.nll_method) {
+                assert!(
+                    (x - y).abs() <= tol * y.abs().max(1.0),
+                    "{id} {dtype:?}: NLL {x} against {y}"
+                );
+            }
+            for (x, y) in a.scores.kl.iter().zip(&b.scores.kl) {
+                assert!(
+                    (x - y).abs() <= tol * y.abs().max(1e-3),
+                    "{id} {dtype:?}: KL {x} against {y}"
+                );
+            }
+            assert_eq!(
+                a.scores.argmax_method, b.scores.argmax_method,
+                "{id} {dtype:?}"
+            );
+            for (la, lb) in a.layers.iter().zip(&b.layers) {
+                for c in 0..6 {
+                    let (x, y) = (la.mean(c), lb.mean(c));
+                    assert!(
+                        (x.is_nan() && y.is_nan()) || (x - y).abs() <= tol * y.abs().max(1.0),
+                        "{id} {dtype:?}: layer column {c}: {x} against {y}"
+                    );
+                }
+            }
+        }
+    }
 }
 
 #[test]

@@ -1,0 +1,127 @@
+//! The continuation-only forward of decode mode (docs/reference.md §10.1): when every layer's
+//! prompt rows are exact, the prompt's hidden states, and so its post-RoPE Q, K, V in every
+//! layer, are the exact run's (causal attention: a prompt row never reads a continuation row).
+//! So a decode-mode run takes them from the exact run ([`PromptRecorder`]) and sends only the n_f
+//! continuation rows through the projections, the MLP and the head, while each layer's hook still
+//! sees the whole window's Q, K, V. The forward's matrix products are most of a point's time
+//! (measured: 43 % of an e2e run's samples in gemm's microkernel, SmolLM2, n = 1024); at
+//! n_f = n/4 this leaves a quarter of them for a decode point.
+
+use std::sync::Mutex;
+
+use anyhow::{ensure, Result};
+use candle_core::{DType, Tensor};
+
+use super::decoder_config::DecoderConfig;
+use super::llama::{
+    attend_checked, embed, layer_output, layer_qkv, output_logits, AttentionHook, DecoderWeights,
+};
+
+/// Every layer's post-RoPE Q [H, n_p, p], K and V [H_kv, n_p, p] on the prompt rows 0..n_p.
+pub struct PromptCache {
+    n_p: usize,
+    layers: Vec<(Tensor, Tensor, Tensor)>,
+}
+
+impl PromptCache {
+    pub fn n_p(&self) -> usize {
+        self.n_p
+    }
+}
+
+/// A hook that keeps every layer's prompt rows of Q, K, V on the way to `inner`.
+pub struct PromptRecorder<'a> {
+    inner: &'a dyn AttentionHook,
+    n_p: usize,
+    kept: Mutex<Vec<Option<(Tensor, Tensor, Tensor)>>>,
+}
+
+impl<'a> PromptRecorder<'a> {
+    pub fn new(inner: &'a dyn AttentionHook, n_p: usize, layers: usize) -> Self {
+        Self {
+            inner,
+            n_p,
+            kept: Mutex::new(vec![None; layers]),
+        }
+    }
+
+    /// The prompt cache, once the forward passed every layer.
+    pub fn into_cache(self) -> Result<PromptCache> {
+        let layers = self
+            .kept
+            .into_inner()
+            .expect("prompt lock")
+            .into_iter()
+            .enumerate()
+            .map(|(l, t)| t.ok_or_else(|| anyhow::anyhow!("layer {l} was not run")))
+            .collect::<Result<_>>()?;
+        Ok(PromptCache {
+            n_p: self.n_p,
+            layers,
+        })
+    }
+}
+
+impl AttentionHook for PromptRecorder<'_> {
+    fn attend(
+        &self,
+        layer: usize,
+        q: &Tensor,
+        k: &Tensor,
+        v: &Tensor,
+        window: Option<usize>,
+    ) -> Result<Tensor> {
+        // Copied out (contiguous), so that the cache holds n_p rows, not the window's storage.
+        let rows = |t: &Tensor| -> Result<Tensor> { Ok(t.narrow(1, 0, self.n_p)?.contiguous()?) };
+        let kept = (rows(q)?, rows(k)?, rows(v)?);
+        self.kept.lock().expect("prompt lock")[layer] = Some(kept);
+        self.inner.attend(layer, q, k, v, window)
+    }
+}
+
+/// The logits ([rows, vocab], in `dtype`) of the rows `rows` (all in the continuation
+/// n_p..n) of the window `ids`, every layer's prompt rows those of `prompt` and its attention
+/// through `hook`, which sees the whole window's Q, K, V and must return the prompt rows exact.
+pub fn continuation_logits(
+    weights: &DecoderWeights,
+    cfg: &DecoderConfig,
+    ids: &[u32],
+    dtype: DType,
+    hook: &dyn AttentionHook,
+    prompt: &PromptCache,
+    rows: std::ops::Range<usize>,
+) -> Result<Tensor> {
+    let (n, n_p) = (ids.len(), prompt.n_p);
+    let head = weights
+        .head
+        .as_ref()
+        .ok_or_else(|| anyhow::anyhow!("the logits need the whole model (models::Depth::Whole)"))?;
+    ensure!(
+        prompt.layers.len() == weights.layers.len()
+            && n_p < n
+            && rows.start >= n_p
+            && rows.end <= n
+            && !rows.is_empty(),
+        "continuation_logits: a prompt of {n_p} rows over {} layers, rows {rows:?} of {n}",
+        prompt.layers.len()
+    );
+    let n_f = n - n_p;
+    let (x, (cos, sin)) = embed(weights, cfg, ids, dtype)?;
+    let mut x = x.narrow(0, n_p, n_f)?;
+    let (cos, sin) = (cos.narrow(0, n_p, n_f)?, sin.narrow(0, n_p, n_f)?);
+    for (l, (qp, kp, vp)) in prompt.layers.iter().enumerate() {
+        crate::interrupt::check()?;
+        let (qc, kc, vc) = layer_qkv(&x, &weights.layers[l], cfg, &cos, &sin)?;
+        let q = Tensor::cat(&[qp, &qc], 1)?;
+        let k = Tensor::cat(&[kp, &kc], 1)?;
+        let v = Tensor::cat(&[vp, &vc], 1)?;
+        let o = attend_checked(hook, l, cfg, &q, &k, &v)?;
+        x = layer_output(&x, &o.narrow(1, n_p, n_f)?, l, weights, cfg)?;
+    }
+    output_logits(
+        weights,
+        head,
+        cfg,
+        &x.narrow(0, rows.start - n_p, rows.len())?,
+    )
+}
