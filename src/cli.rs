@@ -116,6 +116,9 @@ pub struct E2eArgs {
     /// Also write e2e_positions.csv: per scored position KL, both argmaxes and both NLLs.
     #[arg(long)]
     pub positions: bool,
+    /// Also write e2e_heads.csv: every layer's error columns (e2e_layers.csv's) per query head.
+    #[arg(long)]
+    pub per_head: bool,
     /// Base seed of every trial's stream (the §7–§9 methods are deterministic).
     #[arg(long, default_value_t = 0)]
     pub seed: u64,
@@ -148,6 +151,7 @@ impl E2eArgs {
             seed: self.seed,
             one_layer: self.one_layer.clone(),
             positions: self.positions,
+            per_head: self.per_head,
             quiet: self.quiet,
             command,
             shard: self

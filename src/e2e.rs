@@ -1,7 +1,7 @@
 //! `approx-bench e2e` (docs/reference.md §10): the face over the end-to-end protocol. It loads the
 //! whole decoder, takes the windows (from the corpus or an ids file), runs the exact run once per
 //! window and every (method, d) point against it, and writes `e2e.csv`, `e2e_layers.csv`,
-//! (with `--positions`) `e2e_positions.csv`, `ids.txt`, `summary.csv` and a manifest. Rows are
+//! (with `--positions`) `e2e_positions.csv`, (with `--per-head`) `e2e_heads.csv`, `ids.txt`, `summary.csv` and a manifest. Rows are
 //! appended as points finish; a rerun of the same command skips the points already written.
 
 use std::collections::BTreeSet;
@@ -40,6 +40,8 @@ pub struct E2eRequest {
     /// The layers ℓ* of the one-layer view (default 0 and ⌊L/2⌋).
     pub one_layer: Option<Vec<usize>>,
     pub positions: bool,
+    /// Also write e2e_heads.csv: every layer's error columns per query head.
+    pub per_head: bool,
     pub quiet: bool,
     pub command: Vec<String>,
     /// Run only shard K of N: the windows w with w mod N = K − 1 (`merge` joins the shards).

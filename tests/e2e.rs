@@ -242,3 +242,48 @@ fn shards_merged_are_the_unsharded_run() {
     assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
     assert!(stderr(&o).contains("seed differs"), "{}", stderr(&o));
 }
+
+#[test]
+fn per_head_rows_average_to_the_layer_rows_and_a_resume_keeps_the_optional_files() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = llama_dir(&dir.path().join("m"), true);
+    let corpus = corpus(dir.path());
+    let out = dir.path().join("run");
+    let o = e2e(&model, &corpus, &out, "--per-head --windows 1");
+    assert!(o.status.success(), "{}", stderr(&o));
+    let read = |f: &str| -> Vec<Vec<String>> {
+        std::fs::read_to_string(out.join(f))
+            .unwrap()
+            .lines()
+            .skip(1)
+            .map(|l| l.split(',').map(String::from).collect())
+            .collect()
+    };
+    let (layers, heads) = (read("e2e_layers.csv"), read("e2e_heads.csv"));
+    // 8 points × 3 layers, 4 query heads each.
+    assert_eq!((layers.len(), heads.len()), (24, 96));
+    for row in &layers {
+        let mine: Vec<&Vec<String>> = heads.iter().filter(|h| h[..5] == row[..5]).collect();
+        assert_eq!(mine.len(), 4, "{row:?}");
+        for c in 0..6 {
+            let want: f64 = row[5 + c].parse().unwrap();
+            let mean = mine
+                .iter()
+                .map(|h| h[6 + c].parse::<f64>().unwrap())
+                .sum::<f64>()
+                / 4.0;
+            assert!(
+                (want.is_nan() && mean.is_nan())
+                    || (want - mean).abs() <= 1e-12 * want.abs().max(1e-30),
+                "{row:?} column {c}: mean over heads {mean}"
+            );
+        }
+    }
+    // A rerun without the flag would leave e2e_heads.csv without the new points: refused.
+    let o = e2e(&model, &corpus, &out, "--windows 2");
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    assert!(stderr(&o).contains("per_head"), "{}", stderr(&o));
+    let o = e2e(&model, &corpus, &out, "--per-head --windows 2");
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert_eq!(read("e2e_heads.csv").len(), 192);
+}

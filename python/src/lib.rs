@@ -389,6 +389,7 @@ fn e2e(
         seed,
         one_layer: None,
         positions: false,
+        per_head: false,
         quiet,
         command,
         shard: None,

@@ -53,6 +53,24 @@ const LAYER_COLUMNS: &[&str] = &[
     "kv_read",
 ];
 
+/// Per query head (`--per-head`): what e2e_layers.csv holds as means over the heads. §10.3 puts
+/// these values in the manifest; a CSV instead, since the manifest is rewritten whole on every
+/// point and 16 windows × 55 points × 30 layers × 9 heads would make each rewrite megabytes.
+const HEAD_COLUMNS: &[&str] = &[
+    "window",
+    "mode",
+    "method",
+    "d",
+    "layer",
+    "head",
+    "abs_error",
+    "rel_error",
+    "one_minus_cos",
+    "keys",
+    "mass",
+    "kv_read",
+];
+
 const POSITION_COLUMNS: &[&str] = &[
     "window",
     "mode",
@@ -84,6 +102,7 @@ pub struct Store {
     e2e: File,
     layers: File,
     positions: Option<File>,
+    heads: Option<File>,
     dtype: String,
     n_f: usize,
     manifest: serde_json::Value,
@@ -119,6 +138,8 @@ impl Store {
             "one_layer": one_layer,
             "inputs": inputs,
             "shard": req.shard.map(|s| format!("{}/{}", s.index, s.count)),
+            "positions": req.positions,
+            "per_head": req.per_head,
             // One hash per window: a rerun with more windows extends the run (the old windows
             // must be its first ones), one with other windows is refused.
             "window_sha256": windows
@@ -143,11 +164,19 @@ impl Store {
         } else {
             None
         };
+        let heads = if req.per_head {
+            let path = out.join("e2e_heads.csv");
+            keep_complete_rows(&path, &strs(HEAD_COLUMNS), Some(&done))?;
+            Some(append(&path, &strs(HEAD_COLUMNS))?)
+        } else {
+            None
+        };
         let mut store = Self {
             out: out.to_path_buf(),
             e2e: append(&out.join("e2e.csv"), &header)?,
             layers: append(&out.join("e2e_layers.csv"), &strs(LAYER_COLUMNS))?,
             positions,
+            heads,
             done,
             dtype: manifest["dtype"].as_str().unwrap_or("").to_string(),
             n_f: req.n_f,
@@ -175,7 +204,8 @@ impl Store {
         Ok(&self.exact.as_ref().expect("just set").1)
     }
 
-    /// Writes a point: its layer rows, positions, then its e2e.csv row (the row that marks it done).
+    /// Writes a point: its layer rows, head rows and positions, then its e2e.csv row (the row that
+    /// marks it done).
     pub fn append(
         &mut self,
         w: usize,
@@ -199,6 +229,18 @@ impl Store {
             );
         }
         write_rows(&mut self.layers, &text, &self.out.join("e2e_layers.csv"))?;
+        if let Some(f) = self.heads.as_mut() {
+            let mut text = String::new();
+            for (l, e) in p.layers.iter().enumerate() {
+                for (h, c) in e.heads.iter().enumerate() {
+                    text += &format!(
+                        "{key},{l},{h},{},{},{},{},{},{}\n",
+                        c[0], c[1], c[2], c[3], c[4], c[5]
+                    );
+                }
+            }
+            write_rows(f, &text, &self.out.join("e2e_heads.csv"))?;
+        }
         if let Some(f) = self.positions.as_mut() {
             let s = &p.scores;
             let mut text = String::new();
@@ -327,7 +369,12 @@ fn check_same_run(out: &Path, manifest: &serde_json::Value) -> Result<()> {
         };
         check_same_inputs(&parse(was)?, &parse(&manifest["inputs"])?, out)?;
     }
-    for key in [
+    // The optional files must cover every point or none (a run from before they were recorded
+    // has no such keys and resumes as before).
+    let optional = ["positions", "per_head"]
+        .into_iter()
+        .filter(|k| old.get(*k).is_some());
+    let keys = [
         "kind",
         "model_id",
         "dtype",
@@ -335,7 +382,8 @@ fn check_same_run(out: &Path, manifest: &serde_json::Value) -> Result<()> {
         "seed",
         "one_layer",
         "shard",
-    ] {
+    ];
+    for key in keys.into_iter().chain(optional) {
         if old[key] != manifest[key] {
             return Err(usage!(
                 "{}: holds a run with {key} = {} where this command has {}; rerun the same command to resume it, or give another --out",

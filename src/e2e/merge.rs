@@ -42,7 +42,12 @@ pub fn merge(dirs: &[PathBuf], out: &Path) -> Result<MergedE2e> {
     }
     let _lock = crate::report::run_lock::create_and_lock(out)?;
     let mut points = 0;
-    for file in ["e2e.csv", "e2e_layers.csv", "e2e_positions.csv"] {
+    for file in [
+        "e2e.csv",
+        "e2e_layers.csv",
+        "e2e_positions.csv",
+        "e2e_heads.csv",
+    ] {
         let texts = dirs
             .iter()
             .map(|d| std::fs::read_to_string(d.join(file)).ok())
