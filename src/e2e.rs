@@ -85,16 +85,24 @@ pub fn run_with(req: &E2eRequest, extra: Vec<E2eMethod>) -> Result<E2eOutcome> {
     let Model::Decoder { config, weights } = &prepared.model else {
         unreachable!("prepare_depth refuses an encoder at Depth::Whole");
     };
-    if let Some(l) = config.sliding_window.iter().position(|w| w.is_some()) {
-        return Err(usage!(
-            "{}: layer {l} attends through a sliding window; end to end runs models whose layers all attend causally over the whole window (the attention spec of the families issue will carry windows)",
-            prepared.model_id
-        ));
-    }
     let windows = match &req.ids_file {
         Some(f) => read_ids(f, config.vocab_size)?,
         None => corpus_windows(&prepared, req)?,
     };
+    // A window of W ≥ n keys is no window: every key j ≤ i is within it (Mistral's 4096 at
+    // n = 1024, Phi-3-mini's 2047 at n = 2047).
+    let n_max = windows.iter().map(Vec::len).max().unwrap_or(0);
+    if let Some((l, w)) = config
+        .sliding_window
+        .iter()
+        .enumerate()
+        .find_map(|(l, w)| w.filter(|&w| w < n_max).map(|w| (l, w)))
+    {
+        return Err(usage!(
+            "{}: layer {l} attends through a sliding window of {w} keys, shorter than n = {n_max}; end to end runs layers whose window covers the whole window (give windows of at most {w} tokens; the attention spec of the families issue will carry windows)",
+            prepared.model_id
+        ));
+    }
     let one_layer = req
         .one_layer
         .clone()

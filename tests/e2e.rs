@@ -287,3 +287,40 @@ fn per_head_rows_average_to_the_layer_rows_and_a_resume_keeps_the_optional_files
     assert!(o.status.success(), "{}", stderr(&o));
     assert_eq!(read("e2e_heads.csv").len(), 192);
 }
+
+/// Mistral's sliding window (16 keys on the fixture) is no window at n ≤ 16, where end to end
+/// runs; at n = 32 it would change the target of every layer, which end to end does not carry yet.
+#[test]
+fn a_sliding_window_covering_the_window_is_run_and_a_shorter_one_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = dir.path().join("mistral");
+    std::fs::create_dir_all(&model).unwrap();
+    for f in ["config.json", "model.safetensors"] {
+        std::fs::copy(fixtures().join("mistral").join(f), model.join(f)).unwrap();
+    }
+    std::fs::copy(
+        fixtures().join("tokenizers/with_bos/tokenizer.json"),
+        model.join("tokenizer.json"),
+    )
+    .unwrap();
+    let corpus = corpus(dir.path());
+    let o = e2e(
+        &model,
+        &corpus,
+        &dir.path().join("a"),
+        "--lengths 16 --n-f 4 --methods window,snapkv --features 8",
+    );
+    assert!(o.status.success(), "{}", stderr(&o));
+    let o = e2e(
+        &model,
+        &corpus,
+        &dir.path().join("b"),
+        "--lengths 32 --n-f 4 --methods window,snapkv --features 8",
+    );
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    assert!(
+        stderr(&o).contains("sliding window of 16 keys, shorter than n = 32"),
+        "{}",
+        stderr(&o)
+    );
+}

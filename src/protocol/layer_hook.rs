@@ -198,7 +198,8 @@ impl AttentionHook for MethodHook<'_> {
         v: &Tensor,
         window: Option<usize>,
     ) -> Result<Tensor> {
-        if let Some(w) = window {
+        // A window of W ≥ n keys is no window (every key j ≤ i is within it).
+        if let Some(w) = window.filter(|&w| w < q.dim(1).unwrap_or(0)) {
             // The methods' key sets assume the full causal mask; a sliding window changes the
             // target itself (docs/reference.md §7.7.0), which the attention spec will carry.
             anyhow::bail!(
