@@ -213,15 +213,12 @@ fn timed(cfg: &RunConfig, reps: usize, prepared: &inputs::Prepared) -> Result<()
         }
         // Under --decode (docs/reference.md §9.1) head 0 of a fresh layer context per repeat, so that a
         // §9 method pays its per-window scores each time, as the first budget of a sweep does.
-        let decoding = |h: HeadInputs| -> Result<HeadInputs> {
-            Ok(
-                match crate::sweep::layer_context(cfg, &prepared, &q, &k, &v)? {
-                    Some(layer) => h.decoding(attention::decode::DecodeHead { head: 0, layer }),
-                    None => h,
-                },
-            )
+        let fresh_decode = || -> Result<Option<attention::decode::DecodeHead>> {
+            Ok(crate::sweep::layer_context(cfg, prepared, &q, &k, &v)?
+                .map(|layer| attention::decode::DecodeHead { head: 0, layer }))
         };
-        let head = decoding(HeadInputs::masked(qh, kh, vh, mask)?)?;
+        let protocol = crate::protocol::Protocol::of(cfg.decode);
+        let head = HeadInputs::masked(qh, kh, vh, mask)?;
         // The target is the sweep's per-head reference, computed before any method's clock.
         head.target_output(cfg.target)?;
         let mut shown = None;
@@ -245,7 +242,14 @@ fn timed(cfg: &RunConfig, reps: usize, prepared: &inputs::Prepared) -> Result<()
                     d,
                 };
                 let t = time(dev, reps, || {
-                    method.approximate(&decoding(head.with_empty_memo())?, d, &mut key.rng())
+                    let dec = fresh_decode()?;
+                    one_trial(
+                        method.as_ref(),
+                        &head.with_empty_memo(),
+                        dec.as_ref(),
+                        d,
+                        &key,
+                    )
                 })?;
                 let macs =
                     crate::protocol::Protocol::of(cfg.decode).macs(method.as_ref(), n, p, d, mask);
@@ -257,12 +261,13 @@ fn timed(cfg: &RunConfig, reps: usize, prepared: &inputs::Prepared) -> Result<()
                     macs / t / 1e9
                 );
                 if shown.is_none() {
-                    shown = Some(method.approximate(&head, d, &mut key.rng())?.output);
+                    let dec = fresh_decode()?;
+                    shown = Some(one_trial(method.as_ref(), &head, dec.as_ref(), d, &key)?.output);
                 }
             }
         }
         if let Some(out) = shown {
-            let target = head.target_output(cfg.target)?;
+            let target = protocol.scored(&head.target_output(cfg.target)?)?;
             let t_metric = time(dev, reps, || spectral::error_norms(&target, &out))?;
             println!(
                 "  metric ‖O − Ô‖₂ (Gram + power iteration) {:.3} ms",
@@ -274,4 +279,27 @@ fn timed(cfg: &RunConfig, reps: usize, prepared: &inputs::Prepared) -> Result<()
         println!("\npeak RSS {rss:.0} MiB");
     }
     Ok(())
+}
+
+/// One trial of `m` on `head` at `d`: under the decode protocol with `dec`, the head's place in
+/// its layer.
+fn one_trial(
+    m: &dyn attention::Method,
+    head: &HeadInputs,
+    dec: Option<&attention::decode::DecodeHead>,
+    d: usize,
+    key: &TrialKey,
+) -> Result<attention::Approximation> {
+    match dec {
+        Some(dec) => m
+            .decoding()
+            .ok_or_else(|| {
+                crate::usage!(
+                    "--methods {}: it does not run under --decode (docs/reference.md §9.1)",
+                    m.id()
+                )
+            })?
+            .approximate_decode(head, dec, d, &mut key.rng()),
+        None => m.approximate(head, d, &mut key.rng()),
+    }
 }

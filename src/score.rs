@@ -385,13 +385,15 @@ pub fn score(req: &ScoreRequest) -> Result<SweepOutcome> {
             let model = cfg.inputs.model.name();
             let protocol = Protocol::of(req.decode);
             for h in 0..dump.info.heads {
-                let (head, kv_head) = pipeline::layer_head(&q, &k, &v, h, dump.info.mask, None)?;
-                let target = HeadTarget::new(&head, req.target, protocol).with_context(|| {
-                    format!(
-                        "--qkv {}: n = {n}, window {w}, head {h}",
-                        dump.path.display()
-                    )
-                })?;
+                let lh = pipeline::layer_head(&q, &k, &v, h, dump.info.mask, None)?;
+                let kv_head = lh.kv_head;
+                let target =
+                    HeadTarget::new(&lh.head, None, req.target, protocol).with_context(|| {
+                        format!(
+                            "--qkv {}: n = {n}, window {w}, head {h}",
+                            dump.path.display()
+                        )
+                    })?;
                 for (&d, o) in features.iter().zip(&outs) {
                     let o_hat = Approximation::plain(o.get(h)?.to_dtype(DType::F64)?);
                     let seed = TrialKey {

@@ -8,6 +8,7 @@ use numpy::ndarray::Array2;
 use numpy::{IntoPyArray, PyReadonlyArray2, PyUntypedArrayMethods};
 use pyo3::prelude::*;
 
+use approx_bench::attention::decode::{DecodeHead, Decoding};
 use approx_bench::attention::{Approximation, HeadInputs, Mask, Method};
 use approx_bench::numerics::sampling::TrialRng;
 
@@ -94,6 +95,50 @@ impl Method for PyMethod {
         self.approximate_trial(head, d, rng.next_u64())
     }
     fn approximate_trial(&self, head: &HeadInputs, d: usize, seed: u64) -> Result<Approximation> {
+        self.call(head, None, d, seed)
+    }
+    fn decoding(&self) -> Option<&dyn Decoding> {
+        Some(self)
+    }
+}
+
+/// Under the decode protocol the function is told n_f and may return key sets (see `call`).
+impl Decoding for PyMethod {
+    fn approximate_decode(
+        &self,
+        head: &HeadInputs,
+        dec: &DecodeHead,
+        d: usize,
+        rng: &mut TrialRng,
+    ) -> Result<Approximation> {
+        use rand::RngCore;
+        self.call(head, Some(dec), d, rng.next_u64())
+    }
+    fn approximate_decode_trial(
+        &self,
+        head: &HeadInputs,
+        dec: &DecodeHead,
+        d: usize,
+        seed: u64,
+    ) -> Result<Approximation> {
+        self.call(head, Some(dec), d, seed)
+    }
+    /// A user's function has no cost formula.
+    fn macs_decode(&self, _n: usize, _p: usize, _d: usize, _n_f: usize) -> f64 {
+        f64::NAN
+    }
+}
+
+impl PyMethod {
+    /// One call of the function on `head` (under the decode protocol with `dec`), with a numpy
+    /// Generator seeded by `seed`.
+    fn call(
+        &self,
+        head: &HeadInputs,
+        dec: Option<&DecodeHead>,
+        d: usize,
+        seed: u64,
+    ) -> Result<Approximation> {
         let (n, p) = (head.n(), head.p());
         let returned = Python::attach(|py| -> Result<Returned> {
             let np = py.import("numpy").map_err(|e| py_error(py, e))?;
@@ -117,7 +162,7 @@ impl Method for PyMethod {
             let result = if head.mask == Mask::Causal {
                 let kw = pyo3::types::PyDict::new(py);
                 kw.set_item("mask", "causal").map_err(|e| py_error(py, e))?;
-                if let Some(dec) = &head.decode {
+                if let Some(dec) = dec {
                     kw.set_item("n_f", dec.n_f()).map_err(|e| py_error(py, e))?;
                 }
                 self.func.call(py, args, Some(&kw)).map_err(|e| {
@@ -136,7 +181,7 @@ impl Method for PyMethod {
             // reads instead of computing Ô: one integer array (a static set, every continuation
             // row) or a list of n_f of them (one per continuation row); the tool then computes
             // the restricted rows, `keys`, `mass` and `kv_read` as for a built-in §9 method.
-            if head.decode.is_some() {
+            if dec.is_some() {
                 let r = result.bind(py);
                 let is_seq = r.is_instance_of::<pyo3::types::PyList>()
                     || r.is_instance_of::<pyo3::types::PyTuple>();
@@ -176,7 +221,7 @@ impl Method for PyMethod {
                     arr.getattr("shape").map(|s| s.to_string()).unwrap_or_default()
                 )
             })?;
-            let rows = match &head.decode {
+            let rows = match dec {
                 Some(dec) if arr.shape() == [dec.n_f(), p] => 0..dec.n_f(),
                 Some(dec) if arr.shape() == [n, p] => dec.n_p()..n,
                 Some(dec) => bail!(
@@ -204,12 +249,12 @@ impl Method for PyMethod {
         let out = match returned {
             Returned::Rows(out) => out,
             Returned::Static(keys) => {
-                let dec = head.decode.as_ref().expect("key sets only under decode");
+                let dec = dec.expect("key sets only under decode");
                 let kept = prompt_keys(keys, dec.n_p(), "the kept set")?;
                 return approx_bench::attention::decode::static_rows(head, dec, &kept);
             }
             Returned::PerRow(sets) => {
-                let dec = head.decode.as_ref().expect("key sets only under decode");
+                let dec = dec.expect("key sets only under decode");
                 if sets.len() != dec.n_f() {
                     bail!(
                         "returned {} key sets; expected one per continuation row, n_f = {}",

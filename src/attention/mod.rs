@@ -60,9 +60,6 @@ pub struct HeadInputs {
     kernelized: OnceLock<Tensor>,
     /// Per-head memo for products a method reuses across d (e.g. the SVD of P).
     memo: Memo,
-    /// Under the decode protocol (docs/reference.md §9.1, `--decode N_F`): which query head this is and
-    /// its window's layer context. The scored rows are then the n_f continuation rows only.
-    pub decode: Option<decode::DecodeHead>,
 }
 
 impl HeadInputs {
@@ -82,32 +79,7 @@ impl HeadInputs {
             exact: OnceLock::new(),
             kernelized: OnceLock::new(),
             memo: Memo::default(),
-            decode: None,
         })
-    }
-
-    /// The same head under the decode protocol (§9.1): its target and every method's Ô are the
-    /// continuation rows n_p..n.
-    pub fn decoding(mut self, decode: decode::DecodeHead) -> Self {
-        self.decode = Some(decode);
-        self
-    }
-
-    /// The rows a method is scored on: every row, or the continuation's under `--decode`.
-    pub fn scored_rows(&self) -> std::ops::Range<usize> {
-        match &self.decode {
-            Some(d) => d.n_p()..self.n(),
-            None => 0..self.n(),
-        }
-    }
-
-    /// [`Self::scored_rows`] of an [n, ·] or [n] tensor.
-    pub fn scored(&self, t: &Tensor) -> Result<Tensor> {
-        let r = self.scored_rows();
-        if r.start == 0 {
-            return Ok(t.clone());
-        }
-        Ok(t.narrow(0, r.start, r.len())?)
     }
 
     /// The head with its exact attention already computed (e.g. batched over a window's heads,
@@ -135,7 +107,6 @@ impl HeadInputs {
             exact: self.exact.clone(),
             kernelized: self.kernelized.clone(),
             memo: Memo::default(),
-            decode: self.decode.clone(),
         }
     }
 
@@ -159,12 +130,12 @@ impl HeadInputs {
 
     /// What methods are scored against under `target`, in f64, after a sample of its rows was
     /// checked against a float64 recomputation on the host ([`exact::verify`]): a wrong target is
-    /// an error, never a row.
-    /// Under the decode protocol the continuation rows O_F (the check runs on all rows first).
+    /// an error, never a row. Every row: a protocol that scores fewer narrows it
+    /// (`protocol::Protocol::scored`).
     pub fn target_output(&self, target: Target) -> Result<Tensor> {
         let out = self.unchecked_target_output(target)?;
         exact::verify::check_target_rows(target, self.mask, &self.q, &self.k, &self.v, &out)?;
-        self.scored(&out)
+        Ok(out)
     }
 
     /// [`HeadInputs::target_output`] before its check: for a caller that checks a batch of heads
@@ -465,23 +436,11 @@ pub trait Method: Send + Sync {
         let _ = n;
         None
     }
-    /// Leading multiply-adds under the decode protocol (§9.1) with n_f continuation rows: by
-    /// default the dense continuation rows, 2p·Σ_{t∈F}(t + 1) (a §8 cache read by every
-    /// continuation query).
-    fn macs_decode(&self, n: usize, p: usize, d: usize, n_f: usize) -> f64 {
-        let _ = d;
-        2.0 * p as f64 * decode::dense_pairs(n, n_f)
-    }
-    /// `kv_bits` under the decode protocol: by default [`Method::kv_bits`]; KIVI's cache changes
-    /// as the continuation grows, so it reports the read-weighted mean over F.
-    fn kv_bits_decode(&self, n: usize, n_f: usize) -> Option<f64> {
-        let _ = n_f;
-        self.kv_bits(n)
-    }
-    /// Whether the method runs under `--decode` (§9.1): the §9 family and the §8 KV caches; the
-    /// prefill kernels (SageAttention) and every prefill or encoder method do not.
-    fn decodes(&self) -> bool {
-        self.family() == Family::Decode
+    /// The method under the decode protocol (§9.1), if it runs there: the §9 family and the §8
+    /// KV caches. The prefill kernels (SageAttention) and every prefill or encoder method do not.
+    /// The protocol is the method's own business only there: no other method sees it.
+    fn decoding(&self) -> Option<&dyn decode::Decoding> {
+        None
     }
     /// Computes Ô for one head with d features.
     fn approximate(&self, head: &HeadInputs, d: usize, rng: &mut TrialRng)

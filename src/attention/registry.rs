@@ -188,7 +188,7 @@ pub fn budgets(id: &str, grid: &[usize]) -> Vec<usize> {
 pub fn decode_method_ids() -> Vec<&'static str> {
     registry()
         .iter()
-        .filter(|m| m.decodes())
+        .filter(|m| m.decoding().is_some())
         .map(|m| m.id())
         .collect()
 }

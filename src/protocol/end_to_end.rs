@@ -36,7 +36,7 @@ impl E2eMethod {
     pub fn resolve(id: &str) -> Result<Self> {
         if let Some(cache) = id.strip_prefix('d') {
             if let Ok(m) = attention::by_id(cache) {
-                if m.family() == Family::Quantized && m.decodes() {
+                if m.family() == Family::Quantized && m.decoding().is_some() {
                     return Ok(Self {
                         name: id.to_string(),
                         method: m,

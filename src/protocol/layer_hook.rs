@@ -144,7 +144,8 @@ impl<'a> MethodHook<'a> {
         ctx: Option<&Arc<LayerContext>>,
     ) -> Result<(Tensor, [f64; 6], usize)> {
         let m = self.method;
-        let (head, _) = layer_head(q, k, v, h, Mask::Causal, ctx)?;
+        let lh = layer_head(q, k, v, h, Mask::Causal, ctx)?;
+        let head = &lh.head;
         let seed = TrialKey {
             seed: self.seed,
             n,
@@ -161,7 +162,7 @@ impl<'a> MethodHook<'a> {
                 self.d
             )
         };
-        let target = HeadTarget::new(&head, Target::Softmax, self.mode)?;
+        let target = HeadTarget::new(head, lh.decode.as_ref(), Target::Softmax, self.mode)?;
         let (approx, r) = match target.trial(m, self.d, seed) {
             Ok(t) => t,
             // What a user's own function returns (a wrong shape, a NaN) is the user's to fix.

@@ -61,11 +61,14 @@ impl Protocol {
         })
     }
 
-    /// The method's leading multiply-adds at (n, p, d) under this protocol.
+    /// The method's leading multiply-adds at (n, p, d) under this protocol (NaN for a method
+    /// that does not decode, which the decode protocol never runs).
     pub fn macs(self, m: &dyn Method, n: usize, p: usize, d: usize, mask: Mask) -> f64 {
         match self {
             Protocol::Prefill => m.macs_masked(n, p, d, mask),
-            Protocol::Decode { n_f } => m.macs_decode(n, p, d, n_f),
+            Protocol::Decode { n_f } => m
+                .decoding()
+                .map_or(f64::NAN, |dm| dm.macs_decode(n, p, d, n_f)),
         }
     }
 
@@ -94,7 +97,7 @@ impl Protocol {
             (Some(1.0), Some(dense))
         };
         let bits = match self {
-            Protocol::Decode { n_f } => m.kv_bits_decode(n, n_f),
+            Protocol::Decode { n_f } => m.decoding().and_then(|dm| dm.kv_bits_decode(n, n_f)),
             Protocol::Prefill => m.kv_bits(n),
         };
         let kv_bits = bits.or(measured_keys.map(|_| 16.0));
@@ -120,9 +123,17 @@ pub struct CacheColumns {
     pub kv_read: Option<f64>,
 }
 
+/// Query head `h` of a layer: its inputs, the K/V head it reads, and under the decode protocol
+/// its place in the layer (what a §9 method reads beyond its own Q, K, V).
+pub struct LayerHead {
+    pub head: HeadInputs,
+    pub kv_head: usize,
+    pub decode: Option<DecodeHead>,
+}
+
 /// Query head `h` of a layer's [H, n, p] Q and [H_kv, n, p] K, V, under `mask`, with the layer's
-/// decode context when the protocol is decode, and the K/V head it reads: grouped-query heads
-/// (docs/reference.md §7.1) read K/V head ⌊h·H_kv/H⌋.
+/// decode context when the protocol is decode: grouped-query heads (docs/reference.md §7.1) read
+/// K/V head ⌊h·H_kv/H⌋.
 pub fn layer_head(
     q: &Tensor,
     k: &Tensor,
@@ -130,22 +141,25 @@ pub fn layer_head(
     h: usize,
     mask: Mask,
     layer: Option<&Arc<LayerContext>>,
-) -> Result<(HeadInputs, usize)> {
+) -> Result<LayerHead> {
     let kv_head = h * k.dim(0)? / q.dim(0)?;
-    let mut head = HeadInputs::masked(q.get(h)?, k.get(kv_head)?, v.get(kv_head)?, mask)?;
-    if let Some(layer) = layer {
-        head = head.decoding(DecodeHead {
+    Ok(LayerHead {
+        head: HeadInputs::masked(q.get(h)?, k.get(kv_head)?, v.get(kv_head)?, mask)?,
+        kv_head,
+        decode: layer.map(|layer| DecodeHead {
             head: h,
             layer: layer.clone(),
-        });
-    }
-    Ok((head, kv_head))
+        }),
+    })
 }
 
 /// What one head's trials are scored against: the run's target on the protocol's rows, in f64,
 /// and its spectral norm; computed once per head, before any method's clock starts.
 pub struct HeadTarget<'h> {
     pub head: &'h HeadInputs,
+    /// The head's place in its layer under the decode protocol (None in prefill, and in `score`,
+    /// whose files carry no layer to run a method in).
+    pub decode: Option<&'h DecodeHead>,
     pub target: Target,
     pub protocol: Protocol,
     /// The target's scored rows in f64.
@@ -157,21 +171,27 @@ pub struct HeadTarget<'h> {
 impl<'h> HeadTarget<'h> {
     /// The head's target, after a sample of its rows was checked against a float64
     /// recomputation ([`HeadInputs::target_output`]): a wrong target is an error, never a row.
-    pub fn new(head: &'h HeadInputs, target: Target, protocol: Protocol) -> Result<Self> {
-        // A head with a decode context narrows to the continuation itself; one without (`score`,
-        // which has no layer to give its heads) is narrowed here.
-        let output = match (&head.decode, protocol) {
-            (Some(dec), Protocol::Decode { n_f }) => {
-                debug_assert_eq!(dec.n_f(), n_f, "the head's decode context and the protocol");
-                head.target_output(target)?
+    pub fn new(
+        head: &'h HeadInputs,
+        decode: Option<&'h DecodeHead>,
+        target: Target,
+        protocol: Protocol,
+    ) -> Result<Self> {
+        match (decode, protocol) {
+            (Some(dec), Protocol::Decode { n_f }) if dec.n_f() != n_f => {
+                anyhow::bail!("a head decoding {} rows under n_f = {n_f}", dec.n_f())
             }
             (Some(_), Protocol::Prefill) => {
-                anyhow::bail!("a head under the decode protocol scored as prefill")
+                anyhow::bail!("a head with a decode context scored as prefill")
             }
-            (None, _) => protocol.scored(&head.target_output(target)?)?,
-        };
+            _ => {}
+        }
+        let output = protocol.scored(&head.target_output(target)?)?;
         let norm = spectral::matrix_norms(&output)?.spectral;
-        Ok(Self::from_parts(head, target, protocol, output, norm))
+        Ok(Self {
+            decode,
+            ..Self::from_parts(head, target, protocol, output, norm)
+        })
     }
 
     /// A target computed and checked elsewhere (batched over a window's heads on a device).
@@ -184,6 +204,7 @@ impl<'h> HeadTarget<'h> {
     ) -> Self {
         Self {
             head,
+            decode: None,
             target,
             protocol,
             output,
@@ -195,7 +216,21 @@ impl<'h> HeadTarget<'h> {
     /// then measured.
     pub fn trial(&self, m: &dyn Method, d: usize, seed: u64) -> Result<(Approximation, Measured)> {
         let t0 = Instant::now();
-        let approx = m.approximate_trial(self.head, d, seed)?;
+        let approx = match (self.protocol, self.decode) {
+            (Protocol::Prefill, _) => m.approximate_trial(self.head, d, seed)?,
+            (Protocol::Decode { .. }, Some(dec)) => m
+                .decoding()
+                .ok_or_else(|| {
+                    crate::usage!(
+                        "{} does not run under the decode protocol (docs/reference.md §9.1): only the §9 methods and the §8 KV caches do",
+                        m.id()
+                    )
+                })?
+                .approximate_decode_trial(self.head, dec, d, seed)?,
+            (Protocol::Decode { .. }, None) => {
+                anyhow::bail!("a decode trial of {} without its layer", m.id())
+            }
+        };
         self.head.device().synchronize()?;
         let seconds = t0.elapsed().as_secs_f64();
         let measured = self.measure(Some(m), d, &approx, seed, seconds)?;
@@ -236,7 +271,7 @@ impl<'h> HeadTarget<'h> {
         let support = approx.support.as_ref();
         let (macs, cache) = match m {
             Some(m) => {
-                let mass = trial_mass(approx, self.head, self.target)?;
+                let mass = trial_mass(approx, self.head, self.target, self.protocol)?;
                 let keys = support.map(|s| s.keys);
                 (
                     self.protocol.macs(m, n, p, d, mask),

@@ -34,14 +34,16 @@ pub(crate) fn count_flagged(row_check: &[f64], norm: Option<&[f64]>) -> usize {
 
 /// The mass a restricted method captured, against the exact log-normaliser (softmax target
 /// only: C·V has no normalised rows); None for every other method.
+/// Over the protocol's scored rows (Ô's rows).
 pub fn trial_mass(
     approx: &Approximation,
     head: &HeadInputs,
     target: attention::Target,
+    protocol: super::Protocol,
 ) -> Result<Option<f64>> {
     match (&approx.support, target) {
         (Some(_), attention::Target::Softmax) => {
-            approx.mass(&head.scored(head.exact()?.log_rowsum()?)?)
+            approx.mass(&protocol.scored(head.exact()?.log_rowsum()?)?)
         }
         _ => Ok(None),
     }

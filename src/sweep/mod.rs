@@ -476,13 +476,17 @@ impl<'a> TrialContext<'a> {
         missing: &(dyn Fn(usize, &str, usize) -> bool + Sync),
     ) -> Result<Vec<TrialRow>> {
         let (cfg, n, w) = (self.cfg, self.n, self.window);
-        let (head, kv_head) = pipeline::layer_head(q, k, v, h, cfg.mask, layer)?;
+        let lh = pipeline::layer_head(q, k, v, h, cfg.mask, layer)?;
+        let (head, kv_head) = (&lh.head, lh.kv_head);
         // The run's target in f64, once per head, before any method's clock starts; a sample of
         // its rows is checked against float64 first.
-        let target =
-            HeadTarget::new(&head, cfg.target, Protocol::of(cfg.decode)).with_context(|| {
-                format!("layer {}, n = {n}, window {w}, head {h}", cfg.inputs.layer)
-            })?;
+        let target = HeadTarget::new(
+            head,
+            lh.decode.as_ref(),
+            cfg.target,
+            Protocol::of(cfg.decode),
+        )
+        .with_context(|| format!("layer {}, n = {n}, window {w}, head {h}", cfg.inputs.layer))?;
         let mut rows = Vec::new();
         for m in self.methods {
             for d in attention::budgets(m.id(), &cfg.features) {

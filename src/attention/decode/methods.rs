@@ -14,7 +14,8 @@ use candle_core::{DType, Tensor};
 
 use super::budgets::WINDOW;
 use super::kept::{Pool, Static};
-use super::{per_query_rows, require_decode, scores, static_rows, union_size, with_union};
+use super::{outside_the_protocol, require_causal, DecodeHead, Decoding};
+use super::{per_query_rows, scores, static_rows, union_size, with_union};
 use crate::attention::prefill::select::{top_indices, B};
 use crate::attention::sparse::topk::{rank_index, rank_key};
 use crate::attention::{Approximation, Family, HeadInputs, Method, MethodInfo};
@@ -123,6 +124,15 @@ impl Method for StaticDecode {
             super::RECOMMENDED_N_F.min(n.saturating_sub(1)).max(1),
         )
     }
+    fn decoding(&self) -> Option<&dyn Decoding> {
+        Some(self)
+    }
+    fn approximate(&self, _: &HeadInputs, _: usize, _: &mut TrialRng) -> Result<Approximation> {
+        Err(outside_the_protocol(self.id()))
+    }
+}
+
+impl Decoding for StaticDecode {
     fn macs_decode(&self, n: usize, p: usize, d: usize, n_f: usize) -> f64 {
         let (n_p, pf) = ((n - n_f) as f64, p as f64);
         let select = match self.0 {
@@ -134,8 +144,14 @@ impl Method for StaticDecode {
         };
         select + static_pair_macs(n, p, d, n_f)
     }
-    fn approximate(&self, head: &HeadInputs, d: usize, _: &mut TrialRng) -> Result<Approximation> {
-        let dec = require_decode(head, self.id())?;
+    fn approximate_decode(
+        &self,
+        head: &HeadInputs,
+        dec: &DecodeHead,
+        d: usize,
+        _: &mut TrialRng,
+    ) -> Result<Approximation> {
+        require_causal(head, self.id())?;
         self.check(head.n(), d).map_err(anyhow::Error::msg)?;
         let ctx = &dec.layer;
         let kept = self.0.kept(ctx, dec.head, d)?;
@@ -252,11 +268,12 @@ fn topk_sets(ctx: &super::LayerContext, g: usize, d: usize) -> Result<Vec<Vec<us
 /// Ô_F from per-query sets, with the group's mean union per query.
 fn per_query(
     head: &HeadInputs,
+    dec: &DecodeHead,
     d: usize,
     sets: impl Fn(&super::LayerContext, usize, usize) -> Result<Vec<Vec<usize>>>,
     id: &str,
 ) -> Result<Approximation> {
-    let dec = require_decode(head, id)?;
+    require_causal(head, id)?;
     let ctx = &dec.layer;
     let own = sets(ctx, dec.head, d)?;
     let others: Vec<Vec<Vec<usize>>> = ctx
@@ -288,14 +305,29 @@ impl Method for QuestDec {
             super::RECOMMENDED_N_F.min(n.saturating_sub(1)).max(1),
         )
     }
+    fn decoding(&self) -> Option<&dyn Decoding> {
+        Some(self)
+    }
+    fn approximate(&self, _: &HeadInputs, _: usize, _: &mut TrialRng) -> Result<Approximation> {
+        Err(outside_the_protocol(self.id()))
+    }
+}
+
+impl Decoding for QuestDec {
     fn macs_decode(&self, n: usize, p: usize, d: usize, n_f: usize) -> f64 {
         let n_p = n - n_f;
         let pages = n_p.div_ceil(B) as f64;
         2.0 * p as f64 * n_f as f64 * pages
             + static_pair_macs(n, p, (d.div_ceil(B) * B).min(n_p), n_f)
     }
-    fn approximate(&self, head: &HeadInputs, d: usize, _: &mut TrialRng) -> Result<Approximation> {
-        per_query(head, d, quest_sets, self.id())
+    fn approximate_decode(
+        &self,
+        head: &HeadInputs,
+        dec: &DecodeHead,
+        d: usize,
+        _: &mut TrialRng,
+    ) -> Result<Approximation> {
+        per_query(head, dec, d, quest_sets, self.id())
     }
 }
 
@@ -311,10 +343,25 @@ impl Method for TopkDec {
             super::RECOMMENDED_N_F.min(n.saturating_sub(1)).max(1),
         )
     }
+    fn decoding(&self) -> Option<&dyn Decoding> {
+        Some(self)
+    }
+    fn approximate(&self, _: &HeadInputs, _: usize, _: &mut TrialRng) -> Result<Approximation> {
+        Err(outside_the_protocol(self.id()))
+    }
+}
+
+impl Decoding for TopkDec {
     fn macs_decode(&self, n: usize, p: usize, d: usize, n_f: usize) -> f64 {
         (n_f * (n - n_f) * p) as f64 + static_pair_macs(n, p, d, n_f)
     }
-    fn approximate(&self, head: &HeadInputs, d: usize, _: &mut TrialRng) -> Result<Approximation> {
-        per_query(head, d, topk_sets, self.id())
+    fn approximate_decode(
+        &self,
+        head: &HeadInputs,
+        dec: &DecodeHead,
+        d: usize,
+        _: &mut TrialRng,
+    ) -> Result<Approximation> {
+        per_query(head, dec, d, topk_sets, self.id())
     }
 }

@@ -37,6 +37,7 @@ use candle_core::Tensor;
 
 use crate::attention::{Approximation, HeadInputs, Mask};
 use crate::numerics::key_sets::{key_set_softmax, per_row_groups, KeyGroup};
+use crate::numerics::sampling::TrialRng;
 
 /// The recommended continuation length n_f (§9.1: the method-to-oracle ratios and the rankings
 /// are stable from 256 on).
@@ -177,15 +178,61 @@ impl DecodeHead {
     }
 }
 
-/// The decode context of `head`, or an error naming `id` (a §9 method needs `--decode`).
-pub fn require_decode<'a>(head: &'a HeadInputs, id: &str) -> Result<&'a DecodeHead> {
+/// A method under the decode protocol (§9.1): the §9 family and the §8 KV caches. Ô is the n_f
+/// continuation rows of the head, which read the layer's compressed prompt; the protocol gives
+/// the head's [`DecodeHead`] here, and nowhere else (a method's inputs do not carry it).
+pub trait Decoding: Sync + Send {
+    /// Ô of the continuation rows n_p..n of `head`.
+    fn approximate_decode(
+        &self,
+        head: &HeadInputs,
+        dec: &DecodeHead,
+        d: usize,
+        rng: &mut TrialRng,
+    ) -> Result<Approximation>;
+    /// One decode trial with the generator of the trial's derived seed (a user's function that
+    /// seeds its own generator overrides this, as [`crate::attention::Method::approximate_trial`]).
+    fn approximate_decode_trial(
+        &self,
+        head: &HeadInputs,
+        dec: &DecodeHead,
+        d: usize,
+        seed: u64,
+    ) -> Result<Approximation> {
+        self.approximate_decode(
+            head,
+            dec,
+            d,
+            &mut crate::numerics::sampling::rng_from_seed(seed),
+        )
+    }
+    /// Leading multiply-adds with n_f continuation rows: by default the dense continuation rows,
+    /// 2p·Σ_{t∈F}(t + 1) (a §8 cache read by every continuation query).
+    fn macs_decode(&self, n: usize, p: usize, d: usize, n_f: usize) -> f64 {
+        let _ = d;
+        2.0 * p as f64 * dense_pairs(n, n_f)
+    }
+    /// `kv_bits` (§8.5) with n_f continuation rows; None for a method that reads an f16 cache
+    /// (the §9 selections: the protocol counts their keys at 16 bits).
+    fn kv_bits_decode(&self, n: usize, n_f: usize) -> Option<f64> {
+        let _ = (n, n_f);
+        None
+    }
+}
+
+/// What a decode method's [`crate::attention::Method::approximate`] answers outside the protocol:
+/// a usage error naming `id`.
+pub fn outside_the_protocol(id: &str) -> anyhow::Error {
+    crate::usage!("{id} is a decode-time method (docs/reference.md §9): run it with --decode N_F (e.g. --decode {RECOMMENDED_N_F})")
+}
+
+/// A §9 method needs the causal mask.
+pub fn require_causal(head: &HeadInputs, id: &str) -> Result<()> {
     ensure!(
         head.mask == Mask::Causal,
         "{id} is a decode-time method (docs/reference.md §9): it needs the causal mask"
     );
-    head.decode.as_ref().ok_or_else(|| {
-        crate::usage!("{id} is a decode-time method (docs/reference.md §9): run it with --decode N_F (e.g. --decode {RECOMMENDED_N_F})")
-    })
+    Ok(())
 }
 
 /// The continuation's dense key count Σ_{t∈F} (t + 1): `kv_read`'s denominator (§9.1).

@@ -17,6 +17,7 @@
 use anyhow::Result;
 
 use super::{check_blocks_of_32, dense_macs, in_run_dtype, quantized, HostMat, Real};
+use crate::attention::decode::{DecodeHead, Decoding};
 use crate::attention::exact::ExactAttention;
 use crate::attention::{Approximation, HeadInputs, Mask, Method, MethodInfo};
 use crate::numerics::formats::asym_group_roundtrip;
@@ -140,6 +141,29 @@ impl Method for Kivi {
             |quantized: usize| (quantized as f64 * b + (n - quantized) as f64 * 16.0) / n as f64;
         Some((width(k_quantized_tokens(n)) + width(v_quantized_tokens(n))) / 2.0)
     }
+    fn decoding(&self) -> Option<&dyn Decoding> {
+        Some(self)
+    }
+    fn approximate(&self, head: &HeadInputs, _d: usize, _: &mut TrialRng) -> Result<Approximation> {
+        super::check_head(self, head)?;
+        let (k, v) = in_run_dtype!(head.dtype(), kivi_kv(self, head))?;
+        let out = ExactAttention::compute_masked(&head.q, &k, &v, head.mask)?.output;
+        Ok(Approximation::plain(out))
+    }
+}
+
+impl Decoding for Kivi {
+    fn approximate_decode(
+        &self,
+        head: &HeadInputs,
+        dec: &DecodeHead,
+        _d: usize,
+        _: &mut TrialRng,
+    ) -> Result<Approximation> {
+        super::check_head(self, head)?;
+        let out = in_run_dtype!(head.dtype(), decode_rows(self, head, dec.n_p()))?;
+        Ok(Approximation::plain(out))
+    }
     /// Under `--decode` (§9.1): row t reads the cache after t + 1 tokens, K quantized for
     /// j < (t+1) − (t+1) mod R and V for j < t + 1 − R; per value read, the read-weighted mean
     /// over the continuation rows of (K's width + V's width)/2, so kv_read = kv_bits/16 still.
@@ -153,18 +177,5 @@ impl Method for Kivi {
             reads += len as f64;
         }
         Some(bits / reads)
-    }
-    fn decodes(&self) -> bool {
-        true
-    }
-    fn approximate(&self, head: &HeadInputs, _d: usize, _: &mut TrialRng) -> Result<Approximation> {
-        super::check_head(self, head)?;
-        if let Some(dec) = &head.decode {
-            let out = in_run_dtype!(head.dtype(), decode_rows(self, head, dec.n_p()))?;
-            return Ok(Approximation::plain(out));
-        }
-        let (k, v) = in_run_dtype!(head.dtype(), kivi_kv(self, head))?;
-        let out = ExactAttention::compute_masked(&head.q, &k, &v, head.mask)?.output;
-        Ok(Approximation::plain(out))
     }
 }

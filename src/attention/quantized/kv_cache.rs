@@ -25,6 +25,7 @@ use candle_core::Tensor;
 
 use super::{check_blocks_of_32, check_f16_range, dense_macs, in_run_dtype, quantized};
 use super::{HostMat, Real};
+use crate::attention::decode::{DecodeHead, Decoding};
 use crate::attention::exact::ExactAttention;
 use crate::attention::{Approximation, HeadInputs, Mask, Method, MethodInfo};
 use crate::numerics::formats::{ggml_roundtrip, GgmlType, E4M3_MAX};
@@ -164,20 +165,34 @@ impl Method for KvCache {
             CacheFormat::Ggml(t) => t.bits_per_value(),
         })
     }
-    /// Under `--decode` (§9.1) a continuation row reads the per-token cache as it stands after
-    /// t + 1 tokens, which is this computation's row t: §8.3 restricted to F. (`kv_fp8`'s one
-    /// scale per K/V head stays the window's, as §9.1 says.)
-    fn decodes(&self) -> bool {
-        true
+    fn decoding(&self) -> Option<&dyn Decoding> {
+        Some(self)
     }
     fn approximate(&self, head: &HeadInputs, _d: usize, _: &mut TrialRng) -> Result<Approximation> {
         super::check_head(self, head)?;
         let (q, k, v) = self.quantized_qkv(head)?;
-        if let Some(dec) = &head.decode {
-            let out = crate::attention::decode::dense_continuation(&q, &k, &v, dec.n_p())?;
-            return Ok(Approximation::plain(out));
-        }
         let out = ExactAttention::compute_masked(&q, &k, &v, head.mask)?.output;
         Ok(Approximation::plain(out))
+    }
+}
+
+/// Under `--decode` (§9.1) a continuation row reads the per-token cache as it stands after t + 1
+/// tokens, which is this computation's row t: §8.3 restricted to F. (`kv_fp8`'s one scale per K/V
+/// head stays the window's, as §9.1 says.)
+impl Decoding for KvCache {
+    fn approximate_decode(
+        &self,
+        head: &HeadInputs,
+        dec: &DecodeHead,
+        _d: usize,
+        _: &mut TrialRng,
+    ) -> Result<Approximation> {
+        super::check_head(self, head)?;
+        let (q, k, v) = self.quantized_qkv(head)?;
+        let out = crate::attention::decode::dense_continuation(&q, &k, &v, dec.n_p())?;
+        Ok(Approximation::plain(out))
+    }
+    fn kv_bits_decode(&self, n: usize, _n_f: usize) -> Option<f64> {
+        self.kv_bits(n)
     }
 }

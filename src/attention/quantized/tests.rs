@@ -11,6 +11,7 @@ use super::kv_cache::{CacheFormat, KvCache};
 use super::online_softmax::{online_softmax, KEY_BLOCK, QUERY_BLOCK};
 use super::sage::{Sage, SageKernel};
 use super::*;
+use crate::attention::decode::Decoding;
 use crate::attention::exact::ExactAttention;
 use crate::attention::test_util::{random_head, run_seeded};
 use crate::attention::{registry, Method};
@@ -489,13 +490,21 @@ fn kivi_under_decode_reads_the_cache_as_it_stands_after_each_token() {
             2,
         )
         .unwrap();
-        let dec = HeadInputs::masked(h.q.clone(), h.k.clone(), h.v.clone(), Mask::Causal)
+        let causal =
+            HeadInputs::masked(h.q.clone(), h.k.clone(), h.v.clone(), Mask::Causal).unwrap();
+        let dec = DecodeHead {
+            head: 0,
+            layer: Arc::new(ctx),
+        };
+        let got = m
+            .approximate_decode(
+                &causal,
+                &dec,
+                0,
+                &mut crate::numerics::sampling::rng_from_seed(0),
+            )
             .unwrap()
-            .decoding(DecodeHead {
-                head: 0,
-                layer: Arc::new(ctx),
-            });
-        let got = run_seeded(&m, &dec, 0, 0).output;
+            .output;
         assert_eq!(got.dims(), [n_f, p]);
         for t in [240, 254, 255, 256, 257, 270, 299] {
             let len = t + 1;
@@ -545,25 +554,31 @@ fn per_token_caches_under_decode_are_the_prefill_rows_of_the_continuation() {
         )
         .unwrap(),
     );
-    let dec = HeadInputs::masked(h.q.clone(), h.k.clone(), h.v.clone(), Mask::Causal)
-        .unwrap()
-        .decoding(DecodeHead {
-            head: 0,
-            layer: ctx,
-        });
+    let dec = DecodeHead {
+        head: 0,
+        layer: ctx,
+    };
     for m in KvCache::all() {
-        assert!(m.decodes());
+        assert!(m.decoding().is_some());
         let want = run_seeded(&m, &causal, 0, 0)
             .output
             .narrow(0, n - n_f, n_f)
             .unwrap();
-        let got = run_seeded(&m, &dec, 0, 0).output;
+        let got = m
+            .approximate_decode(
+                &causal,
+                &dec,
+                0,
+                &mut crate::numerics::sampling::rng_from_seed(0),
+            )
+            .unwrap()
+            .output;
         let diff = max_abs_diff(&got, &want);
         assert!(diff < 1e-12, "{}: {diff}", m.id());
     }
     for m in [Sage {
         kernel: SageKernel::Sage1,
     }] {
-        assert!(!m.decodes(), "a prefill kernel");
+        assert!(m.decoding().is_none(), "a prefill kernel");
     }
 }
