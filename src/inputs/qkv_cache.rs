@@ -26,8 +26,32 @@ use crate::config::InputConfig;
 /// layers before L, RoPE, the projections, the embedding pipeline), so that no entry computed by
 /// the old code is read by the new. (3: the fused kernel's own FMA tile products and exponential;
 /// 4: that exponential's shorter chain and paired sums, which round differently; 5: its
-/// degree-5 polynomial, scripts/fit-exp-poly.py.)
-pub const FORWARD_VERSION: &str = "qkv-forward-5";
+/// degree-5 polynomial, scripts/fit-exp-poly.py; 6: the key names the instruction sets, [`simd`].)
+pub const FORWARD_VERSION: &str = "qkv-forward-6";
+
+/// The instruction sets the forward's arithmetic ran on, for the key: `gemm` (candle's matmul)
+/// takes its AVX-512 kernels where the CPU has avx512f and its FMA ones elsewhere, and their sums
+/// block differently, so the same forward gives other bits on another CPU. An entry written on
+/// one must not be read as the other's (a shared cache directory, or a copied one).
+pub fn simd() -> String {
+    let gemm = {
+        #[cfg(target_arch = "x86_64")]
+        {
+            if std::arch::is_x86_feature_detected!("avx512f") {
+                "avx512f"
+            } else if std::arch::is_x86_feature_detected!("fma") {
+                "fma"
+            } else {
+                "scalar"
+            }
+        }
+        #[cfg(not(target_arch = "x86_64"))]
+        {
+            "portable"
+        }
+    };
+    format!("gemm {gemm}")
+}
 
 /// Where the cache lives unless the caller says: `$APPROX_BENCH_QKV_CACHE` (a directory, or
 /// `off`), else `$XDG_CACHE_HOME/approx-bench/qkv`, else `~/.cache/approx-bench/qkv`.
@@ -140,6 +164,7 @@ impl QkvCache {
             dir: dir.to_path_buf(),
             base: serde_json::json!({
                 "forward": FORWARD_VERSION,
+                "simd": simd(),
                 "dependencies": env!("APPROX_BENCH_DEPS"),
                 "inputs": config,
                 "files": hashes,
