@@ -93,6 +93,15 @@ impl Simd {
         Ok(wanted.min(Simd::best()))
     }
 
+    /// [`SIMD_VAR`] as the process has it, checked: a value it does not know is a usage error
+    /// (the CLI asks this first, so that a typo stops the run with the fix rather than with
+    /// [`Simd::chosen`]'s panic inside the kernel).
+    pub fn from_env() -> anyhow::Result<Simd> {
+        let var = std::env::var(SIMD_VAR).ok();
+        let no_tiles = std::env::var_os("AB_NO_TILES").is_some();
+        Simd::for_request(var.as_deref(), no_tiles).map_err(|e| crate::usage!("{e}"))
+    }
+
     /// The path of this process: [`SIMD_VAR`] (or `AB_NO_TILES`, its older form for `portable`)
     /// read once. Decided once per process: the kernel asks per row, and reading the
     /// environment there cost 6 % of its time. An unknown value panics with the fix.
