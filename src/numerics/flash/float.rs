@@ -122,8 +122,8 @@ impl FlashFloat for f32 {
     fn exp_shifted(row: &mut [Self], m: Self, simd: Simd) -> f64 {
         #[cfg(target_arch = "x86_64")]
         if simd >= Simd::Avx2 {
-            // SAFETY: `simd` is a path this CPU runs (attention_with checks it).
-            return unsafe { flash_tiles::exp_shifted(simd, row, m) };
+            // SAFETY: `checked` panics unless this CPU runs `simd`.
+            return unsafe { flash_tiles::exp_shifted(simd.checked(), row, m) };
         }
         #[cfg(target_arch = "x86_64")]
         if std::arch::is_x86_feature_detected!("avx2") {
@@ -167,10 +167,12 @@ impl FlashFloat for f32 {
         #[cfg(target_arch = "x86_64")]
         if !kp.is_empty() {
             let filled = stats.is_some();
-            // SAFETY: `kp` is non-empty only on a microkernel path this CPU runs (`pack`, and
-            // attention_with's check); it holds every panel of the head, c0 is a multiple of 16
-            // (query_block_body aligns the spans), s holds rows · ld with ld ≥ the panels'
-            // width, and the stats QUERY_BLOCK rows.
+            // Packed panels are read by a microkernel path: at least AVX2, and `checked` panics
+            // unless this CPU runs it.
+            let simd = simd.max(Simd::Avx2).checked();
+            // SAFETY: the path is one this CPU runs (just above); `kp` holds every panel of the
+            // head, c0 is a multiple of 16 (query_block_body aligns the spans), s holds rows · ld
+            // with ld ≥ the panels' width, and the stats QUERY_BLOCK rows.
             unsafe { flash_tiles::scores(simd, qb, rows, p, kp, c0, kt, s, ld, stats) };
             return filled;
         }
@@ -192,8 +194,9 @@ impl FlashFloat for f32 {
     ) {
         #[cfg(target_arch = "x86_64")]
         if !vp.is_empty() {
-            // SAFETY: as above; `vp` is the head's nk · pv values packed (pv a multiple of 16).
+            let simd = simd.max(Simd::Avx2).checked();
             let nk = v.len() / pv;
+            // SAFETY: as above; `vp` is the head's nk · pv values packed (pv a multiple of 16).
             return unsafe {
                 flash_tiles::accumulate_values(simd, e, ld, rows, vp, nk, c0, kt, pv, acc)
             };

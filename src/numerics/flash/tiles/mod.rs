@@ -50,20 +50,37 @@ impl Simd {
         }
     }
 
-    /// The best path this CPU runs.
+    /// The best path this CPU runs (detected once: the kernel's safe entry points check every
+    /// path they are handed against it, per row for the exponential).
+    #[inline]
     pub fn best() -> Simd {
-        #[cfg(target_arch = "x86_64")]
-        {
-            use std::arch::is_x86_feature_detected as has;
-            if has!("avx2") && has!("fma") {
-                return if has!("avx512f") {
-                    Simd::Avx512
-                } else {
-                    Simd::Avx2
-                };
+        static BEST: std::sync::OnceLock<Simd> = std::sync::OnceLock::new();
+        *BEST.get_or_init(|| {
+            #[cfg(target_arch = "x86_64")]
+            {
+                use std::arch::is_x86_feature_detected as has;
+                if has!("avx2") && has!("fma") {
+                    return if has!("avx512f") {
+                        Simd::Avx512
+                    } else {
+                        Simd::Avx2
+                    };
+                }
             }
-        }
-        Simd::Portable
+            Simd::Portable
+        })
+    }
+
+    /// `self` if this CPU runs it; a panic otherwise (what keeps the kernel's safe methods from
+    /// running an instruction the CPU lacks when handed a path by hand).
+    #[inline]
+    pub fn checked(self) -> Simd {
+        assert!(
+            self <= Simd::best(),
+            "{self:?}: this CPU runs at most {:?}",
+            Simd::best()
+        );
+        self
     }
 
     /// Every path this CPU runs, lowest first (what the tests exercise).
