@@ -121,10 +121,13 @@ fn timed(cfg: &RunConfig, reps: usize, prepared: &inputs::Prepared) -> Result<()
     let dev = &prepared.device;
     let p = prepared.head_dim();
     println!(
-        "device {:?}, dtype {dtype:?}, threads {}; matmul peak (square 2048³ product) {:.1} GFLOP/s",
+        "device {:?}, dtype {dtype:?}, threads {}; matmul peak (square 2048³ product) {:.1} GFLOP/s ({}); kernel path {} ({}=avx512|avx2|portable)",
         dev,
         rayon::current_num_threads(),
-        square_matmul_peak(dev, dtype)?
+        square_matmul_peak(dev, dtype)?,
+        crate::numerics::flash::tiles::gemm_isa(),
+        crate::numerics::flash::Simd::chosen().name(),
+        crate::numerics::flash::tiles::SIMD_VAR,
     );
     for &n in &cfg.lengths {
         let t_qkv = time(dev, reps, || prepared.window_qkv(&cfg.inputs, n, 0))?;

@@ -196,6 +196,7 @@ fn main() {
     let cli = Cli::parse();
     let code = match approx_bench::runtime::configure(cli.threads)
         .and_then(|_| approx_bench::interrupt::install())
+        .and_then(|_| approx_bench::numerics::flash::Simd::from_env().map(|_| ()))
         .and_then(|_| run(cli))
     {
         Ok(code) => code,

@@ -168,6 +168,18 @@ pub fn check_finite(t: &Tensor, what: impl FnOnce() -> String) -> Result<()> {
     }
 }
 
+/// A candle error's message without the backtrace candle attaches under `RUST_BACKTRACE=1`: it
+/// goes into messages about the user's files, where a stack of candle frames says nothing.
+pub fn candle_message(e: &candle_core::Error) -> String {
+    match e {
+        candle_core::Error::WithBacktrace { inner, .. } => candle_message(inner),
+        candle_core::Error::Context { inner, context } => {
+            format!("{context}: {}", candle_message(inner))
+        }
+        other => other.to_string(),
+    }
+}
+
 #[cfg(test)]
 mod finite_tests {
     use super::*;
@@ -201,17 +213,5 @@ mod finite_tests {
             msg.contains("tensor 'x' holds NaN at index [1, 1]") && msg.contains("corrupt"),
             "{msg}"
         );
-    }
-}
-
-/// A candle error's message without the backtrace candle attaches under `RUST_BACKTRACE=1`: it
-/// goes into messages about the user's files, where a stack of candle frames says nothing.
-pub fn candle_message(e: &candle_core::Error) -> String {
-    match e {
-        candle_core::Error::WithBacktrace { inner, .. } => candle_message(inner),
-        candle_core::Error::Context { inner, context } => {
-            format!("{context}: {}", candle_message(inner))
-        }
-        other => other.to_string(),
     }
 }

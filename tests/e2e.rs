@@ -2,7 +2,6 @@
 //! a rerun is identical, an interrupted run resumes to the same rows, and bad input is exit 2
 //! with the input named and nothing already written lost.
 
-#[allow(dead_code)]
 mod common;
 
 use std::path::Path;

@@ -170,6 +170,8 @@ fn agreement(o: &Bound<'_, PyAny>, o_hat: &Bound<'_, PyAny>) -> PyResult<(f64, f
 /// Ô of a built-in method for one head, with the trial generator of derived seed `seed`
 /// (trials.csv's `seed` column, or `trial_seed(...)`): bit-identical to the CLI's trial. With
 /// `mask = "causal"` the method's causal form (docs/reference.md §7.4).
+// One argument per keyword of the Python signature.
+#[allow(clippy::too_many_arguments)]
 #[pyfunction]
 #[pyo3(signature = (method, q, k, v, d, seed, mask = "none"))]
 fn approximate<'py>(

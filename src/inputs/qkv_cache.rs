@@ -26,8 +26,25 @@ use crate::config::InputConfig;
 /// layers before L, RoPE, the projections, the embedding pipeline), so that no entry computed by
 /// the old code is read by the new. (3: the fused kernel's own FMA tile products and exponential;
 /// 4: that exponential's shorter chain and paired sums, which round differently; 5: its
-/// degree-5 polynomial, scripts/fit-exp-poly.py.)
-pub const FORWARD_VERSION: &str = "qkv-forward-5";
+/// degree-5 polynomial, scripts/fit-exp-poly.py; 6: the key names the instruction sets, [`simd`].)
+pub const FORWARD_VERSION: &str = "qkv-forward-6";
+
+/// The instruction sets the forward's arithmetic ran on, for the key. `gemm` (candle's matmul)
+/// takes its AVX-512 kernels where the CPU has avx512f and its FMA ones elsewhere, and their sums
+/// block by their own tiles and cache sizes; the fused kernel of the attention before layer L runs
+/// on [`Simd::chosen`]'s path, and its portable path rounds otherwise than its microkernels. So
+/// the same forward can give other bits on another CPU or under `AB_SIMD`, and an entry written
+/// on one must not be read as the other's (a shared or copied cache directory). The AVX2 and
+/// AVX-512 paths agree bit for bit (tested), but the key names the path all the same: it costs a
+/// recompute only where someone forces a path, and stays right if the paths ever diverge.
+pub fn simd() -> String {
+    use crate::numerics::flash::{tiles, Simd};
+    format!(
+        "gemm {}, flash {}",
+        tiles::gemm_isa(),
+        Simd::chosen().name()
+    )
+}
 
 /// Where the cache lives unless the caller says: `$APPROX_BENCH_QKV_CACHE` (a directory, or
 /// `off`), else `$XDG_CACHE_HOME/approx-bench/qkv`, else `~/.cache/approx-bench/qkv`.
@@ -140,6 +157,7 @@ impl QkvCache {
             dir: dir.to_path_buf(),
             base: serde_json::json!({
                 "forward": FORWARD_VERSION,
+                "simd": simd(),
                 "dependencies": env!("APPROX_BENCH_DEPS"),
                 "inputs": config,
                 "files": hashes,
@@ -392,7 +410,6 @@ mod tests {
             let first = get(8, 0);
             let again = get(8, 0);
             let other = get(8, 1);
-            drop(get);
             assert_eq!(calls, 2, "window 0 computed once, window 1 once");
             for (a, b) in [(&first, &again), (&again, &want), (&other, &want)] {
                 assert!(same(&a.0, &b.0) && same(&a.1, &b.1) && same(&a.2, &b.2));

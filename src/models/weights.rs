@@ -300,7 +300,7 @@ pub fn load_safetensors(
         family: cfg.family.model_type(),
         device: device.clone(),
     };
-    build(&mut src, cfg, depth.into())
+    build(&mut src, cfg, depth)
 }
 
 /// transformers' `_init_weights`, each tensor from its own seed (model seed, tensor name), rows

@@ -105,7 +105,7 @@ impl ExactAttention {
                 .contiguous()?
                 .reshape((hkv, g * len, p))?;
             let (s, vb) = match mask {
-                Mask::None => (qb.matmul(&kt)?, v.clone()),
+                Mask::None => (qb.matmul(kt)?, v.clone()),
                 Mask::Causal => {
                     let keys = start + len;
                     let s = qb

@@ -154,7 +154,7 @@ pub fn check_f16_range<T: Real>(method: &str, tensor: &str, before: &HostMat<T>)
 
 /// Why a §8 method that groups the head dimension in blocks of 32 (ggml, KIVI) cannot run p.
 pub fn check_blocks_of_32(p: usize) -> std::result::Result<(), String> {
-    if p % 32 != 0 {
+    if !p.is_multiple_of(32) {
         return Err(format!(
             "the head dimension p = {p} is not a multiple of 32: its formats store blocks of 32 values along p (docs/reference.md §8.1)"
         ));

@@ -61,7 +61,7 @@ pub fn online_softmax_in_chunks<T: Real>(
     step: usize,
 ) -> Result<Tensor> {
     use rayon::prelude::*;
-    debug_assert!(step % QUERY_BLOCK == 0);
+    debug_assert!(step.is_multiple_of(QUERY_BLOCK));
     let starts: Vec<usize> = (0..n).step_by(step).collect();
     let chunk = |&a: &usize| -> Result<Tensor> {
         let len = step.min(n - a);
@@ -163,7 +163,7 @@ fn row_weights_body<T: Real>(
     for (block, &mc) in row[..visible].chunks_mut(KEY_BLOCK).zip(maxima.iter()) {
         if mc != m {
             let f = (mc - m).exp();
-            block.iter_mut().for_each(|x| *x = *x * f);
+            block.iter_mut().for_each(|x| *x *= f);
         }
     }
     // Blocks wholly past the diagonal hold only −∞ logits: they move neither m nor ℓ.

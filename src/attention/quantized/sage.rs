@@ -54,13 +54,13 @@ pub fn smooth_k<T: Real>(k: &mut HostMat<T>) {
     let mut mean = vec![T::ZERO; p];
     for t in 0..n {
         for (c, m) in mean.iter_mut().enumerate() {
-            *m = *m + k.data[t * p + c];
+            *m += k.data[t * p + c];
         }
     }
     let nt = T::from_f64(n as f64);
-    mean.iter_mut().for_each(|m| *m = *m / nt);
+    mean.iter_mut().for_each(|m| *m /= nt);
     for row in k.data.chunks_exact_mut(p) {
-        row.iter_mut().zip(&mean).for_each(|(x, m)| *x = *x - *m);
+        row.iter_mut().zip(&mean).for_each(|(x, m)| *x -= *m);
     }
 }
 
@@ -130,12 +130,12 @@ fn sage_output<T: Real>(m: &Sage, head: &HeadInputs) -> Result<Tensor> {
                 let rows = block.len() / p;
                 let mut mean = vec![T::ZERO; p];
                 for row in block.chunks_exact(p) {
-                    mean.iter_mut().zip(row).for_each(|(m, &x)| *m = *m + x);
+                    mean.iter_mut().zip(row).for_each(|(m, &x)| *m += x);
                 }
                 let rt = T::from_f64(rows as f64);
-                mean.iter_mut().for_each(|m| *m = *m / rt);
+                mean.iter_mut().for_each(|m| *m /= rt);
                 for row in block.chunks_exact_mut(p) {
-                    row.iter_mut().zip(&mean).for_each(|(x, &m)| *x = *x - m);
+                    row.iter_mut().zip(&mean).for_each(|(x, &m)| *x -= m);
                 }
                 q_means.extend(mean);
             }

@@ -1,8 +1,11 @@
 //! The element types of the fused kernel ([`super`]): the arithmetic it needs of f32 and f64 (the
 //! online softmax's exponentials and reductions, and the two tile products, on `gemm` by default
-//! and on our own microkernels for f32 where the CPU has AVX2 and FMA).
+//! and on our own microkernels for f32 on the AVX2 and AVX-512 paths, [`flash_tiles::Simd`]).
+//!
+//! Every method that has a microkernel takes the path: the kernel decides it once per call of
+//! [`super::attention_with`] (the tests name each path the CPU runs), never per row.
 
-use super::tiles as flash_tiles;
+use super::tiles::{self as flash_tiles, Simd};
 
 /// The element types the kernel runs in.
 pub trait FlashFloat:
@@ -23,21 +26,30 @@ pub trait FlashFloat:
     fn from_f64(x: f64) -> Self;
     fn is_finite(self) -> bool;
     fn exp(self) -> Self;
-    /// row ← exp(row − m) in place (m finite), returning Σ row in f64.
-    fn exp_shifted(row: &mut [Self], m: Self) -> f64;
+    /// row ← exp(row − m) in place (m finite), returning Σ row in f64, on path `simd`.
+    fn exp_shifted(row: &mut [Self], m: Self, simd: Simd) -> f64;
 
     /// One K/V head's keys [nk, p] and values [nk, pv] packed for [`Self::scores`] and
-    /// [`Self::accumulate_values`]; empty where the type has no packed kernel.
-    fn pack(_k: &[Self], _v: &[Self], _nk: usize, _p: usize, _pv: usize) -> (Vec<Self>, Vec<Self>) {
+    /// [`Self::accumulate_values`] on path `simd`; empty where the type or path has no packed
+    /// kernel.
+    fn pack(
+        _k: &[Self],
+        _v: &[Self],
+        _nk: usize,
+        _p: usize,
+        _pv: usize,
+        _simd: Simd,
+    ) -> (Vec<Self>, Vec<Self>) {
         (Vec::new(), Vec::new())
     }
 
     /// s (row stride ld ≥ 16·⌈kt/16⌉) ← Q̃_b K_cᵀ for `rows` query rows `qb` [rows, p] and keys
     /// c0..c0 + kt of the head's `k` [nk, p] (`kp` its packed form, or empty). Returns whether
     /// it also filled `stats` (each row's maximum and poison, asked for only where they are
-    /// the tile's: kt a multiple of 16 and no key masked).
+    /// the tile's: kt a multiple of 16 and no key masked). `simd` is the path `kp` was packed for.
     #[allow(clippy::too_many_arguments)]
     fn scores(
+        _simd: Simd,
         qb: &[Self],
         rows: usize,
         p: usize,
@@ -55,9 +67,10 @@ pub trait FlashFloat:
     }
 
     /// acc [rows, pv] += E V_c for E [rows, kt] (row stride ld) and rows c0..c0 + kt of the
-    /// head's `v` [nk, pv] (`vp` its packed form, or empty).
+    /// head's `v` [nk, pv] (`vp` its packed form for path `simd`, or empty).
     #[allow(clippy::too_many_arguments)]
     fn accumulate_values(
+        _simd: Simd,
         e: &[Self],
         ld: usize,
         rows: usize,
@@ -106,11 +119,11 @@ impl FlashFloat for f32 {
     fn exp(self) -> Self {
         crate::numerics::shifted_exp::exp_f32(self)
     }
-    fn exp_shifted(row: &mut [Self], m: Self) -> f64 {
+    fn exp_shifted(row: &mut [Self], m: Self, simd: Simd) -> f64 {
         #[cfg(target_arch = "x86_64")]
-        if flash_tiles::available() {
-            // SAFETY: the CPU supports AVX2 and FMA (checked just above).
-            return unsafe { flash_tiles::exp_shifted(row, m) };
+        if simd >= Simd::Avx2 {
+            // SAFETY: `checked` panics unless this CPU runs `simd`.
+            return unsafe { flash_tiles::exp_shifted(simd.checked(), row, m) };
         }
         #[cfg(target_arch = "x86_64")]
         if std::arch::is_x86_feature_detected!("avx2") {
@@ -119,8 +132,16 @@ impl FlashFloat for f32 {
         }
         exp_shifted_f32(row, m)
     }
-    fn pack(k: &[Self], v: &[Self], nk: usize, p: usize, pv: usize) -> (Vec<Self>, Vec<Self>) {
-        if !flash_tiles::available() {
+    fn pack(
+        k: &[Self],
+        v: &[Self],
+        nk: usize,
+        p: usize,
+        pv: usize,
+        simd: Simd,
+    ) -> (Vec<Self>, Vec<Self>) {
+        // Both microkernel paths read the same 16-column panels.
+        if simd < Simd::Avx2 {
             return (Vec::new(), Vec::new());
         }
         let vp = if pv.is_multiple_of(flash_tiles::NR) {
@@ -131,6 +152,7 @@ impl FlashFloat for f32 {
         (flash_tiles::pack_keys(k, nk, p), vp)
     }
     fn scores(
+        simd: Simd,
         qb: &[Self],
         rows: usize,
         p: usize,
@@ -145,18 +167,21 @@ impl FlashFloat for f32 {
         #[cfg(target_arch = "x86_64")]
         if !kp.is_empty() {
             let filled = stats.is_some();
-            // SAFETY: `kp` is non-empty only where the CPU has AVX2 and FMA (`pack`); it holds
-            // every panel of the head, c0 is a multiple of 16 (query_block_body aligns the
-            // spans), s holds rows · ld with ld ≥ the panels' width, and the stats QUERY_BLOCK
-            // rows.
-            unsafe { flash_tiles::scores(qb, rows, p, kp, c0, kt, s, ld, stats) };
+            // Packed panels are read by a microkernel path: at least AVX2, and `checked` panics
+            // unless this CPU runs it.
+            let simd = simd.max(Simd::Avx2).checked();
+            // SAFETY: the path is one this CPU runs (just above); `kp` holds every panel of the
+            // head, c0 is a multiple of 16 (query_block_body aligns the spans), s holds rows · ld
+            // with ld ≥ the panels' width, and the stats QUERY_BLOCK rows.
+            unsafe { flash_tiles::scores(simd, qb, rows, p, kp, c0, kt, s, ld, stats) };
             return filled;
         }
-        let _ = stats;
+        let _ = (simd, stats);
         gemm_into(rows, kt, p, s, ld, false, qb, p, 1, &k[c0 * p..], 1, p);
         false
     }
     fn accumulate_values(
+        simd: Simd,
         e: &[Self],
         ld: usize,
         rows: usize,
@@ -169,10 +194,14 @@ impl FlashFloat for f32 {
     ) {
         #[cfg(target_arch = "x86_64")]
         if !vp.is_empty() {
-            // SAFETY: as above; `vp` is the head's nk · pv values packed (pv a multiple of 16).
+            let simd = simd.max(Simd::Avx2).checked();
             let nk = v.len() / pv;
-            return unsafe { flash_tiles::accumulate_values(e, ld, rows, vp, nk, c0, kt, pv, acc) };
+            // SAFETY: as above; `vp` is the head's nk · pv values packed (pv a multiple of 16).
+            return unsafe {
+                flash_tiles::accumulate_values(simd, e, ld, rows, vp, nk, c0, kt, pv, acc)
+            };
         }
+        let _ = simd;
         gemm_into(rows, pv, kt, acc, pv, true, e, ld, 1, &v[c0 * pv..], pv, 1);
     }
 }
@@ -211,7 +240,7 @@ impl FlashFloat for f64 {
     fn exp(self) -> Self {
         f64::exp(self)
     }
-    fn exp_shifted(row: &mut [Self], m: Self) -> f64 {
+    fn exp_shifted(row: &mut [Self], m: Self, _simd: Simd) -> f64 {
         for x in row.iter_mut() {
             *x = (*x - m).exp();
         }
@@ -219,15 +248,18 @@ impl FlashFloat for f64 {
     }
 }
 
-/// The row's maximum and whether it holds NaN or +∞ (which poison the row), in [`LANES`]
-/// independent lanes so that it vectorises.
+/// The row's maximum and whether it holds NaN or +∞ (which poison the row), in `L` independent
+/// lanes so that it vectorises (8 for AVX2's vectors, 16 for AVX-512's; the maximum is exact, so
+/// the lane count changes no output; a tie of −0 and +0 leaves the same exponentials and log D).
+// `!(x < ∞)` is meant: it holds for NaN as for +∞ (partial_cmp would spell the same test longer).
+#[allow(clippy::neg_cmp_op_on_partial_ord)]
 #[inline(always)]
-pub(super) fn max_and_poison<T: FlashFloat>(row: &[T]) -> (T, bool) {
-    let mut lane_max = [T::NEG_INFINITY; LANES];
-    let mut lane_bad = [false; LANES];
-    let mut chunks = row.chunks_exact(LANES);
+pub(super) fn max_and_poison<T: FlashFloat, const L: usize>(row: &[T]) -> (T, bool) {
+    let mut lane_max = [T::NEG_INFINITY; L];
+    let mut lane_bad = [false; L];
+    let mut chunks = row.chunks_exact(L);
     for c in &mut chunks {
-        for i in 0..LANES {
+        for i in 0..L {
             let x = c[i];
             // NaN or +∞: not below +∞.
             lane_bad[i] |= !(x < T::INFINITY);
@@ -265,8 +297,8 @@ fn gemm_into<T: FlashFloat>(
         return;
     }
     debug_assert!(dst.len() >= (m - 1) * dst_rs + n);
-    debug_assert!(lhs.len() >= (m - 1) * lhs_rs + (k.max(1) - 1) * lhs_cs + 1 || k == 0);
-    debug_assert!(rhs.len() >= (k.max(1) - 1) * rhs_rs + (n - 1) * rhs_cs + 1 || k == 0);
+    debug_assert!(lhs.len() > (m - 1) * lhs_rs + (k.max(1) - 1) * lhs_cs || k == 0);
+    debug_assert!(rhs.len() > (k.max(1) - 1) * rhs_rs + (n - 1) * rhs_cs || k == 0);
     // SAFETY: the extents are checked above (in debug builds) and by the callers' slicing; the
     // three slices do not overlap (dst is the block's own scratch).
     unsafe {

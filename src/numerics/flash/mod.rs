@@ -9,9 +9,11 @@
 //! the causal diagonal (or before a sliding window) are skipped, not masked.
 //!
 //! Determinism: a block's arithmetic is fixed (tile sizes are constants, the products run on one
-//! thread through `gemm` with no parallelism of their own, the reductions have a fixed number of
-//! lanes), and blocks are independent, so the bits do not depend on the thread count. The products
-//! are `gemm`'s microkernels (the crate candle's CPU matmul uses).
+//! thread, the reductions have a fixed number of lanes), and blocks are independent, so the bits
+//! do not depend on the thread count. The f32 products, exponential and row statistics run on the
+//! instruction-set path chosen once per process ([`tiles::Simd::chosen`]: AVX-512, AVX2 or the
+//! portable path with `gemm`'s products; `AB_SIMD` forces a lower one); each path is
+//! deterministic on its own.
 //!
 //! Rows that meet a NaN or +∞ logit come out NaN (as the two-pass kernel made them), so they are
 //! counted as non-finite downstream rather than hidden.
@@ -25,6 +27,7 @@ use float::max_and_poison;
 pub use float::FlashFloat;
 use rayon::prelude::*;
 use tiles as flash_tiles;
+pub use tiles::Simd;
 
 /// Query rows per block: the unit of parallel work.
 /// (Tuned at n = 8192, p = 64 on the 2-core build machine: 128 × 256 took 0.77 of the two-pass
@@ -101,7 +104,8 @@ struct HeadKv<'a, T> {
 }
 
 /// Rows r0..r0+rows of one head: `q` the head's scaled queries [n, p], `kv` its K/V head;
-/// writes O's rows into `out` ([rows, pv]) and log D into `log_d` ([rows]).
+/// writes O's rows into `out` ([rows, pv]) and log D into `log_d` ([rows]), on path `simd`.
+#[allow(clippy::too_many_arguments)]
 fn query_block<T: FlashFloat>(
     q: &[T],
     kv: &HeadKv<T>,
@@ -110,19 +114,42 @@ fn query_block<T: FlashFloat>(
     out: &mut [T],
     log_d: &mut [T],
     sc: &mut Scratch<T>,
+    simd: Simd,
 ) {
+    #[cfg(target_arch = "x86_64")]
+    if simd == Simd::Avx512 {
+        // SAFETY: the CPU runs the AVX-512 path (attention_with checks it).
+        return unsafe { query_block_avx512(q, kv, r0, visible, out, log_d, sc) };
+    }
     #[cfg(target_arch = "x86_64")]
     if std::arch::is_x86_feature_detected!("avx2") {
         // SAFETY: the CPU supports AVX2 (checked just above).
-        return unsafe { query_block_avx2(q, kv, r0, visible, out, log_d, sc) };
+        return unsafe { query_block_avx2(q, kv, r0, visible, out, log_d, sc, simd) };
     }
-    query_block_body(q, kv, r0, visible, out, log_d, sc)
+    query_block_body::<T, 8>(q, kv, r0, visible, out, log_d, sc, simd)
+}
+
+/// The block's row passes compiled for 16-wide vectors (plain multiplies and adds, never FMA:
+/// the bits equal the other paths'), the row maximum in 16 lanes.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx2,fma")]
+unsafe fn query_block_avx512<T: FlashFloat>(
+    q: &[T],
+    kv: &HeadKv<T>,
+    r0: usize,
+    visible: Visible,
+    out: &mut [T],
+    log_d: &mut [T],
+    sc: &mut Scratch<T>,
+) {
+    query_block_body::<T, 16>(q, kv, r0, visible, out, log_d, sc, Simd::Avx512)
 }
 
 /// The block's row passes compiled for 8-wide vectors (plain multiplies and adds, never FMA:
 /// the bits equal the portable build's).
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2")]
+#[allow(clippy::too_many_arguments)]
 unsafe fn query_block_avx2<T: FlashFloat>(
     q: &[T],
     kv: &HeadKv<T>,
@@ -131,12 +158,15 @@ unsafe fn query_block_avx2<T: FlashFloat>(
     out: &mut [T],
     log_d: &mut [T],
     sc: &mut Scratch<T>,
+    simd: Simd,
 ) {
-    query_block_body(q, kv, r0, visible, out, log_d, sc)
+    query_block_body::<T, 8>(q, kv, r0, visible, out, log_d, sc, simd)
 }
 
+/// One block on path `simd`, the unfused row maxima in `L` lanes.
 #[inline(always)]
-fn query_block_body<T: FlashFloat>(
+#[allow(clippy::too_many_arguments)]
+fn query_block_body<T: FlashFloat, const L: usize>(
     q: &[T],
     kv: &HeadKv<T>,
     r0: usize,
@@ -144,6 +174,7 @@ fn query_block_body<T: FlashFloat>(
     out: &mut [T],
     log_d: &mut [T],
     sc: &mut Scratch<T>,
+    simd: Simd,
 ) {
     let HeadKv {
         k,
@@ -175,6 +206,7 @@ fn query_block_body<T: FlashFloat>(
         let masked = !(visible.sees(r0, c0 + kt - 1) && visible.sees(r1 - 1, c0));
         let ask = !masked && kt.is_multiple_of(flash_tiles::NR);
         let fused = T::scores(
+            simd,
             qb,
             rows,
             p,
@@ -199,7 +231,7 @@ fn query_block_body<T: FlashFloat>(
                 let (m, bad) = sc.lanes.row(r);
                 (T::from_f64(m as f64), bad)
             } else {
-                max_and_poison(row)
+                max_and_poison::<T, L>(row)
             };
             sc.bad[r] |= poisoned;
             let m_old = sc.m[r];
@@ -209,7 +241,7 @@ fn query_block_body<T: FlashFloat>(
                 row.fill(T::ZERO);
                 continue;
             }
-            let sum = T::exp_shifted(row, m_new);
+            let sum = T::exp_shifted(row, m_new, simd);
             if m_new != m_old {
                 // exp(−∞ − m') = 0 on the row's first visible tile.
                 let alpha = (m_old - m_new).exp();
@@ -223,13 +255,17 @@ fn query_block_body<T: FlashFloat>(
             }
         }
         // acc += E · V_c.
-        T::accumulate_values(s, ld, rows, v, vp, c0, kt, pv, &mut sc.acc[..rows * pv]);
+        let acc = &mut sc.acc[..rows * pv];
+        T::accumulate_values(simd, s, ld, rows, v, vp, c0, kt, pv, acc);
         c0 += kt;
     }
     for r in 0..rows {
         let o = &mut out[r * pv..(r + 1) * pv];
         let l = sc.l[r];
-        if sc.bad[r] || !(l > 0.0) {
+        // `!(l > 0)` is meant: a NaN ℓ, like 0, leaves the row without mass.
+        #[allow(clippy::neg_cmp_op_on_partial_ord)]
+        let empty = !(l > 0.0);
+        if sc.bad[r] || empty {
             o.fill(T::NAN);
             log_d[r] = T::NAN;
             continue;
@@ -244,8 +280,9 @@ fn query_block_body<T: FlashFloat>(
 
 /// Exact attention of `heads` query heads at once: `q` [H, n, p] already scaled by 1/√p, `k`
 /// [H_kv, nk, p] and `v` [H_kv, nk, p_v] (query head h reads K/V head ⌊h·H_kv/H⌋; p_v is
-/// usually p). Returns O [H, n, p_v] and log D [H, n]. Blocks of [`QUERY_BLOCK`] rows of every head run in parallel on rayon's pool; the
-/// result does not depend on the thread count.
+/// usually p). Returns O [H, n, p_v] and log D [H, n]. Blocks of [`QUERY_BLOCK`] rows of every
+/// head run in parallel on rayon's pool; the result does not depend on the thread count. Runs on
+/// this process's path ([`Simd::chosen`]).
 pub fn attention<T: FlashFloat>(
     q: &[T],
     k: &[T],
@@ -255,6 +292,27 @@ pub fn attention<T: FlashFloat>(
     p: usize,
     visible: Visible,
 ) -> (Vec<T>, Vec<T>) {
+    attention_with(Simd::chosen(), q, k, v, heads, kv_heads, p, visible)
+}
+
+/// [`attention`] on the path `simd` (one this CPU runs: a higher one panics rather than run an
+/// instruction the CPU lacks). The tests name each path here.
+#[allow(clippy::too_many_arguments)]
+pub fn attention_with<T: FlashFloat>(
+    simd: Simd,
+    q: &[T],
+    k: &[T],
+    v: &[T],
+    heads: usize,
+    kv_heads: usize,
+    p: usize,
+    visible: Visible,
+) -> (Vec<T>, Vec<T>) {
+    assert!(
+        simd <= Simd::best(),
+        "{simd:?}: this CPU runs at most {:?}",
+        Simd::best()
+    );
     assert!(heads > 0 && kv_heads > 0 && heads.is_multiple_of(kv_heads) && p > 0);
     let n = q.len() / (heads * p);
     let nk = k.len() / (kv_heads * p);
@@ -298,6 +356,7 @@ pub fn attention<T: FlashFloat>(
                 nk,
                 p,
                 pv,
+                simd,
             )
         })
         .collect();
@@ -314,7 +373,16 @@ pub fn attention<T: FlashFloat>(
                 p,
                 pv,
             };
-            query_block(&q[h * n * p..(h + 1) * n * p], &kv, r0, visible, o, d, sc);
+            query_block(
+                &q[h * n * p..(h + 1) * n * p],
+                &kv,
+                r0,
+                visible,
+                o,
+                d,
+                sc,
+                simd,
+            );
         },
     );
     (out, log_d)
@@ -396,150 +464,4 @@ pub fn on_device(qs: &Tensor, k: &Tensor, v: &Tensor, visible: Visible) -> Resul
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::numerics::sampling::{normal_values, TrialRng};
-    use rand::SeedableRng;
-
-    /// Float64 reference: softmax rows of the visible keys, two passes.
-    fn reference(
-        q: &[f64],
-        k: &[f64],
-        v: &[f64],
-        n: usize,
-        nk: usize,
-        p: usize,
-        vis: Visible,
-    ) -> (Vec<f64>, Vec<f64>) {
-        let mut o = vec![0.0; n * p];
-        let mut ld = vec![0.0; n];
-        for i in 0..n {
-            let s: Vec<f64> = (0..nk)
-                .map(|j| {
-                    if vis.sees(i, j) {
-                        (0..p).map(|c| q[i * p + c] * k[j * p + c]).sum()
-                    } else {
-                        f64::NEG_INFINITY
-                    }
-                })
-                .collect();
-            let m = s.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
-            let e: Vec<f64> = s.iter().map(|x| (x - m).exp()).collect();
-            let z: f64 = e.iter().sum();
-            for c in 0..p {
-                o[i * p + c] = (0..nk).map(|j| e[j] * v[j * p + c]).sum::<f64>() / z;
-            }
-            ld[i] = m + z.ln();
-        }
-        (o, ld)
-    }
-
-    #[test]
-    fn agrees_with_float64_for_every_mask_and_ragged_sizes() {
-        let mut rng = TrialRng::seed_from_u64(3);
-        let p = 16;
-        for (n, vis) in [
-            (1, Visible::All),
-            (300, Visible::All),
-            (300, Visible::Causal { window: None }),
-            (577, Visible::Causal { window: None }),
-            (577, Visible::Causal { window: Some(100) }),
-            (64, Visible::Causal { window: Some(1) }),
-        ] {
-            let q = normal_values(&mut rng, n, p, 0.7);
-            let k = normal_values(&mut rng, n, p, 0.7);
-            let v = normal_values(&mut rng, n, p, 1.0);
-            let (want, want_ld) = reference(&q, &k, &v, n, n, p, vis);
-            let (got, got_ld) = attention(&q, &k, &v, 1, 1, p, vis);
-            for (a, b) in got.iter().zip(&want).chain(got_ld.iter().zip(&want_ld)) {
-                assert!(
-                    (a - b).abs() <= 1e-12 * (1.0 + b.abs()),
-                    "{vis:?} n={n}: {a} vs {b}"
-                );
-            }
-            let f = |x: &[f64]| x.iter().map(|&y| y as f32).collect::<Vec<f32>>();
-            let (got32, _) = attention(&f(&q), &f(&k), &f(&v), 1, 1, p, vis);
-            let scale = want.iter().fold(0f64, |a, b| a.max(b.abs()));
-            for (a, b) in got32.iter().zip(&want) {
-                assert!(
-                    (*a as f64 - b).abs() <= 2e-6 * scale,
-                    "f32 {vis:?} n={n}: {a} vs {b}"
-                );
-            }
-        }
-    }
-
-    #[test]
-    fn grouped_heads_read_their_kv_head_and_a_nan_logit_poisons_only_its_row() {
-        let mut rng = TrialRng::seed_from_u64(9);
-        let (n, p, h, hkv) = (130, 8, 4, 2);
-        let q = normal_values(&mut rng, h * n, p, 1.0);
-        let k = normal_values(&mut rng, hkv * n, p, 1.0);
-        let v = normal_values(&mut rng, hkv * n, p, 1.0);
-        let vis = Visible::Causal { window: None };
-        let (all, _) = attention(&q, &k, &v, h, hkv, p, vis);
-        for head in 0..h {
-            let kv = head * hkv / h;
-            let (one, _) = attention(
-                &q[head * n * p..(head + 1) * n * p],
-                &k[kv * n * p..(kv + 1) * n * p],
-                &v[kv * n * p..(kv + 1) * n * p],
-                1,
-                1,
-                p,
-                vis,
-            );
-            assert!(one == all[head * n * p..(head + 1) * n * p], "head {head}");
-        }
-        let mut k2 = k.clone();
-        k2[5 * p] = f64::NAN; // key 5 of K/V head 0: rows ≥ 5 of heads 0, 1 see it
-        let (bad, _) = attention(&q, &k2, &v, h, hkv, p, vis);
-        assert!(bad[..5 * p].iter().all(|x| x.is_finite()));
-        assert!(bad[5 * p..6 * p].iter().all(|x| x.is_nan()));
-        assert!(
-            bad[2 * n * p..].iter().all(|x| x.is_finite()),
-            "heads 2, 3 read K/V head 1"
-        );
-    }
-
-    #[test]
-    fn the_bits_do_not_depend_on_the_thread_count() {
-        let mut rng = TrialRng::seed_from_u64(11);
-        let (n, p) = (1000, 32);
-        let q: Vec<f32> = normal_values(&mut rng, n, p, 0.5)
-            .iter()
-            .map(|&x| x as f32)
-            .collect();
-        let k: Vec<f32> = normal_values(&mut rng, n, p, 0.5)
-            .iter()
-            .map(|&x| x as f32)
-            .collect();
-        let v: Vec<f32> = normal_values(&mut rng, n, p, 1.0)
-            .iter()
-            .map(|&x| x as f32)
-            .collect();
-        let run = |threads: usize| {
-            rayon::ThreadPoolBuilder::new()
-                .num_threads(threads)
-                .build()
-                .unwrap()
-                .install(|| attention(&q, &k, &v, 1, 1, p, Visible::Causal { window: None }))
-        };
-        let one = run(1);
-        for t in [2, 8] {
-            let other = run(t);
-            assert!(
-                one.0
-                    .iter()
-                    .zip(&other.0)
-                    .all(|(a, b)| a.to_bits() == b.to_bits()),
-                "{t} threads"
-            );
-            assert!(one
-                .1
-                .iter()
-                .zip(&other.1)
-                .all(|(a, b)| a.to_bits() == b.to_bits()));
-        }
-    }
-}
+mod tests;

@@ -569,7 +569,7 @@ fn a_failed_drawing_leaves_the_previous_figure_intact() {
     let dir = tempfile::tempdir().unwrap();
     let run = RunData::new("bert-base-cased", synthetic());
     let out = dir.path().join("figs");
-    draw_all(&[run.clone()], &out, Statistic::Mean).unwrap();
+    draw_all(std::slice::from_ref(&run), &out, Statistic::Mean).unwrap();
     let fig = out.join("skyformer-fig1.png");
     let before = std::fs::read(&fig).unwrap();
     assert!(before.starts_with(b"\x89PNG"));

@@ -1,74 +1,21 @@
-//! The two f32 tile products of the fused exact kernel ([`super`]) on AVX2 + FMA
-//! microkernels of our own (issue 33): S = Q̃_b K_cᵀ and acc += E V_c for a block of up to
-//! [`super::QUERY_BLOCK`] rows and a tile of up to [`super::KEY_TILE`] keys.
-//!
-//! Why not `gemm` here: each tile is a small product (128 × 256 × 64), and `gemm` packs both
-//! operands and dispatches afresh on every call. Here K and V are packed once per head into
-//! 16-column panels (K: [p][16] per 16 keys; V: [nk][16] per 16 value columns, so that a tile's
-//! panel is contiguous and does not alias in L1 as V's rows at a 256-byte stride do), and Q and E
-//! are read in place (one broadcast per row and step).
-//!
-//! The register tile is 6 rows × 16 columns (12 accumulators, two B vectors, one broadcast: 15 of
-//! the 16 ymm registers). Each output element is one sum over the inner index in order with FMA,
-//! the same for every block and thread, so the bits do not depend on the thread count.
+//! The AVX2 + FMA microkernels of the fused exact kernel ([`super`]): a 6 × 16 register tile
+//! (12 accumulators, two B vectors, one broadcast: 15 of the 16 ymm registers). Each output
+//! element is one sum over the inner index in order with FMA, the same for every block and
+//! thread, so the bits do not depend on the thread count.
 
 #[cfg(target_arch = "x86_64")]
 use std::arch::x86_64::*;
 
-/// Columns of a panel (two 8-lane vectors).
-pub const NR: usize = 16;
+use super::{LaneStats, NR, STAT_LANES};
+
 /// Rows of the register tile.
 const MR: usize = 6;
 
-/// Whether this CPU runs the microkernels (`AB_NO_TILES` set turns them off, to compare with
-/// `gemm`'s path). Decided once per process: the kernel asks per row, and reading the
-/// environment there cost 6 % of its time.
-#[inline]
-pub fn available() -> bool {
-    static AVAILABLE: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *AVAILABLE.get_or_init(|| {
-        #[cfg(target_arch = "x86_64")]
-        {
-            std::env::var_os("AB_NO_TILES").is_none()
-                && std::arch::is_x86_feature_detected!("avx2")
-                && std::arch::is_x86_feature_detected!("fma")
-        }
-        #[cfg(not(target_arch = "x86_64"))]
-        {
-            false
-        }
-    })
-}
-
-/// `k` ([nk, p] row-major) as ⌈nk/16⌉ panels of [p][16], keys past nk zero.
-pub fn pack_keys(k: &[f32], nk: usize, p: usize) -> Vec<f32> {
-    let mut dst = vec![0.0; nk.div_ceil(NR) * p * NR];
-    for (j, key) in k[..nk * p].chunks_exact(p).enumerate() {
-        let panel = &mut dst[(j / NR) * p * NR..];
-        for (l, &x) in key.iter().enumerate() {
-            panel[l * NR + j % NR] = x;
-        }
-    }
-    dst
-}
-
-/// `v` ([nk, pv] row-major, pv a multiple of 16) as pv/16 panels of [nk][16].
-pub fn pack_values(v: &[f32], nk: usize, pv: usize) -> Vec<f32> {
-    debug_assert!(pv.is_multiple_of(NR));
-    let mut dst = vec![0.0; nk * pv];
-    for (j, row) in v[..nk * pv].chunks_exact(pv).enumerate() {
-        for (c, part) in row.chunks_exact(NR).enumerate() {
-            dst[(c * nk + j) * NR..(c * nk + j + 1) * NR].copy_from_slice(part);
-        }
-    }
-    dst
-}
-
 /// s[i·ld + j] = Σ_l q[i·p + l] · K[c0 + j, l] for i < rows and j < 16·⌈kt/16⌉, from the
-/// head's keys packed by [`pack_keys`] (c0 a multiple of 16; columns past nk come out 0).
+/// head's keys packed by [`super::pack_keys`] (c0 a multiple of 16; columns past nk come out 0).
 ///
 /// # Safety
-/// The CPU must support AVX2 and FMA ([`available`]); `q` holds rows·p values, `packed` the
+/// The CPU must support AVX2 and FMA ([`super::Simd::Avx2`] or above); `q` holds rows·p values, `packed` the
 /// panels of keys c0..c0 + kt, and `s` (rows − 1)·ld + 16·⌈kt/16⌉ with ld ≥ 16·⌈kt/16⌉.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
@@ -90,9 +37,7 @@ pub unsafe fn scores(
     debug_assert!(rows == 0 || s.len() >= (rows - 1) * ld + panels * NR);
     let (max, poison) = match stats {
         Some(st) => {
-            debug_assert!(st.max.len() >= rows * 8 && st.poison.len() >= rows * 8);
-            st.max[..rows * 8].fill(f32::NEG_INFINITY);
-            st.poison[..rows * 8].fill(0.0);
+            st.reset(rows);
             (st.max.as_mut_ptr(), st.poison.as_mut_ptr())
         }
         None => (std::ptr::null_mut(), std::ptr::null_mut()),
@@ -106,7 +51,7 @@ pub unsafe fn scores(
         let (mx, po) = if max.is_null() {
             (max, poison)
         } else {
-            (max.add(i * 8), poison.add(i * 8))
+            (max.add(i * STAT_LANES), poison.add(i * STAT_LANES))
         };
         let a = q.as_ptr().add(i * p);
         for c in 0..panels {
@@ -118,41 +63,11 @@ pub unsafe fn scores(
     }
 }
 
-/// Per-row statistics of a score tile gathered in [`scores`]'s registers, in 8 lanes per row:
-/// the running maximum, and a lane mask (all bits set) where a NaN or +∞ was seen. Meaningful
-/// only when every column the panels compute belongs to the tile (kt a multiple of 16) and no
-/// key of it is masked.
-pub struct LaneStats {
-    pub max: Vec<f32>,
-    pub poison: Vec<f32>,
-}
-
-impl LaneStats {
-    pub fn new(rows: usize) -> Self {
-        Self {
-            max: vec![f32::NEG_INFINITY; rows * 8],
-            poison: vec![0.0; rows * 8],
-        }
-    }
-
-    /// Row r's maximum and whether it met NaN or +∞.
-    pub fn row(&self, r: usize) -> (f32, bool) {
-        let lanes = &self.max[r * 8..r * 8 + 8];
-        let max = lanes
-            .iter()
-            .fold(f32::NEG_INFINITY, |m, &x| if x > m { x } else { m });
-        let bad = self.poison[r * 8..r * 8 + 8]
-            .iter()
-            .any(|x| x.to_bits() != 0);
-        (max, bad)
-    }
-}
-
 /// acc[i·pv + j] += Σ_{l < kt} e[i·ld + l] · V[c0 + l, j] for i < rows, j < pv, from the head's
-/// values packed by [`pack_values`] (nk rows).
+/// values packed by [`super::pack_values`] (nk rows).
 ///
 /// # Safety
-/// The CPU must support AVX2 and FMA ([`available`]); `e` holds (rows − 1)·ld + kt values,
+/// The CPU must support AVX2 and FMA ([`super::Simd::Avx2`] or above); `e` holds (rows − 1)·ld + kt values,
 /// `packed` nk·pv with c0 + kt ≤ nk, and `acc` rows·pv.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
@@ -198,7 +113,7 @@ pub unsafe fn accumulate_values(
 /// built by one shift from the rounding constant.
 ///
 /// # Safety
-/// The CPU must support AVX2 and FMA ([`available`]).
+/// The CPU must support AVX2 and FMA ([`super::Simd::Avx2`] or above).
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
 pub unsafe fn exp_shifted(row: &mut [f32], m: f32) -> f64 {
@@ -280,7 +195,7 @@ unsafe fn exp8(x: __m256) -> __m256 {
 
 /// `rows` rows of a 16-column strip, 6 at a time then the remainder: c[i, 0..16] (+)=
 /// Σ_{l < depth} a[i·a_rs + l] · b[l·16 + 0..16], with row statistics folded into
-/// `lane_max`/`lane_poison` (8 per row) when they are not null.
+/// the first 8 of each row's [`STAT_LANES`] in `lane_max`/`lane_poison` when they are not null.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
 #[inline]
@@ -302,7 +217,10 @@ unsafe fn tile_rows<const ACCUMULATE: bool>(
         let (mx, po) = if lane_max.is_null() {
             (lane_max, lane_poison)
         } else {
-            (lane_max.add(i * 8), lane_poison.add(i * 8))
+            (
+                lane_max.add(i * STAT_LANES),
+                lane_poison.add(i * STAT_LANES),
+            )
         };
         match (rows - i).min(MR) {
             6 => tile::<6, ACCUMULATE>(a, a_rs, b, NR, depth, c, c_rs, mx, po),
@@ -318,7 +236,7 @@ unsafe fn tile_rows<const ACCUMULATE: bool>(
 
 /// One R × 16 register tile: c[r, 0..16] (+)= Σ_{l < depth} a[r·a_rs + l] · b[l·b_rs + 0..16];
 /// with `lane_max` (and `lane_poison`) not null, also folds each row's 16 results into its 8
-/// lanes there (rows at a stride of 8).
+/// first 8 lanes there (rows at a stride of [`STAT_LANES`]).
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
 #[inline]
@@ -370,7 +288,10 @@ unsafe fn tile<const R: usize, const ACCUMULATE: bool>(
         _mm256_storeu_ps(out, lo[r]);
         _mm256_storeu_ps(out.add(8), hi[r]);
         if !lane_max.is_null() {
-            let (mx, po) = (lane_max.add(r * 8), lane_poison.add(r * 8));
+            let (mx, po) = (
+                lane_max.add(r * STAT_LANES),
+                lane_poison.add(r * STAT_LANES),
+            );
             let inf = _mm256_set1_ps(f32::INFINITY);
             // Not below +∞: NaN or +∞.
             let bad = _mm256_or_ps(
@@ -380,135 +301,6 @@ unsafe fn tile<const R: usize, const ACCUMULATE: bool>(
             _mm256_storeu_ps(po, _mm256_or_ps(_mm256_loadu_ps(po), bad));
             let m = _mm256_max_ps(lo[r], hi[r]);
             _mm256_storeu_ps(mx, _mm256_max_ps(_mm256_loadu_ps(mx), m));
-        }
-    }
-}
-
-#[cfg(all(test, target_arch = "x86_64"))]
-mod tests {
-    use super::*;
-
-    /// The fused exponential against float64's: 2e-7 relative wherever the result is a normal
-    /// f32 (the fit's 1.6e-7 with its f32 roundings, simulated over the whole range by
-    /// scripts/fit-exp-poly.py, plus margin), 0 below, and the f64 sum of what it wrote.
-    #[test]
-    fn the_fused_exponential_agrees_with_float64() {
-        if !available() {
-            return;
-        }
-        let mut row: Vec<f32> = (0..20_011)
-            .map(|i| -100.0 + 100.0 * i as f32 / 20_000.0)
-            .chain([f32::NEG_INFINITY, -87.3, 0.0, 2.5])
-            .collect();
-        let m = 2.5;
-        let orig = row.clone();
-        let sum = unsafe { exp_shifted(&mut row, m) };
-        for (&x, &e) in orig.iter().zip(&row) {
-            let want = ((x - m) as f64).exp();
-            if want < f32::MIN_POSITIVE as f64 {
-                assert!(e == 0.0 || (e as f64 - want).abs() <= 1e-38, "{x}: {e}");
-            } else {
-                assert!((e as f64 - want).abs() <= 2e-7 * want, "{x}: {e} vs {want}");
-            }
-        }
-        // The sum of what it wrote, up to the f32 rounding of each pair of vectors (2⁻²⁴).
-        let direct: f64 = row.iter().map(|&e| e as f64).sum();
-        assert!((sum - direct).abs() <= 6e-8 * direct, "{sum} vs {direct}");
-    }
-
-    /// A NaN or +∞ score poisons exactly its row's statistics.
-    #[test]
-    fn the_row_statistics_flag_nan_and_infinity() {
-        if !available() {
-            return;
-        }
-        let (rows, nk, p) = (9, 48, 4);
-        let mut q = vec![0.25f32; rows * p];
-        q[3 * p] = f32::NAN; // row 3: every score NaN
-        q[5 * p] = f32::MAX; // row 5: overflows to +∞ against positive keys
-        let k: Vec<f32> = (0..nk * p).map(|i| 1.0 + (i % 5) as f32).collect();
-        let packed = pack_keys(&k, nk, p);
-        let mut s = vec![0.0; rows * nk];
-        let mut stats = LaneStats::new(rows);
-        unsafe { scores(&q, rows, p, &packed, 0, nk, &mut s, nk, Some(&mut stats)) };
-        for r in 0..rows {
-            let (m, bad) = stats.row(r);
-            assert_eq!(bad, r == 3 || r == 5, "row {r}");
-            if !bad {
-                assert_eq!(
-                    m,
-                    s[r * nk..(r + 1) * nk]
-                        .iter()
-                        .fold(f32::MIN, |a, &b| a.max(b))
-                );
-            }
-        }
-    }
-
-    /// Both products against float64 sums on ragged sizes (every remainder of the 6-row tile,
-    /// a partial last panel, a depth that is not a multiple of 8).
-    #[test]
-    fn the_tile_products_agree_with_float64() {
-        if !available() {
-            return;
-        }
-        let val = |i: usize| ((i * 7919 % 1009) as f32 / 1009.0 - 0.5) * 2.0;
-        for (rows, nk, c0, kt, p) in [
-            (1usize, 1usize, 0usize, 1usize, 1usize),
-            (7, 40, 16, 19, 13),
-            (128, 512, 256, 256, 64),
-            (125, 300, 32, 250, 80),
-            (11, 33, 0, 33, 16),
-        ] {
-            let q: Vec<f32> = (0..rows * p).map(val).collect();
-            let k: Vec<f32> = (0..nk * p).map(|i| val(i + 5)).collect();
-            let packed = pack_keys(&k, nk, p);
-            let ld = kt.div_ceil(NR) * NR + 3;
-            let mut s = vec![f32::NAN; rows * ld];
-            let mut stats = LaneStats::new(rows);
-            unsafe { scores(&q, rows, p, &packed, c0, kt, &mut s, ld, Some(&mut stats)) };
-            for i in 0..rows {
-                let w = kt.div_ceil(NR) * NR;
-                let want = s[i * ld..i * ld + w]
-                    .iter()
-                    .fold(f32::NEG_INFINITY, |m, &x| m.max(x));
-                assert_eq!(stats.row(i), (want, false), "row max {rows}×{kt}×{p} [{i}]");
-            }
-            for i in 0..rows {
-                for j in 0..kt.div_ceil(NR) * NR {
-                    let want: f64 = if c0 + j < nk {
-                        (0..p)
-                            .map(|l| q[i * p + l] as f64 * k[(c0 + j) * p + l] as f64)
-                            .sum()
-                    } else {
-                        0.0
-                    };
-                    let got = s[i * ld + j] as f64;
-                    assert!(
-                        (got - want).abs() <= 1e-6 * p as f64,
-                        "S {rows}×{kt}×{p} [{i},{j}]"
-                    );
-                }
-            }
-            let pv = p.div_ceil(NR) * NR;
-            let v: Vec<f32> = (0..nk * pv).map(|i| val(i + 11)).collect();
-            let vp = pack_values(&v, nk, pv);
-            let acc0: Vec<f32> = (0..rows * pv).map(|i| val(i + 3)).collect();
-            let mut acc = acc0.clone();
-            unsafe { accumulate_values(&s, ld, rows, &vp, nk, c0, kt, pv, &mut acc) };
-            for i in 0..rows {
-                for j in 0..pv {
-                    let want = acc0[i * pv + j] as f64
-                        + (0..kt)
-                            .map(|l| s[i * ld + l] as f64 * v[(c0 + l) * pv + j] as f64)
-                            .sum::<f64>();
-                    let got = acc[i * pv + j] as f64;
-                    assert!(
-                        (got - want).abs() <= 1e-6 * (kt * p) as f64,
-                        "acc {rows}×{kt}×{pv} [{i},{j}]: {got} vs {want}"
-                    );
-                }
-            }
         }
     }
 }
