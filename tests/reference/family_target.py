@@ -18,7 +18,8 @@ differ from p_qk (MLA). Written from the equations, sharing no code with transfo
 equal transformers' own eager output ``o`` within 1e-10 relative (max |Δ| / max |o|). That checks
 the fixture and the spec together: that each family's attention is exactly §7.7.0 with the spec's
 τ, c, W and σ. Each feature must also be active (else the fixture could not catch its omission):
-leaving it out must change O by at least 1e-2 of its norm, and the strength of each (fraction of
+leaving it out (or moving a window by one key either way) must change O by at least 1e-2 of its
+max |O|, and the strength of each (fraction of
 logits the cap moves by more than 1e-3, fraction of visible-set-excluded keys due to the window,
 the sinks' mean share of the attention mass) is printed. For MLA the absorbed form (scores from
 W_UKᵀ q_nope and the latent, O = W_UV Σ P c) must equal O too, and the latent's rope part must be
@@ -212,6 +213,10 @@ def check_fixtures(root):
                     outside = causal & (j <= i - ls["window"])
                     lines.append(f"window hides {outside.sum() / causal.sum():.2f} of causal keys")
                     effects["window"] = rel(family_target(q, k, v, **{**params, "window": None}), o)
+                    # W counts the diagonal (W keys, j > i − W): W ± 1 must not match transformers.
+                    effects["W±1"] = min(
+                        rel(family_target(q, k, v, **{**params, "window": ls["window"] + d}), o) for d in (-1, 1)
+                    )
                 if sinks is not None:
                     share = p_sink.mean(axis=1)
                     lines.append("sink share " + "/".join(f"{x:.2f}" for x in share) + f" (mean {share.mean():.2f})")
