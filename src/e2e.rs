@@ -157,29 +157,40 @@ pub fn run_with(req: &E2eRequest, extra: Vec<E2eMethod>) -> Result<E2eOutcome> {
     let mut new_points = 0;
     // Decode points run on the exact run's prompt rows (models::continuation).
     let keep_prompt = methods.iter().any(|m| m.decode);
+    let points: Vec<(&E2eMethod, usize)> = methods
+        .iter()
+        .flat_map(|m| m.budgets(&req.features).into_iter().map(move |d| (m, d)))
+        .collect();
+    // Each point's scored positions over the windows computed now, for its KL report.
+    let mut positions: Vec<crate::numerics::next_token::PositionScores> =
+        points.iter().map(|_| Default::default()).collect();
+    // Window-major: one exact run per window serves every point (the store keeps one), and an
+    // interrupted run leaves whole windows behind it.
     let mut run_all = |store: &mut files::Store| -> Result<()> {
-        for (m, d) in methods
-            .iter()
-            .flat_map(|m| m.budgets(&req.features).into_iter().map(move |d| (m, d)))
-        {
-            let mode = m.mode(req.n_f).name();
-            let mut positions = crate::numerics::next_token::PositionScores::default();
-            for (w, ids) in windows.iter().enumerate() {
-                let other_shard = req.shard.is_some_and(|s| !s.takes(w));
-                if other_shard || store.done(&(w, mode.to_string(), m.name.clone(), d)) {
+        for (w, ids) in windows.iter().enumerate() {
+            if req.shard.is_some_and(|s| !s.takes(w)) {
+                continue;
+            }
+            let window = Window {
+                weights,
+                cfg: config,
+                ids,
+                n_f: req.n_f,
+                dtype,
+                seed: req.seed,
+                index: w,
+                one_layer: one_layer.clone(),
+                keep_prompt,
+            };
+            for (i, &(m, d)) in points.iter().enumerate() {
+                // A signal: the points written stand; the rest wait for the rerun.
+                if crate::interrupt::requested().is_some() {
+                    return Ok(());
+                }
+                let mode = m.mode(req.n_f).name();
+                if store.done(&(w, mode.to_string(), m.name.clone(), d)) {
                     continue;
                 }
-                let window = Window {
-                    weights,
-                    cfg: config,
-                    ids,
-                    n_f: req.n_f,
-                    dtype,
-                    seed: req.seed,
-                    index: w,
-                    one_layer: one_layer.clone(),
-                    keep_prompt,
-                };
                 let exact = store.exact_run(&window)?;
                 let point = window.point(exact, m, d).with_context(|| {
                     format!(
@@ -190,23 +201,43 @@ pub fn run_with(req: &E2eRequest, extra: Vec<E2eMethod>) -> Result<E2eOutcome> {
                 })?;
                 store.append(w, ids.len(), m, d, &point)?;
                 log_point(req, w, m, d, &point);
-                extend(&mut positions, &point);
+                extend(&mut positions[i], &point);
                 new_points += 1;
-            }
-            if !positions.is_empty() {
-                reports.push((
-                    format!("{} ({mode}) d = {d}", m.name),
-                    KldReport::new(&positions),
-                ));
             }
         }
         Ok(())
     };
-    if let Err(e) = run_all(&mut store) {
+    // While it runs, a signal only sets the flag (the CLI's handlers): the forward stops between
+    // layers, the loop between points, and the manifest says `interrupted`.
+    let polling = crate::interrupt::polling();
+    let ran = run_all(&mut store);
+    if let Some(signal) = crate::interrupt::requested() {
+        store.stopped();
+        drop(polling);
+        return Err(crate::interrupt::Interrupted {
+            signal,
+            progress: Some(format!(
+                "after {} points ({new_points} in this session); rerun the same command to resume",
+                store.points()
+            )),
+        }
+        .into());
+    }
+    if let Err(e) = ran {
         store.stopped();
         return Err(e);
     }
+    for (&(m, d), positions) in points.iter().zip(&positions) {
+        if !positions.is_empty() {
+            let mode = m.mode(req.n_f).name();
+            reports.push((
+                format!("{} ({mode}) d = {d}", m.name),
+                KldReport::new(positions),
+            ));
+        }
+    }
     let total_points = store.finish()?;
+    drop(polling);
     Ok(E2eOutcome {
         out: req.out.clone(),
         reports,

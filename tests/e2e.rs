@@ -323,3 +323,69 @@ fn a_sliding_window_covering_the_window_is_run_and_a_shorter_one_refused() {
         stderr(&o)
     );
 }
+
+/// SIGINT stops the run between points (or between a forward's layers): exit 130 saying how far
+/// it got, the manifest `interrupted`, every written point kept, and the rerun completes exactly
+/// the rows of an uninterrupted run.
+#[test]
+fn a_signal_stops_between_points_and_the_rerun_completes_the_same_rows() {
+    use std::process::{Command, Stdio};
+    let dir = tempfile::tempdir().unwrap();
+    let model = llama_dir(&dir.path().join("m"), true);
+    let corpus = corpus(dir.path());
+    let extra = "--lengths 32 --n-f 8 --windows 18 --methods window,topk,streaming,snapkv,tova,adakv,topk_dec,dec_window,h2o_dec,quest_dec";
+    let full = dir.path().join("full");
+    let o = e2e(&model, &corpus, &full, extra);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let cut = dir.path().join("cut");
+    let args = format!(
+        "e2e --features 8,16 --quiet --out {} {extra} --model-dir {} --corpus {}",
+        cut.display(),
+        model.display(),
+        corpus.display()
+    );
+    let mut child = Command::new(bin())
+        .args(args.split_whitespace())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let csv = cut.join("e2e.csv");
+    loop {
+        let lines = std::fs::read_to_string(&csv)
+            .map(|s| s.lines().count())
+            .unwrap_or(0);
+        if lines > 20 {
+            break;
+        }
+        assert!(
+            child.try_wait().unwrap().is_none(),
+            "the run finished before the signal; enlarge it"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(1));
+    }
+    // SAFETY: kill(2) on our own child's pid.
+    assert_eq!(unsafe { libc::kill(child.id() as i32, libc::SIGINT) }, 0);
+    let (o, _) = wait(child, std::time::Duration::from_secs(120));
+    let e = stderr(&o);
+    assert_eq!(o.status.code(), Some(130), "{e}");
+    assert!(
+        e.contains("interrupted by SIGINT after") && e.contains("rerun the same command to resume"),
+        "{e}"
+    );
+    let manifest = std::fs::read_to_string(cut.join("manifest.json")).unwrap();
+    assert!(
+        manifest.contains("\"status\": \"interrupted\""),
+        "{manifest}"
+    );
+    let kept = rows_without_seconds(&csv).len() - 1;
+    assert!(kept >= 20 && kept < 360, "{kept}");
+    let o = e2e(&model, &corpus, &cut, extra);
+    assert!(o.status.success(), "{}", stderr(&o));
+    for f in ["e2e.csv", "e2e_layers.csv", "summary.csv"] {
+        assert_eq!(
+            rows_without_seconds(&full.join(f)),
+            rows_without_seconds(&cut.join(f)),
+            "{f}"
+        );
+    }
+}

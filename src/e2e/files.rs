@@ -188,6 +188,11 @@ impl Store {
         Ok(store)
     }
 
+    /// The points written so far.
+    pub fn points(&self) -> usize {
+        self.done.len()
+    }
+
     pub fn done(&self, key: &PointKey) -> bool {
         self.done.contains(key)
     }
