@@ -378,7 +378,7 @@ fn a_signal_stops_between_points_and_the_rerun_completes_the_same_rows() {
         "{manifest}"
     );
     let kept = rows_without_seconds(&csv).len() - 1;
-    assert!(kept >= 20 && kept < 360, "{kept}");
+    assert!((20..360).contains(&kept), "{kept}");
     let o = e2e(&model, &corpus, &cut, extra);
     assert!(o.status.success(), "{}", stderr(&o));
     for f in ["e2e.csv", "e2e_layers.csv", "summary.csv"] {
