@@ -8,8 +8,9 @@
 # Resumable: rerunning completes what is missing, and a larger WINDOWS extends the run with the
 # next windows (the ones already there must be its first).
 #   committed: N=1024 WINDOWS=2 FEATURES=64,256 (results/e2e/smollm2-n1024; about 7 min a window on
-#              the 2-core build machine)
-#   issue 43's target, not yet run: N=2048 WINDOWS=16 FEATURES=64,256,1024 (about 20 min a window)
+#              the 2-core build machine before the exact run was shared by a window's points)
+#   issue 43's target, in progress: N=2048 WINDOWS=16 FEATURES=64,256,1024 (results/e2e/smollm2-n2048;
+#              about 6 s a point, 75 points and ~7.5 min a window on the same machine)
 set -euo pipefail
 BIN=${BIN:-./target/release/approx-bench}
 N=${N:-1024}
