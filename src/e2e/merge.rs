@@ -61,12 +61,11 @@ pub fn merge(dirs: &[PathBuf], out: &Path) -> Result<MergedE2e> {
         }
         crate::atomic_file::write(&out.join(file), merged.as_bytes())?;
     }
-    std::fs::copy(dirs[0].join("ids.txt"), out.join("ids.txt")).map_err(|e| {
-        usage!(
-            "{}: cannot copy it into --out ({e})",
-            dirs[0].join("ids.txt").display()
-        )
-    })?;
+    // Every shard wrote every window's ids; through a temporary name like every other file.
+    let ids = dirs[0].join("ids.txt");
+    let text =
+        std::fs::read(&ids).map_err(|e| usage!("{}: cannot read it ({e})", ids.display()))?;
+    crate::atomic_file::write(&out.join("ids.txt"), &text)?;
     super::summary::write(out)?;
     crate::report::figures::e2e::draw(out)?;
     let count = shards[0].1;
