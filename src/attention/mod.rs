@@ -26,6 +26,7 @@ pub mod quantized;
 mod registry;
 pub mod sampling;
 pub mod sparse;
+pub mod spec;
 pub mod target;
 #[cfg(test)]
 pub(crate) mod test_util;
@@ -38,6 +39,7 @@ pub use registry::{
     field_method_ids_masked, mask_method_ids, method_ids, registry, target_method_ids,
     FIGURE_METHODS,
 };
+pub use spec::{AttentionSpec, LayerType};
 pub use target::{Mask, Target};
 
 // The flat paths from before the split into families (`attention::skyformer::…`) keep working.

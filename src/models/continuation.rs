@@ -13,6 +13,7 @@ use anyhow::{ensure, Result};
 use candle_core::{DType, Tensor};
 
 use super::decoder_config::DecoderConfig;
+use crate::attention::spec::AttentionSpec;
 use super::llama::{
     attend_checked, embed, layer_output, layer_qkv, output_logits, AttentionHook, DecoderWeights,
 };
@@ -69,13 +70,13 @@ impl AttentionHook for PromptRecorder<'_> {
         q: &Tensor,
         k: &Tensor,
         v: &Tensor,
-        window: Option<usize>,
+        spec: &AttentionSpec,
     ) -> Result<Tensor> {
         // Copied out (contiguous), so that the cache holds n_p rows, not the window's storage.
         let rows = |t: &Tensor| -> Result<Tensor> { Ok(t.narrow(1, 0, self.n_p)?.contiguous()?) };
         let kept = (rows(q)?, rows(k)?, rows(v)?);
         self.kept.lock().expect("prompt lock")[layer] = Some(kept);
-        self.inner.attend(layer, q, k, v, window)
+        self.inner.attend(layer, q, k, v, spec)
     }
 }
 

@@ -118,6 +118,11 @@ pub struct DecoderConfig {
 }
 
 impl DecoderConfig {
+    /// Layer `l`'s exact attention: causal, τ = 1/√p, and the layer's sliding window if any.
+    pub fn attention_spec(&self, l: usize) -> crate::attention::spec::AttentionSpec {
+        crate::attention::spec::AttentionSpec::causal(self.head_dim, self.sliding_window[l])
+    }
+
     /// H / H_kv: query heads per K/V head.
     pub fn group_size(&self) -> usize {
         self.num_attention_heads / self.num_key_value_heads

@@ -12,6 +12,7 @@ use anyhow::Result;
 use candle_core::{DType, Tensor, D};
 
 use super::decoder_config::DecoderConfig;
+use crate::attention::spec::{exact_attention, AttentionSpec};
 use super::rope;
 
 /// A Linear layer: y = x·Wᵀ (+ b), W [out, in], f32.
@@ -66,7 +67,8 @@ pub struct DecoderWeights {
 }
 
 /// The one seam every layer's attention passes through: layer `layer`'s post-RoPE Q [H, n, p],
-/// K and V [H_kv, n, p] (and its sliding window, if any) in, O [H, n, p] out, in Q's dtype.
+/// K [H_kv, n, p] and V [H_kv, n, p_v], and the layer's exact attention (its window, scale, cap
+/// and sinks) in; O [H, n, p_v] out, in Q's dtype.
 pub trait AttentionHook: Sync {
     fn attend(
         &self,
@@ -74,11 +76,11 @@ pub trait AttentionHook: Sync {
         q: &Tensor,
         k: &Tensor,
         v: &Tensor,
-        window: Option<usize>,
+        spec: &AttentionSpec,
     ) -> Result<Tensor>;
 }
 
-/// The model's own attention: exact causal softmax (docs/reference.md §7.2), the fused kernel.
+/// The model's own attention: the layer's exact target (docs/reference.md §7.7.0).
 pub struct ExactAttention;
 
 impl AttentionHook for ExactAttention {
@@ -88,9 +90,9 @@ impl AttentionHook for ExactAttention {
         q: &Tensor,
         k: &Tensor,
         v: &Tensor,
-        window: Option<usize>,
+        spec: &AttentionSpec,
     ) -> Result<Tensor> {
-        causal_attention(q, k, v, window)
+        exact_attention(q, k, v, spec)
     }
 }
 
@@ -101,7 +103,7 @@ impl DecoderWeights {
     }
 }
 
-fn linear(x: &Tensor, l: &Linear) -> Result<Tensor> {
+pub(super) fn linear(x: &Tensor, l: &Linear) -> Result<Tensor> {
     let y = x.matmul(&l.weight.to_dtype(x.dtype())?.t()?)?;
     Ok(match &l.bias {
         Some(b) => y.broadcast_add(&b.to_dtype(x.dtype())?)?,
@@ -117,106 +119,21 @@ pub(super) fn rms_norm(x: &Tensor, weight: &Tensor, eps: f64) -> Result<Tensor> 
     Ok(normed.broadcast_mul(&weight.to_dtype(x.dtype())?)?)
 }
 
-/// Rows per attention block for `heads` query heads over `n` keys: about 2²⁴ score entries
-/// (64 MB in f32), so that n = 32768 never holds more than a thin [H, rows, n] slab.
-fn block_rows(heads: usize, n: usize) -> usize {
-    ((1usize << 24) / (heads * n).max(1)).clamp(1, n.max(1))
-}
-
-/// Exact causal attention of every query head (docs/reference.md §7.2):
-/// O_i = Σ_{j≤i} softmax_j(q_i·k_j/√p) v_j, with query head h reading K/V head ⌊h·H_kv/H⌋, and with a
-/// sliding window W also j > i − W. q [H, n, p], k and v [H_kv, n, p] → [H, n, p].
-///
-/// Row blocks of all heads at once; the K/V heads are broadcast over their group by viewing Q as
-/// [H_kv, group·rows, p] (never copied per query head), and key columns past the block's last row
-/// (or before its window) are skipped, not only masked.
+/// Exact causal attention with τ = 1/√p and, if given, a sliding window W (docs/reference.md
+/// §7.2): the plain Llama-style target of [`AttentionSpec::causal`], through
+/// [`crate::attention::spec::exact_attention`]. q [H, n, p], k and v [H_kv, n, p] → [H, n, p].
 pub fn causal_attention(
     q: &Tensor,
     k: &Tensor,
     v: &Tensor,
     window: Option<usize>,
 ) -> Result<Tensor> {
-    let (heads, n, p) = q.dims3()?;
-    // On the host: the fused kernel, every head's query blocks in parallel on all cores (Q scaled
-    // by 1/√p first, where transformers' eager path scales the scores: a rounding apart).
-    // A CUDA device takes the same kernel's device form where it applies (f32/f64, p = 64 or
-    // 128); other devices take the blocked candle path below, which scales the scores itself.
-    let visible = crate::numerics::flash::Visible::Causal { window };
-    let qs = (q * (1.0 / (p as f64).sqrt()))?;
-    let fused = if q.device().is_cpu() {
-        crate::numerics::flash::on_host(&qs, k, v, visible)?.map(|(o, _)| o)
-    } else {
-        crate::numerics::flash::on_device(&qs, k, v, visible)?
-    };
-    if let Some(o) = fused {
-        return Ok(o);
-    }
-    causal_attention_blocks(q, k, v, window, block_rows(heads, n))
-}
-
-/// [`causal_attention`] with `b` rows per block.
-fn causal_attention_blocks(
-    q: &Tensor,
-    k: &Tensor,
-    v: &Tensor,
-    window: Option<usize>,
-    b: usize,
-) -> Result<Tensor> {
-    let (heads, n, p) = q.dims3()?;
-    let kv_heads = k.dim(0)?;
-    if kv_heads == 0 || !heads.is_multiple_of(kv_heads) || k.dims() != v.dims() || k.dim(1)? != n {
-        return Err(crate::usage!(
-            "causal attention needs Q [H, n, p] and K, V [H_kv, n, p] with H_kv dividing H; got {:?}, {:?}, {:?}",
-            q.dims(),
-            k.dims(),
-            v.dims()
-        ));
-    }
-    let group = heads / kv_heads;
-    let dtype = q.dtype();
-    let scale = 1.0 / (p as f64).sqrt();
-    let b = b.clamp(1, n.max(1));
-    // mask[r, c'] for the column c' = c + n − s of absolute key c in a block starting at row s:
-    // −∞ iff c > s + r (the future) or c ≤ s + r − W (outside the window); it does not depend on s,
-    // so one [b, n + b] table serves every block through a narrow.
-    let w = window.unwrap_or(usize::MAX);
-    let mask: Vec<f32> = (0..b)
-        .flat_map(|r| {
-            (0..n + b).map(move |c| {
-                if c > n + r || c.saturating_add(w) <= n + r {
-                    f32::NEG_INFINITY
-                } else {
-                    0.0
-                }
-            })
-        })
-        .collect();
-    let mask = Tensor::from_vec(mask, (b, n + b), q.device())?.to_dtype(dtype)?;
-    let q4 = q.reshape((kv_heads, group, n, p))?;
-    let mut outs = Vec::with_capacity(n.div_ceil(b));
-    for s in (0..n).step_by(b) {
-        let rows = b.min(n - s);
-        let end = s + rows;
-        let j0 = (s + 1).saturating_sub(w);
-        let keys = end - j0;
-        let qb = q4
-            .narrow(2, s, rows)?
-            .contiguous()?
-            .reshape((kv_heads, group * rows, p))?;
-        let kb = k.narrow(1, j0, keys)?;
-        let vb = v.narrow(1, j0, keys)?.contiguous()?;
-        let scores = (qb.matmul(&kb.t()?.contiguous()?)? * scale)?
-            .reshape((kv_heads, group, rows, keys))?
-            .broadcast_add(&mask.narrow(0, 0, rows)?.narrow(1, j0 + n - s, keys)?)?;
-        let probs =
-            candle_nn::ops::softmax_last_dim(&scores)?.reshape((kv_heads, group * rows, keys))?;
-        outs.push(probs.matmul(&vb)?.reshape((kv_heads, group, rows, p))?);
-    }
-    Ok(Tensor::cat(&outs, 2)?.reshape((heads, n, p))?)
+    let p = q.dims3()?.2;
+    exact_attention(q, k, v, &AttentionSpec::causal(p, window))
 }
 
 /// [n, H·p] → [H, n, p].
-fn split_heads(x: &Tensor, heads: usize, p: usize) -> Result<Tensor> {
+pub(super) fn split_heads(x: &Tensor, heads: usize, p: usize) -> Result<Tensor> {
     let n = x.dim(0)?;
     Ok(x.reshape((n, heads, p))?.transpose(0, 1)?.contiguous()?)
 }
@@ -229,7 +146,7 @@ const FORWARD_CHUNK_ROWS: usize = 512;
 
 /// `f` on consecutive row chunks [s, s + rows) of 0..n, in parallel on the host (in order on
 /// other devices, whose kernels are asynchronous anyway), results in chunk order.
-fn row_chunks<R: Send>(
+pub(super) fn row_chunks<R: Send>(
     n: usize,
     dev: &candle_core::Device,
     f: impl Fn(usize, usize) -> Result<R> + Sync + Send,
@@ -324,7 +241,7 @@ pub(super) fn attend_checked(
     k: &Tensor,
     v: &Tensor,
 ) -> Result<Tensor> {
-    let o = hook.attend(l, q, k, v, cfg.sliding_window[l])?;
+    let o = hook.attend(l, q, k, v, &cfg.attention_spec(l))?;
     if o.dims() != q.dims() {
         return Err(crate::usage!(
             "the attention of layer {l} returned shape {:?}; it must return O shaped like Q, {:?}",

@@ -220,7 +220,7 @@ fn naive(
 }
 
 #[test]
-fn causal_attention_blocks_gqa_and_windows_match_a_plain_loop() {
+fn dense_attention_blocks_gqa_and_windows_match_a_plain_loop() {
     let (h, hkv, n, p) = (6, 2, 23, 4);
     let gen = |len: usize, salt: usize| -> Vec<f64> {
         (0..len)
@@ -239,8 +239,11 @@ fn causal_attention_blocks_gqa_and_windows_match_a_plain_loop() {
             window.unwrap_or(usize::MAX / 2),
         );
         for rows in [1, 4, 7, n] {
-            let got =
-                to_vec_f64(&causal_attention_blocks(&q, &k, &v, window, rows).unwrap()).unwrap();
+            let spec = crate::attention::spec::AttentionSpec::causal(p, window);
+            let got = to_vec_f64(
+                &crate::attention::spec::exact_attention_blocks(&q, &k, &v, &spec, rows).unwrap(),
+            )
+            .unwrap();
             let err = got
                 .iter()
                 .zip(&want)

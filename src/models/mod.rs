@@ -12,6 +12,7 @@
 
 pub mod continuation;
 pub mod decoder_config;
+pub mod family;
 pub mod gguf;
 pub mod llama;
 pub mod rope;

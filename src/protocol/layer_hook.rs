@@ -14,6 +14,7 @@ use candle_core::Tensor;
 use rayon::prelude::*;
 
 use crate::attention::decode::LayerContext;
+use crate::attention::spec::{default_scale, AttentionSpec};
 use crate::attention::{Mask, Method, Target};
 use crate::models::AttentionHook;
 use crate::numerics::sampling::TrialKey;
@@ -197,14 +198,19 @@ impl AttentionHook for MethodHook<'_> {
         q: &Tensor,
         k: &Tensor,
         v: &Tensor,
-        window: Option<usize>,
+        spec: &AttentionSpec,
     ) -> Result<Tensor> {
         // A window of W ≥ n keys is no window (every key j ≤ i is within it).
-        if let Some(w) = window.filter(|&w| w < q.dim(1).unwrap_or(0)) {
+        if let Some(w) = spec.window_within(q.dim(1).unwrap_or(0)) {
             // The methods' key sets assume the full causal mask; a sliding window changes the
-            // target itself (docs/reference.md §7.7.0), which the attention spec will carry.
+            // target itself (docs/reference.md §7.7.0), which the methods do not read yet.
             anyhow::bail!(
                 "layer {layer} has a sliding window of {w}: end-to-end methods run on full causal layers only"
+            );
+        }
+        if !spec.plain_logits() || spec.scale != default_scale(q.dim(2)?) {
+            anyhow::bail!(
+                "layer {layer}'s attention has a scale, soft-cap or sinks of its own: end-to-end methods run on plain causal layers only"
             );
         }
         let (o, error) = self.layer(layer, q, k, v)?;
@@ -242,7 +248,7 @@ impl AttentionHook for RecordingExact {
         q: &Tensor,
         k: &Tensor,
         v: &Tensor,
-        window: Option<usize>,
+        spec: &AttentionSpec,
     ) -> Result<Tensor> {
         if self.keep.contains(&layer) {
             self.kept
@@ -250,6 +256,6 @@ impl AttentionHook for RecordingExact {
                 .expect("kept lock")
                 .push((layer, q.clone(), k.clone(), v.clone()));
         }
-        crate::models::ExactAttention.attend(layer, q, k, v, window)
+        crate::models::ExactAttention.attend(layer, q, k, v, spec)
     }
 }
