@@ -162,3 +162,7 @@ impl NamedTensors {
         &self.what
     }
 }
+
+#[cfg(test)]
+#[path = "family_tests.rs"]
+pub(crate) mod tests;
