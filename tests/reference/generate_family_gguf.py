@@ -1,0 +1,120 @@
+#!/usr/bin/env python3
+"""GGUF files of family fixtures (issue 45, docs/reference.md §7.7.3), written with gguf-py as llama.cpp's
+converter (`convert_hf_to_gguf.py`, `Phi3MiniModel`) lays a Phi-3 out, so that the tool's GGUF route of a
+§7.7 family can be checked against its safetensors route on the same weights:
+
+* ``fixtures/families/phi3/model.gguf``: the phi3 fixture (MHA, fused qkv and gate_up, a sliding window
+  on every layer), tensors in F32, so the two routes must give identical bits;
+* ``fixtures/families/phi3-longrope/model.gguf``: the longrope fixture (GQA, partial rotary 0.75, tied
+  embeddings), with llama.cpp's global ``rope_factors_long.weight`` / ``rope_factors_short.weight`` and
+  ``phi3.rope.scaling.attn_factor``.
+
+What the converter writes, by name (llama.cpp's tensor map for ``MODEL_ARCH.PHI3``):
+``token_embd``, ``output_norm``, ``output`` (absent when tied), and per layer ``blk.N.attn_norm``
+(input_layernorm), ``attn_qkv`` (qkv_proj, rows [q; k; v]), ``attn_output``, ``ffn_norm``
+(post_attention_layernorm), ``ffn_up`` (the fused gate_up_proj, gate rows first), ``ffn_down``. Metadata:
+context length, ``rope.scaling.original_context_length``, embedding and feed-forward lengths, block count,
+head counts, the RMS epsilon, ``rope.dimension_count`` (⌊f_r·hidden⌋/H), ``rope.freq_base`` and
+``attention.sliding_window`` (0 when the config has none: llama.cpp's mark of Phi-4). No q/k row
+permutation (NEOX RoPE).
+
+Usage (from the repository root):
+    python tests/reference/generate_family_gguf.py            # (re)write the files
+    python tests/reference/generate_family_gguf.py --check    # CI: regenerate into a temp dir, compare bytes
+"""
+
+import filecmp
+import json
+import math
+import os
+import sys
+import tempfile
+
+import numpy as np
+
+ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..")
+FIXTURES = os.path.join(ROOT, "fixtures", "families")
+NAMES = ["phi3", "phi3-longrope"]
+
+LAYER_NAMES = {
+    "input_layernorm": "attn_norm",
+    "post_attention_layernorm": "ffn_norm",
+    "self_attn.qkv_proj": "attn_qkv",
+    "self_attn.o_proj": "attn_output",
+    "mlp.gate_up_proj": "ffn_up",
+    "mlp.down_proj": "ffn_down",
+}
+
+
+def gguf_name(hf):
+    if hf == "model.embed_tokens.weight":
+        return "token_embd.weight"
+    if hf == "model.norm.weight":
+        return "output_norm.weight"
+    if hf == "lm_head.weight":
+        return "output.weight"
+    _, _, layer, rest = hf.split(".", 3)
+    stem, suffix = rest.rsplit(".", 1)
+    return f"blk.{layer}.{LAYER_NAMES[stem]}.{suffix}"
+
+
+def write_phi3(fixture_dir, out_path):
+    import gguf
+    from safetensors.numpy import load_file
+
+    cfg = json.load(open(os.path.join(fixture_dir, "config.json")))
+    rope = cfg.get("rope_parameters") or cfg.get("rope_scaling") or {}
+    hidden, heads = cfg["hidden_size"], cfg["num_attention_heads"]
+    rot = rope.get("partial_rotary_factor", cfg.get("partial_rotary_factor", 1.0))
+    rope_dims = int(rot * hidden) // heads
+    n0 = rope.get("original_max_position_embeddings", cfg.get("original_max_position_embeddings"))
+    w = gguf.GGUFWriter(out_path, "phi3")
+    w.add_context_length(cfg["max_position_embeddings"])
+    w.add_rope_scaling_orig_ctx_len(n0)
+    w.add_embedding_length(hidden)
+    w.add_feed_forward_length(cfg["intermediate_size"])
+    w.add_block_count(cfg["num_hidden_layers"])
+    w.add_head_count(heads)
+    w.add_head_count_kv(cfg["num_key_value_heads"])
+    w.add_layer_norm_rms_eps(cfg["rms_norm_eps"])
+    w.add_rope_dimension_count(rope_dims)
+    w.add_rope_freq_base(rope.get("rope_theta", cfg.get("rope_theta", 10000.0)))
+    w.add_file_type(gguf.LlamaFileType.ALL_F32)
+    w.add_sliding_window(cfg.get("sliding_window") or 0)
+    long_f, short_f = rope.get("long_factor"), rope.get("short_factor")
+    if long_f:
+        # The converter's attention factor for longrope: √(1 + ln s / ln N₀), s = max positions / N₀.
+        scale = cfg["max_position_embeddings"] / n0
+        attn = math.sqrt(1 + math.log(scale) / math.log(n0)) if scale > 1.0 else 1.0
+        w.add_rope_scaling_attn_factors(attn)
+        assert len(long_f) == len(short_f) == rope_dims // 2
+        w.add_tensor("rope_factors_long.weight", np.array(long_f, dtype=np.float32))
+        w.add_tensor("rope_factors_short.weight", np.array(short_f, dtype=np.float32))
+    tensors = load_file(os.path.join(fixture_dir, "model.safetensors"))
+    for name in sorted(tensors):
+        # A tied checkpoint has no lm_head; transformers writes none either.
+        w.add_tensor(gguf_name(name), np.ascontiguousarray(tensors[name].astype(np.float32)))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+
+
+def main():
+    check = "--check" in sys.argv
+    with tempfile.TemporaryDirectory() as tmp:
+        bad = []
+        for name in NAMES:
+            fixture_dir = os.path.join(FIXTURES, name)
+            target = os.path.join(fixture_dir, "model.gguf")
+            out = os.path.join(tmp, f"{name}.gguf") if check else target
+            write_phi3(fixture_dir, out)
+            if check and not filecmp.cmp(out, target, shallow=False):
+                bad.append(name)
+            print(f"{name}: {'checked' if check else 'wrote'} {os.path.relpath(target, ROOT)}")
+        if bad:
+            sys.exit(f"GGUF fixtures differ from a regeneration: {', '.join(bad)}")
+
+
+if __name__ == "__main__":
+    main()
