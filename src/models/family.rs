@@ -9,12 +9,14 @@
 
 use std::collections::HashSet;
 use std::path::{Path, PathBuf};
+use std::sync::Mutex;
 
 use anyhow::Result;
 use candle_core::safetensors::MmapedSafetensors;
 use candle_core::{DType, Device, Tensor};
 use serde_json::{Map, Value};
 
+use super::gguf::GgufFile;
 use crate::attention::spec::AttentionSpec;
 use crate::usage;
 
@@ -82,13 +84,41 @@ pub fn family_entry(model_type: &str) -> Option<&'static FamilyEntry> {
         .find(|f| f.model_types.contains(&model_type))
 }
 
-/// Named tensors of a checkpoint (memory-mapped safetensors: one file, or the shards of a
-/// sharded one), with errors that name the file and the tensor.
+/// Named tensors of a checkpoint by their Hugging Face names, with errors that name the file and
+/// the tensor: memory-mapped safetensors (one file, or the shards of a sharded one), or a GGUF
+/// file whose tensors a family renames from llama.cpp's names ([`NamedTensors::from_gguf`]).
 pub struct NamedTensors {
-    st: MmapedSafetensors,
-    names: HashSet<String>,
+    store: Store,
     what: String,
     device: Device,
+}
+
+enum Store {
+    Safetensors {
+        st: MmapedSafetensors,
+        names: HashSet<String>,
+    },
+    /// Tensors are read and dequantized one at a time, when asked for: a loader through layer L
+    /// reads no later layer.
+    Gguf {
+        file: Mutex<GgufFile>,
+        /// A Hugging Face name to the GGUF name and what to do to the stored values.
+        rename: GgufRename,
+    },
+}
+
+/// A Hugging Face tensor name to its GGUF name and the change from the stored values to the
+/// checkpoint's (e.g. gemma's norms, which llama.cpp's converter stores as 1 + w), or None when
+/// the file has no such tensor.
+pub type GgufRename = Box<dyn Fn(&str) -> Option<(String, GgufValues)> + Send + Sync>;
+
+/// How a GGUF tensor's values relate to the checkpoint's.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum GgufValues {
+    /// As stored.
+    Same,
+    /// The stored values minus this (gemma's norms: stored 1 + w, the checkpoint holds w).
+    Shifted(f64),
 }
 
 impl NamedTensors {
@@ -107,8 +137,7 @@ impl NamedTensors {
         })?;
         let names = st.tensors().into_iter().map(|(n, _)| n).collect();
         Ok(Self {
-            st,
-            names,
+            store: Store::Safetensors { st, names },
             what: what.to_string(),
             device: device.clone(),
         })
@@ -119,27 +148,56 @@ impl NamedTensors {
         Self::open(&[path.to_path_buf()], &path.display().to_string(), device)
     }
 
+    /// A GGUF file's tensors under Hugging Face names, through the family's `rename`.
+    pub fn from_gguf(file: GgufFile, rename: GgufRename, device: &Device) -> Self {
+        Self {
+            what: file.path().to_string(),
+            store: Store::Gguf {
+                file: Mutex::new(file),
+                rename,
+            },
+            device: device.clone(),
+        }
+    }
+
     pub fn device(&self) -> &Device {
         &self.device
     }
 
     /// Whether the checkpoint holds `name`.
     pub fn has(&self, name: &str) -> bool {
-        self.names.contains(name)
+        match &self.store {
+            Store::Safetensors { names, .. } => names.contains(name),
+            Store::Gguf { file, rename } => rename(name).is_some_and(|(g, _)| {
+                file.lock().expect("GGUF file lock").has_tensor(&g)
+            }),
+        }
     }
 
-    /// The tensor `name` as stored (its own dtype: bf16, f32, or U8 blocks of MXFP4/FP8).
+    /// The tensor `name` as stored (its own dtype: bf16, f32, or U8 blocks of MXFP4/FP8); from a
+    /// GGUF file, dequantized to f32 and with the family's value change undone.
     pub fn raw(&self, name: &str) -> Result<Tensor> {
         if !self.has(name) {
             return Err(usage!(
-                "weights {}: tensor '{name}' is missing; the checkpoint does not match config.json",
+                "weights {}: tensor '{name}' is missing; the checkpoint does not match its config",
                 self.what
             ));
         }
-        self.st.load(name, &self.device).map_err(|e| {
-            let em = crate::tensor_util::candle_message(&e);
-            usage!("weights {}: cannot read tensor '{name}' ({em})", self.what)
-        })
+        match &self.store {
+            Store::Safetensors { st, .. } => st.load(name, &self.device).map_err(|e| {
+                let em = crate::tensor_util::candle_message(&e);
+                usage!("weights {}: cannot read tensor '{name}' ({em})", self.what)
+            }),
+            Store::Gguf { file, rename } => {
+                let (g, values) = rename(name).expect("has() found it");
+                let t = file.lock().expect("GGUF file lock").dequantized(&g)?;
+                let t = match values {
+                    GgufValues::Same => t,
+                    GgufValues::Shifted(s) => (t - s)?,
+                };
+                Ok(t.to_device(&self.device)?)
+            }
+        }
     }
 
     /// The tensor `name` widened to f32, checked to have `shape` and finite values.
@@ -147,7 +205,7 @@ impl NamedTensors {
         let t = self.raw(name)?;
         if t.dims() != shape {
             return Err(usage!(
-                "weights {}: tensor '{name}' has shape {:?} but config.json implies {shape:?}; the weights do not fit the config",
+                "weights {}: tensor '{name}' has shape {:?} but the config implies {shape:?}; the weights do not fit the config",
                 self.what,
                 t.dims()
             ));

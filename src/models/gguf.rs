@@ -94,11 +94,16 @@ impl GgufFile {
         })
     }
 
-    fn meta(&self, key: &str) -> Option<&Value> {
+    /// What errors name the file by.
+    pub(crate) fn path(&self) -> &str {
+        &self.path
+    }
+
+    pub(crate) fn meta(&self, key: &str) -> Option<&Value> {
         self.content.metadata.get(key)
     }
 
-    fn meta_usize(&self, key: &str) -> Result<Option<usize>> {
+    pub(crate) fn meta_usize(&self, key: &str) -> Result<Option<usize>> {
         self.meta(key)
             .map(|v| {
                 let signed = || match v {
@@ -117,7 +122,7 @@ impl GgufFile {
             .map(|o| o.map(|x| x as usize))
     }
 
-    fn meta_f64(&self, key: &str) -> Result<Option<f64>> {
+    pub(crate) fn meta_f64(&self, key: &str) -> Result<Option<f64>> {
         self.meta(key)
             .map(|v| {
                 v.to_f32()
@@ -128,7 +133,7 @@ impl GgufFile {
             .transpose()
     }
 
-    fn req(&self, key: &str) -> Result<usize> {
+    pub(crate) fn req(&self, key: &str) -> Result<usize> {
         self.meta_usize(key)?.ok_or_else(|| {
             usage!(
                 "GGUF {}: metadata {key} is missing; the file does not describe a decoder",
@@ -137,12 +142,12 @@ impl GgufFile {
         })
     }
 
-    fn has_tensor(&self, name: &str) -> bool {
+    pub(crate) fn has_tensor(&self, name: &str) -> bool {
         self.content.tensor_infos.contains_key(name)
     }
 
     /// A tensor dequantized to f32 on the CPU.
-    fn dequantized(&mut self, name: &str) -> Result<Tensor> {
+    pub(crate) fn dequantized(&mut self, name: &str) -> Result<Tensor> {
         let q = self
             .content
             .tensor(&mut self.reader, name, &Device::Cpu)
