@@ -154,6 +154,53 @@ fn the_continuation_only_forward_is_the_whole_window_forward() {
     }
 }
 
+/// §10.4's exactness limit for §8: each method's machinery with every format replaced by the
+/// identity (a cache that stores K, V and Q as they are; SageAttention's smoothing of Q and K with
+/// identity quantizers and P; KIVI's groups and residual kept as they are) reproduces the exact
+/// run's logits, in prefill and, for the caches, in decode mode. Past KIVI's residual of 128
+/// tokens, so that its quantized groups are all visited.
+#[test]
+fn quantized_methods_with_identity_formats_reproduce_the_exact_logits() {
+    use crate::attention::quantized::{kivi::Kivi, kv_cache, sage};
+    let (cfg, w) = model();
+    let ids = ids(200);
+    let win = window(&cfg, &w, &ids, 16, DType::F64);
+    let exact = win.exact().unwrap();
+    let cache = || -> Box<dyn Method> {
+        Box::new(kv_cache::KvCache {
+            format: kv_cache::CacheFormat::Identity,
+        })
+    };
+    let methods: Vec<(&str, Box<dyn Method>, bool)> = vec![
+        ("kv_identity", cache(), false),
+        ("dkv_identity", cache(), true),
+        ("kivi_identity", Box::new(Kivi { bits: 0 }), false),
+        ("dkivi_identity", Box::new(Kivi { bits: 0 }), true),
+        (
+            "sage_identity",
+            Box::new(sage::Sage {
+                kernel: sage::SageKernel::Identity,
+            }),
+            false,
+        ),
+    ];
+    for (name, method, decode) in methods {
+        let m = E2eMethod {
+            name: name.to_string(),
+            method,
+            decode,
+        };
+        let p = win.point(&exact, &m, 0).unwrap();
+        assert_reproduces_exact(name, &p.scores);
+        assert!(p.layers.iter().all(|l| l.abs_error() < 1e-12), "{name}");
+    }
+    // Control: the real formats do move the output.
+    for id in ["kv_q4_0", "dkv_q4_0", "kivi2", "sage2_4b"] {
+        let p = win.point(&exact, &E2eMethod::resolve(id).unwrap(), 0).unwrap();
+        assert!(p.scores.metrics().kl_mean > 1e-8, "{id}");
+    }
+}
+
 #[test]
 fn cache_reads_under_the_decode_protocol_and_refusals_resolve_as_section_10_2_says() {
     let m = E2eMethod::resolve("dkv_q4_0").unwrap();

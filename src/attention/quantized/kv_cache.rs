@@ -38,6 +38,10 @@ pub enum CacheFormat {
     Bf16,
     Fp8,
     Ggml(GgmlType),
+    /// Stores K, V and Q as they are: the test seam of docs/reference.md §10.4's exactness limit
+    /// ("§8 methods with every format replaced by the identity").
+    #[cfg(test)]
+    Identity,
 }
 
 /// A KV-cache method: exact attention over a cache in `format`.
@@ -53,6 +57,8 @@ pub const KV_Q5_1: MethodInfo = quantized("kv_q5_1");
 pub const KV_Q5_0: MethodInfo = quantized("kv_q5_0");
 pub const KV_Q4_1: MethodInfo = quantized("kv_q4_1");
 pub const KV_Q4_0: MethodInfo = quantized("kv_q4_0");
+#[cfg(test)]
+pub const KV_IDENTITY: MethodInfo = quantized("kv_identity");
 
 impl KvCache {
     /// The eight cache methods, in the order of §8.3 (widest first).
@@ -99,6 +105,8 @@ fn quantize_qkv<T: Real>(m: &KvCache, head: &HeadInputs) -> Result<(Tensor, Tens
             ggml(id, "K", &mut k, ty)?;
             ggml(id, "V", &mut v, ty)?;
         }
+        #[cfg(test)]
+        CacheFormat::Identity => {}
     }
     Ok((
         q.into_tensor(&head.q)?,
@@ -144,6 +152,8 @@ impl Method for KvCache {
             CacheFormat::Ggml(GgmlType::Q5_0) => &KV_Q5_0,
             CacheFormat::Ggml(GgmlType::Q4_1) => &KV_Q4_1,
             CacheFormat::Ggml(GgmlType::Q4_0) => &KV_Q4_0,
+            #[cfg(test)]
+            CacheFormat::Identity => &KV_IDENTITY,
         })
     }
     fn macs(&self, n: usize, p: usize, _d: usize) -> f64 {
@@ -163,6 +173,8 @@ impl Method for KvCache {
             CacheFormat::F16 | CacheFormat::Bf16 => 16.0,
             CacheFormat::Fp8 => 8.0,
             CacheFormat::Ggml(t) => t.bits_per_value(),
+            #[cfg(test)]
+            CacheFormat::Identity => 16.0,
         })
     }
     fn decoding(&self) -> Option<&dyn Decoding> {

@@ -35,6 +35,10 @@ pub enum SageKernel {
     Sage2Int8,
     /// INT4 Q/K per token with smooth Q, E4M3 P and V.
     Sage2Int4,
+    /// `sage2_4b`'s smoothing of Q and K with every quantizer (Q, K, V and P) the identity: the
+    /// test seam of docs/reference.md §10.4's exactness limit.
+    #[cfg(test)]
+    Identity,
 }
 
 pub struct Sage {
@@ -44,6 +48,8 @@ pub struct Sage {
 pub const SAGE1: MethodInfo = quantized("sage1");
 pub const SAGE2_8B: MethodInfo = quantized("sage2_8b");
 pub const SAGE2_4B: MethodInfo = quantized("sage2_4b");
+#[cfg(test)]
+pub const SAGE_IDENTITY: MethodInfo = quantized("sage_identity");
 
 const INT8: i32 = 127;
 const INT4: i32 = 7;
@@ -126,23 +132,13 @@ fn sage_output<T: Real>(m: &Sage, head: &HeadInputs) -> Result<Tensor> {
             e4m3_per_channel(&mut v);
         }
         SageKernel::Sage2Int4 => {
-            for block in q.data.chunks_mut(QUERY_BLOCK * p) {
-                let rows = block.len() / p;
-                let mut mean = vec![T::ZERO; p];
-                for row in block.chunks_exact(p) {
-                    mean.iter_mut().zip(row).for_each(|(m, &x)| *m += x);
-                }
-                let rt = T::from_f64(rows as f64);
-                mean.iter_mut().for_each(|m| *m /= rt);
-                for row in block.chunks_exact_mut(p) {
-                    row.iter_mut().zip(&mean).for_each(|(x, &m)| *x -= m);
-                }
-                q_means.extend(mean);
-            }
+            q_means = smooth_q(&mut q, p);
             sym_rows(&mut q, 1, INT4);
             sym_rows(&mut k, 1, INT4);
             e4m3_per_channel(&mut v);
         }
+        #[cfg(test)]
+        SageKernel::Identity => q_means = smooth_q(&mut q, p),
     }
     let qhat = q.into_tensor(&head.q)?;
     let kt = k.into_tensor(&head.k)?.t()?.contiguous()?;
@@ -171,8 +167,30 @@ fn sage_output<T: Real>(m: &Sage, head: &HeadInputs) -> Result<Tensor> {
     let vhat = v.into_tensor(&head.v)?;
     match m.kernel {
         SageKernel::Sage1 => online_softmax(n, head.mask, &scores, &vhat, T::round_f16),
+        #[cfg(test)]
+        SageKernel::Identity => online_softmax(n, head.mask, &scores, &vhat, |x| x),
         _ => online_softmax(n, head.mask, &scores, &vhat, e4m3_p::<T>),
     }
+}
+
+/// sage2_4b's smooth Q: each query block's mean q̄_b subtracted from its rows; returns the means
+/// ([blocks, p]).
+fn smooth_q<T: Real>(q: &mut HostMat<T>, p: usize) -> Vec<T> {
+    let mut q_means = Vec::new();
+    for block in q.data.chunks_mut(QUERY_BLOCK * p) {
+        let rows = block.len() / p;
+        let mut mean = vec![T::ZERO; p];
+        for row in block.chunks_exact(p) {
+            mean.iter_mut().zip(row).for_each(|(m, &x)| *m += x);
+        }
+        let rt = T::from_f64(rows as f64);
+        mean.iter_mut().for_each(|m| *m /= rt);
+        for row in block.chunks_exact_mut(p) {
+            row.iter_mut().zip(&mean).for_each(|(x, &m)| *x -= m);
+        }
+        q_means.extend(mean);
+    }
+    q_means
 }
 
 impl Method for Sage {
@@ -181,6 +199,8 @@ impl Method for Sage {
             SageKernel::Sage1 => &SAGE1,
             SageKernel::Sage2Int8 => &SAGE2_8B,
             SageKernel::Sage2Int4 => &SAGE2_4B,
+            #[cfg(test)]
+            SageKernel::Identity => &SAGE_IDENTITY,
         })
     }
     fn macs(&self, n: usize, p: usize, _d: usize) -> f64 {
@@ -196,6 +216,8 @@ impl Method for Sage {
             SageKernel::Sage1 => 12.0,
             SageKernel::Sage2Int8 => 8.0,
             SageKernel::Sage2Int4 => 6.0,
+            #[cfg(test)]
+            SageKernel::Identity => 16.0,
         })
     }
     fn approximate(&self, head: &HeadInputs, _d: usize, _: &mut TrialRng) -> Result<Approximation> {
