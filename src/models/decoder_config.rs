@@ -302,7 +302,7 @@ impl Fields<'_> {
 
 /// θ and the scaling, from `rope_theta` + `rope_scaling` (transformers 4) or `rope_parameters`
 /// (transformers 5, which holds θ and the scaling in one object).
-fn rope_config(v: &Value, file: &str) -> Result<RopeConfig> {
+pub(super) fn rope_config(v: &Value, file: &str) -> Result<RopeConfig> {
     let params = v.get("rope_parameters").filter(|x| x.is_object());
     let theta = v
         .get("rope_theta")

@@ -75,7 +75,16 @@ pub struct FamilyEntry {
 }
 
 /// The §7.7 families, one line each.
-pub const FAMILIES: &[FamilyEntry] = &[];
+pub const FAMILIES: &[FamilyEntry] = &[
+    FamilyEntry {
+        model_types: &["gemma2", "gemma3_text", "gemma3"],
+        load: super::gemma::load,
+    },
+    FamilyEntry {
+        model_types: &["phi3"],
+        load: super::phi3::load,
+    },
+];
 
 /// The family entry of a `model_type`, if it is a §7.7 family.
 pub fn family_entry(model_type: &str) -> Option<&'static FamilyEntry> {

@@ -13,8 +13,11 @@
 pub mod continuation;
 pub mod decoder_config;
 pub mod family;
+mod family_common;
+pub mod gemma;
 pub mod gguf;
 pub mod llama;
+pub mod phi3;
 pub mod rope;
 pub mod tokens;
 pub mod weights;

@@ -57,10 +57,24 @@ pub fn cos_sin(
     dtype: DType,
     device: &Device,
 ) -> Result<(Tensor, Tensor)> {
-    let inv = inv_freq(rope, head_dim);
-    let half = head_dim / 2;
-    let mut cos = vec![0f64; n * head_dim];
-    let mut sin = vec![0f64; n * head_dim];
+    cos_sin_of(&inv_freq(rope, head_dim), n, 1.0, dtype, device)
+}
+
+/// cos and sin tables [n, d] of the inverse frequencies `inv` (d = 2·|inv|, the rotary dim) for
+/// positions 0..n−1, each multiplied by `attention_factor` (longrope's and yarn's a; 1 for the
+/// others), in `dtype`, with [`cos_sin`]'s angle rounding. The factor multiplies the cos and sin
+/// of the rounded angle, as transformers' `cos * attention_scaling` does.
+pub fn cos_sin_of(
+    inv: &[f64],
+    n: usize,
+    attention_factor: f64,
+    dtype: DType,
+    device: &Device,
+) -> Result<(Tensor, Tensor)> {
+    let half = inv.len();
+    let dim = 2 * half;
+    let mut cos = vec![0f64; n * dim];
+    let mut sin = vec![0f64; n * dim];
     for i in 0..n {
         for (t, &f) in inv.iter().enumerate() {
             let angle = if dtype == DType::F64 {
@@ -70,15 +84,45 @@ pub fn cos_sin(
             };
             let (s, c) = angle.sin_cos();
             for j in [t, t + half] {
-                cos[i * head_dim + j] = c;
-                sin[i * head_dim + j] = s;
+                cos[i * dim + j] = c * attention_factor;
+                sin[i * dim + j] = s * attention_factor;
             }
         }
     }
     let table = |v: Vec<f64>| -> Result<Tensor> {
-        Ok(Tensor::from_vec(v, (n, head_dim), device)?.to_dtype(dtype)?)
+        Ok(Tensor::from_vec(v, (n, dim), device)?.to_dtype(dtype)?)
     };
     Ok((table(cos)?, table(sin)?))
+}
+
+/// Longrope's inverse frequencies (docs/reference.md §7.7.3): inv_freq_t = 1/(e_t·θ^(2t/d)) over
+/// the rotary dim d, e the short or the long factors (d/2 of them).
+pub fn longrope_inv_freq(theta: f64, rotary_dim: usize, factors: &[f64]) -> Vec<f64> {
+    factors
+        .iter()
+        .enumerate()
+        .map(|(t, e)| 1.0 / (e * theta.powf((2 * t) as f64 / rotary_dim as f64)))
+        .collect()
+}
+
+/// Plain inverse frequencies θ^(−2t/d) over a rotary dim d (partial rotary: d < p).
+pub fn default_inv_freq(theta: f64, rotary_dim: usize) -> Vec<f64> {
+    (0..rotary_dim / 2)
+        .map(|t| 1.0 / theta.powf((2 * t) as f64 / rotary_dim as f64))
+        .collect()
+}
+
+/// Partial rotary RoPE (docs/reference.md §7.7.3): rotate-half on the first d dims of x
+/// [heads, n, p], d the tables' width ([n, d]), the other p − d dims passed unrotated.
+pub fn apply_partial(x: &Tensor, cos: &Tensor, sin: &Tensor) -> Result<Tensor> {
+    let p = x.dim(D::Minus1)?;
+    let d = cos.dim(D::Minus1)?;
+    if d == p {
+        return apply(x, cos, sin);
+    }
+    let rotated = apply(&x.narrow(D::Minus1, 0, d)?, cos, sin)?;
+    let rest = x.narrow(D::Minus1, d, p - d)?;
+    Ok(Tensor::cat(&[&rotated, &rest], D::Minus1)?)
 }
 
 /// rotate_half(x) = [−x_{p/2..p}, x_{0..p/2}] over the last dimension.

@@ -1,0 +1,213 @@
+//! What the §7.7 family files share: typed config.json fields with errors that name the family
+//! and the field, `layer_types`, a positive sliding window, the embedding lookup, and the
+//! attention block's head layout.
+
+use anyhow::Result;
+use candle_core::{DType, Tensor};
+use serde_json::Value;
+
+use super::llama::{linear, Linear};
+use crate::attention::spec::LayerType;
+use crate::usage;
+
+/// Typed access to one family's config.json (or a wrapper's `text_config`); `what` names it in
+/// errors, e.g. `config.json (gemma2)`.
+pub(super) struct ConfigFields<'a> {
+    pub v: &'a Value,
+    pub what: String,
+}
+
+impl<'a> ConfigFields<'a> {
+    pub fn new(v: &'a Value, what: impl Into<String>) -> Self {
+        Self {
+            v,
+            what: what.into(),
+        }
+    }
+
+    /// The field, None when absent or null.
+    pub fn get(&self, name: &str) -> Option<&'a Value> {
+        self.v.get(name).filter(|x| !x.is_null())
+    }
+
+    pub fn usize_opt(&self, name: &str) -> Result<Option<usize>> {
+        self.get(name)
+            .map(|x| {
+                x.as_u64().map(|u| u as usize).ok_or_else(|| {
+                    usage!(
+                        "{}: field \"{name}\" must be a non-negative integer, found {x}",
+                        self.what
+                    )
+                })
+            })
+            .transpose()
+    }
+
+    /// A required positive integer.
+    pub fn usize_req(&self, name: &str) -> Result<usize> {
+        let x = self.usize_opt(name)?.ok_or_else(|| self.missing(name))?;
+        if x == 0 {
+            return Err(usage!("{}: field \"{name}\" must be positive", self.what));
+        }
+        Ok(x)
+    }
+
+    /// A positive integer, `default` when absent (transformers' config-class default).
+    pub fn usize_or(&self, name: &str, default: usize) -> Result<usize> {
+        match self.usize_opt(name)? {
+            Some(0) => Err(usage!("{}: field \"{name}\" must be positive", self.what)),
+            Some(x) => Ok(x),
+            None => Ok(default),
+        }
+    }
+
+    pub fn f64_opt(&self, name: &str) -> Result<Option<f64>> {
+        self.get(name)
+            .map(|x| {
+                x.as_f64().ok_or_else(|| {
+                    usage!(
+                        "{}: field \"{name}\" must be a number, found {x}",
+                        self.what
+                    )
+                })
+            })
+            .transpose()
+    }
+
+    /// A positive finite number, `default` when absent or null.
+    pub fn positive_or(&self, name: &str, default: Option<f64>) -> Result<f64> {
+        let x = self
+            .f64_opt(name)?
+            .or(default)
+            .ok_or_else(|| self.missing(name))?;
+        if !(x.is_finite() && x > 0.0) {
+            return Err(usage!(
+                "{}: field \"{name}\" is {x}; it must be a positive number",
+                self.what
+            ));
+        }
+        Ok(x)
+    }
+
+    pub fn str_opt(&self, name: &str) -> Result<Option<&'a str>> {
+        self.get(name)
+            .map(|x| {
+                x.as_str().ok_or_else(|| {
+                    usage!(
+                        "{}: field \"{name}\" must be a string, found {x}",
+                        self.what
+                    )
+                })
+            })
+            .transpose()
+    }
+
+    pub fn missing(&self, name: &str) -> anyhow::Error {
+        usage!(
+            "{}: field \"{name}\" is missing; this family's config.json needs it",
+            self.what
+        )
+    }
+
+    /// `sliding_window`: None when absent or null; 0 is refused (a window of 0 sees no key).
+    pub fn sliding_window(&self) -> Result<Option<usize>> {
+        match self.usize_opt("sliding_window")? {
+            Some(0) => Err(usage!(
+                "{}: field \"sliding_window\" is 0; a window of 0 keys sees nothing (give W ≥ 1, or null for none)",
+                self.what
+            )),
+            w => Ok(w),
+        }
+    }
+
+    /// `layer_types` (one known entry per layer) when present, else `default(l)` per layer.
+    pub fn layer_types(
+        &self,
+        layers: usize,
+        default: impl Fn(usize) -> LayerType,
+    ) -> Result<Vec<LayerType>> {
+        let Some(types) = self.get("layer_types") else {
+            return Ok((0..layers).map(default).collect());
+        };
+        let types = types.as_array().ok_or_else(|| {
+            usage!(
+                "{}: field \"layer_types\" must be a list of layer types",
+                self.what
+            )
+        })?;
+        if types.len() != layers {
+            return Err(usage!(
+                "{}: field \"layer_types\" has {} entries but num_hidden_layers is {layers}",
+                self.what,
+                types.len()
+            ));
+        }
+        types
+            .iter()
+            .enumerate()
+            .map(|(l, t)| {
+                let field = format!("{}: field \"layer_types\"[{l}]", self.what);
+                LayerType::parse(t.as_str().unwrap_or(&t.to_string()), &field)
+            })
+            .collect()
+    }
+}
+
+/// Refuses a layer index the model does not have.
+pub(super) fn check_layer(layer: usize, layers: usize) -> Result<()> {
+    if layer >= layers {
+        return Err(usage!(
+            "--layer {layer}: the model has {layers} layers (0..={})",
+            layers - 1
+        ));
+    }
+    Ok(())
+}
+
+/// The embeddings of `ids` ([n, hidden], in `dtype`, f32 or f64) from `embed` [vocab, hidden].
+pub(super) fn embed_ids(embed: &Tensor, ids: &[u32], dtype: DType) -> Result<Tensor> {
+    if !matches!(dtype, DType::F32 | DType::F64) {
+        return Err(usage!(
+            "a decoder forward runs in f32 or f64, not {dtype:?}"
+        ));
+    }
+    if ids.is_empty() {
+        return Err(usage!("an empty token window has no forward"));
+    }
+    let vocab = embed.dim(0)?;
+    if let Some(&bad) = ids.iter().find(|&&i| i as usize >= vocab) {
+        return Err(usage!(
+            "token id {bad} is outside the model's vocabulary of {vocab} (the tokenizer or the ids do not fit the model)"
+        ));
+    }
+    let ids_t = Tensor::from_vec(ids.to_vec(), ids.len(), embed.device())?;
+    Ok(embed.index_select(&ids_t, 0)?.to_dtype(dtype)?)
+}
+
+/// The attention block's output: O [H, n, p_v] back to rows [n, H·p_v], through o_proj.
+pub(super) fn attention_out(o: &Tensor, o_proj: &Linear) -> Result<Tensor> {
+    let (h, n, p) = o.dims3()?;
+    let rows = o.transpose(0, 1)?.contiguous()?.reshape((n, h * p))?;
+    linear(&rows, o_proj)
+}
+
+/// A weight-only Linear (no bias) from the checkpoint, [out, inp].
+pub(super) fn linear_weight(
+    w: &super::family::NamedTensors,
+    name: &str,
+    out: usize,
+    inp: usize,
+) -> Result<Linear> {
+    Ok(Linear {
+        weight: w.get(name, &[out, inp])?,
+        bias: None,
+    })
+}
+
+/// Rows `start..start + len` of a fused projection as a Linear of its own.
+pub(super) fn linear_rows(fused: &Tensor, start: usize, len: usize) -> Result<Linear> {
+    Ok(Linear {
+        weight: fused.narrow(0, start, len)?.contiguous()?,
+        bias: None,
+    })
+}

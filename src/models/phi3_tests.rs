@@ -1,0 +1,69 @@
+//! phi3 (window on every layer; longrope with partial rotary, short and long factors) against
+//! transformers' float64 values (fixtures/families), and the config errors that name their field.
+
+use serde_json::Value;
+
+use super::*;
+use crate::models::family::tests::check_fixture;
+
+#[test]
+fn phi3_matches_transformers_with_a_window_on_every_layer() {
+    check_fixture("phi3");
+}
+
+#[test]
+fn phi3_longrope_matches_transformers_with_short_and_long_factors() {
+    check_fixture("phi3-longrope");
+}
+
+fn fixture_config(name: &str) -> Value {
+    let p = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("fixtures/families")
+        .join(name)
+        .join("config.json");
+    serde_json::from_str(&std::fs::read_to_string(p).unwrap()).unwrap()
+}
+
+fn config_error(mut v: Value, edit: impl FnOnce(&mut Value)) -> String {
+    edit(&mut v);
+    let e = Phi3Config::from_json(&v).unwrap_err();
+    assert!(e.downcast_ref::<crate::UsageError>().is_some(), "{e:#}");
+    format!("{e:#}")
+}
+
+#[test]
+fn bad_phi3_configs_are_usage_errors_naming_the_field() {
+    let phi3 = fixture_config("phi3");
+    let e = config_error(phi3.clone(), |v| v["sliding_window"] = 0.into());
+    assert!(e.contains("sliding_window"), "{e}");
+    for field in ["num_attention_heads", "hidden_size", "num_hidden_layers"] {
+        let e = config_error(phi3.clone(), |v| {
+            v.as_object_mut().unwrap().remove(field);
+        });
+        assert!(e.contains(field) && e.contains("missing"), "{field}: {e}");
+    }
+    let long = fixture_config("phi3-longrope");
+    let e = config_error(long.clone(), |v| {
+        v["rope_parameters"]["long_factor"] = serde_json::json!([1.0, 2.0]);
+    });
+    assert!(e.contains("long_factor"), "{e}");
+    let e = config_error(long, |v| {
+        v["rope_parameters"]["rope_type"] = "dynamic".into()
+    });
+    assert!(e.contains("dynamic"), "{e}");
+}
+
+#[test]
+fn longrope_reads_the_long_factors_past_n0_and_scales_cos_and_sin() {
+    let cfg = Phi3Config::from_json(&fixture_config("phi3-longrope")).unwrap();
+    // p = 16, partial 0.75: 12 rotary dims, 6 factors; N₀ = 32, max 128.
+    assert_eq!(cfg.rope.rotary_dim, 12);
+    let a = (1.0 + 4f64.ln() / 32f64.ln()).sqrt();
+    let (short, a_short, w_short) = cfg.rope.at(32);
+    let (long, a_long, w_long) = cfg.rope.at(33);
+    assert_eq!((w_short, w_long), (Some("short"), Some("long")));
+    assert_eq!((a_short, a_long), (a, a));
+    // inv_freq_5 = 1/(e_5·θ^(10/12)): short e_5 = 3, long 24.
+    let base = 1.0 / 10_000f64.powf(10.0 / 12.0);
+    assert!((short[5] - base / 3.0).abs() < 1e-18 && (long[5] - base / 24.0).abs() < 1e-18);
+}
