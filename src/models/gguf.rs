@@ -133,6 +133,17 @@ impl GgufFile {
             .transpose()
     }
 
+    /// A float of the metadata as the config's decimal: an f32 value (what the converter stores)
+    /// becomes the shortest decimal that rounds to it, which is the config.json number it was
+    /// written from whenever that number has at most ~7 significant digits (1e-5, 1.05, 10000).
+    /// Both routes of a checkpoint then compute with the same f64 values.
+    pub(crate) fn meta_decimal(&self, key: &str) -> Result<Option<f64>> {
+        match self.meta(key) {
+            Some(Value::F32(x)) => Ok(Some(f32_decimal(*x))),
+            _ => self.meta_f64(key),
+        }
+    }
+
     pub(crate) fn req(&self, key: &str) -> Result<usize> {
         self.meta_usize(key)?.ok_or_else(|| {
             usage!(
@@ -140,6 +151,14 @@ impl GgufFile {
                 self.path
             )
         })
+    }
+
+    /// A tensor's dimensions (Hugging Face order), without reading it.
+    pub(crate) fn tensor_dims(&self, name: &str) -> Option<Vec<usize>> {
+        self.content
+            .tensor_infos
+            .get(name)
+            .map(|i| i.shape.dims().to_vec())
     }
 
     pub(crate) fn has_tensor(&self, name: &str) -> bool {
@@ -329,6 +348,12 @@ fn unpermute(t: &Tensor, heads: usize) -> Result<Tensor> {
         .reshape(dims)?)
 }
 
+/// The shortest decimal that rounds to `x` as an f64 (see [`GgufFile::meta_decimal`]).
+pub(crate) fn f32_decimal(x: f32) -> f64 {
+    // Rust's f32 Display prints the shortest round-trip digits.
+    x.to_string().parse().unwrap_or(x as f64)
+}
+
 struct GgufSource<'a> {
     file: &'a mut GgufFile,
     cfg: DecoderConfig,
@@ -381,7 +406,7 @@ pub fn load_gguf(
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
 
     #[test]
@@ -497,7 +522,20 @@ mod tests {
 
     /// The fixture rewritten with `extra` metadata added (every tensor kept).
     fn with_metadata(dir: &Path, extra: &[(&str, Value)]) -> std::path::PathBuf {
-        let mut reader = std::io::BufReader::new(std::fs::File::open(tiny()).unwrap());
+        let path = dir.join("extra.gguf");
+        rewritten(&tiny(), &path, |_| true, extra);
+        path
+    }
+
+    /// The GGUF file `src` written to `out` with only the metadata keys `keep` accepts, plus
+    /// `extra`, and every tensor as stored.
+    pub(crate) fn rewritten(
+        src: &Path,
+        out: &Path,
+        keep: impl Fn(&str) -> bool,
+        extra: &[(&str, Value)],
+    ) {
+        let mut reader = std::io::BufReader::new(std::fs::File::open(src).unwrap());
         let content = Content::read(&mut reader).unwrap();
         let mut names: Vec<&String> = content.tensor_infos.keys().collect();
         names.sort();
@@ -513,15 +551,24 @@ mod tests {
         let mut meta: Vec<(&str, &Value)> = content
             .metadata
             .iter()
+            .filter(|(k, _)| keep(k))
             .map(|(k, v)| (k.as_str(), v))
             .collect();
+        meta.sort_by_key(|(k, _)| *k);
         meta.extend(extra.iter().map(|(k, v)| (*k, v)));
-        let path = dir.join("extra.gguf");
-        let mut f = std::fs::File::create(&path).unwrap();
+        let mut f = std::fs::File::create(out).unwrap();
         let t: Vec<(&str, &candle_core::quantized::QTensor)> =
             tensors.iter().map(|(n, t)| (n.as_str(), t)).collect();
         candle_core::quantized::gguf_file::write(&mut f, &meta, &t).unwrap();
-        path
+    }
+
+    #[test]
+    fn f32_metadata_reads_back_as_the_config_decimal() {
+        for x in [1e-5, 1e-6, 1.05, 10_000.0, 500_000.0, 0.1] {
+            assert_eq!(f32_decimal(x as f32), x);
+        }
+        // A value with more digits than f32 holds comes back as the f32's own shortest decimal.
+        assert_eq!(f32_decimal((0.1f64 / 3.0) as f32), 0.033333335);
     }
 
     #[test]

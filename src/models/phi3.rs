@@ -8,7 +8,8 @@ use anyhow::Result;
 use candle_core::{DType, Tensor};
 use serde_json::{Map, Value};
 
-use super::family::{FamilyModel, FamilyShape, LayerDump, NamedTensors};
+use super::family::{FamilyModel, FamilyShape, GgufValues, LayerDump, NamedTensors};
+use super::gguf::{f32_decimal, GgufFile};
 use super::family_common::{
     attention_out, check_layer, embed_ids, linear_rows, linear_weight, ConfigFields,
 };
@@ -383,6 +384,90 @@ impl FamilyModel for Phi3 {
             sidecar,
         })
     }
+}
+
+/// A Phi-3 GGUF as llama.cpp's converter writes it (docs/reference.md §7.7.3 "GGUF"): the
+/// config.json it describes, from the `phi3.*` metadata and the rope factor tensors, and its
+/// tensors under Hugging Face names. The loader then runs as on safetensors.
+pub fn from_gguf(mut file: GgufFile, device: &candle_core::Device) -> Result<(Value, NamedTensors)> {
+    let key = |k: &str| format!("phi3.{k}");
+    let hidden = file.req(&key("embedding_length"))?;
+    let heads = file.req(&key("attention.head_count"))?;
+    let head_dim = hidden / heads.max(1);
+    let rope_dims = file
+        .meta_usize(&key("rope.dimension_count"))?
+        .unwrap_or(head_dim);
+    let vocab = file.tensor_dims("token_embd.weight").map(|d| d[0]).ok_or_else(|| {
+        usage!("GGUF {}: tensor token_embd.weight is missing", file.path())
+    })?;
+    let mut rope = serde_json::json!({
+        "rope_theta": file.meta_decimal(&key("rope.freq_base"))?.unwrap_or(10_000.0),
+        "partial_rotary_factor": rope_dims as f64 / head_dim as f64,
+        "rope_type": "default",
+    });
+    if file.has_tensor("rope_factors_long.weight") {
+        let factors = |file: &mut GgufFile, name: &str| -> Result<Vec<f64>> {
+            // Stored as f32: the config's decimals recovered (`f32_decimal`).
+            let t = file.dequantized(name)?.flatten_all()?;
+            Ok(t.to_vec1::<f32>()?.into_iter().map(f32_decimal).collect())
+        };
+        rope["rope_type"] = "longrope".into();
+        rope["long_factor"] = factors(&mut file, "rope_factors_long.weight")?.into();
+        rope["short_factor"] = factors(&mut file, "rope_factors_short.weight")?.into();
+        rope["original_max_position_embeddings"] =
+            file.req(&key("rope.scaling.original_context_length"))?.into();
+        // The converter stores the longrope attention factor √(1 + ln f/ln N₀) in f32; the
+        // formula's f64 value is used when the stored one is that value rounded (so the GGUF and
+        // safetensors routes give the same bits), the stored one otherwise (a custom factor).
+        if let Some(a) = file.meta_f64(&key("rope.scaling.attn_factor"))? {
+            let n0 = rope["original_max_position_embeddings"].as_f64().unwrap_or(1.0);
+            let f = file.req(&key("context_length"))? as f64 / n0;
+            let formula = if f > 1.0 { (1.0 + f.ln() / n0.ln()).sqrt() } else { 1.0 };
+            if (a - formula).abs() > 1e-6 * formula {
+                rope["attention_factor"] = a.into();
+            }
+        }
+    }
+    let config = serde_json::json!({
+        "model_type": "phi3",
+        "hidden_size": hidden,
+        "num_attention_heads": heads,
+        "num_key_value_heads": file.meta_usize(&key("attention.head_count_kv"))?.unwrap_or(heads),
+        "num_hidden_layers": file.req(&key("block_count"))?,
+        "intermediate_size": file.req(&key("feed_forward_length"))?,
+        "rms_norm_eps": file.meta_decimal(&key("attention.layer_norm_rms_epsilon"))?.unwrap_or(1e-5),
+        "vocab_size": vocab,
+        "max_position_embeddings": file.req(&key("context_length"))?,
+        // The converter writes 0 for "no window" (its mark of Phi-4).
+        "sliding_window": file.meta_usize(&key("attention.sliding_window"))?.filter(|&w| w > 0),
+        "tie_word_embeddings": !file.has_tensor("output.weight"),
+        "rope_parameters": rope,
+    });
+    Ok((config, NamedTensors::from_gguf(file, Box::new(gguf_name), device)))
+}
+
+/// llama.cpp's name of a phi3 tensor (its tensor map for `MODEL_ARCH.PHI3`).
+fn gguf_name(hf: &str) -> Option<(String, GgufValues)> {
+    let same = |g: String| Some((g, GgufValues::Same));
+    match hf {
+        "model.embed_tokens.weight" => return same("token_embd.weight".into()),
+        "model.norm.weight" => return same("output_norm.weight".into()),
+        "lm_head.weight" => return same("output.weight".into()),
+        _ => {}
+    }
+    let rest = hf.strip_prefix("model.layers.")?;
+    let (layer, rest) = rest.split_once('.')?;
+    let (stem, suffix) = rest.rsplit_once('.')?;
+    let g = match stem {
+        "input_layernorm" => "attn_norm",
+        "post_attention_layernorm" => "ffn_norm",
+        "self_attn.qkv_proj" => "attn_qkv",
+        "self_attn.o_proj" => "attn_output",
+        "mlp.gate_up_proj" => "ffn_up",
+        "mlp.down_proj" => "ffn_down",
+        _ => return None,
+    };
+    same(format!("blk.{layer}.{g}.{suffix}"))
 }
 
 #[cfg(test)]

@@ -67,3 +67,54 @@ fn longrope_reads_the_long_factors_past_n0_and_scales_cos_and_sin() {
     let base = 1.0 / 10_000f64.powf(10.0 / 12.0);
     assert!((short[5] - base / 3.0).abs() < 1e-18 && (long[5] - base / 24.0).abs() < 1e-18);
 }
+
+/// The GGUF route (fixtures/families/*/model.gguf, written by tests/reference/generate_family_gguf.py
+/// as llama.cpp's converter lays a Phi-3 out, F32 tensors) reads the same model as the
+/// safetensors route: the same spec and sidecar, and bit-identical Q, K, V in f64, at n on both
+/// sides of longrope's switch (GGUF's f32 metadata and rope factors read back as the config's
+/// decimals, `gguf::f32_decimal`).
+#[test]
+fn the_gguf_route_reads_the_same_model_as_safetensors() {
+    use crate::models::family::NamedTensors;
+    let dev = candle_core::Device::Cpu;
+    for (name, lengths) in [("phi3", &[40usize][..]), ("phi3-longrope", &[20, 40][..])] {
+        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("fixtures/families")
+            .join(name);
+        let mut st = NamedTensors::open_file(&dir.join("model.safetensors"), &dev).unwrap();
+        let file = GgufFile::open(&dir.join("model.gguf")).unwrap();
+        let (config, mut gg) = from_gguf(file, &dev).unwrap();
+        let layer = 2;
+        let a = load(&fixture_config(name), &mut st, layer).unwrap();
+        let b = load(&config, &mut gg, layer).unwrap();
+        assert_eq!(a.shape(), b.shape(), "{name}");
+        for &n in lengths {
+            let ids: Vec<u32> = (0..n as u32).map(|i| (i * 29 + 3) % 128).collect();
+            let (da, db) = (a.layer_dump(&ids, DType::F64).unwrap(), b.layer_dump(&ids, DType::F64).unwrap());
+            assert_eq!(da.spec, db.spec, "{name}");
+            assert_eq!(da.sidecar, db.sidecar, "{name} n = {n}");
+            for (x, y) in [(&da.q, &db.q), (&da.k, &db.k), (&da.v, &db.v)] {
+                let diff = (x - y).unwrap().abs().unwrap().max_all().unwrap();
+                assert_eq!(diff.to_scalar::<f64>().unwrap(), 0.0, "{name} n = {n}");
+            }
+        }
+    }
+}
+
+#[test]
+fn a_phi3_gguf_without_a_required_key_names_it() {
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures/families/phi3");
+    let tmp = tempfile::tempdir().unwrap();
+    let path = tmp.path().join("bad.gguf");
+    crate::models::gguf::tests::rewritten(
+        &dir.join("model.gguf"),
+        &path,
+        |k| k != "phi3.attention.head_count",
+        &[],
+    );
+    let e = from_gguf(GgufFile::open(&path).unwrap(), &candle_core::Device::Cpu)
+        .err()
+        .unwrap();
+    assert!(e.downcast_ref::<crate::UsageError>().is_some(), "{e:#}");
+    assert!(format!("{e:#}").contains("phi3.attention.head_count"), "{e:#}");
+}
