@@ -111,7 +111,7 @@ impl GemmaConfig {
             return Err(f.missing("sliding_window"));
         }
         let (rope_global, rope_local) = ropes(&f, variant)?;
-        Ok(Self {
+        let cfg = Self {
             variant,
             hidden: sizes[0],
             heads,
@@ -128,7 +128,18 @@ impl GemmaConfig {
             layer_types,
             rope_global,
             rope_local,
-        })
+        };
+        // A cap of 0 or a negative one ("attn_logit_softcapping") is no attention.
+        for l in 0..layers {
+            cfg.spec(l).validate(
+                heads,
+                &format!(
+                    "{} (attn_logit_softcapping, sliding_window) layer {l}",
+                    f.what
+                ),
+            )?;
+        }
+        Ok(cfg)
     }
 
     fn spec(&self, l: usize) -> AttentionSpec {

@@ -58,6 +58,11 @@ fn bad_gemma_configs_are_usage_errors_naming_the_field() {
         });
         assert!(e.contains(field) && e.contains("missing"), "{field}: {e}");
     }
+    let e = config_error(g2.clone(), |v| v["attn_logit_softcapping"] = 0.0.into());
+    assert!(
+        e.contains("attn_logit_softcapping") && e.contains("soft-cap is 0"),
+        "{e}"
+    );
     let e = config_error(g2, |v| {
         v["layer_types"] = serde_json::json!(["full_attention"])
     });
