@@ -207,3 +207,48 @@ fn a_sweep_of_a_family_is_refused_for_now_and_bad_configs_name_their_field() {
         assert!(e.contains(field) && !e.contains("panicked"), "{field}: {e}");
     }
 }
+
+/// A sharded checkpoint of a family: the embeddings and layers 0..=2 in one shard, layer 3 and the
+/// final norm in another that is not there. `dump-qkv --layer 2` reads only the first and matches
+/// transformers; `--layer 3` names the missing shard.
+#[test]
+fn a_sharded_family_checkpoint_reads_only_the_shards_of_layers_0_to_l() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (dir, corpus, _) = family_dir(tmp.path(), "gemma2");
+    let all = candle_core::safetensors::load(dir.join("model.safetensors"), &Device::Cpu).unwrap();
+    std::fs::remove_file(dir.join("model.safetensors")).unwrap();
+    let (shard1, shard2) = (
+        "model-00001-of-00002.safetensors",
+        "model-00002-of-00002.safetensors",
+    );
+    let mut first = std::collections::HashMap::new();
+    let mut map = serde_json::Map::new();
+    for (name, t) in all {
+        let late = name.starts_with("model.layers.3.") || name == "model.norm.weight";
+        map.insert(
+            name.clone(),
+            Value::from(if late { shard2 } else { shard1 }),
+        );
+        if !late {
+            first.insert(name, t);
+        }
+    }
+    candle_core::safetensors::save(&first, dir.join(shard1)).unwrap();
+    let index = serde_json::json!({"metadata": {}, "weight_map": map});
+    std::fs::write(dir.join("model.safetensors.index.json"), index.to_string()).unwrap();
+    let out = tmp.path().join("d.safetensors");
+    let (t, side, _) = dump(&dir, &corpus, &out, "--layer 2");
+    assert_eq!(side["window"], 16, "{side}");
+    let want = expected("gemma2", "expected.safetensors");
+    for x in ["q", "k", "v"] {
+        let e = rel(&t[x], &want[&format!("layer2.{x}")]);
+        assert!(e <= 1e-4, "{x} off by {e:e}");
+    }
+    let o = decoder_cli(
+        &dir,
+        &corpus,
+        &format!("dump-qkv --length 40 --layer 3 --out {}", out.display()),
+    );
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    assert!(stderr(&o).contains(shard2), "{}", stderr(&o));
+}

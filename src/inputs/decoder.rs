@@ -463,4 +463,19 @@ mod tests {
             "{e}"
         );
     }
+
+    #[test]
+    fn a_multimodal_gemma3_index_needs_only_its_language_models_early_shards() {
+        let tmp = tempfile::tempdir().unwrap();
+        let index = tmp.path().join("model.safetensors.index.json");
+        let map = serde_json::json!({"weight_map": {
+            "language_model.model.embed_tokens.weight": "a",
+            "language_model.model.layers.1.self_attn.q_proj.weight": "b",
+            "language_model.model.layers.2.self_attn.q_proj.weight": "c",
+            "model.language_model.layers.0.mlp.up_proj.weight": "d",
+            "vision_tower.vision_model.encoder.layers.0.mlp.fc1.weight": "e"
+        }});
+        std::fs::write(&index, map.to_string()).unwrap();
+        assert_eq!(models::shards_needed(&index, 1).unwrap(), ["a", "b", "d"]);
+    }
 }
