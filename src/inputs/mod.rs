@@ -112,10 +112,7 @@ impl Prepared {
     /// target do not read a layer's own spec (its scale, cap, window, sinks) yet.
     pub fn refuse_family(&self) -> Result<()> {
         match &self.model {
-            Model::Family { model } => Err(crate::usage!(
-                "measuring {} layers in a sweep needs the attention spec in the methods (issue 45); use dump-qkv",
-                model.model_type()
-            )),
+            Model::Family { model } => Err(family_refusal(model.as_ref())),
             _ => Ok(()),
         }
     }
@@ -161,7 +158,7 @@ impl Prepared {
             Model::Decoder { config, weights } => {
                 models::window_qkv(weights, config, &ids, inputs.candle_dtype())
             }
-            Model::Family { .. } => Err(self.refuse_family().unwrap_err()),
+            Model::Family { model } => Err(family_refusal(model.as_ref())),
         };
         let (q, k, v) = match &self.qkv_cache {
             Some(cache) => cache.get_or_compute(n, window, &self.device, compute)?,
@@ -192,6 +189,14 @@ impl Prepared {
         )?;
         Ok(Some(dump))
     }
+}
+
+/// Why a family's layer is not measured by Q, K, V alone (see [`Prepared::refuse_family`]).
+fn family_refusal(model: &dyn models::family::FamilyModel) -> anyhow::Error {
+    crate::usage!(
+        "measuring {} layers in a sweep needs the attention spec in the methods (issue 45); use dump-qkv",
+        model.model_type()
+    )
 }
 
 /// The weights were checked finite when loaded: a NaN or ∞ in a forward's output comes from the
