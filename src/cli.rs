@@ -216,9 +216,10 @@ pub struct InputArgs {
     /// `word-pos` is the recommendation of docs/reference.md §1.4 (positions modulo the table).
     #[arg(long, value_parser = ChoiceParser::<EmbeddingPolicy>::new(), default_value = "word-pos-first")]
     pub embedding: EmbeddingPolicy,
-    /// Encoder layer whose Q/K/V are measured (earlier layers run exactly over the window).
-    #[arg(long, default_value_t = 0)]
-    pub layer: usize,
+    /// Layer whose Q/K/V are measured (earlier layers run exactly over the window) [default: 0;
+    /// dump-qkv of a family with sliding layers (gemma2, gemma3): its first full-attention layer].
+    #[arg(long)]
+    pub layer: Option<usize>,
     /// Raw text corpus file (e.g. wiki.test.raw) or a parquet file with a `text` column, instead of the hub dataset.
     #[arg(long)]
     pub corpus: Option<PathBuf>,
@@ -430,7 +431,7 @@ impl InputArgs {
             embedding_dropout: self.embedding_dropout,
             embeddings_from: self.embeddings_from,
             embedding: self.embedding,
-            layer: self.layer,
+            layer: self.layer.unwrap_or(0),
             corpus: self.corpus.clone(),
             split: self.split.clone(),
             device: self.device.clone(),

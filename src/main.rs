@@ -107,7 +107,10 @@ fn run(cli: Cli) -> anyhow::Result<i32> {
             Ok(0)
         }
         Some(Command::DumpQkv(a)) => {
-            let inputs = InputConfig::new(&a.inputs.options())?;
+            let mut inputs = InputConfig::new(&a.inputs.options())?;
+            if a.inputs.layer.is_none() {
+                inputs.layer = approx_bench::inputs::decoder::default_dump_layer(&inputs)?;
+            }
             approx_bench::inputs::dump::dump_qkv(
                 &inputs,
                 &a.inputs.qkv_cache(),

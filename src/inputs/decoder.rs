@@ -65,6 +65,17 @@ fn single_gguf(dir: &Path) -> Result<Option<PathBuf>> {
     }
 }
 
+/// The §7.7 family (docs/reference.md §7.7) a config.json text names, if any.
+fn family_of(text: &str) -> Option<&'static models::family::FamilyEntry> {
+    let v: serde_json::Value = serde_json::from_str(text).ok()?;
+    models::family::family_entry(v.get("model_type")?.as_str()?)
+}
+
+/// Whether a config.json text names a decoder: a Llama-style family or a §7.7 one.
+fn names_decoder(text: &str) -> bool {
+    models::decoder_family(text).is_some() || family_of(text).is_some()
+}
+
 /// A config.json's `model_type` that is neither BERT nor a decoder family: a usage error naming
 /// it and what is supported (instead of a BERT parse error about missing fields).
 fn check_model_type(text: &str, file: &Path) -> Result<()> {
@@ -73,11 +84,18 @@ fn check_model_type(text: &str, file: &Path) -> Result<()> {
         Err(_) => return Ok(()), // the loader reports a malformed config with its own error
     };
     match v.get("model_type").and_then(|t| t.as_str()) {
-        Some(t) if t != "bert" && models::decoder_family(text).is_none() => Err(usage!(
-            "config {}: model_type {t} is not supported; encoders: bert; decoders: {}",
-            file.display(),
-            models::SUPPORTED_FAMILIES
-        )),
+        Some(t) if t != "bert" && !names_decoder(text) => {
+            let families: Vec<&str> = models::family::FAMILIES
+                .iter()
+                .flat_map(|f| f.model_types.iter().copied())
+                .collect();
+            Err(usage!(
+                "config {}: model_type {t} is not supported; encoders: bert; decoders: {}, {}",
+                file.display(),
+                models::SUPPORTED_FAMILIES,
+                families.join(", ")
+            ))
+        }
         _ => Ok(()),
     }
 }
@@ -118,9 +136,7 @@ pub fn resolve(
             if let Some(t) = &text {
                 check_model_type(t, &config)?;
             }
-            let is_decoder = text
-                .map(|t| models::decoder_family(&t).is_some())
-                .unwrap_or(false);
+            let is_decoder = text.map(|t| names_decoder(&t)).unwrap_or(false);
             // A decoder: its config.json names a decoder family, or it holds a GGUF and no config.
             let gguf_only = gguf.is_some() && !config.is_file();
             if !is_decoder && !gguf_only {
@@ -173,7 +189,7 @@ pub fn resolve(
             let config = hub.file(&repo, "config.json")?;
             let text = read(&config).unwrap_or_default();
             check_model_type(&text, &config)?;
-            if models::decoder_family(&text).is_none() {
+            if !names_decoder(&text) {
                 return Ok(None);
             }
             let tokenizer = hub.file(&repo, "tokenizer.json")?;
@@ -269,6 +285,92 @@ pub fn load(
     Ok((cfg, weights))
 }
 
+/// A §7.7 family model (docs/reference.md §7.7) loaded through layer L from its safetensors
+/// (one file, or only the shards of layers 0..=L), when config.json names a family; None for
+/// anything else (the Llama-style path).
+pub fn load_family(
+    files: &DecoderFiles,
+    inputs: &InputConfig,
+    depth: models::Depth,
+    device: &candle_core::Device,
+) -> Result<Option<Box<dyn models::family::FamilyModel>>> {
+    let Some(text) = read(&files.config).filter(|_| !is_gguf(&files.config)) else {
+        return Ok(None);
+    };
+    let Some(entry) = family_of(&text) else {
+        return Ok(None);
+    };
+    let config: serde_json::Value = serde_json::from_str(&text)
+        .map_err(|e| usage!("config {}: not valid JSON ({e})", files.config.display()))?;
+    let model_type = config["model_type"].as_str().unwrap_or_default();
+    let models::Depth::Through(layer) = depth else {
+        return Err(usage!(
+            "an end-to-end run of a {model_type} model is not supported yet (docs/reference.md §7.7, issue 45); e2e reads {}",
+            models::SUPPORTED_FAMILIES
+        ));
+    };
+    if inputs.embeddings_from != inputs.model {
+        return Err(usage!(
+            "--embeddings-from applies to BERT only; a decoder's embeddings come with its weights"
+        ));
+    }
+    let (path, shards) = match &files.weights {
+        Some(Weights::Safetensors { path, shards }) => (path, shards),
+        Some(Weights::Gguf(g)) => {
+            return Err(usage!(
+                "{}: a {model_type} GGUF is not read yet (docs/reference.md §7.7 lists what it needs); use the safetensors checkpoint",
+                g.display()
+            ))
+        }
+        None => {
+            return Err(usage!(
+                "--model initialized: a {model_type} model is read from its pretrained weights only; use --model pretrained with its model.safetensors"
+            ))
+        }
+    };
+    let mut weights =
+        models::family::NamedTensors::open(shards, &path.display().to_string(), device)?;
+    Ok(Some((entry.load)(&config, &mut weights, layer)?))
+}
+
+/// `--layer`'s default where none is given.
+const DEFAULT_LAYER: usize = 0;
+
+/// The layer `dump-qkv` measures when `--layer` is not given: [`DEFAULT_LAYER`], except for a §7.7
+/// family with sliding layers, where it is a global (full-attention) layer (docs/reference.md
+/// §7.7.6 [REC]): the model is loaded through layer 0 on the host to read every layer's spec.
+pub fn default_dump_layer(inputs: &InputConfig) -> Result<usize> {
+    let depth = models::Depth::Through(DEFAULT_LAYER);
+    let device = candle_core::Device::Cpu;
+    let Some(files) = resolve(&inputs.source(), inputs, depth, super::hub::Hub::from_env)? else {
+        return Ok(DEFAULT_LAYER);
+    };
+    let Some(model) = load_family(&files, inputs, depth, &device)? else {
+        return Ok(DEFAULT_LAYER);
+    };
+    let layer = default_family_layer(model.as_ref(), DEFAULT_LAYER);
+    if layer != DEFAULT_LAYER {
+        eprintln!(
+            "dump-qkv: no --layer given; layer {layer}, the first full-attention layer of this {} model (layer {DEFAULT_LAYER} slides)",
+            model.model_type()
+        );
+    }
+    Ok(layer)
+}
+
+/// The last full-attention layer ≤ `rule` (the default rule's layer); when none is (the rule
+/// gives 0, and gemma2/gemma3's layer 0 slides), the first full-attention layer above it; when
+/// the model has none (phi3's window on every layer), `rule` itself.
+fn default_family_layer(model: &dyn models::family::FamilyModel, rule: usize) -> usize {
+    let layers = model.shape().layers;
+    let full = |l: &usize| model.attention_spec(*l).window.is_none();
+    (0..=rule.min(layers - 1))
+        .rev()
+        .find(full)
+        .or_else(|| (rule..layers).find(full))
+        .unwrap_or(rule)
+}
+
 fn check_layer(cfg: &DecoderConfig, layer: usize) -> Result<()> {
     if layer >= cfg.num_hidden_layers {
         return Err(usage!(
@@ -286,15 +388,13 @@ pub fn is_decoder(source: &ModelSource, hub: impl Fn() -> Result<Hub>) -> Result
     Ok(match source {
         ModelSource::Dir(p) if p.is_file() => is_gguf(p),
         ModelSource::Dir(d) => match read(&d.join("config.json")) {
-            Some(t) => models::decoder_family(&t).is_some(),
+            Some(t) => names_decoder(&t),
             None => d.is_dir() && single_gguf(d)?.is_some(),
         },
         ModelSource::Hub { id, revision } => {
             let repo = Repo::with_revision(id.clone(), RepoType::Model, revision.clone());
             let config = hub()?.file(&repo, "config.json")?;
-            read(&config)
-                .and_then(|t| models::decoder_family(&t))
-                .is_some()
+            read(&config).is_some_and(|t| names_decoder(&t))
         }
     })
 }
@@ -306,4 +406,76 @@ pub fn native_mask(inputs: &InputConfig) -> Result<crate::attention::Mask> {
     } else {
         crate::attention::Mask::None
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn fixture_model(name: &str, layer: usize) -> Box<dyn models::family::FamilyModel> {
+        let dir = Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("fixtures/families")
+            .join(name);
+        let text = std::fs::read_to_string(dir.join("config.json")).unwrap();
+        let entry = family_of(&text).unwrap();
+        let dev = candle_core::Device::Cpu;
+        let mut w =
+            models::family::NamedTensors::open_file(&dir.join("model.safetensors"), &dev).unwrap();
+        (entry.load)(&serde_json::from_str(&text).unwrap(), &mut w, layer).unwrap()
+    }
+
+    #[test]
+    fn a_familys_default_layer_is_a_global_one() {
+        // gemma2 alternates (0 slides, 1 is global), gemma3 has 5 local : 1 global.
+        assert_eq!(
+            default_family_layer(fixture_model("gemma2", 0).as_ref(), 0),
+            1
+        );
+        assert_eq!(
+            default_family_layer(fixture_model("gemma3", 0).as_ref(), 0),
+            5
+        );
+        // The last global layer at or below the rule's layer.
+        assert_eq!(
+            default_family_layer(fixture_model("gemma2", 0).as_ref(), 2),
+            1
+        );
+        // phi3 has a window on every layer: the rule's layer stays.
+        assert_eq!(
+            default_family_layer(fixture_model("phi3", 0).as_ref(), 0),
+            0
+        );
+        // phi3-longrope has none: layer 0 is global.
+        assert_eq!(
+            default_family_layer(fixture_model("phi3-longrope", 0).as_ref(), 0),
+            0
+        );
+    }
+
+    #[test]
+    fn family_model_types_are_decoders_and_others_are_refused_naming_them() {
+        assert!(names_decoder(r#"{"model_type": "gemma3_text"}"#));
+        assert!(names_decoder(r#"{"model_type": "phi3"}"#));
+        let e = check_model_type(r#"{"model_type": "mamba"}"#, Path::new("c.json")).unwrap_err();
+        let e = format!("{e:#}");
+        assert!(
+            e.contains("mamba") && e.contains("gemma2") && e.contains("phi3"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn a_multimodal_gemma3_index_needs_only_its_language_models_early_shards() {
+        let tmp = tempfile::tempdir().unwrap();
+        let index = tmp.path().join("model.safetensors.index.json");
+        let map = serde_json::json!({"weight_map": {
+            "language_model.model.embed_tokens.weight": "a",
+            "language_model.model.layers.1.self_attn.q_proj.weight": "b",
+            "language_model.model.layers.2.self_attn.q_proj.weight": "c",
+            "model.language_model.layers.0.mlp.up_proj.weight": "d",
+            "vision_tower.vision_model.encoder.layers.0.mlp.fc1.weight": "e"
+        }});
+        std::fs::write(&index, map.to_string()).unwrap();
+        assert_eq!(models::shards_needed(&index, 1).unwrap(), ["a", "b", "d"]);
+    }
 }

@@ -32,6 +32,12 @@ pub enum Model {
         config: models::DecoderConfig,
         weights: models::DecoderWeights,
     },
+    /// A decoder of a §7.7 family (gemma2/3, phi3, …; docs/reference.md §7.7), loaded through
+    /// layer L: its layer L has its own attention spec (scale, cap, window, sinks), which
+    /// `dump-qkv` writes and the sweep's methods do not read yet.
+    Family {
+        model: Box<dyn models::family::FamilyModel>,
+    },
 }
 
 /// Everything a sweep or a dump needs, resolved and loaded once.
@@ -53,6 +59,7 @@ impl Prepared {
         match &self.model {
             Model::Bert { config, .. } => config.num_attention_heads,
             Model::Decoder { config, .. } => config.num_attention_heads,
+            Model::Family { model } => model.shape().heads,
         }
     }
     /// K/V heads H_kv (= H without grouped-query heads).
@@ -60,12 +67,21 @@ impl Prepared {
         match &self.model {
             Model::Bert { config, .. } => config.num_attention_heads,
             Model::Decoder { config, .. } => config.num_key_value_heads,
+            Model::Family { model } => model.shape().kv_heads,
         }
     }
     pub fn head_dim(&self) -> usize {
         match &self.model {
             Model::Bert { config, .. } => config.hidden_size / config.num_attention_heads,
             Model::Decoder { config, .. } => config.head_dim,
+            Model::Family { model } => model.shape().head_dim,
+        }
+    }
+    /// p_v, the value head dim (≠ p_qk for MLA).
+    pub fn head_dim_v(&self) -> usize {
+        match &self.model {
+            Model::Family { model } => model.shape().head_dim_v,
+            _ => self.head_dim(),
         }
     }
     /// The model's layer count L.
@@ -73,6 +89,7 @@ impl Prepared {
         match &self.model {
             Model::Bert { config, .. } => config.num_hidden_layers,
             Model::Decoder { config, .. } => config.num_hidden_layers,
+            Model::Family { model } => model.shape().layers,
         }
     }
     /// The positions the model was trained on.
@@ -80,13 +97,23 @@ impl Prepared {
         match &self.model {
             Model::Bert { config, .. } => config.max_position_embeddings,
             Model::Decoder { config, .. } => config.max_position_embeddings,
+            Model::Family { model } => model.shape().max_position_embeddings,
         }
     }
     /// The mask of the model's own attention: causal for decoders, none for BERT (§7.2).
     pub fn native_mask(&self) -> crate::attention::Mask {
         match &self.model {
             Model::Bert { .. } => crate::attention::Mask::None,
-            Model::Decoder { .. } => crate::attention::Mask::Causal,
+            Model::Decoder { .. } | Model::Family { .. } => crate::attention::Mask::Causal,
+        }
+    }
+
+    /// Refuses a §7.7 family where only Q, K and V would be measured: the sweep's methods and
+    /// target do not read a layer's own spec (its scale, cap, window, sinks) yet.
+    pub fn refuse_family(&self) -> Result<()> {
+        match &self.model {
+            Model::Family { model } => Err(family_refusal(model.as_ref())),
+            _ => Ok(()),
         }
     }
 
@@ -97,7 +124,9 @@ impl Prepared {
         inputs: &InputConfig,
     ) -> Result<()> {
         let decoder = matches!(self.model, Model::Decoder { .. });
-        self.qkv_cache = match setting.resolve(decoder) {
+        // A family's dump is more than Q, K, V (its spec, sinks, MLA's latent): not cached.
+        let family = matches!(self.model, Model::Family { .. });
+        self.qkv_cache = match setting.resolve(decoder).filter(|_| !family) {
             Some(dir) => Some(qkv_cache::QkvCache::open(&dir, inputs, &self.files)?),
             None => None,
         };
@@ -129,24 +158,65 @@ impl Prepared {
             Model::Decoder { config, weights } => {
                 models::window_qkv(weights, config, &ids, inputs.candle_dtype())
             }
+            Model::Family { model } => Err(family_refusal(model.as_ref())),
         };
         let (q, k, v) = match &self.qkv_cache {
             Some(cache) => cache.get_or_compute(n, window, &self.device, compute)?,
             None => compute()?,
         };
-        // The weights were checked finite when loaded: a NaN or ∞ here comes from the forward
-        // itself (an overflow), and is named here rather than blamed on the device later.
-        for (name, t) in [("Q", &q), ("K", &k), ("V", &v)] {
-            if let Some((at, value)) = crate::tensor_util::first_non_finite(t)? {
-                return Err(crate::usage!(
-                    "layer {}'s {name} of window {window} at n = {n} holds {value} at [head, position, dim] = {at:?}, although every weight is finite: the forward overflowed in {:?}; try --dtype f64, or check the model's weights and config",
-                    inputs.layer,
-                    inputs.candle_dtype()
-                ));
-            }
-        }
+        check_finite_forward(inputs, n, window, &[("Q", &q), ("K", &k), ("V", &v)])?;
         Ok((q, k, v))
     }
+
+    /// A §7.7 family's layer-L dump (Q, K, V, the layer's spec, its extra tensors and sidecar
+    /// fields) of window `window` of length `n`, in the run's dtype; None for other models.
+    pub fn family_dump(
+        &self,
+        inputs: &InputConfig,
+        n: usize,
+        window: usize,
+    ) -> Result<Option<models::family::LayerDump>> {
+        let Model::Family { model } = &self.model else {
+            return Ok(None);
+        };
+        let ids = self.corpus.window(n, window)?;
+        let dump = model.layer_dump(&ids, inputs.candle_dtype())?;
+        check_finite_forward(
+            inputs,
+            n,
+            window,
+            &[("Q", &dump.q), ("K", &dump.k), ("V", &dump.v)],
+        )?;
+        Ok(Some(dump))
+    }
+}
+
+/// Why a family's layer is not measured by Q, K, V alone (see [`Prepared::refuse_family`]).
+fn family_refusal(model: &dyn models::family::FamilyModel) -> anyhow::Error {
+    crate::usage!(
+        "measuring {} layers in a sweep needs the attention spec in the methods (issue 45); use dump-qkv",
+        model.model_type()
+    )
+}
+
+/// The weights were checked finite when loaded: a NaN or ∞ in a forward's output comes from the
+/// forward itself (an overflow), and is named here rather than blamed on the device later.
+fn check_finite_forward(
+    inputs: &InputConfig,
+    n: usize,
+    window: usize,
+    tensors: &[(&str, &candle_core::Tensor)],
+) -> Result<()> {
+    for (name, t) in tensors {
+        if let Some((at, value)) = crate::tensor_util::first_non_finite(t)? {
+            return Err(crate::usage!(
+                "layer {}'s {name} of window {window} at n = {n} holds {value} at [head, position, dim] = {at:?}, although every weight is finite: the forward overflowed in {:?}; try --dtype f64, or check the model's weights and config",
+                inputs.layer,
+                inputs.candle_dtype()
+            ));
+        }
+    }
+    Ok(())
 }
 
 /// Resolves files (hub cache or local), reads config and tokenizer, tokenizes the corpus and
@@ -180,12 +250,23 @@ pub fn prepare_depth(
         })
     };
     if let Some(files) = decoder::resolve(&source, inputs, depth, hub::Hub::from_env)? {
-        let (config, weights) = decoder::load(&files, inputs, depth, &device)?;
+        let model = match decoder::load_family(&files, inputs, depth, &device)? {
+            Some(model) => Model::Family { model },
+            None => {
+                let (config, weights) = decoder::load(&files, inputs, depth, &device)?;
+                Model::Decoder { config, weights }
+            }
+        };
+        let vocab_size = match &model {
+            Model::Decoder { config, .. } => config.vocab_size,
+            Model::Family { model } => model.shape().vocab_size,
+            Model::Bert { .. } => unreachable!("a decoder's files load a decoder"),
+        };
         let tokenizer = corpus::load_tokenizer(&files.tokenizer)?;
         let bos = models::bos_token(&files.tokenizer, files.tokenizer_config.as_deref())?;
         let corpus_path = corpus_path()?;
         let mut corpus =
-            corpus::tokenize_prefix(&corpus_path, &tokenizer, config.vocab_size, need_tokens)?;
+            corpus::tokenize_prefix(&corpus_path, &tokenizer, vocab_size, need_tokens)?;
         corpus.bos = bos;
         let mut list = vec![
             ("config".to_string(), files.config.clone()),
@@ -208,7 +289,7 @@ pub fn prepare_depth(
         }
         list.push(("corpus".to_string(), corpus_path));
         return Ok(Prepared {
-            model: Model::Decoder { config, weights },
+            model,
             corpus,
             device,
             model_id: hub::source_name(&source),

@@ -111,7 +111,7 @@ impl GemmaConfig {
             return Err(f.missing("sliding_window"));
         }
         let (rope_global, rope_local) = ropes(&f, variant)?;
-        Ok(Self {
+        let cfg = Self {
             variant,
             hidden: sizes[0],
             heads,
@@ -128,7 +128,18 @@ impl GemmaConfig {
             layer_types,
             rope_global,
             rope_local,
-        })
+        };
+        // A cap of 0 or a negative one ("attn_logit_softcapping") is no attention.
+        for l in 0..layers {
+            cfg.spec(l).validate(
+                heads,
+                &format!(
+                    "{} (attn_logit_softcapping, sliding_window) layer {l}",
+                    f.what
+                ),
+            )?;
+        }
+        Ok(cfg)
     }
 
     fn spec(&self, l: usize) -> AttentionSpec {
@@ -388,10 +399,14 @@ impl FamilyModel for Gemma {
     fn layer_dump(&self, ids: &[u32], dtype: DType) -> Result<LayerDump> {
         let cfg = &self.cfg;
         let n = ids.len();
-        // X⁰ = embed[ids]·√hidden, the factor rounded to the model's dtype (transformers'
-        // `normalizer = torch.tensor(hidden**0.5, dtype=hidden.dtype)`).
-        let normalizer = match dtype {
-            DType::F64 => (cfg.hidden as f64).sqrt(),
+        // X⁰ = embed[ids]·√hidden, the factor rounded to the model's dtype: gemma2's
+        // `normalizer = torch.tensor(hidden**0.5, dtype=hidden.dtype)`. gemma3 keeps it in a
+        // buffer made by `torch.tensor(hidden**0.5)`, float32 (torch's default dtype) before any
+        // cast, so transformers multiplies by f32(√hidden) even in float64: followed here
+        // (METHODS §7.7.1 says "a tensor of the model's dtype"; the two differ by ≤ 3e-8
+        // relative in f64, and only where √hidden is not an f32 number).
+        let normalizer = match (dtype, cfg.variant) {
+            (DType::F64, Variant::Gemma2) => (cfg.hidden as f64).sqrt(),
             _ => (cfg.hidden as f64).sqrt() as f32 as f64,
         };
         let mut x = (embed_ids(&self.embed, ids, dtype)? * normalizer)?;

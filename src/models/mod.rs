@@ -8,6 +8,9 @@
 //!   layer L (the dump), or the whole model's logits;
 //! - `continuation`: decode mode's forward of the continuation rows only, on the exact run's
 //!   prompt rows of every layer;
+//! - `family`: the §7.7 families' interface (a loader per `model_type`, layer L's dump with its
+//!   attention spec) and the named-tensor reader; `gemma` (gemma2, gemma3) and `phi3` implement
+//!   it, `family_common` holds what they share;
 //! - `tokens`: the BOS policy and the token windows.
 
 pub mod continuation;

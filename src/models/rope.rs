@@ -235,4 +235,35 @@ mod tests {
             assert!((a / b - 1.0).abs() < 1e-15, "{a} {b}");
         }
     }
+
+    #[test]
+    fn partial_rotary_rotates_the_first_d_dims_and_the_factor_scales_cos_and_sin() {
+        let dev = test_device();
+        let (n, p, d, a) = (5, 8, 4, 1.25);
+        let vals: Vec<f64> = (0..n * p).map(|i| (i as f64 * 0.37).sin()).collect();
+        let x = Tensor::from_vec(vals.clone(), (1, n, p), &dev).unwrap();
+        let inv = longrope_inv_freq(100.0, d, &[1.0, 3.0]);
+        assert_eq!(inv, [1.0, 1.0 / (3.0 * 10.0)]);
+        let (c, s) = cos_sin_of(&inv, n, a, DType::F64, &dev).unwrap();
+        let got: Vec<f64> = apply_partial(&x, &c, &s)
+            .unwrap()
+            .flatten_all()
+            .unwrap()
+            .to_vec1()
+            .unwrap();
+        for i in 0..n {
+            let o = i * p;
+            for t in 0..d / 2 {
+                let ang = i as f64 * inv[t];
+                let (x1, x2) = (vals[o + t], vals[o + t + d / 2]);
+                let want1 = a * (x1 * ang.cos() - x2 * ang.sin());
+                let want2 = a * (x2 * ang.cos() + x1 * ang.sin());
+                assert!((got[o + t] - want1).abs() < 1e-14);
+                assert!((got[o + t + d / 2] - want2).abs() < 1e-14);
+            }
+            // The p − d dims past the rotary ones pass unchanged (and unscaled).
+            assert_eq!(got[o + d..o + p], vals[o + d..o + p]);
+        }
+        assert_eq!(default_inv_freq(100.0, d), [1.0, 0.1]);
+    }
 }

@@ -151,13 +151,17 @@ pub(crate) fn build(
 }
 
 /// Whether a tensor name belongs to the embeddings or layers 0..=`layer` (with or without the
-/// `model.` prefix): what a sharded checkpoint must provide for layer L, and nothing else. The
-/// whole model needs every tensor.
+/// `model.` prefix, or a multimodal gemma3's `language_model.model.` / `model.language_model.`):
+/// what a sharded checkpoint must provide for layer L, and nothing else. The whole model needs
+/// every tensor.
 fn needed_for(name: &str, depth: Depth) -> bool {
     let Depth::Through(layer) = depth else {
         return true;
     };
-    let name = name.strip_prefix("model.").unwrap_or(name);
+    let name = ["language_model.model.", "model.language_model.", "model."]
+        .iter()
+        .find_map(|p| name.strip_prefix(p))
+        .unwrap_or(name);
     if name == "embed_tokens.weight" {
         return true;
     }

@@ -134,6 +134,7 @@ pub fn run_with(
     // is every token the run reads, so only that prefix is tokenized.
     let need = cfg.lengths.iter().max().copied().unwrap_or(0) * cfg.windows;
     let mut prepared = inputs::prepare_for(&cfg.inputs, need)?;
+    prepared.refuse_family()?;
     prepared.use_qkv_cache(&opts.qkv_cache, &cfg.inputs)?;
     // Decoders only: BERT's pipeline handles lengths past 512 by its embedding policy (§1.4).
     let decoder = matches!(prepared.model, inputs::Model::Decoder { .. });

@@ -1,0 +1,254 @@
+//! The §7.7 families through the CLI (METHODS.md §7.7, issue 45) on the tiny transformers models
+//! of `fixtures/families`: `dump-qkv` at a sliding and a global layer against transformers'
+//! float64 values, with the layer's spec in the sidecar; the default layer of a family with
+//! sliding layers; the sweep's refusal; bad configs as usage errors naming the field.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+
+use candle_core::{DType, Device, Tensor};
+use common::*;
+use serde_json::Value;
+
+fn family_fixture(name: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("fixtures/families")
+        .join(name)
+}
+
+/// The fixture `name`'s model in a directory of its own, with a word-level tokenizer whose word
+/// `t{i}` is token i (no BOS), and a corpus that tokenizes to the fixture's expected ids.
+fn family_dir(tmp: &Path, name: &str) -> (PathBuf, PathBuf, Vec<u32>) {
+    let dir = tmp.join(name);
+    std::fs::create_dir_all(&dir).unwrap();
+    for f in ["config.json", "model.safetensors"] {
+        std::fs::copy(family_fixture(name).join(f), dir.join(f)).unwrap();
+    }
+    let vocab: serde_json::Map<String, Value> = (0..128)
+        .map(|i| (format!("t{i}"), Value::from(i)))
+        .collect();
+    let tokenizer = serde_json::json!({
+        "version": "1.0", "truncation": null, "padding": null, "added_tokens": [],
+        "normalizer": null, "pre_tokenizer": {"type": "Whitespace"}, "post_processor": null,
+        "decoder": null, "model": {"type": "WordLevel", "vocab": vocab, "unk_token": "t0"}
+    });
+    std::fs::write(dir.join("tokenizer.json"), tokenizer.to_string()).unwrap();
+    let ids = expected(name, "expected.safetensors")["ids"]
+        .to_dtype(DType::I64)
+        .unwrap()
+        .to_vec1::<i64>()
+        .unwrap();
+    let words: Vec<String> = ids.iter().map(|i| format!("t{i}")).collect();
+    let corpus = tmp.join(format!("{name}.txt"));
+    std::fs::write(&corpus, words.join(" ") + "\n").unwrap();
+    (dir, corpus, ids.into_iter().map(|i| i as u32).collect())
+}
+
+fn expected(name: &str, file: &str) -> std::collections::HashMap<String, Tensor> {
+    candle_core::safetensors::load(family_fixture(name).join(file), &Device::Cpu).unwrap()
+}
+
+/// max |a − b| / max |b|.
+fn rel(a: &Tensor, b: &Tensor) -> f64 {
+    assert_eq!(a.dims(), b.dims());
+    let a = a.to_dtype(DType::F64).unwrap();
+    let b = b.to_dtype(DType::F64).unwrap();
+    let num = (a - &b).unwrap().abs().unwrap().max_all().unwrap();
+    let den = b.abs().unwrap().max_all().unwrap();
+    num.to_scalar::<f64>().unwrap() / den.to_scalar::<f64>().unwrap()
+}
+
+/// `dump-qkv` of `dir` over `corpus` with `flags`; the dump's tensors and sidecar.
+fn dump(
+    dir: &Path,
+    corpus: &Path,
+    out: &Path,
+    flags: &str,
+) -> (std::collections::HashMap<String, Tensor>, Value, String) {
+    let o = decoder_cli(
+        dir,
+        corpus,
+        &format!("dump-qkv --length 40 {flags} --out {}", out.display()),
+    );
+    assert!(o.status.success(), "{flags}: {}", stderr(&o));
+    let t = candle_core::safetensors::load(out, &Device::Cpu).unwrap();
+    let side = std::fs::read_to_string(format!("{}.json", out.display())).unwrap();
+    (t, serde_json::from_str(&side).unwrap(), stderr(&o))
+}
+
+fn decoder_cli(model: &Path, corpus: &Path, flags: &str) -> std::process::Output {
+    let mut args: Vec<&str> = flags.split_whitespace().collect();
+    args.extend([
+        "--model-dir",
+        model.to_str().unwrap(),
+        "--corpus",
+        corpus.to_str().unwrap(),
+    ]);
+    run(&args, &[])
+}
+
+#[test]
+fn dump_qkv_of_gemma2_matches_transformers_with_the_layers_spec_in_the_sidecar() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (dir, corpus, ids) = family_dir(tmp.path(), "gemma2");
+    let want = expected("gemma2", "expected.safetensors");
+    let tau = 24f64.powf(-0.5);
+    for (layer, window, layer_type) in [
+        (2, Value::from(16), "sliding_attention"),
+        (3, Value::Null, "full_attention"),
+    ] {
+        let out = tmp.path().join(format!("l{layer}.safetensors"));
+        let (t, side, _) = dump(&dir, &corpus, &out, &format!("--layer {layer}"));
+        assert_eq!(t["token_ids"].to_vec1::<u32>().unwrap(), ids);
+        for x in ["q", "k", "v"] {
+            let e = rel(&t[x], &want[&format!("layer{layer}.{x}")]);
+            assert!(e <= 1e-4, "layer {layer} {x}: off by {e:e}");
+        }
+        assert!(
+            (side["scale"].as_f64().unwrap() - tau).abs() <= 1e-12,
+            "{side}"
+        );
+        assert_eq!(side["softcap"], Value::from(8.0), "{side}");
+        assert_eq!(side["window"], window, "{side}");
+        assert_eq!(side["layer_type"], layer_type, "{side}");
+        assert_eq!(side["head_dim_v"], 16, "{side}");
+        assert_eq!(side["kv_heads"], 2, "{side}");
+        assert_eq!(side["mask"], "causal", "{side}");
+        assert_eq!(side["inputs"]["layer"], layer, "{side}");
+    }
+}
+
+#[test]
+fn a_family_with_sliding_layers_dumps_a_global_layer_by_default() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (dir, corpus, _) = family_dir(tmp.path(), "gemma3");
+    let out = tmp.path().join("d.safetensors");
+    let (t, side, err) = dump(&dir, &corpus, &out, "");
+    // 5 local : 1 global: layer 5 is the first full-attention layer.
+    assert_eq!(side["inputs"]["layer"], 5, "{side}");
+    assert_eq!(side["layer_type"], "full_attention", "{side}");
+    assert!(err.contains("layer 5"), "{err}");
+    let want = expected("gemma3", "expected.safetensors");
+    let e = rel(&t["q"], &want["layer5.q"]);
+    assert!(e <= 1e-4, "q off by {e:e}");
+}
+
+#[test]
+fn longrope_dumps_say_which_factors_they_read() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (dir, corpus, _) = family_dir(tmp.path(), "phi3-longrope");
+    let out = tmp.path().join("d.safetensors");
+    let (t, side, _) = dump(&dir, &corpus, &out, "--layer 2");
+    assert_eq!(side["rope_factors"], "long", "{side}");
+    let want = expected("phi3-longrope", "expected.safetensors");
+    let e = rel(&t["k"], &want["layer2.k"]);
+    assert!(e <= 1e-4, "k off by {e:e}");
+    let o = decoder_cli(
+        &dir,
+        &corpus,
+        &format!("dump-qkv --length 24 --layer 2 --out {}", out.display()),
+    );
+    assert!(o.status.success(), "{}", stderr(&o));
+    let side: Value =
+        serde_json::from_str(&std::fs::read_to_string(format!("{}.json", out.display())).unwrap())
+            .unwrap();
+    assert_eq!(side["rope_factors"], "short", "{side}");
+}
+
+#[test]
+fn a_sweep_of_a_family_is_refused_for_now_and_bad_configs_name_their_field() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (dir, corpus, _) = family_dir(tmp.path(), "gemma2");
+    let o = decoder_cli(
+        &dir,
+        &corpus,
+        &format!(
+            "--lengths 32 --windows 1 --features 8 --methods window --out {} --quiet",
+            tmp.path().join("run").display()
+        ),
+    );
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    assert!(
+        stderr(&o).contains("needs the attention spec"),
+        "{}",
+        stderr(&o)
+    );
+    let config = dir.join("config.json");
+    let original = std::fs::read_to_string(&config).unwrap();
+    let out = tmp.path().join("bad.safetensors");
+    // (text, its replacement, the field the error must name)
+    for (from, to, field) in [
+        (
+            r#""sliding_attention","#,
+            r#""chunked_attention","#,
+            "layer_types",
+        ),
+        (
+            r#""sliding_window": 16"#,
+            r#""sliding_window": 0"#,
+            "sliding_window",
+        ),
+        (
+            r#""query_pre_attn_scalar": 24,"#,
+            "",
+            "query_pre_attn_scalar",
+        ),
+    ] {
+        assert!(original.contains(from), "{from}");
+        std::fs::write(&config, original.replacen(from, to, 1)).unwrap();
+        let o = decoder_cli(
+            &dir,
+            &corpus,
+            &format!("dump-qkv --length 40 --layer 3 --out {}", out.display()),
+        );
+        let e = stderr(&o);
+        assert_eq!(o.status.code(), Some(2), "{field}: {e}");
+        assert!(e.contains(field) && !e.contains("panicked"), "{field}: {e}");
+    }
+}
+
+/// A sharded checkpoint of a family: the embeddings and layers 0..=2 in one shard, layer 3 and the
+/// final norm in another that is not there. `dump-qkv --layer 2` reads only the first and matches
+/// transformers; `--layer 3` names the missing shard.
+#[test]
+fn a_sharded_family_checkpoint_reads_only_the_shards_of_layers_0_to_l() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (dir, corpus, _) = family_dir(tmp.path(), "gemma2");
+    let all = candle_core::safetensors::load(dir.join("model.safetensors"), &Device::Cpu).unwrap();
+    std::fs::remove_file(dir.join("model.safetensors")).unwrap();
+    let (shard1, shard2) = (
+        "model-00001-of-00002.safetensors",
+        "model-00002-of-00002.safetensors",
+    );
+    let mut first = std::collections::HashMap::new();
+    let mut map = serde_json::Map::new();
+    for (name, t) in all {
+        let late = name.starts_with("model.layers.3.") || name == "model.norm.weight";
+        map.insert(
+            name.clone(),
+            Value::from(if late { shard2 } else { shard1 }),
+        );
+        if !late {
+            first.insert(name, t);
+        }
+    }
+    candle_core::safetensors::save(&first, dir.join(shard1)).unwrap();
+    let index = serde_json::json!({"metadata": {}, "weight_map": map});
+    std::fs::write(dir.join("model.safetensors.index.json"), index.to_string()).unwrap();
+    let out = tmp.path().join("d.safetensors");
+    let (t, side, _) = dump(&dir, &corpus, &out, "--layer 2");
+    assert_eq!(side["window"], 16, "{side}");
+    let want = expected("gemma2", "expected.safetensors");
+    for x in ["q", "k", "v"] {
+        let e = rel(&t[x], &want[&format!("layer2.{x}")]);
+        assert!(e <= 1e-4, "{x} off by {e:e}");
+    }
+    let o = decoder_cli(
+        &dir,
+        &corpus,
+        &format!("dump-qkv --length 40 --layer 3 --out {}", out.display()),
+    );
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    assert!(stderr(&o).contains(shard2), "{}", stderr(&o));
+}
