@@ -294,6 +294,9 @@ pub fn load_family(
     depth: models::Depth,
     device: &candle_core::Device,
 ) -> Result<Option<Box<dyn models::family::FamilyModel>>> {
+    if let Some(Weights::Gguf(g)) = &files.weights {
+        return load_family_gguf(g, inputs, depth, device);
+    }
     let Some(text) = read(&files.config).filter(|_| !is_gguf(&files.config)) else {
         return Ok(None);
     };
@@ -303,6 +306,41 @@ pub fn load_family(
     let config: serde_json::Value = serde_json::from_str(&text)
         .map_err(|e| usage!("config {}: not valid JSON ({e})", files.config.display()))?;
     let model_type = config["model_type"].as_str().unwrap_or_default();
+    let layer = family_layer(model_type, inputs, depth)?;
+    let (path, shards) = match &files.weights {
+        Some(Weights::Safetensors { path, shards }) => (path, shards),
+        _ => {
+            return Err(usage!(
+                "--model initialized: a {model_type} model is read from its pretrained weights only; use --model pretrained with its model.safetensors"
+            ))
+        }
+    };
+    let mut weights =
+        models::family::NamedTensors::open(shards, &path.display().to_string(), device)?;
+    Ok(Some((entry.load)(&config, &mut weights, layer)?))
+}
+
+/// A §7.7 family from a GGUF file whose architecture one of them reads (its metadata is the
+/// configuration, as for the Llama-style GGUF route); None for any other architecture.
+fn load_family_gguf(
+    path: &Path,
+    inputs: &InputConfig,
+    depth: models::Depth,
+    device: &candle_core::Device,
+) -> Result<Option<Box<dyn models::family::FamilyModel>>> {
+    let file = models::GgufFile::open(path)?;
+    let arch = file.architecture()?;
+    let Some(entry) = models::family::gguf_family_entry(&arch) else {
+        return Ok(None);
+    };
+    let (_, from_gguf) = entry.gguf.expect("gguf_family_entry has a reader");
+    let layer = family_layer(&arch, inputs, depth)?;
+    let (config, mut weights) = from_gguf(file, device)?;
+    Ok(Some((entry.load)(&config, &mut weights, layer)?))
+}
+
+/// Layer L of a family run: only a dump through one layer is supported yet.
+fn family_layer(model_type: &str, inputs: &InputConfig, depth: models::Depth) -> Result<usize> {
     let models::Depth::Through(layer) = depth else {
         return Err(usage!(
             "an end-to-end run of a {model_type} model is not supported yet (docs/reference.md §7.7, issue 45); e2e reads {}",
@@ -314,23 +352,7 @@ pub fn load_family(
             "--embeddings-from applies to BERT only; a decoder's embeddings come with its weights"
         ));
     }
-    let (path, shards) = match &files.weights {
-        Some(Weights::Safetensors { path, shards }) => (path, shards),
-        Some(Weights::Gguf(g)) => {
-            return Err(usage!(
-                "{}: a {model_type} GGUF is not read yet (docs/reference.md §7.7 lists what it needs); use the safetensors checkpoint",
-                g.display()
-            ))
-        }
-        None => {
-            return Err(usage!(
-                "--model initialized: a {model_type} model is read from its pretrained weights only; use --model pretrained with its model.safetensors"
-            ))
-        }
-    };
-    let mut weights =
-        models::family::NamedTensors::open(shards, &path.display().to_string(), device)?;
-    Ok(Some((entry.load)(&config, &mut weights, layer)?))
+    Ok(layer)
 }
 
 /// `--layer`'s default where none is given.

@@ -72,19 +72,34 @@ pub type Loader =
 pub struct FamilyEntry {
     pub model_types: &'static [&'static str],
     pub load: Loader,
+    /// The GGUF `general.architecture` of the family and its reader, where it has one.
+    pub gguf: Option<(&'static str, GgufLoader)>,
 }
+
+/// Reads a family's GGUF file as the config.json it describes and its tensors under Hugging Face
+/// names, for [`Loader`].
+pub type GgufLoader = fn(file: GgufFile, device: &Device) -> Result<(Value, NamedTensors)>;
 
 /// The §7.7 families, one line each.
 pub const FAMILIES: &[FamilyEntry] = &[
     FamilyEntry {
         model_types: &["gemma2", "gemma3_text", "gemma3"],
         load: super::gemma::load,
+        gguf: None,
     },
     FamilyEntry {
         model_types: &["phi3"],
         load: super::phi3::load,
+        gguf: Some(("phi3", super::phi3::from_gguf)),
     },
 ];
+
+/// The family entry of a GGUF `general.architecture`, if a §7.7 family reads it.
+pub fn gguf_family_entry(arch: &str) -> Option<&'static FamilyEntry> {
+    FAMILIES
+        .iter()
+        .find(|f| f.gguf.is_some_and(|(a, _)| a == arch))
+}
 
 /// The family entry of a `model_type`, if it is a §7.7 family.
 pub fn family_entry(model_type: &str) -> Option<&'static FamilyEntry> {

@@ -185,13 +185,17 @@ impl GgufFile {
         Ok(t)
     }
 
-    /// The decoder config from the `{arch}.*` metadata.
-    pub fn config(&mut self) -> Result<DecoderConfig> {
-        let arch = self
-            .meta("general.architecture")
+    /// `general.architecture`.
+    pub fn architecture(&self) -> Result<String> {
+        self.meta("general.architecture")
             .and_then(|v| v.to_string().ok())
             .cloned()
-            .ok_or_else(|| usage!("GGUF {}: no general.architecture", self.path))?;
+            .ok_or_else(|| usage!("GGUF {}: no general.architecture", self.path))
+    }
+
+    /// The decoder config from the `{arch}.*` metadata.
+    pub fn config(&mut self) -> Result<DecoderConfig> {
+        let arch = self.architecture()?;
         let family = match arch.as_str() {
             "llama" => DecoderFamily::Llama,
             "qwen2" => DecoderFamily::Qwen2,
