@@ -169,7 +169,8 @@ impl ExactAttention {
             }
         }
         if kernel == ExactKernel::Auto && q.device().is_cpu() {
-            if let Some((output, log_d)) = flash::on_host(&qs, k, v, visible)? {
+            if let Some((output, log_d)) = flash::on_host(&qs, k, v, visible, flash::Logits::PLAIN)?
+            {
                 let log_rowsum = std::sync::OnceLock::new();
                 let _ = log_rowsum.set(log_d.squeeze(0)?);
                 return Ok(Self {
