@@ -8,7 +8,7 @@ use anyhow::Result;
 use candle_core::{DType, Tensor, D};
 
 use super::target::Mask;
-use crate::numerics::flash::{self, Visible};
+use crate::numerics::flash;
 use crate::numerics::shifted_exp::shifted_exp_rows_in_place;
 
 mod batched;
@@ -151,10 +151,7 @@ impl ExactAttention {
     ) -> Result<Self> {
         let p = v.dim(1)?;
         let qs = scaled_queries(q)?;
-        let visible = match mask {
-            Mask::None => Visible::All,
-            Mask::Causal => Visible::Causal { window: None },
-        };
+        let visible = mask.visible();
         if kernel == ExactKernel::Auto && !q.device().is_cpu() {
             // The fused kernel on a CUDA device (one head as a batch of one).
             let three = |t: &Tensor| t.unsqueeze(0);

@@ -17,7 +17,8 @@ use anyhow::Result;
 use candle_core::{Tensor, D};
 use serde::{Deserialize, Serialize};
 
-use crate::numerics::flash::{Logits, Visible};
+use crate::numerics::flash::Logits;
+use crate::numerics::visible::Visible;
 
 /// A layer's kind in a family that alternates them (transformers' `layer_types` names).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
@@ -107,13 +108,7 @@ impl AttentionSpec {
 
     /// The keys a row sees, as the fused kernels take it.
     pub fn visible(&self) -> Visible {
-        if self.causal {
-            Visible::Causal {
-                window: self.window,
-            }
-        } else {
-            Visible::All
-        }
+        Visible::new(self.causal, self.window)
     }
 
     /// The cap and sinks as the fused kernels take them.
@@ -126,7 +121,7 @@ impl AttentionSpec {
 
     /// Whether query i sees key j.
     pub fn sees(&self, i: usize, j: usize) -> bool {
-        !self.causal || (j <= i && self.window.is_none_or(|w| j + w > i))
+        self.visible().sees(i, j)
     }
 
     /// The window, when it is shorter than `n` (a window of W ≥ n keys hides nothing).

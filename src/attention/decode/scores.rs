@@ -56,7 +56,8 @@ pub fn snap(ctx: &LayerContext, g: usize) -> Result<Arc<Vec<f64>>> {
 /// log-normaliser is log Σ_{i≥j} P_ij. Reversing both sequences turns i ≥ j into the causal
 /// kernel's j′ ≤ i′. None off the host or in another dtype (the caller forms the rows instead).
 fn causal_column_sums_on_host(q: &Tensor, k: &Tensor) -> Result<Option<Vec<f64>>> {
-    use crate::numerics::flash::{on_host, Logits, Visible};
+    use crate::numerics::flash::{on_host, Logits};
+    use crate::numerics::visible::Visible;
     let (n, p) = q.dims2()?;
     let causal = Visible::Causal { window: None };
     let scale = 1.0 / (p as f64).sqrt();

@@ -33,43 +33,14 @@ use rayon::prelude::*;
 use tiles as flash_tiles;
 pub use tiles::Simd;
 
+use crate::numerics::visible::Visible;
+
 /// Query rows per block: the unit of parallel work.
 /// (Tuned at n = 8192, p = 64 on the 2-core build machine: 128 × 256 took 0.77 of the two-pass
 /// kernel's time, 64 × 256 0.86, 128 × 128 0.78, 256 × 256 1.1; BENCHMARKS.md.)
 pub const QUERY_BLOCK: usize = 128;
 /// Keys per tile: S is QUERY_BLOCK × KEY_TILE (128 kB in f32, in L2).
 pub const KEY_TILE: usize = 256;
-
-/// Which keys a query row sees.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Visible {
-    /// Every key.
-    All,
-    /// Keys j ≤ i, and with a sliding window W also j > i − W.
-    Causal { window: Option<usize> },
-}
-
-impl Visible {
-    /// The keys [lo, hi) any row of [r0, r1) sees.
-    fn span(self, r0: usize, r1: usize, nk: usize) -> (usize, usize) {
-        match self {
-            Visible::All => (0, nk),
-            Visible::Causal { window } => {
-                let lo = window.map_or(0, |w| (r0 + 1).saturating_sub(w));
-                (lo, r1.min(nk))
-            }
-        }
-    }
-
-    /// Whether row i sees key j.
-    #[inline(always)]
-    fn sees(self, i: usize, j: usize) -> bool {
-        match self {
-            Visible::All => true,
-            Visible::Causal { window } => j <= i && window.is_none_or(|w| j + w > i),
-        }
-    }
-}
 
 /// The logits beyond the scaled product Q̃Kᵀ: the numerics-level form of a layer's spec (the
 /// attention module converts its `AttentionSpec`; numerics never reads it).
