@@ -14,6 +14,7 @@ use crate::numerics::shifted_exp::shifted_exp_rows_in_place;
 mod batched;
 #[cfg(test)]
 mod generic_tests;
+mod under_spec;
 pub mod verify;
 
 pub use batched::batched_block_rows;
@@ -35,6 +36,9 @@ pub struct ExactAttention {
     k: Tensor,
     mask: Mask,
     log_rowsum: std::sync::OnceLock<Tensor>,
+    /// What the spec had beyond `mask` ([`crate::attention::spec::AttentionSpec::beyond_mask`]),
+    /// if anything: log D is then the fused kernel's or unavailable, never the mask's blocks'.
+    beyond_mask: Option<&'static str>,
 }
 
 /// Applies `f` to each row block of the scores S_b = Q̃_b·Kᵀ (Q̃ = Q/√p already scaled, Kᵀ
@@ -162,6 +166,7 @@ impl ExactAttention {
                     k: k.clone(),
                     mask,
                     log_rowsum: std::sync::OnceLock::new(),
+                    beyond_mask: None,
                 });
             }
         }
@@ -176,6 +181,7 @@ impl ExactAttention {
                     k: k.clone(),
                     mask,
                     log_rowsum,
+                    beyond_mask: None,
                 });
             }
         }
@@ -219,6 +225,7 @@ impl ExactAttention {
             k: k.clone(),
             mask,
             log_rowsum,
+            beyond_mask: None,
         })
     }
 
@@ -227,6 +234,9 @@ impl ExactAttention {
     pub fn log_rowsum(&self) -> Result<&Tensor> {
         if let Some(t) = self.log_rowsum.get() {
             return Ok(t);
+        }
+        if let Some(feature) = self.beyond_mask {
+            anyhow::bail!("log D under {feature} is computed on the host only");
         }
         let kt = self.k.t()?.contiguous()?;
         let t = map_masked_score_blocks(&self.q, &kt, self.mask, |_, _, s| {

@@ -17,6 +17,7 @@ use anyhow::Result;
 use candle_core::{Tensor, D};
 use serde::{Deserialize, Serialize};
 
+use super::target::Mask;
 use crate::numerics::flash::Logits;
 use crate::numerics::visible::Visible;
 
@@ -88,6 +89,39 @@ impl AttentionSpec {
         }
     }
 
+    /// The plain target under a user's `mask` choice (τ = 1/√p, no window, cap or sinks).
+    pub fn of_mask(mask: Mask, p: usize) -> Self {
+        match mask {
+            Mask::None => Self::bidirectional(p),
+            Mask::Causal => Self::causal(p, None),
+        }
+    }
+
+    /// The mask choice this spec refines (causal or none).
+    pub fn mask(&self) -> Mask {
+        if self.causal {
+            Mask::Causal
+        } else {
+            Mask::None
+        }
+    }
+
+    /// The first feature of this spec beyond its plain mask target for head size `p`, named for
+    /// a refusal ("a sliding window", …); None when the spec is [`AttentionSpec::of_mask`]'s.
+    pub fn beyond_mask(&self, p: usize) -> Option<&'static str> {
+        if self.window.is_some() {
+            Some("a sliding window")
+        } else if self.softcap.is_some() {
+            Some("a logit soft-cap")
+        } else if self.sinks.is_some() {
+            Some("attention sinks")
+        } else if self.scale != default_scale(p) {
+            Some("a logit scale other than 1/√p")
+        } else {
+            None
+        }
+    }
+
     /// The spec with τ replaced.
     pub fn with_scale(mut self, scale: f64) -> Self {
         self.scale = scale;
@@ -150,6 +184,14 @@ impl AttentionSpec {
         match self.softcap {
             Some(c) => c * (s / c).tanh(),
             None => s,
+        }
+    }
+
+    /// Query head h's own spec: the same with its sink σ_h alone (a one-head computation's).
+    pub fn for_head(&self, h: usize) -> Self {
+        Self {
+            sinks: self.sink(h).map(|s| vec![s]),
+            ..self.clone()
         }
     }
 

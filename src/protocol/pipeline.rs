@@ -215,6 +215,7 @@ impl<'h> HeadTarget<'h> {
     /// One trial: the method's Ô at d from the trial's seed, timed until the device is done,
     /// then measured.
     pub fn trial(&self, m: &dyn Method, d: usize, seed: u64) -> Result<(Approximation, Measured)> {
+        attention::refuse_unimplemented_spec(m, self.head)?;
         let t0 = Instant::now();
         let approx = match (self.protocol, self.decode) {
             (Protocol::Prefill, _) => m.approximate_trial(self.head, d, seed)?,

@@ -74,6 +74,7 @@ impl ExactAttention {
                     // log D on demand, from this head's scaled Q and K (only the restricted
                     // methods' mass reads it).
                     log_rowsum: std::sync::OnceLock::new(),
+                    beyond_mask: None,
                 })
             })
             .collect()
