@@ -21,6 +21,10 @@ use super::target::Mask;
 use crate::numerics::flash::Logits;
 use crate::numerics::visible::Visible;
 
+#[path = "spec_sidecar.rs"]
+mod sidecar;
+pub use sidecar::{spec_from_sidecar, spec_sidecar, SpecDumpParts, SINKS_TENSOR};
+
 /// A layer's kind in a family that alternates them (transformers' `layer_types` names).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub enum LayerType {
