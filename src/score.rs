@@ -13,6 +13,7 @@ use std::path::{Path, PathBuf};
 use anyhow::{Context, Result};
 use candle_core::{DType, Device, Tensor};
 
+use crate::attention::spec::SINKS_TENSOR;
 use crate::attention::Approximation;
 use crate::config::{Choice, RunConfig, UserMethod};
 use crate::numerics::sampling::TrialKey;
@@ -88,6 +89,27 @@ fn read_dumps(dir: &Path) -> Result<Vec<Dump>> {
         }
     }
     Ok(dumps)
+}
+
+/// The layer's spec a dump states (its sidecar's fields, its `sinks` tensor if it has one).
+fn dump_spec(dump: &Dump) -> Result<crate::attention::AttentionSpec> {
+    let what = format!("--qkv {}", sidecar(&dump.path).display());
+    let sinks = if tensor_names(&dump.path)?.iter().any(|k| k == SINKS_TENSOR) {
+        Some(load_tensor(&dump.path, SINKS_TENSOR, &[dump.info.heads])?)
+    } else {
+        None
+    };
+    dump.info.spec(sinks.as_ref(), &what)
+}
+
+/// The tensors' names of a safetensors file, from its header.
+fn tensor_names(path: &Path) -> Result<Vec<String>> {
+    // SAFETY: mapped read-only; only the header is read here.
+    let st = unsafe { candle_core::safetensors::MmapedSafetensors::new(path) }.map_err(|e| {
+        let em = crate::tensor_util::candle_message(&e);
+        usage!("{}: not a readable safetensors file ({em})", path.display())
+    })?;
+    Ok(st.tensors().into_iter().map(|(name, _)| name).collect())
 }
 
 /// `<name>-n<N>-w<W>-d<D>.safetensors` → (n, window, d) when the name matches.
@@ -368,6 +390,7 @@ pub fn score(req: &ScoreRequest) -> Result<SweepOutcome> {
             let q = load_tensor(&dump.path, "q", &shape);
             let [k, v] = ["k", "v"].map(|key| load_tensor(&dump.path, key, &kv_shape));
             let (q, k, v) = (q?, k?, v?);
+            let spec = dump_spec(dump)?;
             // A non-finite input would surface as a failed exact target (the device message).
             for (name, t) in [("q", &q), ("k", &k), ("v", &v)] {
                 crate::tensor_util::check_finite(t, || {
@@ -385,7 +408,7 @@ pub fn score(req: &ScoreRequest) -> Result<SweepOutcome> {
             let model = cfg.inputs.model.name();
             let protocol = Protocol::of(req.decode);
             for h in 0..dump.info.heads {
-                let lh = pipeline::layer_head(&q, &k, &v, h, dump.info.mask, None)?;
+                let lh = pipeline::layer_head(&q, &k, &v, h, &spec, None)?;
                 let kv_head = lh.kv_head;
                 let target =
                     HeadTarget::new(&lh.head, None, req.target, protocol).with_context(|| {

@@ -453,3 +453,72 @@ fn rerunning_an_unfinished_score_completes_it() {
         common::lines_without_column(&whole, "seconds")
     );
 }
+
+/// A dump whose sidecar and tensors state a causal, windowed, capped spec with sinks and its own
+/// scale (docs/reference.md §7.7.0) is scored against the exact attention of that spec: Ô = the
+/// float64 definition's O scores to rounding, Ô = the plain causal target does not.
+#[test]
+fn score_computes_the_target_under_the_dumps_spec() {
+    use approx_bench::attention::spec::{exact_attention_reference, spec_sidecar};
+    use approx_bench::attention::AttentionSpec;
+    let tmp = tempfile::tempdir().unwrap();
+    let model = tiny_model(&tmp.path().join("m"), false);
+    let (qkv, approx) = (tmp.path().join("qkv"), tmp.path().join("approx"));
+    std::fs::create_dir_all(&qkv).unwrap();
+    std::fs::create_dir_all(&approx).unwrap();
+    let n = 16;
+    let f = dump(&model, &qkv, n, 0);
+    let mut t = candle_core::safetensors::load(&f, &Device::Cpu).unwrap();
+    let (heads, _, p) = t["q"].dims3().unwrap();
+    let kv_heads = t["k"].dims()[0];
+    let sinks: Vec<f64> = (0..heads).map(|h| 0.5 - h as f64 * 0.25).collect();
+    let spec = AttentionSpec::causal(p, Some(5))
+        .with_scale(0.3)
+        .with_softcap(Some(2.0))
+        .with_sinks(Some(sinks));
+    let (fields, tensors) = spec_sidecar(&spec, p).unwrap();
+    t.extend(tensors);
+    candle_core::safetensors::save(&t, &f).unwrap();
+    let side = approx_bench::score::sidecar(&f);
+    let mut json: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&side).unwrap()).unwrap();
+    json.as_object_mut().unwrap().extend(fields);
+    json["mask"] = "causal".into();
+    std::fs::write(&side, serde_json::to_string(&json).unwrap()).unwrap();
+    let f64s = |x: &Tensor| -> Vec<f64> {
+        x.to_dtype(candle_core::DType::F64)
+            .unwrap()
+            .flatten_all()
+            .unwrap()
+            .to_vec1()
+            .unwrap()
+    };
+    let (q, k, v) = (f64s(&t["q"]), f64s(&t["k"]), f64s(&t["v"]));
+    let dims = (heads, kv_heads, n, p, p);
+    // The spec's sinks are f32 in the file: the definition with the stored values.
+    let stored = AttentionSpec {
+        sinks: Some(f64s(&t["sinks"])),
+        ..spec.clone()
+    };
+    for (name, s) in [
+        ("spec", &stored),
+        ("plain", &AttentionSpec::causal(p, None)),
+    ] {
+        let o = exact_attention_reference(&q, &k, &v, dims, s);
+        let o = Tensor::from_vec(o, (heads, n, p), &Device::Cpu).unwrap();
+        let map = HashMap::from([("o_hat".to_string(), o)]);
+        let file = approx.join(format!("{name}-n{n}-w0-d1.safetensors"));
+        candle_core::safetensors::save(&map, file).unwrap();
+        let out = tmp.path().join(format!("out-{name}"));
+        let o = score(&qkv, &approx, name, &out, &[]);
+        assert!(o.status.success(), "{}", stderr(&o));
+        let rows = read_rows(&out.join("trials.csv")).unwrap();
+        assert_eq!(rows.len(), heads);
+        for r in &rows {
+            match name {
+                "spec" => assert!(r.rel_error < 1e-5, "{name}: {}", r.rel_error),
+                _ => assert!(r.rel_error > 1e-2, "{name}: {}", r.rel_error),
+            }
+        }
+    }
+}

@@ -8,12 +8,13 @@ use anyhow::Result;
 use candle_core::{DType, Tensor, D};
 
 use super::target::Mask;
-use crate::numerics::flash::{self, Visible};
+use crate::numerics::flash;
 use crate::numerics::shifted_exp::shifted_exp_rows_in_place;
 
 mod batched;
 #[cfg(test)]
 mod generic_tests;
+mod under_spec;
 pub mod verify;
 
 pub use batched::batched_block_rows;
@@ -35,6 +36,9 @@ pub struct ExactAttention {
     k: Tensor,
     mask: Mask,
     log_rowsum: std::sync::OnceLock<Tensor>,
+    /// What the spec had beyond `mask` ([`crate::attention::spec::AttentionSpec::beyond_mask`]),
+    /// if anything: log D is then the fused kernel's or unavailable, never the mask's blocks'.
+    beyond_mask: Option<&'static str>,
 }
 
 /// Applies `f` to each row block of the scores S_b = Q̃_b·Kᵀ (Q̃ = Q/√p already scaled, Kᵀ
@@ -151,10 +155,7 @@ impl ExactAttention {
     ) -> Result<Self> {
         let p = v.dim(1)?;
         let qs = scaled_queries(q)?;
-        let visible = match mask {
-            Mask::None => Visible::All,
-            Mask::Causal => Visible::Causal { window: None },
-        };
+        let visible = mask.visible();
         if kernel == ExactKernel::Auto && !q.device().is_cpu() {
             // The fused kernel on a CUDA device (one head as a batch of one).
             let three = |t: &Tensor| t.unsqueeze(0);
@@ -165,11 +166,13 @@ impl ExactAttention {
                     k: k.clone(),
                     mask,
                     log_rowsum: std::sync::OnceLock::new(),
+                    beyond_mask: None,
                 });
             }
         }
         if kernel == ExactKernel::Auto && q.device().is_cpu() {
-            if let Some((output, log_d)) = flash::on_host(&qs, k, v, visible)? {
+            if let Some((output, log_d)) = flash::on_host(&qs, k, v, visible, flash::Logits::PLAIN)?
+            {
                 let log_rowsum = std::sync::OnceLock::new();
                 let _ = log_rowsum.set(log_d.squeeze(0)?);
                 return Ok(Self {
@@ -178,6 +181,7 @@ impl ExactAttention {
                     k: k.clone(),
                     mask,
                     log_rowsum,
+                    beyond_mask: None,
                 });
             }
         }
@@ -221,6 +225,7 @@ impl ExactAttention {
             k: k.clone(),
             mask,
             log_rowsum,
+            beyond_mask: None,
         })
     }
 
@@ -229,6 +234,9 @@ impl ExactAttention {
     pub fn log_rowsum(&self) -> Result<&Tensor> {
         if let Some(t) = self.log_rowsum.get() {
             return Ok(t);
+        }
+        if let Some(feature) = self.beyond_mask {
+            anyhow::bail!("log D under {feature} is computed on the host only");
         }
         let kt = self.k.t()?.contiguous()?;
         let t = map_masked_score_blocks(&self.q, &kt, self.mask, |_, _, s| {

@@ -54,8 +54,14 @@ pub struct HeadInputs {
     pub q: Tensor,
     pub k: Tensor,
     pub v: Tensor,
-    /// Which keys each query attends to: part of the target (docs/reference.md §7.2).
+    /// Which keys each query attends to: part of the target (docs/reference.md §7.2); the
+    /// user's choice, which `spec` refines.
     pub mask: Mask,
+    /// The layer's exact attention (docs/reference.md §7.7.0): the target is computed and checked
+    /// under it, and a method that does not yet implement what it has beyond `mask` is refused
+    /// ([`refuse_unimplemented_spec`]). One head's: its sinks, if any, hold its own σ_h alone
+    /// ([`spec::AttentionSpec::for_head`]).
+    pub spec: spec::AttentionSpec,
     /// Exact softmax attention, computed on first use (a kernelized run never needs it).
     exact: OnceLock<exact::ExactAttention>,
     /// The kernelized target C·V in f64, computed on first use.
@@ -72,12 +78,19 @@ impl HeadInputs {
 
     /// A head whose target is under `mask`.
     pub fn masked(q: Tensor, k: Tensor, v: Tensor, mask: Mask) -> Result<Self> {
+        let spec = spec::AttentionSpec::of_mask(mask, q.dim(1)?);
+        Self::with_spec(q, k, v, spec)
+    }
+
+    /// A head whose target is under the layer's `spec`.
+    pub fn with_spec(q: Tensor, k: Tensor, v: Tensor, spec: spec::AttentionSpec) -> Result<Self> {
         let (q, k, v) = (q.contiguous()?, k.contiguous()?, v.contiguous()?);
         Ok(Self {
             q,
             k,
             v,
-            mask,
+            mask: spec.mask(),
+            spec,
             exact: OnceLock::new(),
             kernelized: OnceLock::new(),
             memo: Memo::default(),
@@ -106,6 +119,7 @@ impl HeadInputs {
             k: self.k.clone(),
             v: self.v.clone(),
             mask: self.mask,
+            spec: self.spec.clone(),
             exact: self.exact.clone(),
             kernelized: self.kernelized.clone(),
             memo: Memo::default(),
@@ -117,7 +131,7 @@ impl HeadInputs {
         if let Some(e) = self.exact.get() {
             return Ok(e);
         }
-        let e = exact::ExactAttention::compute_masked(&self.q, &self.k, &self.v, self.mask)?;
+        let e = exact::ExactAttention::compute_spec(&self.q, &self.k, &self.v, &self.spec)?;
         Ok(self.exact.get_or_init(|| e))
     }
 
@@ -136,7 +150,7 @@ impl HeadInputs {
     /// (`protocol::Protocol::scored`).
     pub fn target_output(&self, target: Target) -> Result<Tensor> {
         let out = self.unchecked_target_output(target)?;
-        exact::verify::check_target_rows(target, self.mask, &self.q, &self.k, &self.v, &out)?;
+        exact::verify::check_target_rows(target, &self.spec, &self.q, &self.k, &self.v, &out)?;
         Ok(out)
     }
 
@@ -302,6 +316,21 @@ impl Family {
     }
 }
 
+/// Refuses `m` on a head whose spec has a feature beyond its mask (a window, a soft-cap, sinks,
+/// a scale other than 1/√p) unless the method says it implements every spec
+/// ([`Method::implements_every_spec`]): the one place every trial passes, prefill or decode,
+/// alone or batched (docs/reference.md §7.7.6 gives each method's rules; until a method has them
+/// it does not run there).
+pub fn refuse_unimplemented_spec(m: &dyn Method, head: &HeadInputs) -> Result<()> {
+    match head.spec.beyond_mask(head.p()) {
+        Some(feature) if !m.implements_every_spec() => Err(crate::usage!(
+            "{} does not yet implement {feature} (§7.7.6)",
+            m.id()
+        )),
+        _ => Ok(()),
+    }
+}
+
 /// What a method is, declared once beside it: the descriptive methods of [`Method`] (`id`,
 /// `family`, `is_oracle`, `feature_meaning`, `is_random`, `masks`, `targets`) read it through
 /// [`Method::info`]. A method without one (a user's own, or one written before this existed)
@@ -387,6 +416,12 @@ pub trait Method: Send + Sync {
         } else {
             &[Mask::None]
         }
+    }
+    /// Whether the method computes its estimate under any layer spec (window, soft-cap, sinks,
+    /// scale: docs/reference.md §7.7.6); false refuses it where the spec has any of them
+    /// ([`refuse_unimplemented_spec`]).
+    fn implements_every_spec(&self) -> bool {
+        false
     }
     /// Leading multiply-adds under `mask`; the bidirectional count unless the method's causal
     /// form costs otherwise.

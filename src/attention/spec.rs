@@ -17,7 +17,13 @@ use anyhow::Result;
 use candle_core::{Tensor, D};
 use serde::{Deserialize, Serialize};
 
-use crate::numerics::flash::Visible;
+use super::target::Mask;
+use crate::numerics::flash::Logits;
+use crate::numerics::visible::Visible;
+
+#[path = "spec_sidecar.rs"]
+mod sidecar;
+pub use sidecar::{spec_from_sidecar, spec_sidecar, SpecDumpParts, SINKS_TENSOR};
 
 /// A layer's kind in a family that alternates them (transformers' `layer_types` names).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
@@ -87,6 +93,39 @@ impl AttentionSpec {
         }
     }
 
+    /// The plain target under a user's `mask` choice (τ = 1/√p, no window, cap or sinks).
+    pub fn of_mask(mask: Mask, p: usize) -> Self {
+        match mask {
+            Mask::None => Self::bidirectional(p),
+            Mask::Causal => Self::causal(p, None),
+        }
+    }
+
+    /// The mask choice this spec refines (causal or none).
+    pub fn mask(&self) -> Mask {
+        if self.causal {
+            Mask::Causal
+        } else {
+            Mask::None
+        }
+    }
+
+    /// The first feature of this spec beyond its plain mask target for head size `p`, named for
+    /// a refusal ("a sliding window", …); None when the spec is [`AttentionSpec::of_mask`]'s.
+    pub fn beyond_mask(&self, p: usize) -> Option<&'static str> {
+        if self.window.is_some() {
+            Some("a sliding window")
+        } else if self.softcap.is_some() {
+            Some("a logit soft-cap")
+        } else if self.sinks.is_some() {
+            Some("attention sinks")
+        } else if self.scale != default_scale(p) {
+            Some("a logit scale other than 1/√p")
+        } else {
+            None
+        }
+    }
+
     /// The spec with τ replaced.
     pub fn with_scale(mut self, scale: f64) -> Self {
         self.scale = scale;
@@ -107,18 +146,20 @@ impl AttentionSpec {
 
     /// The keys a row sees, as the fused kernels take it.
     pub fn visible(&self) -> Visible {
-        if self.causal {
-            Visible::Causal {
-                window: self.window,
-            }
-        } else {
-            Visible::All
+        Visible::new(self.causal, self.window)
+    }
+
+    /// The cap and sinks as the fused kernels take them.
+    pub fn logits(&self) -> Logits<'_> {
+        Logits {
+            softcap: self.softcap,
+            sinks: self.sinks.as_deref(),
         }
     }
 
     /// Whether query i sees key j.
     pub fn sees(&self, i: usize, j: usize) -> bool {
-        !self.causal || (j <= i && self.window.is_none_or(|w| j + w > i))
+        self.visible().sees(i, j)
     }
 
     /// The window, when it is shorter than `n` (a window of W ≥ n keys hides nothing).
@@ -147,6 +188,14 @@ impl AttentionSpec {
         match self.softcap {
             Some(c) => c * (s / c).tanh(),
             None => s,
+        }
+    }
+
+    /// Query head h's own spec: the same with its sink σ_h alone (a one-head computation's).
+    pub fn for_head(&self, h: usize) -> Self {
+        Self {
+            sinks: self.sink(h).map(|s| vec![s]),
+            ..self.clone()
         }
     }
 
@@ -205,23 +254,24 @@ pub fn default_scale(p: usize) -> f64 {
 }
 
 /// Exact attention of every query head under `spec` (q [H, n, p], k [H_kv, n, p], v [H_kv, n, p_v]
-/// → [H, n, p_v], in Q's dtype). Plain logits (no cap, no sinks) take the fused kernel, on the host
-/// or its device form where it applies, with Q scaled by τ first (where transformers' eager path
-/// scales the scores: a rounding apart); everything else, and devices without the kernel, take
-/// [`exact_attention_dense`].
+/// → [H, n, p_v], in Q's dtype), with Q scaled by τ first (where transformers' eager path scales
+/// the scores: a rounding apart). On the host every spec takes the fused kernel (f32, f64); on a
+/// device, plain logits (no cap, no sinks) take its device form where it applies; everything
+/// else takes [`exact_attention_dense`].
 pub fn exact_attention(q: &Tensor, k: &Tensor, v: &Tensor, spec: &AttentionSpec) -> Result<Tensor> {
-    if spec.plain_logits() {
+    let fused = if q.device().is_cpu() {
+        spec.validate(q.dim(0)?, "the attention spec")?;
         let qs = (q * spec.scale)?;
-        let fused = if q.device().is_cpu() {
-            crate::numerics::flash::on_host(&qs, k, v, spec.visible())?.map(|(o, _)| o)
-        } else {
-            crate::numerics::flash::on_device(&qs, k, v, spec.visible())?
-        };
-        if let Some(o) = fused {
-            return Ok(o);
-        }
+        crate::numerics::flash::on_host(&qs, k, v, spec.visible(), spec.logits())?.map(|(o, _)| o)
+    } else if spec.plain_logits() {
+        crate::numerics::flash::on_device(&(q * spec.scale)?, k, v, spec.visible())?
+    } else {
+        None
+    };
+    match fused {
+        Some(o) => Ok(o),
+        None => exact_attention_dense(q, k, v, spec),
     }
-    exact_attention_dense(q, k, v, spec)
 }
 
 /// Rows per block of [`exact_attention_dense`] for `heads` query heads over `n` keys: about 2²⁴
@@ -279,9 +329,9 @@ pub(crate) fn exact_attention_blocks(
     let q4 = q.reshape((kv_heads, group, n, p))?;
     // The sinks as a [H_kv, group, 1, 1] column, in the run's dtype.
     let sinks = match &spec.sinks {
-        Some(s) => Some(
-            Tensor::from_vec(s.clone(), (kv_heads, group, 1, 1), dev)?.to_dtype(dtype)?,
-        ),
+        Some(s) => {
+            Some(Tensor::from_vec(s.clone(), (kv_heads, group, 1, 1), dev)?.to_dtype(dtype)?)
+        }
         None => None,
     };
     let mut outs = Vec::with_capacity(n.div_ceil(b));
@@ -381,125 +431,5 @@ pub fn exact_attention_reference(
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use candle_core::{DType, Device};
-    use rand::{Rng, SeedableRng};
-
-    fn random(len: usize, rng: &mut rand::rngs::StdRng, amp: f64) -> Vec<f64> {
-        (0..len).map(|_| rng.random_range(-amp..amp)).collect()
-    }
-
-    fn max_rel(a: &[f64], b: &[f64]) -> f64 {
-        let scale = b.iter().fold(0.0f64, |m, x| m.max(x.abs()));
-        a.iter()
-            .zip(b)
-            .fold(0.0f64, |m, (x, y)| m.max((x - y).abs()))
-            / scale
-    }
-
-    /// The blocked dense form against the row-by-row float64 definition, for every feature of
-    /// the spec together and apart, with GQA and p_v ≠ p, and blocks that split the window.
-    #[test]
-    fn dense_blocks_match_the_definition() {
-        let (heads, kv_heads, n, p, pv) = (4, 2, 37, 8, 5);
-        let mut rng = rand::rngs::StdRng::seed_from_u64(7);
-        let q = random(heads * n * p, &mut rng, 2.0);
-        let k = random(kv_heads * n * p, &mut rng, 2.0);
-        let v = random(kv_heads * n * pv, &mut rng, 1.0);
-        let dev = Device::Cpu;
-        let qt = Tensor::from_vec(q.clone(), (heads, n, p), &dev).unwrap();
-        let kt = Tensor::from_vec(k.clone(), (kv_heads, n, p), &dev).unwrap();
-        let vt = Tensor::from_vec(v.clone(), (kv_heads, n, pv), &dev).unwrap();
-        let specs = [
-            AttentionSpec::bidirectional(p),
-            AttentionSpec::causal(p, None),
-            AttentionSpec::causal(p, Some(5)),
-            AttentionSpec::causal(p, Some(1)),
-            AttentionSpec::causal(p, None).with_scale(0.3).with_softcap(Some(2.0)),
-            AttentionSpec::causal(p, Some(9))
-                .with_sinks(Some(vec![0.5, -1.0, 3.0, 0.0])),
-            AttentionSpec::causal(p, Some(6))
-                .with_scale(0.2)
-                .with_softcap(Some(1.5))
-                .with_sinks(Some(vec![2.0, 2.0, -3.0, 1.0])),
-        ];
-        for spec in &specs {
-            let want = exact_attention_reference(&q, &k, &v, (heads, kv_heads, n, p, pv), spec);
-            for b in [1, 4, 16, 64] {
-                let got = exact_attention_blocks(&qt, &kt, &vt, spec, b).unwrap();
-                let got: Vec<f64> = got.flatten_all().unwrap().to_vec1().unwrap();
-                let err = max_rel(&got, &want);
-                assert!(err < 1e-13, "{spec:?}, {b} rows per block: {err}");
-            }
-        }
-    }
-
-    /// Closed forms: one visible key gives O_i = v_j, lowered by the sink's share
-    /// 1/(1 + e^{σ − s}); and a cap bounds every logit by c.
-    #[test]
-    fn closed_forms() {
-        let spec = AttentionSpec::causal(2, Some(1)).with_sinks(Some(vec![0.7]));
-        let q = [1.0, 2.0, 0.5, -1.0];
-        let k = [0.3, 0.1, 2.0, 1.0];
-        let v = [4.0, 8.0];
-        let o = exact_attention_reference(&q, &k, &v, (1, 1, 2, 2, 1), &spec);
-        for i in 0..2 {
-            let s = spec.logit(q[2 * i] * k[2 * i] + q[2 * i + 1] * k[2 * i + 1]);
-            let want = v[i] / (1.0 + (0.7 - s).exp());
-            assert!((o[i] - want).abs() < 1e-15, "row {i}: {} vs {want}", o[i]);
-        }
-        let capped = AttentionSpec::causal(4, None).with_softcap(Some(3.0));
-        assert!(capped.logit(1e6) <= 3.0 && capped.logit(-1e6) >= -3.0);
-        assert!((capped.logit(0.2) - 3.0 * (0.2 * 0.5 / 3.0f64).tanh()).abs() < 1e-16);
-    }
-
-    #[test]
-    fn f32_agrees_with_f64() {
-        let (heads, kv_heads, n, p, pv) = (2, 1, 50, 16, 16);
-        let mut rng = rand::rngs::StdRng::seed_from_u64(3);
-        let dev = Device::Cpu;
-        let mk = |len: usize, shape: (usize, usize, usize), rng: &mut rand::rngs::StdRng| {
-            Tensor::from_vec(random(len, rng, 1.5), shape, &dev).unwrap()
-        };
-        let q = mk(heads * n * p, (heads, n, p), &mut rng);
-        let k = mk(kv_heads * n * p, (kv_heads, n, p), &mut rng);
-        let v = mk(kv_heads * n * pv, (kv_heads, n, pv), &mut rng);
-        let spec = AttentionSpec::causal(p, Some(20))
-            .with_softcap(Some(4.0))
-            .with_sinks(Some(vec![1.0, -0.5]));
-        let f64_out = exact_attention_dense(&q, &k, &v, &spec).unwrap();
-        let f32_out = exact_attention_dense(
-            &q.to_dtype(DType::F32).unwrap(),
-            &k.to_dtype(DType::F32).unwrap(),
-            &v.to_dtype(DType::F32).unwrap(),
-            &spec,
-        )
-        .unwrap()
-        .to_dtype(DType::F64)
-        .unwrap();
-        let a: Vec<f64> = f64_out.flatten_all().unwrap().to_vec1().unwrap();
-        let b: Vec<f64> = f32_out.flatten_all().unwrap().to_vec1().unwrap();
-        assert!(max_rel(&b, &a) < 1e-5, "{}", max_rel(&b, &a));
-    }
-
-    #[test]
-    fn bad_specs_are_refused_by_name() {
-        let e = AttentionSpec::causal(8, Some(0)).validate(2, "layer 3").unwrap_err();
-        assert!(e.to_string().contains("layer 3") && e.to_string().contains("window of 0"));
-        let e = AttentionSpec::causal(8, None)
-            .with_sinks(Some(vec![0.0]))
-            .validate(2, "layer 1")
-            .unwrap_err();
-        assert!(e.to_string().contains("one per query head"));
-        let e = AttentionSpec::causal(8, None)
-            .with_softcap(Some(0.0))
-            .validate(2, "x")
-            .unwrap_err();
-        assert!(e.to_string().contains("soft-cap"));
-        assert!(LayerType::parse("chunked_attention", "layer_types[2]")
-            .unwrap_err()
-            .to_string()
-            .contains("layer_types[2]"));
-    }
-}
+#[path = "spec_tests.rs"]
+mod tests;

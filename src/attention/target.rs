@@ -13,6 +13,7 @@ use candle_core::{DType, Tensor, D};
 use serde::{Deserialize, Serialize};
 
 use super::exact::map_score_blocks;
+use crate::numerics::visible::Visible;
 
 /// The matrix a run's methods approximate and are scored against.
 #[derive(
@@ -57,12 +58,9 @@ impl Mask {
         *self == Mask::None
     }
 
-    /// Whether query i attends to key j.
-    pub fn allows(self, i: usize, j: usize) -> bool {
-        match self {
-            Mask::None => true,
-            Mask::Causal => j <= i,
-        }
+    /// The keys a query sees under this mask (no window).
+    pub fn visible(self) -> Visible {
+        Visible::new(self == Mask::Causal, None)
     }
 
     /// The lower-case name (as in trials.csv).

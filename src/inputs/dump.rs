@@ -39,7 +39,12 @@ pub fn dump_qkv(
         DType::F64 => DType::F64,
         _ => DType::F32,
     };
-    let mut map = std::collections::HashMap::new();
+    // The layer's spec: the model's mask with τ = 1/√p (the families of §7.7 state theirs).
+    let spec =
+        crate::attention::AttentionSpec::of_mask(prepared.native_mask(), prepared.head_dim());
+    let (extra, spec_tensors) = crate::attention::spec::spec_sidecar(&spec, prepared.head_dim())?;
+    let mut map: std::collections::HashMap<String, candle_core::Tensor> =
+        spec_tensors.into_iter().collect();
     map.insert("q".to_string(), q.to_dtype(dtype)?.to_device(&cpu)?);
     map.insert("k".to_string(), k.to_dtype(dtype)?.to_device(&cpu)?);
     map.insert("v".to_string(), v.to_dtype(dtype)?.to_device(&cpu)?);
@@ -72,6 +77,7 @@ pub fn dump_qkv(
         head_dim: prepared.head_dim(),
         kv_heads: Some(prepared.kv_heads()),
         mask: prepared.native_mask(),
+        extra,
     };
     let side = sidecar(out);
     let side_tmp = side.with_extension("json.tmp");
@@ -145,9 +151,30 @@ pub struct DumpInfo {
     /// against. Absent in dumps from before it: none.
     #[serde(default, skip_serializing_if = "crate::attention::Mask::is_none")]
     pub mask: crate::attention::Mask,
+    /// Every further field: the layer's spec ([`crate::attention::spec::spec_sidecar`]: scale,
+    /// softcap, sliding_window, layer_type, head_dim_v) and a family's own (rope_factors, mla).
+    /// Dumps from before the spec have none of them (read as τ = 1/√p, no cap, window or sinks).
+    #[serde(flatten)]
+    pub extra: serde_json::Map<String, serde_json::Value>,
 }
 
 impl DumpInfo {
+    /// The layer's spec the dump states: its sidecar's fields and its `sinks` tensor, if any
+    /// (`what` names the sidecar in an error).
+    pub fn spec(
+        &self,
+        sinks: Option<&candle_core::Tensor>,
+        what: &str,
+    ) -> Result<crate::attention::AttentionSpec> {
+        crate::attention::spec::spec_from_sidecar(
+            &self.extra,
+            self.mask == crate::attention::Mask::Causal,
+            (self.head_dim, self.heads),
+            sinks,
+            what,
+        )
+    }
+
     /// K/V heads of the dump.
     pub fn kv_heads(&self) -> usize {
         self.kv_heads.unwrap_or(self.heads)

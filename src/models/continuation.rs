@@ -13,10 +13,10 @@ use anyhow::{ensure, Result};
 use candle_core::{DType, Tensor};
 
 use super::decoder_config::DecoderConfig;
-use crate::attention::spec::AttentionSpec;
 use super::llama::{
     attend_checked, embed, layer_output, layer_qkv, output_logits, AttentionHook, DecoderWeights,
 };
+use crate::attention::spec::AttentionSpec;
 
 /// Every layer's post-RoPE Q [H, n_p, p], K and V [H_kv, n_p, p] on the prompt rows 0..n_p.
 pub struct PromptCache {

@@ -25,7 +25,14 @@ fn rel(a: &Tensor, b: &Tensor) -> f64 {
     assert_eq!(a.dims(), b.dims(), "shapes differ");
     let a = a.to_dtype(DType::F64).unwrap();
     let b = b.to_dtype(DType::F64).unwrap();
-    let num = (a - &b).unwrap().abs().unwrap().flatten_all().unwrap().max(0).unwrap();
+    let num = (a - &b)
+        .unwrap()
+        .abs()
+        .unwrap()
+        .flatten_all()
+        .unwrap()
+        .max(0)
+        .unwrap();
     let den = b.abs().unwrap().flatten_all().unwrap().max(0).unwrap();
     num.to_scalar::<f64>().unwrap() / den.to_scalar::<f64>().unwrap()
 }
@@ -59,14 +66,20 @@ pub(crate) fn check_fixture(name: &str) {
         for (layer, layer_spec) in expected["layers"].as_object().unwrap() {
             let l: usize = layer.parse().unwrap();
             let at = |t: &str| want[&format!("layer{l}.{t}")].clone();
-            let mut weights = NamedTensors::open_file(&dir.join("model.safetensors"), &dev).unwrap();
+            let mut weights =
+                NamedTensors::open_file(&dir.join("model.safetensors"), &dev).unwrap();
             let model = (entry.load)(&config, &mut weights, l).unwrap();
             let what = format!("{name} {} layer {l}", expected["file"]);
             check_spec(&what, &model.attention_spec(l), layer_spec, &want, l);
-            for (dtype, bound_qkv, bound_o) in [(DType::F64, 1e-10, 1e-10), (DType::F32, 1e-4, 1e-3)]
+            for (dtype, bound_qkv, bound_o) in
+                [(DType::F64, 1e-10, 1e-10), (DType::F32, 1e-4, 1e-3)]
             {
                 let dump = model.layer_dump(&ids, dtype).unwrap();
-                assert_eq!(dump.spec, model.attention_spec(l), "{what}: the dump's spec");
+                assert_eq!(
+                    dump.spec,
+                    model.attention_spec(l),
+                    "{what}: the dump's spec"
+                );
                 for (t, got) in [("q", &dump.q), ("k", &dump.k), ("v", &dump.v)] {
                     assert_eq!(got.dtype(), dtype, "{what}: {t} dtype");
                     let e = rel(got, &at(t));
@@ -121,7 +134,10 @@ fn check_spec(
             let got = spec.sinks.as_ref().expect("the layer has sinks");
             assert_eq!(got.len(), s.len(), "{what}: sinks");
             for (a, b) in got.iter().zip(&s) {
-                assert!((a - b).abs() <= 1e-6 * b.abs().max(1.0), "{what}: sink {a} vs {b}");
+                assert!(
+                    (a - b).abs() <= 1e-6 * b.abs().max(1.0),
+                    "{what}: sink {a} vs {b}"
+                );
             }
         }
         None => assert!(spec.sinks.is_none(), "{what}: no sinks expected"),

@@ -12,8 +12,8 @@ use anyhow::Result;
 use candle_core::{DType, Tensor, D};
 
 use super::decoder_config::DecoderConfig;
-use crate::attention::spec::{exact_attention, AttentionSpec};
 use super::rope;
+use crate::attention::spec::{exact_attention, AttentionSpec};
 
 /// A Linear layer: y = x·Wᵀ (+ b), W [out, in], f32.
 #[derive(Debug, Clone)]

@@ -17,3 +17,4 @@ pub mod pooling;
 pub mod sampling;
 pub mod shifted_exp;
 pub mod spectral;
+pub mod visible;

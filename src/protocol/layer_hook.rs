@@ -145,7 +145,14 @@ impl<'a> MethodHook<'a> {
         ctx: Option<&Arc<LayerContext>>,
     ) -> Result<(Tensor, [f64; 6], usize)> {
         let m = self.method;
-        let lh = layer_head(q, k, v, h, Mask::Causal, ctx)?;
+        let lh = layer_head(
+            q,
+            k,
+            v,
+            h,
+            &AttentionSpec::of_mask(Mask::Causal, q.dim(2)?),
+            ctx,
+        )?;
         let head = &lh.head;
         let seed = TrialKey {
             seed: self.seed,

@@ -13,7 +13,7 @@ use anyhow::Result;
 use candle_core::Tensor;
 
 use crate::attention::decode::{DecodeHead, LayerContext};
-use crate::attention::{self, Approximation, HeadInputs, Mask, Method, Target};
+use crate::attention::{self, Approximation, AttentionSpec, HeadInputs, Mask, Method, Target};
 use crate::numerics::agreement::{self, Agreement};
 use crate::numerics::spectral::{self, ErrorNorms};
 use crate::protocol::trial::{flagged_rows, trial_mass};
@@ -131,7 +131,8 @@ pub struct LayerHead {
     pub decode: Option<DecodeHead>,
 }
 
-/// Query head `h` of a layer's [H, n, p] Q and [H_kv, n, p] K, V, under `mask`, with the layer's
+/// Query head `h` of a layer's [H, n, p] Q and [H_kv, n, p] K, V, under the layer's `spec`
+/// (its own sink: [`crate::attention::AttentionSpec::for_head`]), with the layer's
 /// decode context when the protocol is decode: grouped-query heads (docs/reference.md §7.1) read
 /// K/V head ⌊h·H_kv/H⌋.
 pub fn layer_head(
@@ -139,12 +140,13 @@ pub fn layer_head(
     k: &Tensor,
     v: &Tensor,
     h: usize,
-    mask: Mask,
+    spec: &AttentionSpec,
     layer: Option<&Arc<LayerContext>>,
 ) -> Result<LayerHead> {
     let kv_head = h * k.dim(0)? / q.dim(0)?;
+    let head_spec = spec.for_head(h);
     Ok(LayerHead {
-        head: HeadInputs::masked(q.get(h)?, k.get(kv_head)?, v.get(kv_head)?, mask)?,
+        head: HeadInputs::with_spec(q.get(h)?, k.get(kv_head)?, v.get(kv_head)?, head_spec)?,
         kv_head,
         decode: layer.map(|layer| DecodeHead {
             head: h,
@@ -215,6 +217,7 @@ impl<'h> HeadTarget<'h> {
     /// One trial: the method's Ô at d from the trial's seed, timed until the device is done,
     /// then measured.
     pub fn trial(&self, m: &dyn Method, d: usize, seed: u64) -> Result<(Approximation, Measured)> {
+        attention::refuse_unimplemented_spec(m, self.head)?;
         let t0 = Instant::now();
         let approx = match (self.protocol, self.decode) {
             (Protocol::Prefill, _) => m.approximate_trial(self.head, d, seed)?,

@@ -13,6 +13,7 @@ use candle_core::{DType, Tensor};
 
 use super::TrialContext;
 use crate::attention::exact::verify::TargetCheck;
+use crate::attention::spec::AttentionSpec;
 use crate::attention::{self, batch::each_head, HeadBatch, HeadInputs, HeadTrials};
 use crate::numerics::{sampling::TrialKey, spectral};
 use crate::protocol::pipeline::{HeadTarget, Protocol};
@@ -109,12 +110,14 @@ impl TrialContext<'_> {
             .collect::<Result<_>>()?;
         let target = Tensor::stack(&targets, 0)?; // [B, n, p], f64
         let check = TargetCheck::gather(&batch.q, &batch.k, &batch.v, &target)?;
+        // The window's heads are built under the run's mask (HeadInputs::masked): its plain spec.
+        let spec = AttentionSpec::of_mask(cfg.mask, batch.q.dim(2)?);
         let exact_norms = spectral::batch_matrix_norms(&target)?;
         add_phase(2, t0);
         // The check runs on the host's threads while the device runs the methods; the window's
         // rows are returned only if it passes.
         std::thread::scope(|scope| {
-            let checked = scope.spawn(|| check.verify(cfg.target, cfg.mask, Some(jobs)));
+            let checked = scope.spawn(|| check.verify(cfg.target, &spec, Some(jobs)));
             let rows = self.methods_on_device(&batch, &target, &exact_norms, jobs, missing);
             checked
                 .join()
@@ -184,6 +187,9 @@ impl TrialContext<'_> {
                 self.bar
                     .set_message(format!("n={n} w={w} {} d={d}", m.id()));
                 let t0 = Instant::now();
+                for head in &batch.heads {
+                    attention::refuse_unimplemented_spec(m.as_ref(), head)?;
+                }
                 let trials = HeadTrials::new(batch, d, &seeds)?;
                 let approx = if batched {
                     m.approximate_heads(&trials)

@@ -6,7 +6,7 @@ use std::path::PathBuf;
 
 use anyhow::{Context, Result};
 
-use crate::attention;
+use crate::attention::{self, AttentionSpec};
 use crate::config::{Choice, RunConfig};
 use crate::inputs;
 use crate::numerics::sampling::TrialKey;
@@ -477,7 +477,14 @@ impl<'a> TrialContext<'a> {
         missing: &(dyn Fn(usize, &str, usize) -> bool + Sync),
     ) -> Result<Vec<TrialRow>> {
         let (cfg, n, w) = (self.cfg, self.n, self.window);
-        let lh = pipeline::layer_head(q, k, v, h, cfg.mask, layer)?;
+        let lh = pipeline::layer_head(
+            q,
+            k,
+            v,
+            h,
+            &AttentionSpec::of_mask(cfg.mask, q.dim(2)?),
+            layer,
+        )?;
         let (head, kv_head) = (&lh.head, lh.kv_head);
         // The run's target in f64, once per head, before any method's clock starts; a sample of
         // its rows is checked against float64 first.

@@ -56,12 +56,13 @@ pub fn snap(ctx: &LayerContext, g: usize) -> Result<Arc<Vec<f64>>> {
 /// log-normaliser is log Σ_{i≥j} P_ij. Reversing both sequences turns i ≥ j into the causal
 /// kernel's j′ ≤ i′. None off the host or in another dtype (the caller forms the rows instead).
 fn causal_column_sums_on_host(q: &Tensor, k: &Tensor) -> Result<Option<Vec<f64>>> {
-    use crate::numerics::flash::{on_host, Visible};
+    use crate::numerics::flash::{on_host, Logits};
+    use crate::numerics::visible::Visible;
     let (n, p) = q.dims2()?;
     let causal = Visible::Causal { window: None };
     let scale = 1.0 / (p as f64).sqrt();
     let ones = Tensor::ones((n, 1), q.dtype(), q.device())?;
-    let Some((_, log_d)) = on_host(&(q * scale)?, k, &ones, causal)? else {
+    let Some((_, log_d)) = on_host(&(q * scale)?, k, &ones, causal, Logits::PLAIN)? else {
         return Ok(None);
     };
     let reversed = Tensor::from_vec((0..n as u32).rev().collect::<Vec<u32>>(), n, q.device())?;
@@ -69,7 +70,14 @@ fn causal_column_sums_on_host(q: &Tensor, k: &Tensor) -> Result<Option<Vec<f64>>
         Tensor::cat(&[(k * scale)?, ones.clone()], 1)?.index_select(&reversed, 0)?;
     let rows_as_keys =
         Tensor::cat(&[q.clone(), log_d.reshape((n, 1))?.neg()?], 1)?.index_select(&reversed, 0)?;
-    let Some((_, log_c)) = on_host(&keys_as_queries, &rows_as_keys, &ones, causal)? else {
+    let Some((_, log_c)) = on_host(
+        &keys_as_queries,
+        &rows_as_keys,
+        &ones,
+        causal,
+        Logits::PLAIN,
+    )?
+    else {
         return Ok(None);
     };
     let log_c: Vec<f64> = log_c.flatten_all()?.to_dtype(DType::F64)?.to_vec1()?;

@@ -14,7 +14,7 @@ use candle_core::Tensor;
 
 use super::{mask_after_diagonal, ExactAttention};
 use crate::attention::target::Mask;
-use crate::numerics::flash::{self, Visible};
+use crate::numerics::flash;
 
 /// Score entries per batched row block: about 64 M (256 MB in f32, one block in flight), so that
 /// each product is large enough to fill a GPU and H·b·n never grows with n² (n = 65536, H = 32:
@@ -55,10 +55,7 @@ impl ExactAttention {
         }
         let g = h / hkv;
         let qs = (q * (1.0 / (p as f64).sqrt()))?.contiguous()?;
-        let visible = match mask {
-            Mask::None => Visible::All,
-            Mask::Causal => Visible::Causal { window: None },
-        };
+        let visible = mask.visible();
         // On a CUDA device: every head in one launch of the fused kernel (issue 34).
         let out = match flash::on_device(&qs, k, v, visible)? {
             Some(out) => out,
@@ -77,6 +74,7 @@ impl ExactAttention {
                     // log D on demand, from this head's scaled Q and K (only the restricted
                     // methods' mass reads it).
                     log_rowsum: std::sync::OnceLock::new(),
+                    beyond_mask: None,
                 })
             })
             .collect()

@@ -12,7 +12,7 @@
 use anyhow::{bail, Result};
 use candle_core::{DType, Tensor};
 
-use crate::attention::target::Mask;
+use crate::attention::spec::AttentionSpec;
 use crate::attention::Target;
 
 /// Sampled rows every this many rows.
@@ -60,14 +60,14 @@ impl HostValues {
 /// 1e-9 for f64 results (the f32 path's measured error is under 2e-6 of max |O|).
 pub fn check_target_rows(
     target: Target,
-    mask: Mask,
+    spec: &AttentionSpec,
     q: &Tensor,
     k: &Tensor,
     v: &Tensor,
     output: &Tensor,
 ) -> Result<()> {
     let one = |t: &Tensor| t.unsqueeze(0);
-    TargetCheck::gather(&one(q)?, &one(k)?, &one(v)?, &one(output)?)?.verify(target, mask, None)
+    TargetCheck::gather(&one(q)?, &one(k)?, &one(v)?, &one(output)?)?.verify(target, spec, None)
 }
 
 /// What the check of a batch of heads reads, on the host: their K and V, and the sampled rows of
@@ -118,7 +118,12 @@ impl TargetCheck {
     /// error. A failure on a row whose exact computation needs values beyond the range of the
     /// dtype it ran in is a usage error (the inputs are too large: `--dtype f64`); any other is
     /// the device's wrong result.
-    pub fn verify(&self, target: Target, mask: Mask, heads: Option<&[usize]>) -> Result<()> {
+    pub fn verify(
+        &self,
+        target: Target,
+        spec: &AttentionSpec,
+        heads: Option<&[usize]>,
+    ) -> Result<()> {
         let (n, p, r) = (self.n, self.p, self.rows.len());
         let tol = if self.exact_dtype { 1e-9 } else { 1e-4 };
         // The kernelized target is computed in float64 whatever the inputs' dtype (§6.4.1).
@@ -129,7 +134,7 @@ impl TargetCheck {
         let batch: Vec<usize> = (0..self.heads).collect();
         let failures = crate::runtime::host_map(&batch, |&i| {
             check_head(
-                (target, mask),
+                (target, spec),
                 (tol, limit),
                 (n, p),
                 &self.rows,
@@ -202,7 +207,7 @@ enum Failure {
 /// One head's check (the sampled rows of q (r×p), k and v (n×p), row-major, and the output's
 /// sampled rows `got`, r×p): where it fails, if it does, and whether an overflow explains it.
 fn check_head(
-    (target, mask): (Target, Mask),
+    (target, spec): (Target, &AttentionSpec),
     (tol, limit): (f64, f64),
     (n, p): (usize, usize),
     rows: &[usize],
@@ -214,8 +219,9 @@ fn check_head(
         .collect();
     for (ri, &i) in rows.iter().enumerate() {
         let qi = &q_rows[ri * p..(ri + 1) * p];
-        let keys = if mask == Mask::Causal { i + 1 } else { n };
-        let weights = row_weights(target, qi, &k[..keys * p], p);
+        let (lo, hi) = spec.visible().span(i, i + 1, n);
+        let (k, v) = (&k[lo * p..hi * p], &v[lo * p..hi * p]);
+        let weights = row_weights(target, spec, (qi, k), p);
         let mass: f64 = weights.iter().map(|w| w.abs()).sum();
         for c in 0..p {
             let want: f64 = weights
@@ -230,30 +236,40 @@ fn check_head(
                     "row {i}, column {c}: {o} where a float64 recomputation from the same Q, K, V \
                      gives {want}"
                 );
-                return Some(
-                    match overflow(target, limit, qi, &k[..keys * p], &v[..keys * p], p) {
-                        Some(why) => Failure::Overflow(format!("{at}, and {why}")),
-                        None => Failure::Wrong(format!("{at} (allowed difference {bound:.3e})")),
-                    },
-                );
+                return Some(match overflow(target, limit, qi, k, v, p) {
+                    Some(why) => Failure::Overflow(format!("{at}, and {why}")),
+                    None => Failure::Wrong(format!("{at} (allowed difference {bound:.3e})")),
+                });
             }
         }
     }
     None
 }
 
-/// The target's weights of one query row `qi` over the keys `k` (keys×p, row-major), in f64.
-fn row_weights(target: Target, qi: &[f64], k: &[f64], p: usize) -> Vec<f64> {
+/// The target's weights of one query row `qi` over the keys `k` it sees (keys×p, row-major), in
+/// f64: the softmax under `spec` (its scale, cap and sink: with a sink they sum to less than 1).
+fn row_weights(
+    target: Target,
+    spec: &AttentionSpec,
+    (qi, k): (&[f64], &[f64]),
+    p: usize,
+) -> Vec<f64> {
     let dot = |a: &[f64], b: &[f64]| a.iter().zip(b).map(|(x, y)| x * y).sum::<f64>();
     match target {
         Target::Softmax => {
             let s: Vec<f64> = k
                 .chunks_exact(p)
-                .map(|kj| dot(qi, kj) / (p as f64).sqrt())
+                .map(|kj| spec.logit(dot(qi, kj)))
                 .collect();
-            let m = s.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+            // The sink is the head's; a checked head has the spec's first (one per query head).
+            let sink = spec.sink(0);
+            let m = s
+                .iter()
+                .cloned()
+                .chain(sink)
+                .fold(f64::NEG_INFINITY, f64::max);
             let e: Vec<f64> = s.iter().map(|x| (x - m).exp()).collect();
-            let z: f64 = e.iter().sum();
+            let z: f64 = e.iter().sum::<f64>() + sink.map_or(0.0, |x| (x - m).exp());
             e.iter().map(|x| x / z).collect()
         }
         Target::Kernelized => {
@@ -361,7 +377,7 @@ mod tests {
         let check = |out: &Tensor| {
             TargetCheck::gather(&q, &k, &v, out).unwrap().verify(
                 Target::Softmax,
-                Mask::None,
+                &AttentionSpec::bidirectional(p),
                 Some(&[4, 5, 6]),
             )
         };
@@ -398,7 +414,8 @@ mod tests {
                         crate::attention::target::kernelized_output(&q, &k, &v, DType::F64).unwrap()
                     }
                 };
-                check_target_rows(target, Mask::None, &q, &k, &v, &out).unwrap();
+                check_target_rows(target, &AttentionSpec::bidirectional(p), &q, &k, &v, &out)
+                    .unwrap();
                 // Rows 256..512 replaced by rows 0..256 of another head's output (stale data).
                 let other = out.narrow(0, 0, 256).unwrap().affine(1.01, 0.0).unwrap();
                 let bad = Tensor::cat(
@@ -410,15 +427,27 @@ mod tests {
                     0,
                 )
                 .unwrap();
-                let err = check_target_rows(target, Mask::None, &q, &k, &v, &bad).unwrap_err();
+                let err =
+                    check_target_rows(target, &AttentionSpec::bidirectional(p), &q, &k, &v, &bad)
+                        .unwrap_err();
                 assert!(format!("{err}").contains("is wrong at row"), "{err}");
                 if target == Target::Softmax {
                     // The causal target passes its own check and fails the bidirectional one.
-                    let causal = ExactAttention::compute_masked(&q, &k, &v, Mask::Causal)
-                        .unwrap()
-                        .output;
-                    check_target_rows(target, Mask::Causal, &q, &k, &v, &causal).unwrap();
-                    assert!(check_target_rows(target, Mask::None, &q, &k, &v, &causal).is_err());
+                    let causal =
+                        ExactAttention::compute_masked(&q, &k, &v, crate::attention::Mask::Causal)
+                            .unwrap()
+                            .output;
+                    check_target_rows(target, &AttentionSpec::causal(p, None), &q, &k, &v, &causal)
+                        .unwrap();
+                    assert!(check_target_rows(
+                        target,
+                        &AttentionSpec::bidirectional(p),
+                        &q,
+                        &k,
+                        &v,
+                        &causal
+                    )
+                    .is_err());
                 }
             }
         }

@@ -11,7 +11,7 @@ use candle_core::cuda_backend::{CudaDType, WrapErr};
 use candle_core::{CpuStorage, CudaStorage, CustomOp3, DType, Layout, Shape, Tensor};
 
 use super::{disabled, function, operand};
-use crate::numerics::flash::Visible;
+use crate::numerics::visible::Visible;
 
 /// The kernel for an element type and head size: (name, rows per block, threads, shared bytes).
 /// The tile shapes are attention.cu's instantiations: f32 64 rows × 64 keys, f64 32 × 32.

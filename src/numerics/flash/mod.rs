@@ -4,7 +4,11 @@
 //!   S = Q̃_b K_cᵀ (Q̃ = Q/√p),  m' = max(m, max_j S_ij),  E = exp(S − m'),
 //!   ℓ ← ℓ·exp(m − m') + Σ_j E_ij (in f64),  acc ← acc·exp(m − m') + E·V_c,
 //!
-//! and at the end O = acc/ℓ and log D = m + ln ℓ. The score tile lives in the block's own scratch
+//! and at the end O = acc/ℓ and log D = m + ln ℓ. Two refinements of the logits ([`Logits`], the
+//! layer's spec, docs/reference.md §7.7.0): a soft-cap c turns each S_ij into c·tanh(S_ij/c)
+//! before the row maximum, and a sink σ_h starts every row of head h with m = σ_h, ℓ = 1 and
+//! acc = 0 (the term e^{σ_h − m} of a key whose value is zero), so that its log D includes the
+//! sink's term: log D = log(e^{σ_h} + Σ_j e^{S_ij}). The score tile lives in the block's own scratch
 //! (a few hundred kB, in cache) and is never written to memory as an n×n matrix; tiles wholly past
 //! the causal diagonal (or before a sliding window) are skipped, not masked.
 //!
@@ -29,6 +33,8 @@ use rayon::prelude::*;
 use tiles as flash_tiles;
 pub use tiles::Simd;
 
+use crate::numerics::visible::Visible;
+
 /// Query rows per block: the unit of parallel work.
 /// (Tuned at n = 8192, p = 64 on the 2-core build machine: 128 × 256 took 0.77 of the two-pass
 /// kernel's time, 64 × 256 0.86, 128 × 128 0.78, 256 × 256 1.1; BENCHMARKS.md.)
@@ -36,35 +42,29 @@ pub const QUERY_BLOCK: usize = 128;
 /// Keys per tile: S is QUERY_BLOCK × KEY_TILE (128 kB in f32, in L2).
 pub const KEY_TILE: usize = 256;
 
-/// Which keys a query row sees.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Visible {
-    /// Every key.
-    All,
-    /// Keys j ≤ i, and with a sliding window W also j > i − W.
-    Causal { window: Option<usize> },
+/// The logits beyond the scaled product Q̃Kᵀ: the numerics-level form of a layer's spec (the
+/// attention module converts its `AttentionSpec`; numerics never reads it).
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct Logits<'a> {
+    /// c: each logit s becomes c·tanh(s/c) (c > 0).
+    pub softcap: Option<f64>,
+    /// σ_h, one per query head: a logit in every row's softmax whose value is zero.
+    pub sinks: Option<&'a [f64]>,
 }
 
-impl Visible {
-    /// The keys [lo, hi) any row of [r0, r1) sees.
-    fn span(self, r0: usize, r1: usize, nk: usize) -> (usize, usize) {
-        match self {
-            Visible::All => (0, nk),
-            Visible::Causal { window } => {
-                let lo = window.map_or(0, |w| (r0 + 1).saturating_sub(w));
-                (lo, r1.min(nk))
-            }
-        }
-    }
+impl Logits<'_> {
+    /// Plain scaled products: no cap, no sinks.
+    pub const PLAIN: Logits<'static> = Logits {
+        softcap: None,
+        sinks: None,
+    };
+}
 
-    /// Whether row i sees key j.
-    #[inline(always)]
-    fn sees(self, i: usize, j: usize) -> bool {
-        match self {
-            Visible::All => true,
-            Visible::Causal { window } => j <= i && window.is_none_or(|w| j + w > i),
-        }
-    }
+/// One query head's [`Logits`]: the cap and that head's sink.
+#[derive(Debug, Clone, Copy)]
+struct HeadLogits {
+    softcap: Option<f64>,
+    sink: Option<f64>,
 }
 
 /// One query block's scratch.
@@ -111,6 +111,7 @@ fn query_block<T: FlashFloat>(
     kv: &HeadKv<T>,
     r0: usize,
     visible: Visible,
+    logits: HeadLogits,
     out: &mut [T],
     log_d: &mut [T],
     sc: &mut Scratch<T>,
@@ -119,30 +120,32 @@ fn query_block<T: FlashFloat>(
     #[cfg(target_arch = "x86_64")]
     if simd == Simd::Avx512 {
         // SAFETY: the CPU runs the AVX-512 path (attention_with checks it).
-        return unsafe { query_block_avx512(q, kv, r0, visible, out, log_d, sc) };
+        return unsafe { query_block_avx512(q, kv, r0, visible, logits, out, log_d, sc) };
     }
     #[cfg(target_arch = "x86_64")]
     if std::arch::is_x86_feature_detected!("avx2") {
         // SAFETY: the CPU supports AVX2 (checked just above).
-        return unsafe { query_block_avx2(q, kv, r0, visible, out, log_d, sc, simd) };
+        return unsafe { query_block_avx2(q, kv, r0, visible, logits, out, log_d, sc, simd) };
     }
-    query_block_body::<T, 8>(q, kv, r0, visible, out, log_d, sc, simd)
+    query_block_body::<T, 8>(q, kv, r0, visible, logits, out, log_d, sc, simd)
 }
 
 /// The block's row passes compiled for 16-wide vectors (plain multiplies and adds, never FMA:
 /// the bits equal the other paths'), the row maximum in 16 lanes.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f,avx2,fma")]
+#[allow(clippy::too_many_arguments)]
 unsafe fn query_block_avx512<T: FlashFloat>(
     q: &[T],
     kv: &HeadKv<T>,
     r0: usize,
     visible: Visible,
+    logits: HeadLogits,
     out: &mut [T],
     log_d: &mut [T],
     sc: &mut Scratch<T>,
 ) {
-    query_block_body::<T, 16>(q, kv, r0, visible, out, log_d, sc, Simd::Avx512)
+    query_block_body::<T, 16>(q, kv, r0, visible, logits, out, log_d, sc, Simd::Avx512)
 }
 
 /// The block's row passes compiled for 8-wide vectors (plain multiplies and adds, never FMA:
@@ -155,12 +158,13 @@ unsafe fn query_block_avx2<T: FlashFloat>(
     kv: &HeadKv<T>,
     r0: usize,
     visible: Visible,
+    logits: HeadLogits,
     out: &mut [T],
     log_d: &mut [T],
     sc: &mut Scratch<T>,
     simd: Simd,
 ) {
-    query_block_body::<T, 8>(q, kv, r0, visible, out, log_d, sc, simd)
+    query_block_body::<T, 8>(q, kv, r0, visible, logits, out, log_d, sc, simd)
 }
 
 /// One block on path `simd`, the unfused row maxima in `L` lanes.
@@ -171,6 +175,7 @@ fn query_block_body<T: FlashFloat, const L: usize>(
     kv: &HeadKv<T>,
     r0: usize,
     visible: Visible,
+    logits: HeadLogits,
     out: &mut [T],
     log_d: &mut [T],
     sc: &mut Scratch<T>,
@@ -188,8 +193,12 @@ fn query_block_body<T: FlashFloat, const L: usize>(
     let rows = out.len() / pv;
     let r1 = r0 + rows;
     sc.acc[..rows * pv].fill(T::ZERO);
-    sc.m[..rows].fill(T::NEG_INFINITY);
-    sc.l[..rows].fill(0.0);
+    // A sink is the row's first term: m = σ, ℓ = e^{σ − σ} = 1, and nothing in acc.
+    let (m0, l0) = logits
+        .sink
+        .map_or((T::NEG_INFINITY, 0.0), |s| (T::from_f64(s), 1.0));
+    sc.m[..rows].fill(m0);
+    sc.l[..rows].fill(l0);
     sc.bad[..rows].fill(false);
     let qb = &q[r0 * p..r1 * p];
     let (lo, hi) = visible.span(r0, r1, nk);
@@ -204,7 +213,8 @@ fn query_block_body<T: FlashFloat, const L: usize>(
         // S = Q̃_b · K_cᵀ.
         // The tile needs a mask where some row does not see some key of it.
         let masked = !(visible.sees(r0, c0 + kt - 1) && visible.sees(r1 - 1, c0));
-        let ask = !masked && kt.is_multiple_of(flash_tiles::NR);
+        // The microkernels' row maxima are of the uncapped products: not asked for under a cap.
+        let ask = !masked && kt.is_multiple_of(flash_tiles::NR) && logits.softcap.is_none();
         let fused = T::scores(
             simd,
             qb,
@@ -220,6 +230,14 @@ fn query_block_body<T: FlashFloat, const L: usize>(
         );
         for r in 0..rows {
             let row = &mut s[r * ld..r * ld + kt];
+            if let Some(c) = logits.softcap {
+                // In f64 and one element at a time, so every path gives the same bits; the cap
+                // comes before the mask (capping −∞ would give −c). A +∞ product caps to c: only
+                // NaN poisons a capped row.
+                for x in row.iter_mut() {
+                    *x = T::from_f64(c * (x.to_f64() / c).tanh());
+                }
+            }
             if masked {
                 for (j, x) in row.iter_mut().enumerate() {
                     if !visible.sees(r0 + r, c0 + j) {
@@ -278,11 +296,13 @@ fn query_block_body<T: FlashFloat, const L: usize>(
     }
 }
 
-/// Exact attention of `heads` query heads at once: `q` [H, n, p] already scaled by 1/√p, `k`
-/// [H_kv, nk, p] and `v` [H_kv, nk, p_v] (query head h reads K/V head ⌊h·H_kv/H⌋; p_v is
-/// usually p). Returns O [H, n, p_v] and log D [H, n]. Blocks of [`QUERY_BLOCK`] rows of every
+/// Exact attention of `heads` query heads at once: `q` [H, n, p] already scaled by τ (1/√p by
+/// default), `k` [H_kv, nk, p] and `v` [H_kv, nk, p_v] (query head h reads K/V head ⌊h·H_kv/H⌋;
+/// p_v is usually p), with the rows' `logits` (cap, sinks: one per query head). Returns O
+/// [H, n, p_v] and log D [H, n] (with sinks, log D includes the sink's term). Blocks of [`QUERY_BLOCK`] rows of every
 /// head run in parallel on rayon's pool; the result does not depend on the thread count. Runs on
 /// this process's path ([`Simd::chosen`]).
+#[allow(clippy::too_many_arguments)]
 pub fn attention<T: FlashFloat>(
     q: &[T],
     k: &[T],
@@ -291,8 +311,9 @@ pub fn attention<T: FlashFloat>(
     kv_heads: usize,
     p: usize,
     visible: Visible,
+    logits: Logits,
 ) -> (Vec<T>, Vec<T>) {
-    attention_with(Simd::chosen(), q, k, v, heads, kv_heads, p, visible)
+    attention_with(Simd::chosen(), q, k, v, heads, kv_heads, p, visible, logits)
 }
 
 /// [`attention`] on the path `simd` (one this CPU runs: a higher one panics rather than run an
@@ -307,6 +328,7 @@ pub fn attention_with<T: FlashFloat>(
     kv_heads: usize,
     p: usize,
     visible: Visible,
+    logits: Logits,
 ) -> (Vec<T>, Vec<T>) {
     assert!(
         simd <= Simd::best(),
@@ -314,6 +336,10 @@ pub fn attention_with<T: FlashFloat>(
         Simd::best()
     );
     assert!(heads > 0 && kv_heads > 0 && heads.is_multiple_of(kv_heads) && p > 0);
+    assert!(
+        logits.sinks.is_none_or(|s| s.len() == heads),
+        "one sink per query head"
+    );
     let n = q.len() / (heads * p);
     let nk = k.len() / (kv_heads * p);
     assert_eq!(q.len(), heads * n * p);
@@ -373,11 +399,16 @@ pub fn attention_with<T: FlashFloat>(
                 p,
                 pv,
             };
+            let head_logits = HeadLogits {
+                softcap: logits.softcap,
+                sink: logits.sinks.map(|s| s[h]),
+            };
             query_block(
                 &q[h * n * p..(h + 1) * n * p],
                 &kv,
                 r0,
                 visible,
+                head_logits,
                 o,
                 d,
                 sc,
@@ -389,14 +420,15 @@ pub fn attention_with<T: FlashFloat>(
 }
 
 /// [`attention`] on host tensors in f32 or f64: `qs` scaled queries ([n, p] or [H, n, p]), `k`
-/// and `v` ([nk, p] or [H_kv, nk, p], converted to `qs`'s dtype); returns O [H, n, p] and log D
-/// [H, n] (H = 1 for 2-D inputs), or None on a non-CPU device or in another dtype (the caller
+/// and `v` ([nk, p] or [H_kv, nk, p], converted to `qs`'s dtype), `logits` as there; returns O
+/// [H, n, p] and log D [H, n] (H = 1 for 2-D inputs), or None on a non-CPU device or in another dtype (the caller
 /// then takes its device-generic path).
 pub fn on_host(
     qs: &Tensor,
     k: &Tensor,
     v: &Tensor,
     visible: Visible,
+    logits: Logits,
 ) -> Result<Option<(Tensor, Tensor)>> {
     let dtype = qs.dtype();
     if !qs.device().is_cpu() || !matches!(dtype, DType::F32 | DType::F64) {
@@ -422,6 +454,12 @@ pub fn on_host(
             v.dims()
         );
     }
+    if let Some(sinks) = logits.sinks.filter(|s| s.len() != h) {
+        anyhow::bail!(
+            "exact attention: {} sink logits for {h} query heads (one per query head)",
+            sinks.len()
+        );
+    }
     let dev = qs.device();
     fn run<T: FlashFloat + candle_core::WithDType>(
         qs: &Tensor,
@@ -429,12 +467,15 @@ pub fn on_host(
         v: &Tensor,
         (h, hkv, n, p, pv): (usize, usize, usize, usize, usize),
         visible: Visible,
+        logits: Logits,
         dev: &candle_core::Device,
     ) -> Result<(Tensor, Tensor)> {
         use crate::tensor_util::with_host_slice;
         let (o, d) = with_host_slice::<T, _>(qs, |q| {
             with_host_slice::<T, _>(k, |k| {
-                with_host_slice::<T, _>(v, |v| Ok(attention::<T>(q, k, v, h, hkv, p, visible)))
+                with_host_slice::<T, _>(v, |v| {
+                    Ok(attention::<T>(q, k, v, h, hkv, p, visible, logits))
+                })
             })
         })?;
         Ok((
@@ -444,8 +485,8 @@ pub fn on_host(
     }
     let dims = (h, hkv, n, p, v.dim(2)?);
     Ok(Some(match dtype {
-        DType::F32 => run::<f32>(&qs, &k, &v, dims, visible, dev)?,
-        _ => run::<f64>(&qs, &k, &v, dims, visible, dev)?,
+        DType::F32 => run::<f32>(&qs, &k, &v, dims, visible, logits, dev)?,
+        _ => run::<f64>(&qs, &k, &v, dims, visible, logits, dev)?,
     }))
 }
 

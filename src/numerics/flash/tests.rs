@@ -61,7 +61,7 @@ fn agrees_with_float64_on(simd: Simd) {
         let k = normal_values(&mut rng, n, p, 0.7);
         let v = normal_values(&mut rng, n, p, 1.0);
         let (want, want_ld) = reference(&q, &k, &v, n, n, p, vis);
-        let (got, got_ld) = attention_with(simd, &q, &k, &v, 1, 1, p, vis);
+        let (got, got_ld) = attention_with(simd, &q, &k, &v, 1, 1, p, vis, Logits::PLAIN);
         for (a, b) in got.iter().zip(&want).chain(got_ld.iter().zip(&want_ld)) {
             assert!(
                 (a - b).abs() <= 1e-12 * (1.0 + b.abs()),
@@ -69,7 +69,7 @@ fn agrees_with_float64_on(simd: Simd) {
             );
         }
         let f = |x: &[f64]| x.iter().map(|&y| y as f32).collect::<Vec<f32>>();
-        let (got32, _) = attention_with(simd, &f(&q), &f(&k), &f(&v), 1, 1, p, vis);
+        let (got32, _) = attention_with(simd, &f(&q), &f(&k), &f(&v), 1, 1, p, vis, Logits::PLAIN);
         let scale = want.iter().fold(0f64, |a, b| a.max(b.abs()));
         for (a, b) in got32.iter().zip(&want) {
             assert!(
@@ -101,7 +101,7 @@ fn the_microkernel_paths_give_the_same_bits() {
         let v = f(normal_values(&mut rng, n, p, 1.0));
         let runs: Vec<_> = paths
             .iter()
-            .map(|&simd| attention_with(simd, &q, &k, &v, 2, 1, p, vis))
+            .map(|&simd| attention_with(simd, &q, &k, &v, 2, 1, p, vis, Logits::PLAIN))
             .collect();
         let bits = |x: &[f32]| x.iter().map(|y| y.to_bits()).collect::<Vec<_>>();
         for (simd, (o, d)) in paths.iter().zip(&runs) {
@@ -119,7 +119,7 @@ fn grouped_heads_read_their_kv_head_and_a_nan_logit_poisons_only_its_row() {
     let k = normal_values(&mut rng, hkv * n, p, 1.0);
     let v = normal_values(&mut rng, hkv * n, p, 1.0);
     let vis = Visible::Causal { window: None };
-    let (all, _) = attention(&q, &k, &v, h, hkv, p, vis);
+    let (all, _) = attention(&q, &k, &v, h, hkv, p, vis, Logits::PLAIN);
     for head in 0..h {
         let kv = head * hkv / h;
         let (one, _) = attention(
@@ -130,12 +130,13 @@ fn grouped_heads_read_their_kv_head_and_a_nan_logit_poisons_only_its_row() {
             1,
             p,
             vis,
+            Logits::PLAIN,
         );
         assert!(one == all[head * n * p..(head + 1) * n * p], "head {head}");
     }
     let mut k2 = k.clone();
     k2[5 * p] = f64::NAN; // key 5 of K/V head 0: rows ≥ 5 of heads 0, 1 see it
-    let (bad, _) = attention(&q, &k2, &v, h, hkv, p, vis);
+    let (bad, _) = attention(&q, &k2, &v, h, hkv, p, vis, Logits::PLAIN);
     assert!(bad[..5 * p].iter().all(|x| x.is_finite()));
     assert!(bad[5 * p..6 * p].iter().all(|x| x.is_nan()));
     assert!(
@@ -172,7 +173,7 @@ fn the_bits_do_not_depend_on_the_thread_count_on(simd: Simd) {
             .num_threads(threads)
             .build()
             .unwrap()
-            .install(|| attention_with(simd, &q, &k, &v, 1, 1, p, causal))
+            .install(|| attention_with(simd, &q, &k, &v, 1, 1, p, causal, Logits::PLAIN))
     };
     let one = run(1);
     for t in [2, 8] {
