@@ -110,7 +110,10 @@ fn dump_qkv_of_gemma2_matches_transformers_with_the_layers_spec_in_the_sidecar()
             "{side}"
         );
         assert_eq!(side["softcap"], Value::from(8.0), "{side}");
-        assert_eq!(side["window"], window, "{side}");
+        // The layer's W is `sliding_window`: `window` is the corpus window's index, as in every
+        // dump (METHODS §7.7.0 names W `window`; the sidecar had that name already).
+        assert_eq!(side["sliding_window"], window, "{side}");
+        assert_eq!(side["window"], 0, "{side}");
         assert_eq!(side["layer_type"], layer_type, "{side}");
         assert_eq!(side["head_dim_v"], 16, "{side}");
         assert_eq!(side["kv_heads"], 2, "{side}");
@@ -238,7 +241,7 @@ fn a_sharded_family_checkpoint_reads_only_the_shards_of_layers_0_to_l() {
     std::fs::write(dir.join("model.safetensors.index.json"), index.to_string()).unwrap();
     let out = tmp.path().join("d.safetensors");
     let (t, side, _) = dump(&dir, &corpus, &out, "--layer 2");
-    assert_eq!(side["window"], 16, "{side}");
+    assert_eq!(side["sliding_window"], 16, "{side}");
     let want = expected("gemma2", "expected.safetensors");
     for x in ["q", "k", "v"] {
         let e = rel(&t[x], &want[&format!("layer2.{x}")]);
@@ -251,4 +254,31 @@ fn a_sharded_family_checkpoint_reads_only_the_shards_of_layers_0_to_l() {
     );
     assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
     assert!(stderr(&o).contains(shard2), "{}", stderr(&o));
+}
+
+/// A phi3 GGUF (fixtures/families/phi3/model.gguf, llama.cpp's converter layout written by
+/// tests/reference/generate_family_gguf.py) dumps what the safetensors checkpoint dumps: its own
+/// metadata is the configuration, with no config.json beside it.
+#[test]
+fn a_phi3_gguf_dumps_the_same_layer_as_its_safetensors() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (dir, corpus, ids) = family_dir(tmp.path(), "phi3");
+    let gguf_dir = tmp.path().join("phi3-gguf");
+    std::fs::create_dir_all(&gguf_dir).unwrap();
+    std::fs::copy(family_fixture("phi3").join("model.gguf"), gguf_dir.join("model.gguf")).unwrap();
+    std::fs::copy(dir.join("tokenizer.json"), gguf_dir.join("tokenizer.json")).unwrap();
+    let (a, side_a, _) = dump(&dir, &corpus, &tmp.path().join("a.safetensors"), "--layer 2");
+    let (b, side_b, _) = dump(&gguf_dir, &corpus, &tmp.path().join("b.safetensors"), "--layer 2");
+    assert_eq!(b["token_ids"].to_vec1::<u32>().unwrap(), ids);
+    let want = expected("phi3", "expected.safetensors");
+    for x in ["q", "k", "v"] {
+        let diff = (&a[x] - &b[x]).unwrap().abs().unwrap().max_all().unwrap();
+        assert_eq!(diff.to_scalar::<f32>().unwrap(), 0.0, "{x}");
+        let e = rel(&b[x], &want[&format!("layer2.{x}")]);
+        assert!(e <= 1e-4, "{x}: off by {e:e}");
+    }
+    for field in ["scale", "softcap", "sliding_window", "layer_type", "head_dim_v", "kv_heads"] {
+        assert_eq!(side_a[field], side_b[field], "{field}");
+    }
+    assert_eq!(side_b["sliding_window"], 16, "{side_b}");
 }

@@ -39,18 +39,25 @@ pub fn dump_qkv(
         DType::F64 => DType::F64,
         _ => DType::F32,
     };
-    // The layer's spec: the model's mask with τ = 1/√p (the families of §7.7 state theirs).
-    let spec =
-        crate::attention::AttentionSpec::of_mask(prepared.native_mask(), prepared.head_dim());
-    let (extra, spec_tensors) = crate::attention::spec::spec_sidecar(&spec, prepared.head_dim())?;
+    // The layer's spec: a §7.7 family's own, else the model's mask with τ = 1/√p.
+    let spec = match &family {
+        Some(d) => d.spec.clone(),
+        None => crate::attention::AttentionSpec::of_mask(prepared.native_mask(), prepared.head_dim()),
+    };
+    let (mut extra, spec_tensors) =
+        crate::attention::spec::spec_sidecar(&spec, prepared.head_dim_v())?;
     let mut map: std::collections::HashMap<String, candle_core::Tensor> =
         spec_tensors.into_iter().collect();
     map.insert("q".to_string(), q.to_dtype(dtype)?.to_device(&cpu)?);
     map.insert("k".to_string(), k.to_dtype(dtype)?.to_device(&cpu)?);
     map.insert("v".to_string(), v.to_dtype(dtype)?.to_device(&cpu)?);
-    let mut side_fields = serde_json::Map::new();
+    // A family's extra tensors (MLA's kv_latent, w_kv_b) and its own sidecar fields (phi3's
+    // rope_factors, MLA's mla).
     if let Some(d) = &family {
-        side_fields = layer_dump_entries(d, prepared.head_dim_v(), dtype, &mut map)?;
+        for (name, t) in &d.extra {
+            map.insert(name.clone(), t.to_dtype(dtype)?.to_device(&cpu)?);
+        }
+        extra.extend(d.sidecar.clone());
     }
     map.insert(
         "token_ids".to_string(),
@@ -81,55 +88,10 @@ pub fn dump_qkv(
     };
     let side = sidecar(out);
     let side_tmp = side.with_extension("json.tmp");
-    let mut info = serde_json::to_value(&info)?;
-    if let serde_json::Value::Object(o) = &mut info {
-        o.extend(side_fields);
-    }
     std::fs::write(&side_tmp, serde_json::to_string_pretty(&info)? + "\n")
         .and_then(|_| std::fs::rename(&side_tmp, &side))
         .map_err(|e| usage!("--out {}: cannot write ({e})", side.display()))?;
     Ok(())
-}
-
-/// A family's dump beyond Q, K, V: its extra tensors (in `dtype`, on the host) and `sinks` [H]
-/// (f32, as §7.7.0's dump says) into `tensors`; the sidecar fields it adds (the spec's, then the
-/// family's own: phi3's `rope_factors`, MLA's `mla`) returned.
-fn layer_dump_entries(
-    d: &crate::models::family::LayerDump,
-    head_dim_v: usize,
-    dtype: DType,
-    tensors: &mut std::collections::HashMap<String, candle_core::Tensor>,
-) -> Result<serde_json::Map<String, serde_json::Value>> {
-    let cpu = candle_core::Device::Cpu;
-    for (name, t) in &d.extra {
-        tensors.insert(name.clone(), t.to_dtype(dtype)?.to_device(&cpu)?);
-    }
-    if let Some(s) = &d.spec.sinks {
-        let sinks: Vec<f32> = s.iter().map(|&x| x as f32).collect();
-        tensors.insert(
-            "sinks".to_string(),
-            candle_core::Tensor::from_vec(sinks, s.len(), &cpu)?,
-        );
-    }
-    let mut fields = spec_sidecar(&d.spec, head_dim_v);
-    fields.extend(d.sidecar.clone());
-    Ok(fields)
-}
-
-/// A layer's attention spec as sidecar fields (docs/reference.md §7.7.0 "Dump"): `scale` τ,
-/// `softcap` (null or c), `window` (null or this layer's W), `layer_type` and `head_dim_v`. The
-/// sinks go into the safetensors file, not here.
-pub fn spec_sidecar(
-    spec: &crate::attention::spec::AttentionSpec,
-    head_dim_v: usize,
-) -> serde_json::Map<String, serde_json::Value> {
-    let mut m = serde_json::Map::new();
-    m.insert("scale".into(), spec.scale.into());
-    m.insert("softcap".into(), spec.softcap.into());
-    m.insert("window".into(), spec.window.into());
-    m.insert("layer_type".into(), spec.layer_type().label().into());
-    m.insert("head_dim_v".into(), head_dim_v.into());
-    m
 }
 
 /// The sidecar `dump-qkv` writes next to its safetensors file.
