@@ -73,7 +73,12 @@ pub struct FamilyEntry {
 }
 
 /// The §7.7 families, one line each.
-pub const FAMILIES: &[FamilyEntry] = &[];
+pub const FAMILIES: &[FamilyEntry] = &[
+    FamilyEntry {
+        model_types: &["gpt_oss"],
+        load: super::gpt_oss::load,
+    },
+];
 
 /// The family entry of a `model_type`, if it is a §7.7 family.
 pub fn family_entry(model_type: &str) -> Option<&'static FamilyEntry> {

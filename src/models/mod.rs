@@ -10,11 +10,15 @@
 //!   prompt rows of every layer;
 //! - `tokens`: the BOS policy and the token windows.
 
+pub mod config_fields;
 pub mod continuation;
 pub mod decoder_config;
 pub mod family;
+pub mod family_forward;
 pub mod gguf;
+pub mod gpt_oss;
 pub mod llama;
+pub mod quantized_weights;
 pub mod rope;
 pub mod tokens;
 pub mod weights;
