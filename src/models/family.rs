@@ -78,6 +78,10 @@ pub const FAMILIES: &[FamilyEntry] = &[
         model_types: &["gpt_oss"],
         load: super::gpt_oss::load,
     },
+    FamilyEntry {
+        model_types: &["deepseek_v2", "deepseek_v3"],
+        load: super::deepseek::load,
+    },
 ];
 
 /// The family entry of a `model_type`, if it is a §7.7 family.

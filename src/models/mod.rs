@@ -13,11 +13,13 @@
 pub mod config_fields;
 pub mod continuation;
 pub mod decoder_config;
+pub mod deepseek;
 pub mod family;
 pub mod family_forward;
 pub mod gguf;
 pub mod gpt_oss;
 pub mod llama;
+pub mod mla;
 pub mod quantized_weights;
 pub mod rope;
 pub mod tokens;
