@@ -103,6 +103,7 @@ impl DeepseekConfig {
             router,
         };
         cfg.check_groups(what)?;
+        check_fp8_blocks(&f)?;
         Ok(cfg)
     }
 
@@ -229,4 +230,21 @@ fn mla_dims(f: &ConfigFields, v3: bool) -> Result<MlaDims> {
         d_v: f.positive("v_head_dim")?,
         layout,
     })
+}
+
+/// The FP8 checkpoints' `quantization_config`, when present, must use the 128×128 blocks the
+/// loader dequantizes (`quantized_weights::FP8_BLOCK`).
+fn check_fp8_blocks(f: &ConfigFields) -> Result<()> {
+    let Some(q) = f.get("quantization_config") else {
+        return Ok(());
+    };
+    let block = super::super::quantized_weights::FP8_BLOCK as u64;
+    match q.get("weight_block_size") {
+        None => Ok(()),
+        Some(b) if b.as_array().is_some_and(|a| a.len() == 2 && a.iter().all(|x| x.as_u64() == Some(block))) => Ok(()),
+        Some(b) => Err(usage!(
+            "config {}: field \"quantization_config.weight_block_size\" is {b}; the FP8 weights are read in [{block}, {block}] blocks",
+            f.what
+        )),
+    }
 }

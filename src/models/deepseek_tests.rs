@@ -70,6 +70,15 @@ fn bad_configs_are_usage_errors_naming_the_field() {
     assert!(e.contains("q_lora_rank"), "{e}");
     let e = parse_error("deepseek_v2", |v| v["hidden_act"] = "gelu".into());
     assert!(e.contains("hidden_act"), "{e}");
+    let e =
+        parse_error(
+            "deepseek_v3",
+            |v| {
+                v["quantization_config"] =
+                    serde_json::json!({"quant_method": "fp8", "weight_block_size": [64, 64]})
+            },
+        );
+    assert!(e.contains("weight_block_size"), "{e}");
     let e = parse_error("deepseek_v2", |v| v["kv_lora_rank"] = "wide".into());
     assert!(e.contains("kv_lora_rank"), "{e}");
 }

@@ -187,4 +187,32 @@ mod tests {
             "{e}"
         );
     }
+
+    /// Two experts, 64 inputs (two blocks), 3 outputs, against transformers 5.24's
+    /// `convert_moe_packed_tensors` on the same bytes (blocks (37i + 11) mod 256, scales
+    /// 120 + (5j mod 15)): a weighted checksum of all 384 values and six of them.
+    #[test]
+    fn mxfp4_layout_matches_transformers() {
+        let blocks: Vec<u8> = (0..192u32).map(|i| ((i * 37 + 11) % 256) as u8).collect();
+        let scales: Vec<u8> = (0..12u32).map(|j| (120 + j * 5 % 15) as u8).collect();
+        let (_d, w) = checkpoint(&[
+            (
+                "x.gate_up_proj_blocks",
+                Dtype::U8,
+                vec![2, 3, 2, 16],
+                blocks,
+            ),
+            ("x.gate_up_proj_scales", Dtype::U8, vec![2, 3, 2], scales),
+        ]);
+        let t = mxfp4_or_plain(&w, "x.gate_up_proj", [2, 64, 3]).unwrap();
+        let v: Vec<f32> = t.flatten_all().unwrap().to_vec1().unwrap();
+        let checksum: f64 = v
+            .iter()
+            .enumerate()
+            .map(|(i, &x)| x as f64 * (i % 7 + 1) as f64)
+            .sum();
+        assert_eq!(checksum, 262.3359375);
+        let picks = [0, 1, 2, 95, 200, 383].map(|i| v[i]);
+        assert_eq!(picks, [-0.01171875, -12.0, -0.375, 1.5, 0.0, -8.0]);
+    }
 }
