@@ -7,7 +7,9 @@ use super::*;
 #[derive(Debug, Clone, PartialEq)]
 pub enum Router {
     /// V2: softmax scores; top-k over all experts (`greedy`), or within the `topk_group` groups
-    /// of highest maximum score (`group_limited_greedy`). Weights: the scores.
+    /// of highest maximum score (`group_limited_greedy`). Weights: the scores, never normalised:
+    /// transformers 5's V2 router ignores `norm_topk_prob` (DeepSeek's own V2 code normalises
+    /// when it is true; the published V2 configs have it false).
     Softmax { group_limited: bool },
     /// V3: sigmoid scores; selection on score + `e_score_correction_bias` within the `topk_group`
     /// groups of highest top-2 sum; weights: the chosen scores, normalised if `norm_topk_prob`.
@@ -168,7 +170,8 @@ impl DeepseekConfig {
                 let scores: Vec<f64> = logits.iter().map(|x| 1.0 / (1.0 + (-x).exp())).collect();
                 let bias = correction.expect("a sigmoid router has its correction bias");
                 let mut choice: Vec<f64> = scores.iter().zip(bias).map(|(s, b)| s + b).collect();
-                // A group's score: the sum of its two best (transformers' topk(2)).
+                // A group's score: the sum of its two best (transformers' topk(2); a group of
+                // one expert, which transformers refuses, scores that one).
                 let sums = choice
                     .chunks(group)
                     .map(|g| top_k(g, 2).iter().map(|&i| g[i]).sum::<f64>());

@@ -26,7 +26,8 @@ pub enum RopeLayout {
     /// The pairs written out as [rotated evens; rotated odds] (V3's `rope_interleave`, default).
     Deinterleaved,
     /// Rotate-half on the dims as stored (V3 with `rope_interleave` false): pairs (t, t + d/2),
-    /// the same pairing as `Deinterleaved`'s output.
+    /// the same pairing as `Deinterleaved`'s output, so the sidecar calls it `deinterleaved`
+    /// (§7.7.5 names only the two layouts).
     RotateHalf,
 }
 
