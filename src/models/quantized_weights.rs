@@ -34,7 +34,7 @@ fn byte_codes(t: &Tensor) -> Result<Vec<u8>> {
 /// gpt-oss's stacked expert tensor `name` as the forward uses it, [E, rows_in, cols_out]
 /// (`x @ w`): from `{name}_blocks` [E, cols_out, rows_in/32, 16] and `{name}_scales`
 /// [E, cols_out, rows_in/32] when the checkpoint holds MXFP4 (decoded, then transposed, as
-/// transformers' `convert_moe_packed_tensors`), else `name` as stored.
+/// transformers' `convert_moe_packed_tensors`, exact in bf16), else `name` as stored (f32).
 pub fn mxfp4_or_plain(weights: &NamedTensors, name: &str, shape: [usize; 3]) -> Result<Tensor> {
     let (blocks_name, scales_name) = (format!("{name}_blocks"), format!("{name}_scales"));
     if !weights.has(&blocks_name) {
@@ -66,7 +66,10 @@ pub fn mxfp4_or_plain(weights: &NamedTensors, name: &str, shape: [usize; 3]) -> 
     crate::tensor_util::check_finite(&w, || {
         format!("weights {}: tensor '{blocks_name}' decoded", weights.what())
     })?;
-    Ok(w)
+    // Held in bf16, which stores every finite E2M1·2^k exactly (two significant bits; f32's
+    // exponent range, subnormals down to 2^−133 below the smallest 2^−128): half of f32's memory
+    // for the experts of layers 0..L, and the forward widens each expert as it uses it.
+    Ok(w.to_dtype(DType::BF16)?)
 }
 
 /// The linear weight `{prefix}.weight` [out, in], dequantized with `{prefix}.weight_scale_inv`
@@ -168,6 +171,8 @@ mod tests {
             ),
         ]);
         let t = mxfp4_or_plain(&w, "e.down_proj", [1, 32, 2]).unwrap();
+        assert_eq!(t.dtype(), DType::BF16);
+        let t = t.to_dtype(DType::F32).unwrap();
         assert_eq!(t.dims(), &[1, 32, 2]);
         let rows: Vec<Vec<f32>> = t.squeeze(0).unwrap().to_vec2().unwrap();
         assert!(rows.iter().all(|r| r == &[2.0, -0.5]));
@@ -204,7 +209,10 @@ mod tests {
             ),
             ("x.gate_up_proj_scales", Dtype::U8, vec![2, 3, 2], scales),
         ]);
-        let t = mxfp4_or_plain(&w, "x.gate_up_proj", [2, 64, 3]).unwrap();
+        let t = mxfp4_or_plain(&w, "x.gate_up_proj", [2, 64, 3])
+            .unwrap()
+            .to_dtype(DType::F32)
+            .unwrap();
         let v: Vec<f32> = t.flatten_all().unwrap().to_vec1().unwrap();
         let checksum: f64 = v
             .iter()
