@@ -135,3 +135,79 @@ fn group_limited_routers_by_hand() {
     assert_eq!(got.iter().map(|c| c.0).collect::<Vec<_>>(), vec![2, 3]);
     assert!(got.iter().all(|c| (c.1 - 1.25).abs() < 1e-15), "{got:?}");
 }
+
+/// `rope_interleave: false` rotates the rope dims as stored (rotate-half). With the rope rows of
+/// q_b_proj and kv_a_proj_with_mqa permuted to [evens; odds], it must give exactly what the
+/// interleaved default gives on the original weights (transformers: "bit-identical to the
+/// de-interleaved rotate_half formulation").
+#[test]
+fn rope_interleave_false_on_deinterleaved_weights_equals_the_default() {
+    let dir = format!(
+        "{}/fixtures/families/deepseek_v3",
+        env!("CARGO_MANIFEST_DIR")
+    );
+    let dev = candle_core::Device::Cpu;
+    let config = fixture_config("deepseek_v3");
+    let cfg = DeepseekConfig::parse(&config, "cfg").unwrap();
+    let (d, r) = (&cfg.mla, cfg.mla.kv_lora_rank);
+    let evens_then_odds: Vec<usize> = (0..d.d_rope)
+        .step_by(2)
+        .chain((1..d.d_rope).step_by(2))
+        .collect();
+    // Row order: each block of d_R rope rows starting at `start` reordered evens then odds.
+    let permuted = |t: &Tensor, starts: Vec<usize>| {
+        let mut order: Vec<u32> = (0..t.dim(0).unwrap() as u32).collect();
+        for s in starts {
+            for (j, &src) in evens_then_odds.iter().enumerate() {
+                order[s + j] = (s + src) as u32;
+            }
+        }
+        let idx = Tensor::from_vec(order.clone(), order.len(), &dev).unwrap();
+        t.index_select(&idx, 0).unwrap()
+    };
+    let mut tensors =
+        candle_core::safetensors::load(format!("{dir}/model.safetensors"), &dev).unwrap();
+    for (name, t) in tensors.iter_mut() {
+        if name.ends_with("q_b_proj.weight") {
+            let p = d.qk_head_dim();
+            *t = permuted(t, (0..d.heads).map(|h| h * p + d.d_nope).collect());
+        } else if name.ends_with("kv_a_proj_with_mqa.weight") {
+            *t = permuted(t, vec![r]);
+        }
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let path = tmp.path().join("model.safetensors");
+    candle_core::safetensors::save(&tensors, &path).unwrap();
+    let mut rotate_half_config = config.clone();
+    rotate_half_config["rope_interleave"] = false.into();
+    let ids: Vec<u32> = (0..24).map(|i| (i * 37 + 5) % 128).collect();
+    let dump = |config: &Value, file: &std::path::Path| {
+        let mut w = NamedTensors::open_file(file, &dev).unwrap();
+        load(config, &mut w, 2)
+            .unwrap()
+            .layer_dump(&ids, DType::F64)
+            .unwrap()
+    };
+    let a = dump(
+        &config,
+        &std::path::Path::new(&dir).join("model.safetensors"),
+    );
+    let b = dump(&rotate_half_config, &path);
+    for (x, y) in [
+        (&a.q, &b.q),
+        (&a.k, &b.k),
+        (&a.v, &b.v),
+        (&a.extra[0].1, &b.extra[0].1),
+    ] {
+        let diff = (x - y)
+            .unwrap()
+            .abs()
+            .unwrap()
+            .max_all()
+            .unwrap()
+            .to_scalar::<f64>()
+            .unwrap();
+        assert_eq!(diff, 0.0);
+    }
+    assert_eq!(b.sidecar["mla"]["rope_layout"], "deinterleaved");
+}
