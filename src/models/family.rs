@@ -92,6 +92,16 @@ pub const FAMILIES: &[FamilyEntry] = &[
         load: super::phi3::load,
         gguf: Some(("phi3", super::phi3::from_gguf)),
     },
+    FamilyEntry {
+        model_types: &["gpt_oss"],
+        load: super::gpt_oss::load,
+        gguf: None,
+    },
+    FamilyEntry {
+        model_types: &["deepseek_v2", "deepseek_v3"],
+        load: super::deepseek::load,
+        gguf: None,
+    },
 ];
 
 /// The family entry of a GGUF `general.architecture`, if a §7.7 family reads it.

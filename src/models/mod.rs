@@ -13,14 +13,20 @@
 //!   it, `family_common` holds what they share;
 //! - `tokens`: the BOS policy and the token windows.
 
+pub mod config_fields;
 pub mod continuation;
 pub mod decoder_config;
+pub mod deepseek;
 pub mod family;
 mod family_common;
+pub mod family_forward;
 pub mod gemma;
 pub mod gguf;
+pub mod gpt_oss;
 pub mod llama;
+pub mod mla;
 pub mod phi3;
+pub mod quantized_weights;
 pub mod rope;
 pub mod tokens;
 pub mod weights;

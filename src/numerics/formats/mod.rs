@@ -1,11 +1,14 @@
 //! The number formats of docs/reference.md §8.2, bit for bit: one round-to-nearest-even to f16, bf16 and
 //! saturating E4M3 (`float`), llama.cpp's Q8_0/Q5_1/Q5_0/Q4_1/Q4_0 blocks (`ggml`), and the
-//! integer groups of KIVI (asymmetric) and SageAttention (symmetric) (`groups`).
+//! integer groups of KIVI (asymmetric) and SageAttention (symmetric) (`groups`); and the
+//! block-scaled weight formats of hub checkpoints, MXFP4 and FP8 with block scales
+//! (`block_scaled`), decoded on load.
 //!
 //! The committed fixtures under `fixtures/formats/` (from
 //! `tests/reference/generate_format_fixtures.py`: gguf-py, numpy, ml_dtypes/PyTorch and exact
 //! rational arithmetic) are the independent cross-check.
 
+mod block_scaled;
 mod float;
 mod ggml;
 mod groups;
@@ -13,6 +16,9 @@ mod groups;
 #[cfg(test)]
 mod tests;
 
+pub use block_scaled::{
+    e2m1_value, e8m0_value, fp8_block_dequantize, mxfp4_decode, BadScale, MXFP4_BLOCK,
+};
 pub use float::{
     bf16_bits, bf16_from_bits, e4m3_bits, e4m3_from_bits, f16_bits, f16_from_bits, round_bf16,
     round_bf16_f32, round_e4m3, round_e4m3_f32, round_f16, round_f16_f32, RunFloat, BF16_MAX,
