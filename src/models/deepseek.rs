@@ -9,9 +9,9 @@ use anyhow::Result;
 use candle_core::{DType, Tensor};
 use serde_json::Value;
 
-use super::config_fields::ConfigFields;
+use super::family_common::{embed_ids, merge_heads, ConfigFields};
 use super::family::{FamilyModel, FamilyShape, LayerDump, NamedTensors};
-use super::family_forward::{dispatch, embed_ids, host_rows, merge_heads, top_k, Routing};
+use super::moe::{dispatch, host_rows, top_k, Routing};
 use super::llama::{linear, rms_norm, Linear};
 use super::mla::{load_linear, MlaDims, MlaWeights, RopeLayout};
 use super::rope::{yarn_mscale, FamilyRope};

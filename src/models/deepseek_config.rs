@@ -43,7 +43,7 @@ pub struct DeepseekConfig {
 impl DeepseekConfig {
     /// Parses and checks config.json (`model_type` deepseek_v2 or deepseek_v3); `what` names it.
     pub fn parse(v: &Value, what: &str) -> Result<Self> {
-        let f = ConfigFields::new(v, what);
+        let f = ConfigFields::new(v, format!("config {what}"));
         let v3 = match f.str_opt("model_type")? {
             Some("deepseek_v2") => false,
             Some("deepseek_v3") => true,
@@ -196,27 +196,27 @@ impl DeepseekConfig {
 /// MLA's dimensions, checked: qk_head_dim (when given) = qk_nope_head_dim + qk_rope_head_dim,
 /// an even d_R, non-zero ranks.
 fn mla_dims(f: &ConfigFields, v3: bool) -> Result<MlaDims> {
-    let what = f.what;
+    let what = &f.what;
     let (d_nope, d_rope) = (
         f.positive("qk_nope_head_dim")?,
         f.positive("qk_rope_head_dim")?,
     );
     if d_rope % 2 != 0 {
-        return Err(usage!("config {what}: field \"qk_rope_head_dim\" is {d_rope}; RoPE rotates pairs, so it must be even"));
+        return Err(usage!("{what}: field \"qk_rope_head_dim\" is {d_rope}; RoPE rotates pairs, so it must be even"));
     }
     if let Some(p) = f
         .usize_opt("qk_head_dim")?
         .filter(|&p| p != d_nope + d_rope)
     {
         return Err(usage!(
-            "config {what}: field \"qk_head_dim\" is {p}, but qk_nope_head_dim + qk_rope_head_dim is {}",
+            "{what}: field \"qk_head_dim\" is {p}, but qk_nope_head_dim + qk_rope_head_dim is {}",
             d_nope + d_rope
         ));
     }
     let q_lora_rank = f.usize_opt("q_lora_rank")?;
     if q_lora_rank == Some(0) {
         return Err(usage!(
-            "config {what}: field \"q_lora_rank\" is 0; give a rank, or null for a direct q_proj"
+            "{what}: field \"q_lora_rank\" is 0; give a rank, or null for a direct q_proj"
         ));
     }
     let layout = match (v3, f.bool_opt("rope_interleave")?.unwrap_or(true)) {
@@ -246,7 +246,7 @@ fn check_fp8_blocks(f: &ConfigFields) -> Result<()> {
         None => Ok(()),
         Some(b) if b.as_array().is_some_and(|a| a.len() == 2 && a.iter().all(|x| x.as_u64() == Some(block))) => Ok(()),
         Some(b) => Err(usage!(
-            "config {}: field \"quantization_config.weight_block_size\" is {b}; the FP8 weights are read in [{block}, {block}] blocks",
+            "{}: field \"quantization_config.weight_block_size\" is {b}; the FP8 weights are read in [{block}, {block}] blocks",
             f.what
         )),
     }

@@ -74,6 +74,30 @@ impl<'a> ConfigFields<'a> {
             .transpose()
     }
 
+    /// A required count that must be at least 1.
+    pub fn positive(&self, name: &str) -> Result<usize> {
+        match self.usize_req(name)? {
+            0 => Err(usage!(
+                "{}: field \"{name}\" is 0; it must be at least 1",
+                self.what
+            )),
+            k => Ok(k),
+        }
+    }
+
+    pub fn bool_opt(&self, name: &str) -> Result<Option<bool>> {
+        self.get(name)
+            .map(|x| {
+                x.as_bool().ok_or_else(|| {
+                    usage!(
+                        "{}: field \"{name}\" must be true or false, found {x}",
+                        self.what
+                    )
+                })
+            })
+            .transpose()
+    }
+
     /// A positive finite number, `default` when absent or null.
     pub fn positive_or(&self, name: &str, default: Option<f64>) -> Result<f64> {
         let x = self
@@ -184,11 +208,15 @@ pub(super) fn embed_ids(embed: &Tensor, ids: &[u32], dtype: DType) -> Result<Ten
     Ok(embed.index_select(&ids_t, 0)?.to_dtype(dtype)?)
 }
 
+/// [H, n, p] → [n, H·p] (the attention output as o_proj reads it).
+pub(super) fn merge_heads(o: &Tensor) -> Result<Tensor> {
+    let (h, n, p) = o.dims3()?;
+    Ok(o.transpose(0, 1)?.contiguous()?.reshape((n, h * p))?)
+}
+
 /// The attention block's output: O [H, n, p_v] back to rows [n, H·p_v], through o_proj.
 pub(super) fn attention_out(o: &Tensor, o_proj: &Linear) -> Result<Tensor> {
-    let (h, n, p) = o.dims3()?;
-    let rows = o.transpose(0, 1)?.contiguous()?.reshape((n, h * p))?;
-    linear(&rows, o_proj)
+    linear(&merge_heads(o)?, o_proj)
 }
 
 /// A weight-only Linear (no bias) from the checkpoint, [out, inp].

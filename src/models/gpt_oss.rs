@@ -7,9 +7,9 @@ use anyhow::Result;
 use candle_core::{DType, Tensor};
 use serde_json::{Map, Value};
 
-use super::config_fields::ConfigFields;
+use super::family_common::{embed_ids, merge_heads, ConfigFields};
 use super::family::{FamilyModel, FamilyShape, LayerDump, NamedTensors};
-use super::family_forward::{dispatch, embed_ids, host_rows, merge_heads, sigmoid, top_k, Routing};
+use super::moe::{dispatch, host_rows, sigmoid, top_k, Routing};
 use super::llama::{linear, rms_norm, split_heads, Linear};
 use super::quantized_weights::mxfp4_or_plain;
 use super::rope::{self, FamilyRope};
@@ -42,7 +42,7 @@ pub struct GptOssConfig {
 impl GptOssConfig {
     /// Parses and checks config.json; `what` names it in errors.
     pub fn parse(v: &Value, what: &str) -> Result<Self> {
-        let f = ConfigFields::new(v, what);
+        let f = ConfigFields::new(v, format!("config {what}"));
         let (hidden, heads) = (
             f.positive("hidden_size")?,
             f.positive("num_attention_heads")?,
@@ -118,14 +118,14 @@ fn layer_types(f: &ConfigFields, layers: usize) -> Result<Vec<LayerType>> {
     };
     let list = list.as_array().filter(|a| a.len() == layers).ok_or_else(|| {
         usage!(
-            "config {}: field \"layer_types\" must be a list of {layers} layer types (one per layer), found {list}",
+            "{}: field \"layer_types\" must be a list of {layers} layer types (one per layer), found {list}",
             f.what
         )
     })?;
     list.iter()
         .enumerate()
         .map(|(l, t)| {
-            let field = format!("config {}: layer_types[{l}]", f.what);
+            let field = format!("{}: layer_types[{l}]", f.what);
             LayerType::parse(t.as_str().unwrap_or_default(), &field)
         })
         .collect()

@@ -9,22 +9,23 @@
 //! - `continuation`: decode mode's forward of the continuation rows only, on the exact run's
 //!   prompt rows of every layer;
 //! - `family`: the §7.7 families' interface (a loader per `model_type`, layer L's dump with its
-//!   attention spec) and the named-tensor reader; `gemma` (gemma2, gemma3) and `phi3` implement
-//!   it, `family_common` holds what they share;
+//!   attention spec) and the named-tensor reader (safetensors or a family's GGUF); `gemma`
+//!   (gemma2, gemma3), `phi3`, `gpt_oss` and `deepseek` (with `deepseek_config` and `mla`)
+//!   implement it; `family_common` holds what they share, `moe` the experts' routing and
+//!   dispatch, `quantized_weights` the MXFP4 and FP8 block-scaled weights dequantized on load;
 //! - `tokens`: the BOS policy and the token windows.
 
-pub mod config_fields;
 pub mod continuation;
 pub mod decoder_config;
 pub mod deepseek;
 pub mod family;
 mod family_common;
-pub mod family_forward;
 pub mod gemma;
 pub mod gguf;
 pub mod gpt_oss;
 pub mod llama;
 pub mod mla;
+pub mod moe;
 pub mod phi3;
 pub mod quantized_weights;
 pub mod rope;

@@ -1,37 +1,10 @@
-//! Forward pieces the §7.7 families share (gpt-oss, DeepSeek): the embedded window, merging heads
-//! back into rows, top-k, and the token-to-expert dispatch of a mixture-of-experts layer, as
+//! Mixture-of-experts pieces the §7.7 families share (gpt-oss, DeepSeek): top-k, and the
+//! token-to-expert dispatch of a mixture-of-experts layer, as
 //! transformers' eager expert loop runs it (each expert on its tokens, outputs weighted and
 //! added per token in expert order).
 
 use anyhow::Result;
 use candle_core::{DType, Tensor};
-
-/// The embedded window `ids` ([n, hidden], in `dtype`), refusing an empty window, a dtype other
-/// than f32/f64 and ids outside the vocabulary.
-pub fn embed_ids(embed: &Tensor, ids: &[u32], dtype: DType) -> Result<Tensor> {
-    if !matches!(dtype, DType::F32 | DType::F64) {
-        return Err(crate::usage!(
-            "a decoder forward runs in f32 or f64, not {dtype:?}"
-        ));
-    }
-    if ids.is_empty() {
-        return Err(crate::usage!("an empty token window has no forward"));
-    }
-    let vocab = embed.dim(0)?;
-    if let Some(&bad) = ids.iter().find(|&&i| i as usize >= vocab) {
-        return Err(crate::usage!(
-            "token id {bad} is outside the model's vocabulary of {vocab} (the tokenizer or the ids do not fit the model)"
-        ));
-    }
-    let ids_t = Tensor::from_vec(ids.to_vec(), ids.len(), embed.device())?;
-    Ok(embed.index_select(&ids_t, 0)?.to_dtype(dtype)?)
-}
-
-/// [H, n, p] → [n, H·p] (the attention output as o_proj reads it).
-pub fn merge_heads(o: &Tensor) -> Result<Tensor> {
-    let (h, n, p) = o.dims3()?;
-    Ok(o.transpose(0, 1)?.contiguous()?.reshape((n, h * p))?)
-}
 
 /// The indices of the k largest values, largest first (ties: the lower index first). NaN
 /// values rank last.
