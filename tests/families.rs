@@ -282,3 +282,41 @@ fn a_phi3_gguf_dumps_the_same_layer_as_its_safetensors() {
     }
     assert_eq!(side_b["sliding_window"], 16, "{side_b}");
 }
+
+/// `dump-qkv` of every fixture family at every stored layer (a sliding and a global one where the
+/// family has both) against transformers' float64 values within the f32 bounds
+/// (1e-4 for q/k/v and the extra tensors), with the spec and the family's fields in the sidecar
+/// and gpt-oss's sinks as a tensor.
+#[test]
+fn dump_qkv_of_every_family_matches_transformers_at_each_stored_layer() {
+    let tmp = tempfile::tempdir().unwrap();
+    for name in ["gemma3", "phi3", "gpt_oss", "deepseek_v2", "deepseek_v3", "deepseek_v3-noqlora"] {
+        let (dir, corpus, ids) = family_dir(tmp.path(), name);
+        let spec: Value = serde_json::from_str(
+            &std::fs::read_to_string(family_fixture(name).join("spec.json")).unwrap(),
+        )
+        .unwrap();
+        let want = expected(name, "expected.safetensors");
+        for (layer, ls) in spec["expected"][0]["layers"].as_object().unwrap() {
+            let out = tmp.path().join(format!("{name}-{layer}.safetensors"));
+            let (t, side, _) = dump(&dir, &corpus, &out, &format!("--layer {layer}"));
+            assert_eq!(t["token_ids"].to_vec1::<u32>().unwrap(), ids, "{name}");
+            let mut names = vec!["q", "k", "v"];
+            names.extend(["sinks", "kv_latent", "w_kv_b"].into_iter().filter(|x| t.contains_key(*x)));
+            for x in names {
+                let e = rel(&t[x], &want[&format!("layer{layer}.{x}")]);
+                assert!(e <= 1e-4, "{name} layer {layer} {x}: off by {e:e}");
+            }
+            assert_eq!(t.contains_key("sinks"), ls["sinks"].as_bool().unwrap(), "{name}");
+            let scale = ls["scale"].as_f64().unwrap();
+            assert!((side["scale"].as_f64().unwrap() - scale).abs() <= 1e-12 * scale, "{name}");
+            assert_eq!(side["softcap"], ls["softcap"], "{name}");
+            assert_eq!(side["sliding_window"], ls["window"], "{name}");
+            assert_eq!(side["layer_type"], ls["layer_type"], "{name}");
+            assert_eq!(side["head_dim_v"], ls["head_dim_v"], "{name}");
+            if let Some(mla) = ls.get("mla") {
+                assert_eq!(&side["mla"], mla, "{name}");
+            }
+        }
+    }
+}
