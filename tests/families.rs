@@ -17,32 +17,24 @@ fn family_fixture(name: &str) -> PathBuf {
         .join(name)
 }
 
-/// The fixture `name`'s model in a directory of its own, with a word-level tokenizer whose word
-/// `t{i}` is token i (no BOS), and a corpus that tokenizes to the fixture's expected ids.
+/// The fixture `name`'s model in a directory of its own, with its word-level tokenizer (word `t{i}`
+/// is token i, no BOS) and its corpus.txt, which tokenizes to the fixture's expected ids.
 fn family_dir(tmp: &Path, name: &str) -> (PathBuf, PathBuf, Vec<u32>) {
     let dir = tmp.join(name);
     std::fs::create_dir_all(&dir).unwrap();
-    for f in ["config.json", "model.safetensors"] {
+    for f in ["config.json", "model.safetensors", "tokenizer.json"] {
         std::fs::copy(family_fixture(name).join(f), dir.join(f)).unwrap();
     }
-    let vocab: serde_json::Map<String, Value> = (0..128)
-        .map(|i| (format!("t{i}"), Value::from(i)))
-        .collect();
-    let tokenizer = serde_json::json!({
-        "version": "1.0", "truncation": null, "padding": null, "added_tokens": [],
-        "normalizer": null, "pre_tokenizer": {"type": "Whitespace"}, "post_processor": null,
-        "decoder": null, "model": {"type": "WordLevel", "vocab": vocab, "unk_token": "t0"}
-    });
-    std::fs::write(dir.join("tokenizer.json"), tokenizer.to_string()).unwrap();
     let ids = expected(name, "expected.safetensors")["ids"]
         .to_dtype(DType::I64)
         .unwrap()
         .to_vec1::<i64>()
         .unwrap();
-    let words: Vec<String> = ids.iter().map(|i| format!("t{i}")).collect();
-    let corpus = tmp.join(format!("{name}.txt"));
-    std::fs::write(&corpus, words.join(" ") + "\n").unwrap();
-    (dir, corpus, ids.into_iter().map(|i| i as u32).collect())
+    (
+        dir,
+        family_fixture(name).join("corpus.txt"),
+        ids.into_iter().map(|i| i as u32).collect(),
+    )
 }
 
 fn expected(name: &str, file: &str) -> std::collections::HashMap<String, Tensor> {

@@ -401,6 +401,8 @@ def build(family, fx, out_dir):
             if mode.offenders:
                 sys.exit(f"{family}: the float64 forward still computes in low precision: {sorted(set(mode.offenders))[:8]}")
             fname = "expected.safetensors" if n == fx["ns"][0] else "expected_short.safetensors"
+            if n == fx["ns"][0]:
+                write_tokenizer_and_corpus(fam_dir, ids)
             tensors = {"ids": torch.from_numpy(ids), "logits": logits.contiguous()}
             layers = {}
             for L in fx["layers"]:
@@ -429,6 +431,22 @@ def build(family, fx, out_dir):
         json.dump(spec, f, indent=1, sort_keys=True)
         f.write("\n")
     floors(family, fam_dir, fx)
+
+
+def write_tokenizer_and_corpus(fam_dir, ids):
+    """tokenizer.json (word-level: the word t{i} is token i, no BOS) and corpus.txt (the words of the
+    expected window), so that the tool's CLI reads the fixture as a model directory and its window 0
+    of n tokens is the reference's ids (`approx-bench dump-qkv --model-dir fixtures/families/<name>
+    --corpus fixtures/families/<name>/corpus.txt --length n`)."""
+    vocab = {f"t{i}": i for i in range(128)}
+    tok = {"version": "1.0", "truncation": None, "padding": None, "added_tokens": [], "normalizer": None,
+           "pre_tokenizer": {"type": "Whitespace"}, "post_processor": None, "decoder": None,
+           "model": {"type": "WordLevel", "vocab": vocab, "unk_token": "t0"}}
+    with open(os.path.join(fam_dir, "tokenizer.json"), "w") as f:
+        json.dump(tok, f, indent=1)
+        f.write("\n")
+    with open(os.path.join(fam_dir, "corpus.txt"), "w") as f:
+        f.write(" ".join(f"t{i}" for i in ids) + "\n")
 
 
 def floors(family, fam_dir, fx):
@@ -517,8 +535,9 @@ def compare(new_dir, old_dir):
         bad.append(f"family directories differ: {fams}")
     for fam in fams:
         nd, od = os.path.join(new_dir, fam), os.path.join(old_dir, fam)
+        # model.gguf is generate_family_gguf.py's (checked by its own --check).
         names = sorted(os.listdir(nd))
-        if not os.path.isdir(od) or sorted(os.listdir(od)) != names:
+        if not os.path.isdir(od) or sorted(f for f in os.listdir(od) if f != "model.gguf") != names:
             bad.append(f"{fam}: files differ")
             continue
         for name in names:
