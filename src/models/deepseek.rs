@@ -9,7 +9,7 @@ use anyhow::Result;
 use candle_core::{DType, Tensor};
 use serde_json::Value;
 
-use super::family_common::{embed_ids, merge_heads, ConfigFields};
+use super::family_common::{check_layer, embed_ids, merge_heads, ConfigFields};
 use super::family::{FamilyModel, FamilyShape, LayerDump, NamedTensors};
 use super::moe::{dispatch, host_rows, top_k, Routing};
 use super::llama::{linear, rms_norm, Linear};
@@ -89,13 +89,7 @@ pub fn load(
 ) -> Result<Box<dyn FamilyModel>> {
     let what = weights.what().to_string();
     let cfg = DeepseekConfig::parse(config, &what)?;
-    if layer >= cfg.layers {
-        return Err(usage!(
-            "layer {layer} does not exist: {what} has {} layers (0..={})",
-            cfg.layers,
-            cfg.layers - 1
-        ));
-    }
+    check_layer(layer, cfg.layers)?;
     let embed = weights.get("model.embed_tokens.weight", &[cfg.vocab, cfg.hidden])?;
     let layers = (0..=layer)
         .map(|l| load_layer(weights, &cfg, l, l < layer))

@@ -7,7 +7,7 @@ use anyhow::Result;
 use candle_core::{DType, Tensor};
 use serde_json::{Map, Value};
 
-use super::family_common::{embed_ids, merge_heads, ConfigFields};
+use super::family_common::{check_layer, embed_ids, merge_heads, ConfigFields};
 use super::family::{FamilyModel, FamilyShape, LayerDump, NamedTensors};
 use super::moe::{dispatch, host_rows, sigmoid, top_k, Routing};
 use super::llama::{linear, rms_norm, split_heads, Linear};
@@ -173,13 +173,7 @@ pub fn load(
 ) -> Result<Box<dyn FamilyModel>> {
     let what = weights.what().to_string();
     let cfg = GptOssConfig::parse(config, &what)?;
-    if layer >= cfg.layers {
-        return Err(usage!(
-            "layer {layer} does not exist: {what} has {} layers (0..={})",
-            cfg.layers,
-            cfg.layers - 1
-        ));
-    }
+    check_layer(layer, cfg.layers)?;
     let embed = weights.get("model.embed_tokens.weight", &[cfg.vocab, cfg.hidden])?;
     let layers = (0..=layer)
         .map(|l| load_layer(weights, &cfg, l, l < layer))
@@ -359,11 +353,9 @@ impl FamilyModel for GptOss {
             q,
             k,
             v,
+            // The sinks travel in the spec (the dump writes them as an f32 tensor).
             spec: self.attention_spec(last),
-            extra: vec![(
-                "sinks".into(),
-                self.layers[last].sinks.to_dtype(DType::F32)?,
-            )],
+            extra: Vec::new(),
             sidecar: Map::new(),
         })
     }

@@ -9,7 +9,7 @@ use super::decoder_config::{RopeConfig, RopeScaling};
 
 // yarn and the pair layouts of §7.7.4–7.7.5, in their own file.
 mod yarn;
-pub use yarn::{deinterleave, interleave, scaled_cos_sin, yarn_mscale, FamilyRope, Yarn};
+pub use yarn::{deinterleave, interleave, yarn_mscale, FamilyRope, Yarn};
 
 /// inv_freq_t, t = 0..p/2, in f64, with the config's scaling applied.
 pub fn inv_freq(rope: &RopeConfig, head_dim: usize) -> Vec<f64> {

@@ -105,9 +105,9 @@ impl FamilyRope {
         }
     }
 
-    /// cos and sin tables [n, d] of positions 0..n−1 (see [`scaled_cos_sin`]).
+    /// cos and sin tables [n, d] of positions 0..n−1 (see [`super::cos_sin_of`]).
     pub fn cos_sin(&self, n: usize, dtype: DType, device: &Device) -> Result<(Tensor, Tensor)> {
-        scaled_cos_sin(&self.inv_freq(), self.attention_factor(), n, dtype, device)
+        super::cos_sin_of(&self.inv_freq(), n, self.attention_factor(), dtype, device)
     }
 
     /// The RoPE of a family's config.json over `dim` rotary dims: `rope_parameters`
@@ -206,40 +206,6 @@ fn yarn_from_params(
         attention_factor,
         mscale_all_dim: mscale_all_dim.unwrap_or(0.0),
     })
-}
-
-/// cos and sin tables [n, 2·inv_freq.len()] (rotate-half: the angles repeat over both halves),
-/// each multiplied by `attention_factor`, for positions 0..n−1. The angle is formed in `dtype` as
-/// in [`super::cos_sin`]; cos·a and sin·a are rounded once to `dtype`.
-pub fn scaled_cos_sin(
-    inv_freq: &[f64],
-    attention_factor: f64,
-    n: usize,
-    dtype: DType,
-    device: &Device,
-) -> Result<(Tensor, Tensor)> {
-    let half = inv_freq.len();
-    let d = 2 * half;
-    let mut cos = vec![0f64; n * d];
-    let mut sin = vec![0f64; n * d];
-    for i in 0..n {
-        for (t, &f) in inv_freq.iter().enumerate() {
-            let angle = if dtype == DType::F64 {
-                i as f64 * f
-            } else {
-                (i as f32 * f as f32) as f64
-            };
-            let (s, c) = angle.sin_cos();
-            for j in [t, t + half] {
-                cos[i * d + j] = c * attention_factor;
-                sin[i * d + j] = s * attention_factor;
-            }
-        }
-    }
-    let table = |v: Vec<f64>| -> Result<Tensor> {
-        Ok(Tensor::from_vec(v, (n, d), device)?.to_dtype(dtype)?)
-    };
-    Ok((table(cos)?, table(sin)?))
 }
 
 /// Adjacent pairs (2t, 2t+1) of the last dim to rotate-half order [evens; odds].
