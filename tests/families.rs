@@ -257,10 +257,24 @@ fn a_phi3_gguf_dumps_the_same_layer_as_its_safetensors() {
     let (dir, corpus, ids) = family_dir(tmp.path(), "phi3");
     let gguf_dir = tmp.path().join("phi3-gguf");
     std::fs::create_dir_all(&gguf_dir).unwrap();
-    std::fs::copy(family_fixture("phi3").join("model.gguf"), gguf_dir.join("model.gguf")).unwrap();
+    std::fs::copy(
+        family_fixture("phi3").join("model.gguf"),
+        gguf_dir.join("model.gguf"),
+    )
+    .unwrap();
     std::fs::copy(dir.join("tokenizer.json"), gguf_dir.join("tokenizer.json")).unwrap();
-    let (a, side_a, _) = dump(&dir, &corpus, &tmp.path().join("a.safetensors"), "--layer 2");
-    let (b, side_b, _) = dump(&gguf_dir, &corpus, &tmp.path().join("b.safetensors"), "--layer 2");
+    let (a, side_a, _) = dump(
+        &dir,
+        &corpus,
+        &tmp.path().join("a.safetensors"),
+        "--layer 2",
+    );
+    let (b, side_b, _) = dump(
+        &gguf_dir,
+        &corpus,
+        &tmp.path().join("b.safetensors"),
+        "--layer 2",
+    );
     assert_eq!(b["token_ids"].to_vec1::<u32>().unwrap(), ids);
     let want = expected("phi3", "expected.safetensors");
     for x in ["q", "k", "v"] {
@@ -269,7 +283,14 @@ fn a_phi3_gguf_dumps_the_same_layer_as_its_safetensors() {
         let e = rel(&b[x], &want[&format!("layer2.{x}")]);
         assert!(e <= 1e-4, "{x}: off by {e:e}");
     }
-    for field in ["scale", "softcap", "sliding_window", "layer_type", "head_dim_v", "kv_heads"] {
+    for field in [
+        "scale",
+        "softcap",
+        "sliding_window",
+        "layer_type",
+        "head_dim_v",
+        "kv_heads",
+    ] {
         assert_eq!(side_a[field], side_b[field], "{field}");
     }
     assert_eq!(side_b["sliding_window"], 16, "{side_b}");
@@ -282,7 +303,14 @@ fn a_phi3_gguf_dumps_the_same_layer_as_its_safetensors() {
 #[test]
 fn dump_qkv_of_every_family_matches_transformers_at_each_stored_layer() {
     let tmp = tempfile::tempdir().unwrap();
-    for name in ["gemma3", "phi3", "gpt_oss", "deepseek_v2", "deepseek_v3", "deepseek_v3-noqlora"] {
+    for name in [
+        "gemma3",
+        "phi3",
+        "gpt_oss",
+        "deepseek_v2",
+        "deepseek_v3",
+        "deepseek_v3-noqlora",
+    ] {
         let (dir, corpus, ids) = family_dir(tmp.path(), name);
         let spec: Value = serde_json::from_str(
             &std::fs::read_to_string(family_fixture(name).join("spec.json")).unwrap(),
@@ -294,14 +322,25 @@ fn dump_qkv_of_every_family_matches_transformers_at_each_stored_layer() {
             let (t, side, _) = dump(&dir, &corpus, &out, &format!("--layer {layer}"));
             assert_eq!(t["token_ids"].to_vec1::<u32>().unwrap(), ids, "{name}");
             let mut names = vec!["q", "k", "v"];
-            names.extend(["sinks", "kv_latent", "w_kv_b"].into_iter().filter(|x| t.contains_key(*x)));
+            names.extend(
+                ["sinks", "kv_latent", "w_kv_b"]
+                    .into_iter()
+                    .filter(|x| t.contains_key(*x)),
+            );
             for x in names {
                 let e = rel(&t[x], &want[&format!("layer{layer}.{x}")]);
                 assert!(e <= 1e-4, "{name} layer {layer} {x}: off by {e:e}");
             }
-            assert_eq!(t.contains_key("sinks"), ls["sinks"].as_bool().unwrap(), "{name}");
+            assert_eq!(
+                t.contains_key("sinks"),
+                ls["sinks"].as_bool().unwrap(),
+                "{name}"
+            );
             let scale = ls["scale"].as_f64().unwrap();
-            assert!((side["scale"].as_f64().unwrap() - scale).abs() <= 1e-12 * scale, "{name}");
+            assert!(
+                (side["scale"].as_f64().unwrap() - scale).abs() <= 1e-12 * scale,
+                "{name}"
+            );
             assert_eq!(side["softcap"], ls["softcap"], "{name}");
             assert_eq!(side["sliding_window"], ls["window"], "{name}");
             assert_eq!(side["layer_type"], ls["layer_type"], "{name}");

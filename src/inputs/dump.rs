@@ -42,7 +42,9 @@ pub fn dump_qkv(
     // The layer's spec: a §7.7 family's own, else the model's mask with τ = 1/√p.
     let spec = match &family {
         Some(d) => d.spec.clone(),
-        None => crate::attention::AttentionSpec::of_mask(prepared.native_mask(), prepared.head_dim()),
+        None => {
+            crate::attention::AttentionSpec::of_mask(prepared.native_mask(), prepared.head_dim())
+        }
     };
     let (mut extra, spec_tensors) =
         crate::attention::spec::spec_sidecar(&spec, prepared.head_dim_v())?;

@@ -9,11 +9,11 @@ use anyhow::Result;
 use candle_core::{DType, Tensor};
 use serde_json::Value;
 
-use super::family_common::{check_layer, embed_ids, merge_heads, ConfigFields};
 use super::family::{FamilyModel, FamilyShape, LayerDump, NamedTensors};
-use super::moe::{dispatch, host_rows, top_k, Routing};
+use super::family_common::{check_layer, embed_ids, merge_heads, ConfigFields};
 use super::llama::{linear, rms_norm, Linear};
 use super::mla::{load_linear, MlaDims, MlaWeights, RopeLayout};
+use super::moe::{dispatch, host_rows, top_k, Routing};
 use super::rope::{yarn_mscale, FamilyRope};
 use crate::attention::spec::{exact_attention, AttentionSpec};
 use crate::usage;

@@ -202,9 +202,8 @@ impl NamedTensors {
     pub fn has(&self, name: &str) -> bool {
         match &self.store {
             Store::Safetensors { names, .. } => names.contains(name),
-            Store::Gguf { file, rename } => rename(name).is_some_and(|(g, _)| {
-                file.lock().expect("GGUF file lock").has_tensor(&g)
-            }),
+            Store::Gguf { file, rename } => rename(name)
+                .is_some_and(|(g, _)| file.lock().expect("GGUF file lock").has_tensor(&g)),
         }
     }
 

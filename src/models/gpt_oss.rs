@@ -7,10 +7,10 @@ use anyhow::Result;
 use candle_core::{DType, Tensor};
 use serde_json::{Map, Value};
 
-use super::family_common::{check_layer, embed_ids, merge_heads, ConfigFields};
 use super::family::{FamilyModel, FamilyShape, LayerDump, NamedTensors};
-use super::moe::{dispatch, host_rows, sigmoid, top_k, Routing};
+use super::family_common::{check_layer, embed_ids, merge_heads, ConfigFields};
 use super::llama::{linear, rms_norm, split_heads, Linear};
+use super::moe::{dispatch, host_rows, sigmoid, top_k, Routing};
 use super::quantized_weights::mxfp4_or_plain;
 use super::rope::{self, FamilyRope};
 use crate::attention::spec::{exact_attention, AttentionSpec, LayerType};

@@ -9,10 +9,10 @@ use candle_core::{DType, Tensor};
 use serde_json::{Map, Value};
 
 use super::family::{FamilyModel, FamilyShape, GgufValues, LayerDump, NamedTensors};
-use super::gguf::{f32_decimal, GgufFile};
 use super::family_common::{
     attention_out, check_layer, embed_ids, linear_rows, linear_weight, ConfigFields,
 };
+use super::gguf::{f32_decimal, GgufFile};
 use super::llama::{linear, rms_norm, row_chunks, split_heads, Linear};
 use super::rope;
 use crate::attention::spec::{exact_attention, AttentionSpec};
@@ -389,7 +389,10 @@ impl FamilyModel for Phi3 {
 /// A Phi-3 GGUF as llama.cpp's converter writes it (docs/reference.md §7.7.3 "GGUF"): the
 /// config.json it describes, from the `phi3.*` metadata and the rope factor tensors, and its
 /// tensors under Hugging Face names. The loader then runs as on safetensors.
-pub fn from_gguf(mut file: GgufFile, device: &candle_core::Device) -> Result<(Value, NamedTensors)> {
+pub fn from_gguf(
+    mut file: GgufFile,
+    device: &candle_core::Device,
+) -> Result<(Value, NamedTensors)> {
     let key = |k: &str| format!("phi3.{k}");
     let hidden = file.req(&key("embedding_length"))?;
     let heads = file.req(&key("attention.head_count"))?;
@@ -397,9 +400,10 @@ pub fn from_gguf(mut file: GgufFile, device: &candle_core::Device) -> Result<(Va
     let rope_dims = file
         .meta_usize(&key("rope.dimension_count"))?
         .unwrap_or(head_dim);
-    let vocab = file.tensor_dims("token_embd.weight").map(|d| d[0]).ok_or_else(|| {
-        usage!("GGUF {}: tensor token_embd.weight is missing", file.path())
-    })?;
+    let vocab = file
+        .tensor_dims("token_embd.weight")
+        .map(|d| d[0])
+        .ok_or_else(|| usage!("GGUF {}: tensor token_embd.weight is missing", file.path()))?;
     let mut rope = serde_json::json!({
         "rope_theta": file.meta_decimal(&key("rope.freq_base"))?.unwrap_or(10_000.0),
         "partial_rotary_factor": rope_dims as f64 / head_dim as f64,
@@ -414,15 +418,22 @@ pub fn from_gguf(mut file: GgufFile, device: &candle_core::Device) -> Result<(Va
         rope["rope_type"] = "longrope".into();
         rope["long_factor"] = factors(&mut file, "rope_factors_long.weight")?.into();
         rope["short_factor"] = factors(&mut file, "rope_factors_short.weight")?.into();
-        rope["original_max_position_embeddings"] =
-            file.req(&key("rope.scaling.original_context_length"))?.into();
+        rope["original_max_position_embeddings"] = file
+            .req(&key("rope.scaling.original_context_length"))?
+            .into();
         // The converter stores the longrope attention factor √(1 + ln f/ln N₀) in f32; the
         // formula's f64 value is used when the stored one is that value rounded (so the GGUF and
         // safetensors routes give the same bits), the stored one otherwise (a custom factor).
         if let Some(a) = file.meta_f64(&key("rope.scaling.attn_factor"))? {
-            let n0 = rope["original_max_position_embeddings"].as_f64().unwrap_or(1.0);
+            let n0 = rope["original_max_position_embeddings"]
+                .as_f64()
+                .unwrap_or(1.0);
             let f = file.req(&key("context_length"))? as f64 / n0;
-            let formula = if f > 1.0 { (1.0 + f.ln() / n0.ln()).sqrt() } else { 1.0 };
+            let formula = if f > 1.0 {
+                (1.0 + f.ln() / n0.ln()).sqrt()
+            } else {
+                1.0
+            };
             if (a - formula).abs() > 1e-6 * formula {
                 rope["attention_factor"] = a.into();
             }
@@ -443,7 +454,10 @@ pub fn from_gguf(mut file: GgufFile, device: &candle_core::Device) -> Result<(Va
         "tie_word_embeddings": !file.has_tensor("output.weight"),
         "rope_parameters": rope,
     });
-    Ok((config, NamedTensors::from_gguf(file, Box::new(gguf_name), device)))
+    Ok((
+        config,
+        NamedTensors::from_gguf(file, Box::new(gguf_name), device),
+    ))
 }
 
 /// llama.cpp's name of a phi3 tensor (its tensor map for `MODEL_ARCH.PHI3`).

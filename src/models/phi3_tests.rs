@@ -90,7 +90,10 @@ fn the_gguf_route_reads_the_same_model_as_safetensors() {
         assert_eq!(a.shape(), b.shape(), "{name}");
         for &n in lengths {
             let ids: Vec<u32> = (0..n as u32).map(|i| (i * 29 + 3) % 128).collect();
-            let (da, db) = (a.layer_dump(&ids, DType::F64).unwrap(), b.layer_dump(&ids, DType::F64).unwrap());
+            let (da, db) = (
+                a.layer_dump(&ids, DType::F64).unwrap(),
+                b.layer_dump(&ids, DType::F64).unwrap(),
+            );
             assert_eq!(da.spec, db.spec, "{name}");
             assert_eq!(da.sidecar, db.sidecar, "{name} n = {n}");
             for (x, y) in [(&da.q, &db.q), (&da.k, &db.k), (&da.v, &db.v)] {
@@ -116,5 +119,8 @@ fn a_phi3_gguf_without_a_required_key_names_it() {
         .err()
         .unwrap();
     assert!(e.downcast_ref::<crate::UsageError>().is_some(), "{e:#}");
-    assert!(format!("{e:#}").contains("phi3.attention.head_count"), "{e:#}");
+    assert!(
+        format!("{e:#}").contains("phi3.attention.head_count"),
+        "{e:#}"
+    );
 }

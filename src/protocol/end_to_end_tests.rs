@@ -196,7 +196,9 @@ fn quantized_methods_with_identity_formats_reproduce_the_exact_logits() {
     }
     // Control: the real formats do move the output.
     for id in ["kv_q4_0", "dkv_q4_0", "kivi2", "sage2_4b"] {
-        let p = win.point(&exact, &E2eMethod::resolve(id).unwrap(), 0).unwrap();
+        let p = win
+            .point(&exact, &E2eMethod::resolve(id).unwrap(), 0)
+            .unwrap();
         assert!(p.scores.metrics().kl_mean > 1e-8, "{id}");
     }
 }
