@@ -16,6 +16,11 @@ fn fixture_dir(name: &str) -> PathBuf {
         .join(name)
 }
 
+/// Fixture `name`'s config.json.
+pub(crate) fn fixture_config(name: &str) -> Value {
+    json(&fixture_dir(name).join("config.json"))
+}
+
 fn json(path: &Path) -> Value {
     serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap()
 }

@@ -4,7 +4,7 @@
 use serde_json::Value;
 
 use super::*;
-use crate::models::family::tests::check_fixture;
+use crate::models::family::tests::{check_fixture, fixture_config};
 
 #[test]
 fn gemma2_matches_transformers_at_a_sliding_and_a_global_layer() {
@@ -14,14 +14,6 @@ fn gemma2_matches_transformers_at_a_sliding_and_a_global_layer() {
 #[test]
 fn gemma3_matches_transformers_at_a_sliding_and_a_global_layer() {
     check_fixture("gemma3");
-}
-
-fn fixture_config(name: &str) -> Value {
-    let p = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("fixtures/families")
-        .join(name)
-        .join("config.json");
-    serde_json::from_str(&std::fs::read_to_string(p).unwrap()).unwrap()
 }
 
 fn config_error(mut v: Value, edit: impl FnOnce(&mut Value)) -> String {

@@ -4,7 +4,7 @@
 use serde_json::Value;
 
 use super::*;
-use crate::models::family::tests::check_fixture;
+use crate::models::family::tests::{check_fixture, fixture_config};
 
 #[test]
 fn phi3_matches_transformers_with_a_window_on_every_layer() {
@@ -14,14 +14,6 @@ fn phi3_matches_transformers_with_a_window_on_every_layer() {
 #[test]
 fn phi3_longrope_matches_transformers_with_short_and_long_factors() {
     check_fixture("phi3-longrope");
-}
-
-fn fixture_config(name: &str) -> Value {
-    let p = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("fixtures/families")
-        .join(name)
-        .join("config.json");
-    serde_json::from_str(&std::fs::read_to_string(p).unwrap()).unwrap()
 }
 
 fn config_error(mut v: Value, edit: impl FnOnce(&mut Value)) -> String {
