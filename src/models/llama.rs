@@ -155,7 +155,10 @@ pub(super) fn row_chunks<R: Send>(
     let starts: Vec<usize> = (0..n).step_by(FORWARD_CHUNK_ROWS).collect();
     let run = |&s: &usize| f(s, FORWARD_CHUNK_ROWS.min(n - s));
     if dev.is_cpu() {
-        starts.par_iter().map(run).collect()
+        // The first error in chunk order, whatever the scheduling (rayon's Result collect returns
+        // whichever failed first).
+        let results: Vec<Result<R>> = starts.par_iter().map(run).collect();
+        results.into_iter().collect()
     } else {
         starts.iter().map(run).collect()
     }

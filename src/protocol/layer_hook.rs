@@ -119,9 +119,14 @@ impl<'a> MethodHook<'a> {
             )?)),
             None => None,
         };
+        // Every head runs, then the first error in head order is the one reported: rayon's own
+        // collect into a Result returns whichever failing head finished first, so the message
+        // (and a user's test of it) would depend on the thread count and scheduling.
         let per_head: Vec<(Tensor, [f64; 6], usize)> = (0..heads)
             .into_par_iter()
             .map(|h| self.head(layer, h, n, q, k, v, ctx.as_ref()))
+            .collect::<Vec<Result<_>>>()
+            .into_iter()
             .collect::<Result<_>>()?;
         let outs: Vec<&Tensor> = per_head.iter().map(|(o, _, _)| o).collect();
         let o = Tensor::stack(&outs, 0)?;
