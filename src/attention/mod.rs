@@ -39,7 +39,7 @@ pub use registry::{
     field_method_ids_masked, mask_method_ids, method_ids, registry, target_method_ids,
     FIGURE_METHODS,
 };
-pub use spec::{AttentionSpec, LayerType};
+pub use spec::{AttentionSpec, LayerType, SpecFeatures};
 pub use target::{Mask, Target};
 
 // The flat paths from before the split into families (`attention::skyformer::…`) keep working.
@@ -68,6 +68,8 @@ pub struct HeadInputs {
     kernelized: OnceLock<Tensor>,
     /// Per-head memo for products a method reuses across d (e.g. the SVD of P).
     memo: Memo,
+    /// [`HeadInputs::method_inputs`]'s rescaled head, built on first use.
+    rescaled: OnceLock<Box<HeadInputs>>,
 }
 
 impl HeadInputs {
@@ -94,6 +96,7 @@ impl HeadInputs {
             exact: OnceLock::new(),
             kernelized: OnceLock::new(),
             memo: Memo::default(),
+            rescaled: OnceLock::new(),
         })
     }
 
@@ -123,7 +126,38 @@ impl HeadInputs {
             exact: self.exact.clone(),
             kernelized: self.kernelized.clone(),
             memo: Memo::default(),
+            rescaled: OnceLock::new(),
         }
+    }
+
+    /// The inputs a method runs on (docs/reference.md §7.7.6, Scale): this head when τ = 1/√p;
+    /// otherwise Q·s and K·s with s = (τ·√p)^½ under the mask's plain spec, whose logits
+    /// (s·q)·(s·k)/√p are this head's τ·q·k. The symmetric split is §7.7.6's own for Performer
+    /// (its factor p^(−1/4) on Q and K becomes √τ); every method that reads Q and K only through
+    /// scaled products, their ranks, row means and sign-of-projection hashes (the scale-supporting
+    /// ones, [`Method::spec_support`]) is then itself on this layer. Errors on a spec with a
+    /// feature other than the scale (a method implementing those runs on the head itself).
+    pub fn method_inputs(&self) -> Result<&HeadInputs> {
+        let (p, n) = (self.p(), self.n());
+        let features = self.spec.features(p, n);
+        if !features.scale {
+            return Ok(self);
+        }
+        anyhow::ensure!(
+            features == SpecFeatures::SCALE,
+            "rescaled inputs stand for a spec whose only feature is its scale, not {features:?}"
+        );
+        if let Some(h) = self.rescaled.get() {
+            return Ok(h);
+        }
+        let s = (self.spec.scale / spec::default_scale(p)).sqrt();
+        let head = HeadInputs::with_spec(
+            (&self.q * s)?,
+            (&self.k * s)?,
+            self.v.clone(),
+            spec::AttentionSpec::of_mask(self.mask, p),
+        )?;
+        Ok(self.rescaled.get_or_init(|| Box::new(head)))
     }
 
     /// Exact softmax attention O = softmax(QKᵀ/√p)V in the inputs' dtype, with log D on demand.
@@ -316,18 +350,19 @@ impl Family {
     }
 }
 
-/// Refuses `m` on a head whose spec has a feature beyond its mask (a window, a soft-cap, sinks,
-/// a scale other than 1/√p) unless the method says it implements every spec
-/// ([`Method::implements_every_spec`]): the one place every trial passes, prefill or decode,
-/// alone or batched (docs/reference.md §7.7.6 gives each method's rules; until a method has them
-/// it does not run there).
+/// Refuses `m` on a head whose spec has a feature beyond its mask (a window shorter than the
+/// keys, a soft-cap, sinks, a scale other than 1/√p) that the method does not implement
+/// ([`Method::spec_support`]): the one place every trial passes, prefill or decode, alone or
+/// batched (docs/reference.md §7.7.6 gives each method's rules; until a method has them it does
+/// not run there).
 pub fn refuse_unimplemented_spec(m: &dyn Method, head: &HeadInputs) -> Result<()> {
-    match head.spec.beyond_mask(head.p()) {
-        Some(feature) if !m.implements_every_spec() => Err(crate::usage!(
+    let features = head.spec.features(head.p(), head.n());
+    match features.first_missing(m.spec_support()) {
+        Some(feature) => Err(crate::usage!(
             "{} does not yet implement {feature} (§7.7.6)",
             m.id()
         )),
-        _ => Ok(()),
+        None => Ok(()),
     }
 }
 
@@ -350,6 +385,8 @@ pub struct MethodInfo {
     pub masks: &'static [Mask],
     /// The targets the method estimates (see [`Method::targets`]).
     pub targets: &'static [Target],
+    /// The spec features beyond the mask the method implements (see [`Method::spec_support`]).
+    pub spec: SpecFeatures,
 }
 
 impl MethodInfo {
@@ -363,6 +400,7 @@ impl MethodInfo {
         oracle: false,
         masks: &[Mask::None],
         targets: &[Target::Softmax],
+        spec: SpecFeatures::SCALE,
     };
     /// Both masks: a method with a causal form (docs/reference.md §7.4).
     pub const BOTH_MASKS: &'static [Mask] = &[Mask::None, Mask::Causal];
@@ -417,11 +455,15 @@ pub trait Method: Send + Sync {
             &[Mask::None]
         }
     }
-    /// Whether the method computes its estimate under any layer spec (window, soft-cap, sinks,
-    /// scale: docs/reference.md §7.7.6); false refuses it where the spec has any of them
-    /// ([`refuse_unimplemented_spec`]).
-    fn implements_every_spec(&self) -> bool {
-        false
+    /// The features of a layer's spec beyond its mask that the method implements
+    /// (docs/reference.md §7.7.6); a head whose spec has another refuses it
+    /// ([`refuse_unimplemented_spec`]). The scale is implemented for a method by
+    /// [`HeadInputs::method_inputs`] (Q and K rescaled) where the method reads Q and K only through
+    /// scaled products q·k/√p, ranks of them, means of rows, and sign-of-projection hashes: then
+    /// the method on the rescaled inputs is the method on the layer. A registered method declares
+    /// it in its [`MethodInfo`] (the base has it); a user's own method has none yet.
+    fn spec_support(&self) -> SpecFeatures {
+        self.info().map_or(SpecFeatures::NONE, |i| i.spec)
     }
     /// Leading multiply-adds under `mask`; the bidirectional count unless the method's causal
     /// form costs otherwise.

@@ -55,6 +55,53 @@ impl LayerType {
     }
 }
 
+/// What a spec has beyond its mask's plain target (docs/reference.md §7.7.6), or the part of that a
+/// method implements ([`crate::attention::Method::spec_support`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct SpecFeatures {
+    /// A sliding window shorter than the keys (a window of W ≥ n hides nothing).
+    pub window: bool,
+    pub softcap: bool,
+    pub sinks: bool,
+    /// τ ≠ 1/√p.
+    pub scale: bool,
+}
+
+impl SpecFeatures {
+    /// None of them: the plain target only.
+    pub const NONE: SpecFeatures = SpecFeatures {
+        window: false,
+        softcap: false,
+        sinks: false,
+        scale: false,
+    };
+    /// The scale alone.
+    pub const SCALE: SpecFeatures = SpecFeatures {
+        scale: true,
+        ..Self::NONE
+    };
+
+    /// The first feature of `self` that `support` lacks, named for a refusal.
+    pub fn first_missing(self, support: SpecFeatures) -> Option<&'static str> {
+        [
+            (self.window && !support.window, "a sliding window"),
+            (self.softcap && !support.softcap, "a logit soft-cap"),
+            (self.sinks && !support.sinks, "attention sinks"),
+            (
+                self.scale && !support.scale,
+                "a logit scale other than 1/√p",
+            ),
+        ]
+        .into_iter()
+        .find_map(|(missing, name)| missing.then_some(name))
+    }
+
+    /// Whether the spec is its mask's plain target.
+    pub fn is_plain(self) -> bool {
+        self == Self::NONE
+    }
+}
+
 /// One layer's exact attention (docs/reference.md §7.7.0).
 #[derive(Debug, Clone, PartialEq)]
 pub struct AttentionSpec {
@@ -123,6 +170,17 @@ impl AttentionSpec {
             Some("a logit scale other than 1/√p")
         } else {
             None
+        }
+    }
+
+    /// What the spec has beyond its mask for a head of size `p` over `n` keys: unlike
+    /// [`Self::beyond_mask`], a window of W ≥ n is no feature (it hides nothing at this n).
+    pub fn features(&self, p: usize, n: usize) -> SpecFeatures {
+        SpecFeatures {
+            window: self.window_within(n).is_some(),
+            softcap: self.softcap.is_some(),
+            sinks: self.sinks.is_some(),
+            scale: self.scale != default_scale(p),
         }
     }
 
@@ -243,6 +301,28 @@ impl AttentionSpec {
                     "{what}: a sink logit is {bad}; sinks must be finite"
                 ));
             }
+        }
+        Ok(())
+    }
+}
+
+/// One line for messages: "causal, window 64, τ = 0.125, soft-cap 50, sinks".
+impl std::fmt::Display for AttentionSpec {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(if self.causal {
+            "causal"
+        } else {
+            "bidirectional"
+        })?;
+        if let Some(w) = self.window {
+            write!(f, ", window {w}")?;
+        }
+        write!(f, ", τ = {:.6}", self.scale)?;
+        if let Some(c) = self.softcap {
+            write!(f, ", soft-cap {c}")?;
+        }
+        if self.sinks.is_some() {
+            f.write_str(", sinks")?;
         }
         Ok(())
     }

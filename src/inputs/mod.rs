@@ -108,13 +108,39 @@ impl Prepared {
         }
     }
 
-    /// Refuses a §7.7 family where only Q, K and V would be measured: the sweep's methods and
-    /// target do not read a layer's own spec (its scale, cap, window, sinks) yet.
-    pub fn refuse_family(&self) -> Result<()> {
+    /// Layer `layer`'s exact attention for heads of size `p` under the run's `mask`: a §7.7
+    /// family's own (its scale, cap, window and sinks, from its config), else the mask's plain one.
+    pub fn layer_spec(
+        &self,
+        layer: usize,
+        mask: crate::attention::Mask,
+        p: usize,
+    ) -> crate::attention::AttentionSpec {
         match &self.model {
-            Model::Family { model } => Err(family_refusal(model.as_ref())),
-            _ => Ok(()),
+            Model::Family { model } => model.attention_spec(layer),
+            _ => crate::attention::AttentionSpec::of_mask(mask, p),
         }
+    }
+
+    /// Refuses a sweep a §7.7 family's layer cannot have: a mask other than its own causal one
+    /// (the spec is the layer's), or the decode protocol, whose layer-level methods and caches
+    /// do not read a spec yet (issue 45).
+    pub fn check_family_sweep(&self, mask: crate::attention::Mask, decode: bool) -> Result<()> {
+        let Model::Family { model } = &self.model else {
+            return Ok(());
+        };
+        let name = model.model_type();
+        if mask != crate::attention::Mask::Causal {
+            return Err(crate::usage!(
+                "a {name} layer's attention is causal (its spec, docs/reference.md §7.7): drop --mask none"
+            ));
+        }
+        if decode {
+            return Err(crate::usage!(
+                "the decode protocol on {name} layers needs the §9 methods' and §8 caches' spec rules (§7.7.6), not implemented yet: drop --decode"
+            ));
+        }
+        Ok(())
     }
 
     /// Turns the Q/K/V cache on as `setting` says for this model (decoders by default).
@@ -158,7 +184,10 @@ impl Prepared {
             Model::Decoder { config, weights } => {
                 models::window_qkv(weights, config, &ids, inputs.candle_dtype())
             }
-            Model::Family { model } => Err(family_refusal(model.as_ref())),
+            Model::Family { model } => {
+                let dump = model.layer_dump(&ids, inputs.candle_dtype())?;
+                Ok((dump.q, dump.k, dump.v))
+            }
         };
         let (q, k, v) = match &self.qkv_cache {
             Some(cache) => cache.get_or_compute(n, window, &self.device, compute)?,
@@ -189,14 +218,6 @@ impl Prepared {
         )?;
         Ok(Some(dump))
     }
-}
-
-/// Why a family's layer is not measured by Q, K, V alone (see [`Prepared::refuse_family`]).
-fn family_refusal(model: &dyn models::family::FamilyModel) -> anyhow::Error {
-    crate::usage!(
-        "measuring {} layers in a sweep needs the attention spec in the methods (issue 45); use dump-qkv",
-        model.model_type()
-    )
 }
 
 /// The weights were checked finite when loaded: a NaN or ∞ in a forward's output comes from the

@@ -218,9 +218,23 @@ impl<'h> HeadTarget<'h> {
     /// then measured.
     pub fn trial(&self, m: &dyn Method, d: usize, seed: u64) -> Result<(Approximation, Measured)> {
         attention::refuse_unimplemented_spec(m, self.head)?;
+        // A scaled head's rescaled inputs, built once per head before any clock starts.
+        let inputs = match self.protocol {
+            Protocol::Prefill => self.head.method_inputs()?,
+            // The decode context (the whole layer) carries no rescaled form: a scale-supporting
+            // method there would run at 1/√p, so none is let through.
+            Protocol::Decode { .. } => {
+                anyhow::ensure!(
+                    !self.head.spec.features(self.head.p(), self.head.n()).scale,
+                    "{} under the decode protocol on a layer whose scale is not 1/√p (§7.7.6): not implemented yet",
+                    m.id()
+                );
+                self.head
+            }
+        };
         let t0 = Instant::now();
         let approx = match (self.protocol, self.decode) {
-            (Protocol::Prefill, _) => m.approximate_trial(self.head, d, seed)?,
+            (Protocol::Prefill, _) => m.approximate_trial(inputs, d, seed)?,
             (Protocol::Decode { .. }, Some(dec)) => m
                 .decoding()
                 .ok_or_else(|| {
@@ -369,3 +383,7 @@ impl RowAt<'_> {
         }
     }
 }
+
+#[cfg(test)]
+#[path = "pipeline_spec_tests.rs"]
+mod spec_tests;

@@ -6,7 +6,7 @@ use std::path::PathBuf;
 
 use anyhow::{Context, Result};
 
-use crate::attention::{self, AttentionSpec};
+use crate::attention;
 use crate::config::{Choice, RunConfig};
 use crate::inputs;
 use crate::numerics::sampling::TrialKey;
@@ -134,7 +134,7 @@ pub fn run_with(
     // is every token the run reads, so only that prefix is tokenized.
     let need = cfg.lengths.iter().max().copied().unwrap_or(0) * cfg.windows;
     let mut prepared = inputs::prepare_for(&cfg.inputs, need)?;
-    prepared.refuse_family()?;
+    prepared.check_family_sweep(cfg.mask, cfg.decode.is_some())?;
     prepared.use_qkv_cache(&opts.qkv_cache, &cfg.inputs)?;
     // Decoders only: BERT's pipeline handles lengths past 512 by its embedding policy (§1.4).
     let decoder = matches!(prepared.model, inputs::Model::Decoder { .. });
@@ -187,6 +187,7 @@ pub fn run_with(
             )
         })?;
     }
+    refuse_methods_beyond_spec(cfg, &prepared, &methods)?;
 
     let inputs_list = prepared
         .files
@@ -275,7 +276,10 @@ pub fn run_with(
                     methods: &methods,
                     bar: &bar,
                 };
-                if device_path(&prepared.device) && cfg.decode.is_none() {
+                // The batched path builds the window's heads under the plain mask: a family's
+                // layer spec takes the per-head path (device-generic too).
+                let family = matches!(prepared.model, inputs::Model::Family { .. });
+                if device_path(&prepared.device) && cfg.decode.is_none() && !family {
                     // A device's work is issued from one host thread, batched over the window's
                     // heads (device.rs); the window's rows are written when it finishes.
                     let rows = crate::runtime::on_device_thread(&prepared.device, || {
@@ -453,6 +457,40 @@ pub fn layer_context(
     )))
 }
 
+/// Refuses, before any window is read, the methods that do not implement what the run's layer
+/// spec has at its longest length (docs/reference.md §7.7.6), naming them and the methods that
+/// do run there; every trial is refused the same way ([`attention::refuse_unimplemented_spec`]).
+fn refuse_methods_beyond_spec(
+    cfg: &RunConfig,
+    prepared: &inputs::Prepared,
+    methods: &[Box<dyn attention::Method>],
+) -> Result<()> {
+    let p = prepared.head_dim();
+    let spec = prepared.layer_spec(cfg.inputs.layer, cfg.mask, p);
+    let n = cfg.lengths.iter().max().copied().unwrap_or(0);
+    let features = spec.features(p, n);
+    let (refused, run): (Vec<_>, Vec<_>) = methods
+        .iter()
+        .partition(|m| features.first_missing(m.spec_support()).is_some());
+    let Some(first) = refused.first() else {
+        return Ok(());
+    };
+    let feature = features.first_missing(first.spec_support()).unwrap_or("");
+    let ids = |ms: &[&Box<dyn attention::Method>]| {
+        ms.iter().map(|m| m.id()).collect::<Vec<_>>().join(",")
+    };
+    let others = if run.is_empty() {
+        "none of the chosen methods implements it yet".to_string()
+    } else {
+        format!("run the others with --methods {}", ids(&run))
+    };
+    Err(usage!(
+        "layer {} (n up to {n}) has {feature} ({spec}), which these methods do not implement yet (docs/reference.md §7.7.6): {}; {others}",
+        cfg.inputs.layer,
+        ids(&refused)
+    ))
+}
+
 /// What one window's trials share.
 struct TrialContext<'a> {
     cfg: &'a RunConfig,
@@ -482,7 +520,9 @@ impl<'a> TrialContext<'a> {
             k,
             v,
             h,
-            &AttentionSpec::of_mask(cfg.mask, q.dim(2)?),
+            &self
+                .prepared
+                .layer_spec(cfg.inputs.layer, cfg.mask, q.dim(2)?),
             layer,
         )?;
         let (head, kv_head) = (&lh.head, lh.kv_head);

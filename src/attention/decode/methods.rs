@@ -28,6 +28,9 @@ pub const fn decode(id: &'static str, meaning: &'static str) -> MethodInfo {
         meaning,
         family: Family::Decode,
         masks: MethodInfo::CAUSAL_ONLY,
+        // The §9 methods read the whole layer's context (`LayerContext`), which carries no spec
+        // yet: they run on plain layers only (§7.7.6's rules for them are to come).
+        spec: crate::attention::SpecFeatures::NONE,
         ..MethodInfo::BASE
     }
 }

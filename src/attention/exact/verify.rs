@@ -78,6 +78,8 @@ pub struct TargetCheck {
     heads: usize,
     n: usize,
     p: usize,
+    /// p_v, V's and the output's columns (≠ p for MLA).
+    pv: usize,
     /// The sampled rows ([`sampled_rows`]).
     rows: Vec<usize>,
     q_rows: HostValues,
@@ -92,20 +94,22 @@ pub struct TargetCheck {
 }
 
 impl TargetCheck {
-    /// q, k, v and output [B, n, p] (head b of each together).
+    /// q and k [B, n, p], v and output [B, n, p_v] (head b of each together).
     pub fn gather(q: &Tensor, k: &Tensor, v: &Tensor, output: &Tensor) -> Result<Self> {
         let (b, n, p) = q.dims3()?;
+        let pv = v.dim(2)?;
         let rows = sampled_rows(n);
         let idx = crate::attention::HeadBatch::flat_index(&vec![rows.clone(); b], n, q.device())?;
-        let pick = |t: &Tensor| -> Result<HostValues> {
-            HostValues::of(&t.reshape((b * n, p))?.index_select(&idx, 0)?)
+        let pick = |t: &Tensor, cols: usize| -> Result<HostValues> {
+            HostValues::of(&t.reshape((b * n, cols))?.index_select(&idx, 0)?)
         };
         Ok(Self {
             heads: b,
             n,
             p,
-            q_rows: pick(q)?,
-            out_rows: pick(output)?,
+            pv,
+            q_rows: pick(q, p)?,
+            out_rows: pick(output, pv)?,
             k: HostValues::of(k)?,
             v: HostValues::of(v)?,
             rows,
@@ -124,7 +128,7 @@ impl TargetCheck {
         spec: &AttentionSpec,
         heads: Option<&[usize]>,
     ) -> Result<()> {
-        let (n, p, r) = (self.n, self.p, self.rows.len());
+        let (n, p, pv, r) = (self.n, self.p, self.pv, self.rows.len());
         let tol = if self.exact_dtype { 1e-9 } else { 1e-4 };
         // The kernelized target is computed in float64 whatever the inputs' dtype (§6.4.1).
         let limit = match target {
@@ -136,14 +140,14 @@ impl TargetCheck {
             check_head(
                 (target, spec),
                 (tol, limit),
-                (n, p),
+                (n, p, pv),
                 &self.rows,
                 (
                     &self.q_rows.f64s(i * r * p..(i + 1) * r * p),
                     &self.k.f64s(i * n * p..(i + 1) * n * p),
-                    &self.v.f64s(i * n * p..(i + 1) * n * p),
+                    &self.v.f64s(i * n * pv..(i + 1) * n * pv),
                 ),
-                &self.out_rows.f64s(i * r * p..(i + 1) * r * p),
+                &self.out_rows.f64s(i * r * pv..(i + 1) * r * pv),
             )
         });
         let target_name = match target {
@@ -204,39 +208,40 @@ enum Failure {
     Wrong(String),
 }
 
-/// One head's check (the sampled rows of q (r×p), k and v (n×p), row-major, and the output's
-/// sampled rows `got`, r×p): where it fails, if it does, and whether an overflow explains it.
+/// One head's check (the sampled rows of q (r×p), k (n×p) and v (n×p_v), row-major, and the
+/// output's sampled rows `got`, r×p_v): where it fails, if it does, and whether an overflow
+/// explains it.
 fn check_head(
     (target, spec): (Target, &AttentionSpec),
     (tol, limit): (f64, f64),
-    (n, p): (usize, usize),
+    (n, p, pv): (usize, usize, usize),
     rows: &[usize],
     (q_rows, k, v): (&[f64], &[f64], &[f64]),
     got: &[f64],
 ) -> Option<Failure> {
-    let vmax: Vec<f64> = (0..p)
-        .map(|c| (0..n).fold(0.0f64, |m, j| m.max(v[j * p + c].abs())))
+    let vmax: Vec<f64> = (0..pv)
+        .map(|c| (0..n).fold(0.0f64, |m, j| m.max(v[j * pv + c].abs())))
         .collect();
     for (ri, &i) in rows.iter().enumerate() {
         let qi = &q_rows[ri * p..(ri + 1) * p];
         let (lo, hi) = spec.visible().span(i, i + 1, n);
-        let (k, v) = (&k[lo * p..hi * p], &v[lo * p..hi * p]);
+        let (k, v) = (&k[lo * p..hi * p], &v[lo * pv..hi * pv]);
         let weights = row_weights(target, spec, (qi, k), p);
         let mass: f64 = weights.iter().map(|w| w.abs()).sum();
-        for c in 0..p {
+        for c in 0..pv {
             let want: f64 = weights
                 .iter()
                 .enumerate()
-                .map(|(j, w)| w * v[j * p + c])
+                .map(|(j, w)| w * v[j * pv + c])
                 .sum();
             let bound = tol * mass * vmax[c];
-            let o = got[ri * p + c];
+            let o = got[ri * pv + c];
             if (o - want).abs() > bound || o.is_nan() {
                 let at = format!(
                     "row {i}, column {c}: {o} where a float64 recomputation from the same Q, K, V \
                      gives {want}"
                 );
-                return Some(match overflow(target, limit, qi, k, v, p) {
+                return Some(match overflow(target, limit, qi, (k, p), (v, pv)) {
                     Some(why) => Failure::Overflow(format!("{at}, and {why}")),
                     None => Failure::Wrong(format!("{at} (allowed difference {bound:.3e})")),
                 });
@@ -293,9 +298,8 @@ fn overflow(
     target: Target,
     limit: f64,
     qi: &[f64],
-    k: &[f64],
-    v: &[f64],
-    p: usize,
+    (k, p): (&[f64], usize),
+    (v, pv): (&[f64], usize),
 ) -> Option<String> {
     let term = |a: f64, b: f64| match target {
         Target::Softmax => (a * b).abs(),
@@ -314,8 +318,13 @@ fn overflow(
             largest(k)
         ));
     }
-    let (c, sum) = (0..p)
-        .map(|c| (c, v.iter().skip(c).step_by(p).map(|x| x.abs()).sum::<f64>()))
+    let (c, sum) = (0..pv)
+        .map(|c| {
+            (
+                c,
+                v.iter().skip(c).step_by(pv).map(|x| x.abs()).sum::<f64>(),
+            )
+        })
         .fold((0, 0.0f64), |a, b| if b.1 > a.1 { b } else { a });
     (sum > limit).then(|| {
         format!(

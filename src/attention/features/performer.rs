@@ -259,8 +259,10 @@ impl Method for Performer {
                 causal_products(&phi_q, &phi_k, &ops.rhs)?
             }
         };
-        let den = fr.narrow(1, p, 1)?;
-        let out = fr.narrow(1, 0, p)?.broadcast_div(&den)?;
+        // [V | 1] has p_v + 1 columns (p_v ≠ p for MLA's heads).
+        let pv = ops.rhs.dim(1)? - 1;
+        let den = fr.narrow(1, pv, 1)?;
+        let out = fr.narrow(1, 0, pv)?.broadcast_div(&den)?;
         Ok(Approximation {
             output: out,
             normalizer: Some(den.squeeze(1)?.to_dtype(DType::F64)?),
@@ -282,8 +284,9 @@ impl Method for Performer {
         let phi_q = feature_map_with_norms(&ops.qt, &ops.q_half_sq, &omega, Shift::PerRow, EPS)?; // [B, n, m]
         let phi_k = feature_map_with_norms(&ops.kt, &ops.k_half_sq, &omega, Shift::Global, EPS)?;
         let fr = phi_q.matmul(&phi_k.t()?.matmul(&ops.rhs)?)?; // [B, n, p+1]
-        let den = fr.narrow(2, p, 1)?;
-        let out = fr.narrow(2, 0, p)?.broadcast_div(&den)?;
+        let pv = ops.rhs.dim(2)? - 1;
+        let den = fr.narrow(2, pv, 1)?;
+        let out = fr.narrow(2, 0, pv)?.broadcast_div(&den)?;
         trials.per_head(&out, Some(&den.squeeze(2)?.to_dtype(DType::F64)?))
     }
     /// docs/reference.md §2.11: 4ndp, plus ⌈d/p⌉p³ for the QR blocks of Ω.

@@ -39,6 +39,10 @@ pub const QUANTIZED: MethodInfo = MethodInfo {
     masks: MethodInfo::BOTH_MASKS,
     targets: &[Target::Softmax],
     meaning: "no budget: every key at fewer bits (run once per head, d = 0)",
+    // §7.7.6: a cache quantizes the K it stores, unscaled, and applies τ after the dot product
+    // (SageAttention folds τ into Q'). Rescaled inputs would quantize s·K instead: a rounding
+    // apart in the block scales, but not the deployed cache, so the scale waits for its own form.
+    spec: crate::attention::SpecFeatures::NONE,
     ..MethodInfo::BASE
 };
 
