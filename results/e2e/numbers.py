@@ -10,7 +10,7 @@ import re
 import sys
 from collections import defaultdict
 
-RUN = sys.argv[1] if len(sys.argv) > 1 and not sys.argv[1].startswith("--") else "results/e2e/smollm2-n1024"
+RUN = sys.argv[1] if len(sys.argv) > 1 and not sys.argv[1].startswith("--") else "results/e2e/smollm2-n2048"
 
 
 def fmt(x):
