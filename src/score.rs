@@ -451,6 +451,7 @@ pub fn score(req: &ScoreRequest) -> Result<SweepOutcome> {
                         target: req.target,
                         mask: dump.info.mask,
                         protocol,
+                        spec: &target.head.spec,
                     }
                     .row(&measured);
                     writer.append(&row)?;

@@ -346,6 +346,8 @@ pub struct RowAt<'a> {
     pub target: Target,
     pub mask: Mask,
     pub protocol: Protocol,
+    /// The layer's spec (its sinks' presence, not their values, reaches the row).
+    pub spec: &'a AttentionSpec,
 }
 
 impl RowAt<'_> {
@@ -380,6 +382,11 @@ impl RowAt<'_> {
             kv_read: r.cache.kv_read,
             n_f: self.protocol.n_f(),
             kv_union: r.kv_union,
+            layer_type: Some(self.spec.layer_type()),
+            sliding_window: self.spec.window,
+            scale: Some(self.spec.scale),
+            softcap: self.spec.softcap,
+            sinks: Some(self.spec.sinks.is_some()),
         }
     }
 }

@@ -78,6 +78,24 @@ pub struct TrialRow {
     /// the union of their sets (§9.1, GQA traffic; per query sets: mean over the continuation).
     #[serde(default)]
     pub kv_union: Option<f64>,
+    /// The layer's spec (docs/reference.md §7.7.6), so that runs merged across families stay
+    /// comparable: `full_attention` or `sliding_attention`. The columns from here on came with
+    /// the §7.7 families and are empty in files written before them.
+    #[serde(default)]
+    pub layer_type: Option<crate::attention::LayerType>,
+    /// The layer's sliding window W, empty without one (`window` is the corpus window's index,
+    /// as in the dump's sidecar).
+    #[serde(default)]
+    pub sliding_window: Option<usize>,
+    /// τ, the factor on q·k.
+    #[serde(default)]
+    pub scale: Option<f64>,
+    /// The logit soft-cap c, empty without one.
+    #[serde(default)]
+    pub softcap: Option<f64>,
+    /// Whether the layer has learned sink logits.
+    #[serde(default)]
+    pub sinks: Option<bool>,
 }
 
 impl TrialRow {
@@ -245,6 +263,11 @@ pub const HEADER: &[&str] = &[
     "kv_read",
     "n_f",
     "kv_union",
+    "layer_type",
+    "sliding_window",
+    "scale",
+    "softcap",
+    "sinks",
 ];
 
 /// Keys of rows, for skipping on resume.
@@ -306,7 +329,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let p = dir.path().join("trials.csv");
         // The header before `target` and the decoder columns (mask, kv_head, mass, keys).
-        let old_header = HEADER[..HEADER.len() - 12].join(",");
+        let old_header = HEADER[..HEADER.len() - 17].join(",");
         std::fs::write(
             &p,
             format!("{old_header}\ninitialized,m,0,8,0,0,vmean,4,1,0.5,0.1,0.7,5.0,0,32.0,0.001\n"),
@@ -328,7 +351,7 @@ mod tests {
             text.lines()
                 .nth(1)
                 .unwrap()
-                .ends_with(",softmax,none,,,,,,,,,,"),
+                .ends_with(",softmax,none,,,,,,,,,,,,,,,"),
             "{text}"
         );
         assert_eq!(read_rows(&p).unwrap(), vec![old_row, kernelized]);

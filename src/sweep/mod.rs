@@ -188,6 +188,7 @@ pub fn run_with(
         })?;
     }
     refuse_methods_beyond_spec(cfg, &prepared, &methods)?;
+    let layer_spec = prepared.layer_spec(cfg.inputs.layer, cfg.mask, p);
 
     let inputs_list = prepared
         .files
@@ -275,6 +276,7 @@ pub fn run_with(
                     prepared: &prepared,
                     methods: &methods,
                     bar: &bar,
+                    spec: &layer_spec,
                 };
                 // The batched path builds the window's heads under the plain mask: a family's
                 // layer spec takes the per-head path (device-generic too).
@@ -500,6 +502,8 @@ struct TrialContext<'a> {
     prepared: &'a inputs::Prepared,
     methods: &'a [Box<dyn attention::Method>],
     bar: &'a indicatif::ProgressBar,
+    /// The layer's exact attention (every head's; each head's trials read its own sink).
+    spec: &'a attention::AttentionSpec,
 }
 
 impl<'a> TrialContext<'a> {
@@ -515,16 +519,7 @@ impl<'a> TrialContext<'a> {
         missing: &(dyn Fn(usize, &str, usize) -> bool + Sync),
     ) -> Result<Vec<TrialRow>> {
         let (cfg, n, w) = (self.cfg, self.n, self.window);
-        let lh = pipeline::layer_head(
-            q,
-            k,
-            v,
-            h,
-            &self
-                .prepared
-                .layer_spec(cfg.inputs.layer, cfg.mask, q.dim(2)?),
-            layer,
-        )?;
+        let lh = pipeline::layer_head(q, k, v, h, self.spec, layer)?;
         let (head, kv_head) = (&lh.head, lh.kv_head);
         // The run's target in f64, once per head, before any method's clock starts; a sample of
         // its rows is checked against float64 first.
@@ -589,6 +584,7 @@ impl<'a> TrialContext<'a> {
             target: self.cfg.target,
             mask: self.cfg.mask,
             protocol: Protocol::of(self.cfg.decode),
+            spec: self.spec,
         }
     }
 }
