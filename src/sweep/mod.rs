@@ -471,14 +471,15 @@ fn refuse_methods_beyond_spec(
     let spec = prepared.layer_spec(cfg.inputs.layer, cfg.mask, p);
     let n = cfg.lengths.iter().max().copied().unwrap_or(0);
     let features = spec.features(p, n);
-    let (refused, run): (Vec<_>, Vec<_>) = methods
+    let (refused, run): (Vec<&dyn attention::Method>, Vec<_>) = methods
         .iter()
+        .map(|m| m.as_ref())
         .partition(|m| features.first_missing(m.spec_support()).is_some());
     let Some(first) = refused.first() else {
         return Ok(());
     };
     let feature = features.first_missing(first.spec_support()).unwrap_or("");
-    let ids = |ms: &[&Box<dyn attention::Method>]| {
+    let ids = |ms: &[&dyn attention::Method]| {
         ms.iter().map(|m| m.id()).collect::<Vec<_>>().join(",")
     };
     let others = if run.is_empty() {
