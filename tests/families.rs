@@ -172,8 +172,8 @@ fn a_family_sweep_refuses_what_its_methods_lack_and_bad_configs_name_their_field
     for (flags, needle) in [
         ("--mask none --methods window", "drop --mask none"),
         (
-            "--mask causal --layer 1 --methods window,topk",
-            "has a logit soft-cap (causal, τ = 0.204124, soft-cap 8), which these methods do not implement yet (docs/reference.md §7.7.6): window,topk",
+            "--mask causal --layer 1 --methods window,quest,topk",
+            "has a logit soft-cap (causal, τ = 0.204124, soft-cap 8), which these methods do not implement yet (docs/reference.md §7.7.6): quest; run the others with --methods window,topk",
         ),
     ] {
         let o = sweep(flags);
@@ -396,4 +396,55 @@ fn a_sweep_of_an_mla_layer_measures_it_under_its_own_scale() {
     }
     // 6 methods × 2 budgets × 4 heads.
     assert_eq!(seen, 48);
+}
+
+/// gpt-oss's global layer (sinks) and gemma2's (a soft-cap) through a sweep with the methods that
+/// read the spec: at d = n they reproduce the layer's target, and on the sink layer `mass` +
+/// `sink_mass` = 1 there, with the sink taking a visible share.
+#[test]
+fn a_sweep_of_a_sink_or_capped_layer_runs_window_and_topk() {
+    let tmp = tempfile::tempdir().unwrap();
+    for name in ["gpt_oss", "gemma2"] {
+        let (dir, corpus, _) = family_dir(tmp.path(), name);
+        let out = tmp.path().join(format!("run-{name}"));
+        let o = decoder_cli(
+            &dir,
+            &corpus,
+            &format!(
+                "--lengths 32 --windows 1 --layer 1 --features 8,32 --methods window,topk --out {} --quiet",
+                out.display()
+            ),
+        );
+        assert!(o.status.success(), "{name}: {}", stderr(&o));
+        let mut rows = csv::Reader::from_path(out.join("trials.csv")).unwrap();
+        let header = rows.headers().unwrap().clone();
+        let col = |c: &str| header.iter().position(|h| h == c).unwrap();
+        let (d, rel, mass, sink_mass, sinks, softcap) = (
+            col("d"),
+            col("rel_error"),
+            col("mass"),
+            col("sink_mass"),
+            col("sinks"),
+            col("softcap"),
+        );
+        let mut seen = 0;
+        for r in rows.records() {
+            let r = r.unwrap();
+            let e: f64 = r[rel].parse().unwrap();
+            assert_eq!(&r[sinks], if name == "gpt_oss" { "true" } else { "false" });
+            assert_eq!(&r[softcap], if name == "gemma2" { "8.0" } else { "" });
+            if &r[d] == "32" {
+                assert!(e < 1e-5, "{name}: {r:?}");
+            }
+            if name == "gpt_oss" {
+                let (m, s): (f64, f64) = (r[mass].parse().unwrap(), r[sink_mass].parse().unwrap());
+                assert!(s > 1e-3 && s < 1.0, "{r:?}");
+                if &r[d] == "32" {
+                    assert!((m + s - 1.0).abs() < 1e-5, "{r:?}");
+                }
+            }
+            seen += 1;
+        }
+        assert!(seen >= 8, "{name}: {seen} rows");
+    }
 }

@@ -130,6 +130,16 @@ impl HeadInputs {
         }
     }
 
+    /// The head's logits as the key-set softmax takes them: its τ, cap and own sink
+    /// (docs/reference.md §7.7.6).
+    pub fn key_logits(&self) -> crate::numerics::key_sets::KeyLogits {
+        crate::numerics::key_sets::KeyLogits {
+            scale: self.spec.scale,
+            softcap: self.spec.softcap,
+            sink: self.spec.sink(0),
+        }
+    }
+
     /// The inputs a method runs on (docs/reference.md §7.7.6, Scale): this head when τ = 1/√p;
     /// otherwise Q·s and K·s with s = (τ·√p)^½ under the mask's plain spec, whose logits
     /// (s·q)·(s·k)/√p are this head's τ·q·k. The symmetric split is §7.7.6's own for Performer
@@ -464,6 +474,12 @@ pub trait Method: Send + Sync {
     /// it in its [`MethodInfo`] (the base has it); a user's own method has none yet.
     fn spec_support(&self) -> SpecFeatures {
         self.info().map_or(SpecFeatures::NONE, |i| i.spec)
+    }
+    /// Whether the method reads the head's spec itself (its τ, cap and sink, e.g. through
+    /// [`HeadInputs::key_logits`]); otherwise a scaled head reaches it as rescaled inputs
+    /// ([`HeadInputs::method_inputs`]).
+    fn reads_spec(&self) -> bool {
+        false
     }
     /// Leading multiply-adds under `mask`; the bidirectional count unless the method's causal
     /// form costs otherwise.

@@ -39,6 +39,27 @@ pub struct KeyGroup {
 /// [`key_set_softmax`] means every key of the group.
 pub type RowFilter<'a> = &'a (dyn Fn(usize, usize) -> bool + Sync);
 
+/// How a row's logits come from q·k (docs/reference.md §7.7.6): s = τ·q·k, capped to c·tanh(s/c)
+/// with a soft-cap, and a sink logit σ in every row's denominator (a key with a zero value that
+/// no set holds). [`KeyLogits::plain`] is every method's before §7.7: τ = 1/√p alone.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct KeyLogits {
+    pub scale: f64,
+    pub softcap: Option<f64>,
+    pub sink: Option<f64>,
+}
+
+impl KeyLogits {
+    /// τ = 1/√p, no cap, no sink.
+    pub fn plain(p: usize) -> Self {
+        Self {
+            scale: 1.0 / (p as f64).sqrt(),
+            softcap: None,
+            sink: None,
+        }
+    }
+}
+
 /// Ô ([n, p_v], the inputs' dtype) and, on request, log Σ_{j∈V_i} e^{s_ij} ([n], f64): the
 /// log-normaliser that lets a caller merge this part with another (a sampled residual, a
 /// low-rank remainder) by log-sum-exp weights.
@@ -68,10 +89,27 @@ pub fn key_set_softmax(
     filter: Option<RowFilter>,
     want_log_normalizer: bool,
 ) -> Result<KeySetOutput> {
-    key_set_softmax_paths(q, k, v, groups, filter, want_log_normalizer, true)
+    let logits = KeyLogits::plain(q.dim(1)?);
+    key_set_softmax_logits(q, k, v, groups, filter, want_log_normalizer, logits)
 }
 
-/// [`key_set_softmax`] with the CPU's host loops switched on or off (tests run both).
+/// [`key_set_softmax`] with a layer's logits ([`KeyLogits`]). The log-normaliser stays over
+/// the real keys of the set (a sink is no key): the mass a set captures is
+/// e^{log-normaliser − log D} with D the exact row's, sink included (§7.7.6).
+pub fn key_set_softmax_logits(
+    q: &Tensor,
+    k: &Tensor,
+    v: &Tensor,
+    groups: &[KeyGroup],
+    filter: Option<RowFilter>,
+    want_log_normalizer: bool,
+    logits: KeyLogits,
+) -> Result<KeySetOutput> {
+    key_set_softmax_paths(q, k, v, groups, filter, want_log_normalizer, logits, true)
+}
+
+/// [`key_set_softmax_logits`] with the CPU's host loops switched on or off (tests run both).
+#[allow(clippy::too_many_arguments)]
 pub(crate) fn key_set_softmax_paths(
     q: &Tensor,
     k: &Tensor,
@@ -79,6 +117,42 @@ pub(crate) fn key_set_softmax_paths(
     groups: &[KeyGroup],
     filter: Option<RowFilter>,
     want_log_normalizer: bool,
+    logits: KeyLogits,
+    host_loops: bool,
+) -> Result<KeySetOutput> {
+    let out = key_set_softmax_unsunk(
+        q,
+        k,
+        v,
+        groups,
+        filter,
+        want_log_normalizer || logits.sink.is_some(),
+        (logits.scale, logits.softcap),
+        host_loops,
+    )?;
+    let Some(sink) = logits.sink else {
+        return Ok(out);
+    };
+    // With a sink σ: Ô_i = Σ e^{s_ij} v_j / (e^σ + Σ e^{s_ij}) = (the set's softmax) · w_i with
+    // w_i = 1/(1 + e^{σ − L_i}), L_i the set's log-normaliser: a factor in (0, 1], in f64.
+    let lse = out.log_normalizer.expect("requested");
+    let w = ((lse.affine(-1.0, sink)?.exp()? + 1.0)?.recip()?).to_dtype(out.output.dtype())?;
+    Ok(KeySetOutput {
+        output: out.output.broadcast_mul(&w.unsqueeze(1)?)?,
+        log_normalizer: want_log_normalizer.then_some(lse),
+    })
+}
+
+/// The set softmax without a sink, under scale τ and an optional soft-cap.
+#[allow(clippy::too_many_arguments)]
+fn key_set_softmax_unsunk(
+    q: &Tensor,
+    k: &Tensor,
+    v: &Tensor,
+    groups: &[KeyGroup],
+    filter: Option<RowFilter>,
+    want_log_normalizer: bool,
+    (scale, softcap): (f64, Option<f64>),
     host_loops: bool,
 ) -> Result<KeySetOutput> {
     let (n, p) = q.dims2()?;
@@ -89,7 +163,8 @@ pub(crate) fn key_set_softmax_paths(
         "key sets: q [{n}, {p}], k [{nk}, {pk}] and v [{nv}, _] do not fit together"
     );
     validate(groups, n, nk)?;
-    let qs = (q * (1.0 / (p as f64).sqrt()))?;
+    let _ = p;
+    let qs = (q * scale)?;
 
     // Chunks of groups of similar shape: sort by (keys, rows) and cut where the padded shape
     // would waste more than a quarter, or the chunk would pass its entry budget.
@@ -133,7 +208,7 @@ pub(crate) fn key_set_softmax_paths(
         r == 1 || r * l <= HOST_MAX_PAIRS
     };
     let host = if host_loops && q.device().is_cpu() && chunks.iter().any(|c| small(c)) {
-        Some(host::HostHead::new(&qs, k, v)?)
+        Some(host::HostHead::new(&qs, k, v, softcap)?)
     } else {
         None
     };
@@ -143,7 +218,15 @@ pub(crate) fn key_set_softmax_paths(
             Some(h) if small(chunk) => {
                 h.run_groups(groups, chunk, filter, want_log_normalizer, v.dtype())
             }
-            _ => run_chunk(&qs, k, v, groups, chunk, filter, want_log_normalizer),
+            _ => run_chunk(
+                &qs,
+                (k, v),
+                softcap,
+                groups,
+                chunk,
+                filter,
+                want_log_normalizer,
+            ),
         })
         .collect::<Result<Vec<_>>>()?;
 
@@ -208,8 +291,8 @@ struct ChunkOut {
 
 fn run_chunk(
     qs: &Tensor,
-    k: &Tensor,
-    v: &Tensor,
+    (k, v): (&Tensor, &Tensor),
+    softcap: Option<f64>,
     groups: &[KeyGroup],
     chunk: &[usize],
     filter: Option<RowFilter>,
@@ -267,6 +350,9 @@ fn run_chunk(
     let kg = gather(k, &key_idx, l_max, p)?;
     let vg = gather(v, &key_idx, l_max, pv)?;
     let mut s = qg.matmul(&kg.transpose(1, 2)?)?; // [G, R, L]
+    if let Some(c) = softcap {
+        s = ((s / c)?.tanh()? * c)?;
+    }
     if masked {
         let b = Tensor::from_vec(bias, (g_count, r_max, l_max), dev)?.to_dtype(s.dtype())?;
         s = (s + b)?;

@@ -220,6 +220,7 @@ impl<'h> HeadTarget<'h> {
         attention::refuse_unimplemented_spec(m, self.head)?;
         // A scaled head's rescaled inputs, built once per head before any clock starts.
         let inputs = match self.protocol {
+            Protocol::Prefill if m.reads_spec() => self.head,
             Protocol::Prefill => self.head.method_inputs()?,
             // The decode context (the whole layer) carries no rescaled form: a scale-supporting
             // method there would run at 1/√p, so none is let through.
@@ -307,7 +308,26 @@ impl<'h> HeadTarget<'h> {
             macs,
             cache,
             kv_union: support.and_then(|s| s.kv_union),
+            sink_mass: self.sink_mass()?,
         })
+    }
+
+    /// The mean over the scored rows of the sink's probability e^{σ − log D_i} (softmax target
+    /// on a layer with sinks; docs/reference.md §7.7.6), so that `mass` + `sink_mass` = 1 for a
+    /// method that keeps every key.
+    fn sink_mass(&self) -> Result<Option<f64>> {
+        let Some(sink) = self.head.spec.sink(0) else {
+            return Ok(None);
+        };
+        if self.target != Target::Softmax {
+            return Ok(None);
+        }
+        let log_d = self.protocol.scored(self.head.exact()?.log_rowsum()?)?;
+        let p = log_d
+            .to_dtype(candle_core::DType::F64)?
+            .affine(-1.0, sink)?
+            .exp()?;
+        Ok(Some(p.mean_all()?.to_scalar::<f64>()?))
     }
 }
 
@@ -323,6 +343,8 @@ pub struct Measured {
     pub macs: f64,
     pub cache: CacheColumns,
     pub kv_union: Option<f64>,
+    /// The target's mean sink probability, on a layer with sinks.
+    pub sink_mass: Option<f64>,
 }
 
 impl Measured {
@@ -387,6 +409,7 @@ impl RowAt<'_> {
             scale: Some(self.spec.scale),
             softcap: self.spec.softcap,
             sinks: Some(self.spec.sinks.is_some()),
+            sink_mass: r.sink_mass,
         }
     }
 }

@@ -86,3 +86,49 @@ fn a_scaled_layer_runs_its_methods_on_rescaled_inputs() {
         assert!(measured.norms.spectral < 1e-9, "{id}");
     }
 }
+
+/// A capped layer with a sink (gemma2's cap and gpt-oss's sink on one head, τ ≠ 1/√p): `window`
+/// and `topk`, which read the spec, reproduce the float64 target at a full budget and keep
+/// mass + sink_mass = 1 there; at a small budget their mass stays below 1 − sink_mass; a method
+/// without the cap is refused by name.
+#[test]
+fn window_and_topk_read_a_capped_layer_with_a_sink() {
+    let (n, p) = (48, 12);
+    let spec = AttentionSpec::causal(p, None)
+        .with_scale(0.5)
+        .with_softcap(Some(2.5))
+        .with_sinks(Some(vec![1.2]));
+    let capped = head(spec.clone());
+    let target = HeadTarget::new(&capped, None, Target::Softmax, Protocol::Prefill).unwrap();
+    let want = crate::attention::spec::exact_attention_reference(
+        &host(&capped.q),
+        &host(&capped.k),
+        &host(&capped.v),
+        (1, 1, n, p, 7),
+        &spec,
+    );
+    let diff = |a: &[f64], b: &[f64]| {
+        a.iter()
+            .zip(b)
+            .fold(0.0f64, |m, (x, y)| m.max((x - y).abs()))
+    };
+    assert!(diff(&host(&target.output), &want) < 1e-12);
+    for id in ["window", "topk"] {
+        let m = crate::attention::by_id(id).unwrap();
+        let (approx, r) = target.trial(m.as_ref(), n, 3).unwrap();
+        let e = diff(&host(&approx.output), &want);
+        assert!(e < 1e-9, "{id}: {e}");
+        let (mass, sink) = (r.cache.mass.unwrap(), r.sink_mass.unwrap());
+        assert!(sink > 0.01 && sink < 0.99, "{id}: sink_mass {sink}");
+        assert!((mass + sink - 1.0).abs() < 1e-9, "{id}: {mass} + {sink}");
+        let (_, small) = target.trial(m.as_ref(), 4, 3).unwrap();
+        assert!(small.cache.mass.unwrap() < 1.0 - sink - 1e-3, "{id}");
+        assert!(small.norms.spectral > 1e-3, "{id}");
+    }
+    let e = target
+        .trial(crate::attention::by_id("quest").unwrap().as_ref(), 16, 3)
+        .err()
+        .unwrap()
+        .to_string();
+    assert_eq!(e, "quest does not yet implement a logit soft-cap (§7.7.6)");
+}

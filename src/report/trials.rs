@@ -96,6 +96,10 @@ pub struct TrialRow {
     /// Whether the layer has learned sink logits.
     #[serde(default)]
     pub sinks: Option<bool>,
+    /// On a layer with sinks: the mean over rows of the target's sink probability, so that
+    /// `mass` + `sink_mass` = 1 for a method that keeps every key.
+    #[serde(default)]
+    pub sink_mass: Option<f64>,
 }
 
 impl TrialRow {
@@ -268,6 +272,7 @@ pub const HEADER: &[&str] = &[
     "scale",
     "softcap",
     "sinks",
+    "sink_mass",
 ];
 
 /// Keys of rows, for skipping on resume.
@@ -329,7 +334,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let p = dir.path().join("trials.csv");
         // The header before `target` and the decoder columns (mask, kv_head, mass, keys).
-        let old_header = HEADER[..HEADER.len() - 17].join(",");
+        let old_header = HEADER[..HEADER.len() - 18].join(",");
         std::fs::write(
             &p,
             format!("{old_header}\ninitialized,m,0,8,0,0,vmean,4,1,0.5,0.1,0.7,5.0,0,32.0,0.001\n"),
@@ -351,7 +356,7 @@ mod tests {
             text.lines()
                 .nth(1)
                 .unwrap()
-                .ends_with(",softmax,none,,,,,,,,,,,,,,,"),
+                .ends_with(",softmax,none,,,,,,,,,,,,,,,,"),
             "{text}"
         );
         assert_eq!(read_rows(&p).unwrap(), vec![old_row, kernelized]);

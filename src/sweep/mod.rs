@@ -479,9 +479,8 @@ fn refuse_methods_beyond_spec(
         return Ok(());
     };
     let feature = features.first_missing(first.spec_support()).unwrap_or("");
-    let ids = |ms: &[&dyn attention::Method]| {
-        ms.iter().map(|m| m.id()).collect::<Vec<_>>().join(",")
-    };
+    let ids =
+        |ms: &[&dyn attention::Method]| ms.iter().map(|m| m.id()).collect::<Vec<_>>().join(",");
     let others = if run.is_empty() {
         "none of the chosen methods implements it yet".to_string()
     } else {

@@ -34,7 +34,7 @@ use candle_core::{DType, Tensor};
 
 use crate::attention::exact::{map_masked_score_blocks, scaled_operands};
 use crate::attention::{Approximation, Family, HeadInputs, Mask, Method, MethodInfo};
-use crate::numerics::key_sets::{key_set_softmax, per_row_groups};
+use crate::numerics::key_sets::{key_set_softmax_logits, per_row_groups};
 use crate::numerics::sampling::TrialRng;
 
 pub struct TopK;
@@ -187,10 +187,21 @@ const TOP_K: MethodInfo = MethodInfo {
     random: false,
     oracle: true,
     masks: MethodInfo::BOTH_MASKS,
+    // §7.7.6: ranks the raw q·k (τ > 0 and tanh are monotone, and in f32 a saturated cap would
+    // tie), then the kept keys' logits are the layer's, sink in the denominator.
+    spec: crate::attention::SpecFeatures {
+        scale: true,
+        softcap: true,
+        sinks: true,
+        window: false,
+    },
     ..MethodInfo::BASE
 };
 
 impl Method for TopK {
+    fn reads_spec(&self) -> bool {
+        true
+    }
     fn approximate(&self, head: &HeadInputs, d: usize, _: &mut TrialRng) -> Result<Approximation> {
         self.check(head.n(), d).map_err(anyhow::Error::msg)?;
         // kk keys per query: 2d bidirectionally (§6.1.3), d under the causal mask (§7.3).
@@ -217,7 +228,15 @@ impl Method for TopK {
         let sets = ranking.key_sets(kk);
         let keys = sets.iter().map(|s| s.len()).sum::<usize>() as f64 / head.n() as f64;
         let groups = per_row_groups(sets);
-        let out = key_set_softmax(&head.q, &head.k, &head.v, &groups, None, true)?;
+        let out = key_set_softmax_logits(
+            &head.q,
+            &head.k,
+            &head.v,
+            &groups,
+            None,
+            true,
+            head.key_logits(),
+        )?;
         Approximation::restricted(out, keys)
     }
     fn macs(&self, n: usize, p: usize, d: usize) -> f64 {

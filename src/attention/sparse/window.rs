@@ -20,7 +20,7 @@
 use anyhow::Result;
 
 use crate::attention::{Approximation, Family, HeadInputs, Mask, Method, MethodInfo};
-use crate::numerics::key_sets::{key_set_softmax, KeyGroup};
+use crate::numerics::key_sets::{key_set_softmax_logits, KeyGroup};
 use crate::numerics::sampling::TrialRng;
 
 pub struct Window;
@@ -94,10 +94,21 @@ const WINDOW: MethodInfo = MethodInfo {
     meaning: "one-sided half-width of a token-centred window, |i − j| ≤ d (2d+1 keys inside, d+1 at the ends)",
     random: false,
     masks: MethodInfo::BOTH_MASKS,
+    // §7.7.6: the set's logits are the layer's (τ, capped), and the sink stays in every
+    // denominator; a sliding layer's window is to come.
+    spec: crate::attention::SpecFeatures {
+        scale: true,
+        softcap: true,
+        sinks: true,
+        window: false,
+    },
     ..MethodInfo::BASE
 };
 
 impl Method for Window {
+    fn reads_spec(&self) -> bool {
+        true
+    }
     fn approximate(&self, head: &HeadInputs, d: usize, _: &mut TrialRng) -> Result<Approximation> {
         let n = head.n();
         let (groups, pairs) = match head.mask {
@@ -109,7 +120,15 @@ impl Method for Window {
             Mask::None => visits(i, j, d),
             Mask::Causal => causal_visits(i, j, d),
         };
-        let out = key_set_softmax(&head.q, &head.k, &head.v, &groups, Some(&filter), true)?;
+        let out = key_set_softmax_logits(
+            &head.q,
+            &head.k,
+            &head.v,
+            &groups,
+            Some(&filter),
+            true,
+            head.key_logits(),
+        )?;
         Approximation::restricted(out, pairs / n as f64)
     }
     fn macs(&self, n: usize, p: usize, d: usize) -> f64 {

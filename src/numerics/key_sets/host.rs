@@ -12,17 +12,18 @@ use candle_core::{DType, Device, Tensor};
 
 use super::{ChunkOut, KeyGroup, RowFilter};
 
-/// Q/√p, K, V as host f64 rows.
+/// τ·Q, K, V as host f64 rows, and the soft-cap.
 pub(super) struct HostHead {
     qs: Vec<f64>,
     k: Vec<f64>,
     v: Vec<f64>,
     p: usize,
     pv: usize,
+    softcap: Option<f64>,
 }
 
 impl HostHead {
-    pub(super) fn new(qs: &Tensor, k: &Tensor, v: &Tensor) -> Result<Self> {
+    pub(super) fn new(qs: &Tensor, k: &Tensor, v: &Tensor, softcap: Option<f64>) -> Result<Self> {
         let flat = |t: &Tensor| -> Result<Vec<f64>> {
             Ok(t.to_dtype(DType::F64)?.flatten_all()?.to_vec1()?)
         };
@@ -32,6 +33,7 @@ impl HostHead {
             v: flat(v)?,
             p: qs.dim(1)?,
             pv: v.dim(1)?,
+            softcap,
         })
     }
 
@@ -61,7 +63,7 @@ impl HostHead {
                 s.extend(
                     keys.iter()
                         .filter(|&&j| filter.is_none_or(|f| f(i, j)))
-                        .map(|&j| (j, dot(qi, &self.k[j * p..][..p]))),
+                        .map(|&j| (j, self.logit(dot(qi, &self.k[j * p..][..p])))),
                 );
                 anyhow::ensure!(!s.is_empty(), "key sets: query row {i} visits no key");
                 let m = s.iter().fold(f64::NEG_INFINITY, |m, &(_, x)| m.max(x));
@@ -87,6 +89,16 @@ impl HostHead {
                 .transpose()?,
             slot_rows,
         })
+    }
+}
+
+impl HostHead {
+    /// τ·q·k to the logit: capped with a soft-cap.
+    fn logit(&self, s: f64) -> f64 {
+        match self.softcap {
+            Some(c) => c * (s / c).tanh(),
+            None => s,
+        }
     }
 }
 

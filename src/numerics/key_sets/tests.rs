@@ -117,6 +117,7 @@ fn matches_the_dense_masked_softmax_with_padding_and_filters() {
             &groups,
             f,
             true,
+            KeyLogits::plain(q[0].len()),
             host,
         )
         .unwrap();
@@ -133,6 +134,7 @@ fn matches_the_dense_masked_softmax_with_padding_and_filters() {
             &groups,
             f,
             true,
+            KeyLogits::plain(q[0].len()),
             host,
         )
         .unwrap();
@@ -311,6 +313,7 @@ fn per_row_sets_on_both_paths_match_the_dense_oracle() {
                 &per_row_groups(sets.clone()),
                 Some(&filter),
                 true,
+                KeyLogits::plain(q[0].len()),
                 host,
             )
             .unwrap();
@@ -339,4 +342,100 @@ fn per_row_sets_on_both_paths_match_the_dense_oracle() {
     )
     .map(|_| ());
     assert!(err.unwrap_err().to_string().contains("row 3 visits no key"));
+}
+
+/// A layer's logits (τ, a soft-cap, a sink) against their float64 definition (§7.7.0 restricted to
+/// the set): on both paths, f64 and f32, with padding and filters. The log-normaliser stays over
+/// the set's real keys; the sink only divides.
+#[test]
+fn a_layers_logits_match_their_definition() {
+    let n = 70;
+    let (q, k, v) = (
+        rows(n, 8, 2.0, 11),
+        rows(n, 8, 2.0, 12),
+        rows(n, 5, 1.0, 13),
+    );
+    let groups = random_groups(n, 5);
+    let mut group_of = vec![0; n];
+    for (gi, grp) in groups.iter().enumerate() {
+        for &i in &grp.rows {
+            group_of[i] = gi;
+        }
+    }
+    let filter =
+        |i: usize, j: usize| !(i + 2 * j).is_multiple_of(5) || j == groups[group_of[i]].keys[0];
+    let visits = |i: usize, j: usize| groups[group_of[i]].keys.contains(&j) && filter(i, j);
+    for logits in [
+        KeyLogits {
+            scale: 0.6,
+            softcap: None,
+            sink: None,
+        },
+        KeyLogits {
+            scale: 0.6,
+            softcap: Some(1.5),
+            sink: None,
+        },
+        KeyLogits {
+            scale: 0.3,
+            softcap: None,
+            sink: Some(1.0),
+        },
+        KeyLogits {
+            scale: 0.5,
+            softcap: Some(2.0),
+            sink: Some(-0.5),
+        },
+    ] {
+        let (mut want, mut want_log) = (Vec::new(), Vec::new());
+        for i in 0..n {
+            let s: Vec<(usize, f64)> = (0..n)
+                .filter(|&j| visits(i, j))
+                .map(|j| {
+                    let x = logits.scale * q[i].iter().zip(&k[j]).map(|(a, b)| a * b).sum::<f64>();
+                    (j, logits.softcap.map_or(x, |c| c * (x / c).tanh()))
+                })
+                .collect();
+            let m = s
+                .iter()
+                .fold(logits.sink.unwrap_or(f64::NEG_INFINITY), |m, &(_, x)| {
+                    m.max(x)
+                });
+            let real: f64 = s.iter().map(|&(_, x)| (x - m).exp()).sum();
+            let z = real + logits.sink.map_or(0.0, |sink| (sink - m).exp());
+            want.push(
+                (0..5)
+                    .map(|c| s.iter().map(|&(j, x)| (x - m).exp() * v[j][c]).sum::<f64>() / z)
+                    .collect::<Vec<f64>>(),
+            );
+            want_log.push(m + real.ln());
+        }
+        for host in [true, false] {
+            for (dtype, tol) in [(DType::F64, 1e-12), (DType::F32, 2e-5)] {
+                let got = key_set_softmax_paths(
+                    &tensor(&q, dtype),
+                    &tensor(&k, dtype),
+                    &tensor(&v, dtype),
+                    &groups,
+                    Some(&filter),
+                    true,
+                    logits,
+                    host,
+                )
+                .unwrap();
+                let e = max_rel(&to_rows(&got.output), &want);
+                assert!(e < tol, "{logits:?} host {host} {dtype:?}: {e}");
+                let log: Vec<f64> = got
+                    .log_normalizer
+                    .unwrap()
+                    .to_dtype(DType::F64)
+                    .unwrap()
+                    .to_vec1()
+                    .unwrap();
+                for i in 0..n {
+                    assert!((log[i] - want_log[i]).abs() < 1e3 * tol, "row {i}");
+                }
+            }
+        }
+    }
 }
