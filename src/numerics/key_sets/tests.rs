@@ -388,11 +388,11 @@ fn a_layers_logits_match_their_definition() {
         },
     ] {
         let (mut want, mut want_log) = (Vec::new(), Vec::new());
-        for i in 0..n {
+        for (i, qi) in q.iter().enumerate() {
             let s: Vec<(usize, f64)> = (0..n)
                 .filter(|&j| visits(i, j))
                 .map(|j| {
-                    let x = logits.scale * q[i].iter().zip(&k[j]).map(|(a, b)| a * b).sum::<f64>();
+                    let x = logits.scale * qi.iter().zip(&k[j]).map(|(a, b)| a * b).sum::<f64>();
                     (j, logits.softcap.map_or(x, |c| c * (x / c).tanh()))
                 })
                 .collect();
