@@ -398,20 +398,27 @@ fn a_sweep_of_an_mla_layer_measures_it_under_its_own_scale() {
     assert_eq!(seen, 48);
 }
 
-/// gpt-oss's global layer (sinks) and gemma2's (a soft-cap) through a sweep with the methods that
-/// read the spec: at d = n they reproduce the layer's target, and on the sink layer `mass` +
-/// `sink_mass` = 1 there, with the sink taking a visible share.
+/// gpt-oss's layers (sinks), gemma2's (a soft-cap) and phi3's, global and sliding (W = 16), through
+/// a sweep with the methods that read the spec: from d = min(W, n) on they reproduce the layer's
+/// target and read all of its K/V, and on the sink layers `mass` + `sink_mass` = 1 there, with the
+/// sink taking a visible share.
 #[test]
-fn a_sweep_of_a_sink_or_capped_layer_runs_window_and_topk() {
+fn a_sweep_of_sink_capped_and_sliding_layers_runs_window_and_topk() {
     let tmp = tempfile::tempdir().unwrap();
-    for name in ["gpt_oss", "gemma2"] {
+    for (name, layer) in [
+        ("gpt_oss", 1),
+        ("gpt_oss", 0),
+        ("gemma2", 1),
+        ("gemma2", 0),
+        ("phi3", 1),
+    ] {
         let (dir, corpus, _) = family_dir(tmp.path(), name);
-        let out = tmp.path().join(format!("run-{name}"));
+        let out = tmp.path().join(format!("run-{name}-{layer}"));
         let o = decoder_cli(
             &dir,
             &corpus,
             &format!(
-                "--lengths 32 --windows 1 --layer 1 --features 8,32 --methods window,topk --out {} --quiet",
+                "--lengths 32 --windows 1 --layer {layer} --features 8,16,32 --methods window,topk --out {} --quiet",
                 out.display()
             ),
         );
@@ -419,32 +426,39 @@ fn a_sweep_of_a_sink_or_capped_layer_runs_window_and_topk() {
         let mut rows = csv::Reader::from_path(out.join("trials.csv")).unwrap();
         let header = rows.headers().unwrap().clone();
         let col = |c: &str| header.iter().position(|h| h == c).unwrap();
-        let (d, rel, mass, sink_mass, sinks, softcap) = (
-            col("d"),
-            col("rel_error"),
-            col("mass"),
-            col("sink_mass"),
-            col("sinks"),
-            col("softcap"),
-        );
+        let [d, rel, mass, sink_mass, sinks, softcap, sliding, kv_read] = [
+            "d",
+            "rel_error",
+            "mass",
+            "sink_mass",
+            "sinks",
+            "softcap",
+            "sliding_window",
+            "kv_read",
+        ]
+        .map(col);
         let mut seen = 0;
         for r in rows.records() {
             let r = r.unwrap();
             let e: f64 = r[rel].parse().unwrap();
             assert_eq!(&r[sinks], if name == "gpt_oss" { "true" } else { "false" });
             assert_eq!(&r[softcap], if name == "gemma2" { "8.0" } else { "" });
-            if &r[d] == "32" {
-                assert!(e < 1e-5, "{name}: {r:?}");
+            let w: usize = r[sliding].parse().unwrap_or(32);
+            let full = r[d].parse::<usize>().unwrap() >= w;
+            if full {
+                assert!(e < 1e-5, "{name} layer {layer}: {r:?}");
+                let read: f64 = r[kv_read].parse().unwrap();
+                assert!((read - 1.0).abs() < 1e-9, "{name} layer {layer}: {r:?}");
             }
             if name == "gpt_oss" {
                 let (m, s): (f64, f64) = (r[mass].parse().unwrap(), r[sink_mass].parse().unwrap());
                 assert!(s > 1e-3 && s < 1.0, "{r:?}");
-                if &r[d] == "32" {
+                if full {
                     assert!((m + s - 1.0).abs() < 1e-5, "{r:?}");
                 }
             }
             seen += 1;
         }
-        assert!(seen >= 8, "{name}: {seen} rows");
+        assert!(seen >= 12, "{name}: {seen} rows");
     }
 }

@@ -85,11 +85,16 @@ impl Protocol {
         measured_keys: Option<f64>,
         n: usize,
         mask: Mask,
+        spec: &AttentionSpec,
     ) -> CacheColumns {
         use attention::quantized::{dense_keys, kv_read_of};
-        let dense = match self {
-            Protocol::Decode { n_f } => attention::decode::dense_pairs(n, n_f) / n_f as f64,
-            Protocol::Prefill => dense_keys(n, mask),
+        let dense = match (self, spec.window_within(n)) {
+            (Protocol::Decode { n_f }, _) => attention::decode::dense_pairs(n, n_f) / n_f as f64,
+            // §7.7.6: a windowed layer's dense traffic is Σ_i |V_i|, min(i + 1, W) keys a row.
+            (Protocol::Prefill, Some(w)) => {
+                (0..n).map(|i| (i + 1).min(w) as f64).sum::<f64>() / n as f64
+            }
+            (Protocol::Prefill, None) => dense_keys(n, mask),
         };
         let (mass, keys) = if m.has_budget() {
             (measured_mass, measured_keys)
@@ -293,7 +298,8 @@ impl<'h> HeadTarget<'h> {
                 let keys = support.map(|s| s.keys);
                 (
                     self.protocol.macs(m, n, p, d, mask),
-                    self.protocol.cache_columns(m, mass, keys, n, mask),
+                    self.protocol
+                        .cache_columns(m, mass, keys, n, mask, &self.head.spec),
                 )
             }
             None => (f64::NAN, CacheColumns::default()),

@@ -132,3 +132,53 @@ fn window_and_topk_read_a_capped_layer_with_a_sink() {
         .to_string();
     assert_eq!(e, "quest does not yet implement a logit soft-cap (§7.7.6)");
 }
+
+/// A sliding layer (W = 10 of n = 48, with a cap and a sink): `window` and `topk` keep their sets
+/// inside the window, so from d = W on they are the target, read all of the windowed layer's K/V
+/// (`kv_read` = 1 against Σ_i |V_i|, not the causal (n + 1)/2 keys a row) and keep every key's
+/// mass; below W they keep at most d keys a row.
+#[test]
+fn window_and_topk_stay_inside_a_sliding_window() {
+    let (n, p, w) = (48, 12, 10);
+    let spec = AttentionSpec::causal(p, Some(w))
+        .with_scale(0.4)
+        .with_softcap(Some(3.0))
+        .with_sinks(Some(vec![-0.3]));
+    let sliding = head(spec.clone());
+    let target = HeadTarget::new(&sliding, None, Target::Softmax, Protocol::Prefill).unwrap();
+    let want = crate::attention::spec::exact_attention_reference(
+        &host(&sliding.q),
+        &host(&sliding.k),
+        &host(&sliding.v),
+        (1, 1, n, p, 7),
+        &spec,
+    );
+    let diff = |a: &[f64], b: &[f64]| {
+        a.iter()
+            .zip(b)
+            .fold(0.0f64, |m, (x, y)| m.max((x - y).abs()))
+    };
+    assert!(diff(&host(&target.output), &want) < 1e-12);
+    let dense = (0..n).map(|i| (i + 1).min(w) as f64).sum::<f64>() / n as f64;
+    for id in ["window", "topk"] {
+        let m = crate::attention::by_id(id).unwrap();
+        for d in [w, 2 * w, n] {
+            let (approx, r) = target.trial(m.as_ref(), d, 3).unwrap();
+            let e = diff(&host(&approx.output), &want);
+            assert!(e < 1e-9, "{id} at d = {d}: {e}");
+            assert!(
+                (r.cache.keys.unwrap() - dense).abs() < 1e-12,
+                "{id} at d = {d}"
+            );
+            assert!(
+                (r.cache.kv_read.unwrap() - 1.0).abs() < 1e-12,
+                "{id} at d = {d}"
+            );
+            let (mass, sink) = (r.cache.mass.unwrap(), r.sink_mass.unwrap());
+            assert!((mass + sink - 1.0).abs() < 1e-9, "{id} at d = {d}");
+        }
+        let (_, r) = target.trial(m.as_ref(), 4, 3).unwrap();
+        assert!(r.cache.keys.unwrap() <= 4.0, "{id}");
+        assert!(r.norms.spectral > 1e-3, "{id}");
+    }
+}

@@ -121,6 +121,18 @@ impl Ranking {
 
     /// Under the causal mask row i ranks only the keys j ≤ i.
     pub fn compute_masked(q: &Tensor, k: &Tensor, m: usize, mask: Mask) -> Result<Self> {
+        Self::compute_visible(q, k, m, mask, None)
+    }
+
+    /// [`Self::compute_masked`] with the causal mask's keys narrowed to a sliding window of W
+    /// (docs/reference.md §7.7.6: a set never leaves V_i).
+    pub fn compute_visible(
+        q: &Tensor,
+        k: &Tensor,
+        m: usize,
+        mask: Mask,
+        window: Option<usize>,
+    ) -> Result<Self> {
         let m = m.min(k.dims2()?.0);
         let (qs, kt) = scaled_operands(q, k)?;
         let picked = map_masked_score_blocks(&qs, &kt, mask, |start, len, s| {
@@ -129,13 +141,16 @@ impl Ranking {
                 .iter()
                 .enumerate()
                 .flat_map(|(r, row)| {
+                    let i = start + r;
+                    let lo = window.map_or(0, |w| (i + 1).saturating_sub(w));
                     let row = match mask {
                         Mask::None => &row[..],
-                        Mask::Causal => &row[..=start + r],
+                        Mask::Causal => &row[lo..=i],
                     };
+                    let lo = if mask == Mask::Causal { lo } else { 0 };
                     let mut ranked: Vec<u32> = ranked_keys(row, m.min(row.len()))
                         .into_iter()
-                        .map(|j| j as u32) // j < n ≤ u32::MAX for any tensor this crate builds
+                        .map(|j| (lo + j) as u32) // j < n ≤ u32::MAX for any tensor this crate builds
                         .collect();
                     ranked.resize(m, NO_KEY);
                     ranked
@@ -187,13 +202,14 @@ const TOP_K: MethodInfo = MethodInfo {
     random: false,
     oracle: true,
     masks: MethodInfo::BOTH_MASKS,
-    // §7.7.6: ranks the raw q·k (τ > 0 and tanh are monotone, and in f32 a saturated cap would
-    // tie), then the kept keys' logits are the layer's, sink in the denominator.
+    // §7.7.6: ranks the raw q·k of the keys the row sees (τ > 0 and tanh are monotone, and in
+    // f32 a saturated cap would tie), then the kept keys' logits are the layer's, sink in the
+    // denominator.
     spec: crate::attention::SpecFeatures {
         scale: true,
         softcap: true,
         sinks: true,
-        window: false,
+        window: true,
     },
     ..MethodInfo::BASE
 };
@@ -219,7 +235,10 @@ impl Method for TopK {
                     // the ranking 4× at a time: 512 → 2048 ranks twice instead of thrice.
                     let floor = grown.map_or(kept(head.n(), RANK_FOR_D), |r| 4 * r.m);
                     let m = kk.max(floor);
-                    let r = Arc::new(Ranking::compute_masked(&head.q, &head.k, m, head.mask)?);
+                    let window = head.spec.window_within(head.n());
+                    let r = Arc::new(Ranking::compute_visible(
+                        &head.q, &head.k, m, head.mask, window,
+                    )?);
                     *guard = Some(r.clone());
                     r
                 }

@@ -94,13 +94,13 @@ const WINDOW: MethodInfo = MethodInfo {
     meaning: "one-sided half-width of a token-centred window, |i − j| ≤ d (2d+1 keys inside, d+1 at the ends)",
     random: false,
     masks: MethodInfo::BOTH_MASKS,
-    // §7.7.6: the set's logits are the layer's (τ, capped), and the sink stays in every
-    // denominator; a sliding layer's window is to come.
+    // §7.7.6: the set's logits are the layer's (τ, capped), the sink stays in every
+    // denominator, and on a sliding layer of W the last d keys meet V_i in the last min(d, W).
     spec: crate::attention::SpecFeatures {
         scale: true,
         softcap: true,
         sinks: true,
-        window: false,
+        window: true,
     },
     ..MethodInfo::BASE
 };
@@ -111,6 +111,8 @@ impl Method for Window {
     }
     fn approximate(&self, head: &HeadInputs, d: usize, _: &mut TrialRng) -> Result<Approximation> {
         let n = head.n();
+        // A layer's window (causal only, by the spec's validation) intersects the set.
+        let d = head.spec.window_within(n).map_or(d, |w| d.min(w));
         let (groups, pairs) = match head.mask {
             Mask::None => (key_groups(n, d), visited_pairs(n, d)),
             Mask::Causal => (causal_key_groups(n, d), causal_visited_pairs(n, d)),
