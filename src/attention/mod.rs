@@ -475,11 +475,13 @@ pub trait Method: Send + Sync {
     fn spec_support(&self) -> SpecFeatures {
         self.info().map_or(SpecFeatures::NONE, |i| i.spec)
     }
-    /// Whether the method reads the head's spec itself (its τ, cap and sink, e.g. through
-    /// [`HeadInputs::key_logits`]); otherwise a scaled head reaches it as rescaled inputs
-    /// ([`HeadInputs::method_inputs`]).
+    /// Whether the method reads the head's spec itself (its τ, cap, sink and window, e.g.
+    /// through [`HeadInputs::key_logits`]); otherwise a scaled head reaches it as rescaled inputs
+    /// ([`HeadInputs::method_inputs`]). Rescaled inputs stand for a spec whose only feature is its
+    /// scale, so a method that implements any other feature reads the spec, scale included.
     fn reads_spec(&self) -> bool {
-        false
+        let s = self.spec_support();
+        s.window || s.softcap || s.sinks
     }
     /// Leading multiply-adds under `mask`; the bidirectional count unless the method's causal
     /// form costs otherwise.

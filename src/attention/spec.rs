@@ -80,6 +80,13 @@ impl SpecFeatures {
         scale: true,
         ..Self::NONE
     };
+    /// Every feature.
+    pub const ALL: SpecFeatures = SpecFeatures {
+        window: true,
+        softcap: true,
+        sinks: true,
+        scale: true,
+    };
 
     /// The first feature of `self` that `support` lacks, named for a refusal.
     pub fn first_missing(self, support: SpecFeatures) -> Option<&'static str> {

@@ -126,15 +126,16 @@ fn window_and_topk_read_a_capped_layer_with_a_sink() {
         assert!(small.norms.spectral > 1e-3, "{id}");
     }
     let e = target
-        .trial(crate::attention::by_id("quest").unwrap().as_ref(), 16, 3)
+        .trial(crate::attention::by_id("h2o").unwrap().as_ref(), 16, 3)
         .err()
         .unwrap()
         .to_string();
-    assert_eq!(e, "quest does not yet implement a logit soft-cap (§7.7.6)");
+    assert_eq!(e, "h2o does not yet implement a logit soft-cap (§7.7.6)");
 }
 
 /// A sliding layer (W = 10 of n = 48, with a cap and a sink): `window` and `topk` keep their sets
-/// inside the window, so from d = W on they are the target, read all of the windowed layer's K/V
+/// inside the window, so from d = W on they are the target (`streaming`, `quest`, `moba` and
+/// `block_sparse` from d = n, with at most d keys below), read all of the windowed layer's K/V
 /// (`kv_read` = 1 against Σ_i |V_i|, not the causal (n + 1)/2 keys a row) and keep every key's
 /// mass; below W they keep at most d keys a row.
 #[test]
@@ -160,6 +161,27 @@ fn window_and_topk_stay_inside_a_sliding_window() {
     };
     assert!(diff(&host(&target.output), &want) < 1e-12);
     let dense = (0..n).map(|i| (i + 1).min(w) as f64).sum::<f64>() / n as f64;
+    // The ranked prefill methods drop what falls outside the window (not replaced), so they
+    // reach the target once their sets cover the window: at d = n for every one of them.
+    for id in ["streaming", "quest", "moba", "block_sparse"] {
+        let m = crate::attention::by_id(id).unwrap();
+        let (approx, r) = target.trial(m.as_ref(), n, 3).unwrap();
+        let e = diff(&host(&approx.output), &want);
+        assert!(e < 1e-9, "{id} at d = n: {e}");
+        assert!((r.cache.kv_read.unwrap() - 1.0).abs() < 1e-12, "{id}");
+        let (_, r) = target.trial(m.as_ref(), 16, 3).unwrap();
+        let (mass, sink) = (r.cache.mass.unwrap(), r.sink_mass.unwrap());
+        assert!(
+            r.cache.keys.unwrap() <= 16.0 && mass + sink <= 1.0 + 1e-12,
+            "{id}"
+        );
+        assert!(
+            host(&r_output(&target, m.as_ref()))
+                .iter()
+                .all(|x| x.is_finite()),
+            "{id}"
+        );
+    }
     for id in ["window", "topk"] {
         let m = crate::attention::by_id(id).unwrap();
         for d in [w, 2 * w, n] {
@@ -181,4 +203,9 @@ fn window_and_topk_stay_inside_a_sliding_window() {
         assert!(r.cache.keys.unwrap() <= 4.0, "{id}");
         assert!(r.norms.spectral > 1e-3, "{id}");
     }
+}
+
+/// Ô of `m` at d = 16 on the target's head.
+fn r_output(target: &HeadTarget, m: &dyn Method) -> Tensor {
+    target.trial(m, 16, 3).unwrap().0.output
 }

@@ -51,10 +51,19 @@ pub const fn prefill(id: &'static str, meaning: &'static str) -> crate::attentio
 // The seven descriptors, side by side (what d means for each is in docs/reference.md §7.5).
 use crate::attention::MethodInfo;
 
-pub const STREAMING: MethodInfo = prefill(
-    "streaming",
-    "keys per query: the 4 sink tokens + the d − 4 most recent keys (StreamingLLM; d ≥ 8)",
-);
+/// §7.7.6 for the methods whose sets come from ranks and fixed structure alone (the scale and a
+/// cap leave ranks unchanged): every layer spec, through [`select::restricted`], which intersects
+/// the sets with V_i (fixed keys outside the window dropped, not replaced) and forms the kept keys'
+/// logits with τ, the cap and the sink.
+const RANKED: crate::attention::SpecFeatures = crate::attention::SpecFeatures::ALL;
+
+pub const STREAMING: MethodInfo = MethodInfo {
+    spec: RANKED,
+    ..prefill(
+        "streaming",
+        "keys per query: the 4 sink tokens + the d − 4 most recent keys (StreamingLLM; d ≥ 8)",
+    )
+};
 
 pub const H2O: MethodInfo = MethodInfo {
     oracle: true,
@@ -64,20 +73,29 @@ pub const H2O: MethodInfo = MethodInfo {
     )
 };
 
-pub const QUEST: MethodInfo = prefill(
-    "quest",
-    "keys per query in pages of 16: the own page + ⌈d/16⌉ − 1 past pages by Quest's min/max upper bound",
-);
+pub const QUEST: MethodInfo = MethodInfo {
+    spec: RANKED,
+    ..prefill(
+        "quest",
+        "keys per query in pages of 16: the own page + ⌈d/16⌉ − 1 past pages by Quest's min/max upper bound",
+    )
+};
 
-pub const MOBA: MethodInfo = prefill(
-    "moba",
-    "keys per query in pages of 16: the own page + ⌈d/16⌉ − 1 past pages by q·(mean key) (MoBA's gate)",
-);
+pub const MOBA: MethodInfo = MethodInfo {
+    spec: RANKED,
+    ..prefill(
+        "moba",
+        "keys per query in pages of 16: the own page + ⌈d/16⌉ − 1 past pages by q·(mean key) (MoBA's gate)",
+    )
+};
 
-pub const BLOCK_SPARSE: MethodInfo = prefill(
-    "block_sparse",
-    "keys per query in blocks of 16: diagonal + first block + ⌈d/16⌉ − 2 blocks by mean-pooled Q̄·K̄ (MInference block-sparse)",
-);
+pub const BLOCK_SPARSE: MethodInfo = MethodInfo {
+    spec: RANKED,
+    ..prefill(
+        "block_sparse",
+        "keys per query in blocks of 16: diagonal + first block + ⌈d/16⌉ − 2 blocks by mean-pooled Q̄·K̄ (MInference block-sparse)",
+    )
+};
 
 pub const XATTENTION: MethodInfo = prefill(
     "xattention",

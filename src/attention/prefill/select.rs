@@ -12,7 +12,7 @@ use candle_core::{DType, Tensor};
 
 use crate::attention::sparse::topk::top_keys;
 use crate::attention::{Approximation, HeadInputs, Mask};
-use crate::numerics::key_sets::{key_set_softmax, per_row_groups, KeyGroup};
+use crate::numerics::key_sets::{key_set_softmax_logits, per_row_groups, KeyGroup};
 
 /// Page and block size b (§7.5: Quest's page, the Sparse Frontier's chunk).
 pub const B: usize = 16;
@@ -230,13 +230,22 @@ pub fn budget_pairs(n: usize, d: usize) -> f64 {
 
 /// Ô over the groups, the causal filter j ≤ i applied when `causal_filter` (block groups), with
 /// the realised mean keys per row counted from the groups as run. Per-row sets must already lie
-/// in {0..i}; a key after its query is an error.
+/// in {0..i}; a key after its query is an error. Under the head's spec (docs/reference.md §7.7.6)
+/// the sets meet the layer's window (keys outside it dropped) and the kept keys' logits are the
+/// layer's (τ, cap, sink); a plain head's are q·k/√p as before.
 pub fn restricted(
     head: &HeadInputs,
     groups: &[KeyGroup],
     filter: Option<crate::numerics::key_sets::RowFilter>,
 ) -> Result<Approximation> {
     let n = head.n();
+    let window = head.spec.window_within(n);
+    let in_window =
+        |i: usize, j: usize| window.is_none_or(|w| j + w > i) && filter.is_none_or(|f| f(i, j));
+    let filter: Option<crate::numerics::key_sets::RowFilter> = match window {
+        Some(_) => Some(&in_window),
+        None => filter,
+    };
     let mut pairs = 0usize;
     for g in groups {
         for &i in &g.rows {
@@ -248,7 +257,15 @@ pub fn restricted(
             }
         }
     }
-    let out = key_set_softmax(&head.q, &head.k, &head.v, groups, filter, true)?;
+    let out = key_set_softmax_logits(
+        &head.q,
+        &head.k,
+        &head.v,
+        groups,
+        filter,
+        true,
+        head.key_logits(),
+    )?;
     Approximation::restricted(out, pairs as f64 / n as f64)
 }
 

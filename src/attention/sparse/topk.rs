@@ -205,19 +205,11 @@ const TOP_K: MethodInfo = MethodInfo {
     // §7.7.6: ranks the raw q·k of the keys the row sees (τ > 0 and tanh are monotone, and in
     // f32 a saturated cap would tie), then the kept keys' logits are the layer's, sink in the
     // denominator.
-    spec: crate::attention::SpecFeatures {
-        scale: true,
-        softcap: true,
-        sinks: true,
-        window: true,
-    },
+    spec: crate::attention::SpecFeatures::ALL,
     ..MethodInfo::BASE
 };
 
 impl Method for TopK {
-    fn reads_spec(&self) -> bool {
-        true
-    }
     fn approximate(&self, head: &HeadInputs, d: usize, _: &mut TrialRng) -> Result<Approximation> {
         self.check(head.n(), d).map_err(anyhow::Error::msg)?;
         // kk keys per query: 2d bidirectionally (§6.1.3), d under the causal mask (§7.3).

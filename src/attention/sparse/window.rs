@@ -96,19 +96,11 @@ const WINDOW: MethodInfo = MethodInfo {
     masks: MethodInfo::BOTH_MASKS,
     // §7.7.6: the set's logits are the layer's (τ, capped), the sink stays in every
     // denominator, and on a sliding layer of W the last d keys meet V_i in the last min(d, W).
-    spec: crate::attention::SpecFeatures {
-        scale: true,
-        softcap: true,
-        sinks: true,
-        window: true,
-    },
+    spec: crate::attention::SpecFeatures::ALL,
     ..MethodInfo::BASE
 };
 
 impl Method for Window {
-    fn reads_spec(&self) -> bool {
-        true
-    }
     fn approximate(&self, head: &HeadInputs, d: usize, _: &mut TrialRng) -> Result<Approximation> {
         let n = head.n();
         // A layer's window (causal only, by the spec's validation) intersects the set.
