@@ -172,8 +172,8 @@ fn a_family_sweep_refuses_what_its_methods_lack_and_bad_configs_name_their_field
     for (flags, needle) in [
         ("--mask none --methods window", "drop --mask none"),
         (
-            "--mask causal --layer 1 --methods window,h2o,topk",
-            "has a logit soft-cap (causal, τ = 0.204124, soft-cap 8), which these methods do not implement yet (docs/reference.md §7.7.6): h2o; run the others with --methods window,topk",
+            "--mask causal --layer 1 --methods window,xattention,topk",
+            "has a logit soft-cap (causal, τ = 0.204124, soft-cap 8), which these methods do not implement yet (docs/reference.md §7.7.6): xattention; run the others with --methods window,topk",
         ),
     ] {
         let o = sweep(flags);
@@ -418,7 +418,7 @@ fn a_sweep_of_sink_capped_and_sliding_layers_runs_window_and_topk() {
             &dir,
             &corpus,
             &format!(
-                "--lengths 32 --windows 1 --layer {layer} --features 8,16,32 --methods window,topk,streaming,quest,moba,block_sparse --out {} --quiet",
+                "--lengths 32 --windows 1 --layer {layer} --features 8,16,32 --methods window,topk,streaming,quest,moba,block_sparse,h2o --out {} --quiet",
                 out.display()
             ),
         );
@@ -446,8 +446,10 @@ fn a_sweep_of_sink_capped_and_sliding_layers_runs_window_and_topk() {
             assert_eq!(&r[softcap], if name == "gemma2" { "8.0" } else { "" });
             let w: usize = r[sliding].parse().unwrap_or(32);
             let d: usize = r[d].parse().unwrap();
-            // window and topk cover the window from d = W; the ranked prefill methods from d = n.
-            let full = d >= 32 || (d >= w && ["window", "topk"].contains(&&r[method]));
+            // window and topk cover the window from d = W; the ranked prefill methods from d = n;
+            // h2o only from d = 2n − 1 (its recent half), past this grid.
+            let full = (d >= 32 && &r[method] != "h2o")
+                || (d >= w && ["window", "topk"].contains(&&r[method]));
             assert!(
                 e.is_finite() && r[mass].parse::<f64>().unwrap() <= 1.0 + 1e-5,
                 "{r:?}"

@@ -424,55 +424,74 @@ pub(crate) fn exact_attention_blocks(
     let mut outs = Vec::with_capacity(n.div_ceil(b));
     for s in (0..n).step_by(b) {
         let rows = b.min(n - s);
-        let (j0, j1) = if spec.causal {
-            let lo = spec.window.map_or(0, |w| (s + 1).saturating_sub(w));
-            (lo, s + rows)
-        } else {
-            (0, nk)
-        };
-        let keys = j1 - j0;
-        let qb = q4
-            .narrow(2, s, rows)?
-            .contiguous()?
-            .reshape((kv_heads, group * rows, p))?;
-        let kb = k.narrow(1, j0, keys)?.t()?.contiguous()?;
+        let (probs, j0) = probability_block(&q4, k, spec, sinks.as_ref(), (s, rows))?;
+        let keys = probs.dim(3)?;
         let vb = v.narrow(1, j0, keys)?.contiguous()?;
-        let mut logits = (qb.matmul(&kb)? * spec.scale)?;
-        if let Some(c) = spec.softcap {
-            logits = ((logits / c)?.tanh()? * c)?;
-        }
-        let mut logits = logits.reshape((kv_heads, group, rows, keys))?;
-        if spec.causal {
-            let mask: Vec<f32> = (s..s + rows)
-                .flat_map(|i| {
-                    (j0..j1).map(move |j| {
-                        if spec.sees(i, j) {
-                            0.0
-                        } else {
-                            f32::NEG_INFINITY
-                        }
-                    })
-                })
-                .collect();
-            let mask = Tensor::from_vec(mask, (rows, keys), dev)?.to_dtype(dtype)?;
-            logits = logits.broadcast_add(&mask)?;
-        }
-        let probs = match &sinks {
-            None => candle_nn::ops::softmax_last_dim(&logits)?,
-            Some(col) => {
-                // The sink column joins the softmax and is dropped after it: its value is zero.
-                let col = col.broadcast_as((kv_heads, group, rows, 1))?.contiguous()?;
-                let with_sink = Tensor::cat(&[&logits, &col], D::Minus1)?;
-                let max = with_sink.max_keepdim(D::Minus1)?;
-                let e = with_sink.broadcast_sub(&max)?.exp()?;
-                let denom = e.sum_keepdim(D::Minus1)?;
-                e.narrow(D::Minus1, 0, keys)?.broadcast_div(&denom)?
-            }
-        };
         let probs = probs.reshape((kv_heads, group * rows, keys))?;
         outs.push(probs.matmul(&vb)?.reshape((kv_heads, group, rows, pv))?);
     }
     Ok(Tensor::cat(&outs, 2)?.reshape((heads, n, pv))?)
+}
+
+/// Rows s..s + rows of every query head's probabilities under `spec` (q4 [H_kv, group, n, p],
+/// k [H_kv, n_k, p]; `sinks` as a [H_kv, group, 1, 1] column in q's dtype): P over the real keys
+/// j0..j1 that the block's rows can see, [H_kv, group, rows, j1 − j0], and j0. With sinks a row
+/// sums to 1 − its sink's probability.
+pub(crate) fn probability_block(
+    q4: &Tensor,
+    k: &Tensor,
+    spec: &AttentionSpec,
+    sinks: Option<&Tensor>,
+    (s, rows): (usize, usize),
+) -> Result<(Tensor, usize)> {
+    let (kv_heads, group, _, p) = q4.dims4()?;
+    let nk = k.dim(1)?;
+    let (dtype, dev) = (q4.dtype(), q4.device());
+    let (j0, j1) = if spec.causal {
+        let lo = spec.window.map_or(0, |w| (s + 1).saturating_sub(w));
+        (lo, s + rows)
+    } else {
+        (0, nk)
+    };
+    let keys = j1 - j0;
+    let qb = q4
+        .narrow(2, s, rows)?
+        .contiguous()?
+        .reshape((kv_heads, group * rows, p))?;
+    let kb = k.narrow(1, j0, keys)?.t()?.contiguous()?;
+    let mut logits = (qb.matmul(&kb)? * spec.scale)?;
+    if let Some(c) = spec.softcap {
+        logits = ((logits / c)?.tanh()? * c)?;
+    }
+    let mut logits = logits.reshape((kv_heads, group, rows, keys))?;
+    if spec.causal {
+        let mask: Vec<f32> = (s..s + rows)
+            .flat_map(|i| {
+                (j0..j1).map(move |j| {
+                    if spec.sees(i, j) {
+                        0.0
+                    } else {
+                        f32::NEG_INFINITY
+                    }
+                })
+            })
+            .collect();
+        let mask = Tensor::from_vec(mask, (rows, keys), dev)?.to_dtype(dtype)?;
+        logits = logits.broadcast_add(&mask)?;
+    }
+    let probs = match sinks {
+        None => candle_nn::ops::softmax_last_dim(&logits)?,
+        Some(col) => {
+            // The sink column joins the softmax and is dropped after it: its value is zero.
+            let col = col.broadcast_as((kv_heads, group, rows, 1))?.contiguous()?;
+            let with_sink = Tensor::cat(&[&logits, &col], D::Minus1)?;
+            let max = with_sink.max_keepdim(D::Minus1)?;
+            let e = with_sink.broadcast_sub(&max)?.exp()?;
+            let denom = e.sum_keepdim(D::Minus1)?;
+            e.narrow(D::Minus1, 0, keys)?.broadcast_div(&denom)?
+        }
+    };
+    Ok((probs, j0))
 }
 
 /// The same attention in float64 by its definition, one row at a time on the host (tests and

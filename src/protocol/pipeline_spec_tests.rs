@@ -126,11 +126,18 @@ fn window_and_topk_read_a_capped_layer_with_a_sink() {
         assert!(small.norms.spectral > 1e-3, "{id}");
     }
     let e = target
-        .trial(crate::attention::by_id("h2o").unwrap().as_ref(), 16, 3)
+        .trial(
+            crate::attention::by_id("xattention").unwrap().as_ref(),
+            16,
+            3,
+        )
         .err()
         .unwrap()
         .to_string();
-    assert_eq!(e, "h2o does not yet implement a logit soft-cap (§7.7.6)");
+    assert_eq!(
+        e,
+        "xattention does not yet implement a logit soft-cap (§7.7.6)"
+    );
 }
 
 /// A sliding layer (W = 10 of n = 48, with a cap and a sink): `window` and `topk` keep their sets

@@ -52,13 +52,14 @@ pub const fn prefill(id: &'static str, meaning: &'static str) -> crate::attentio
 use crate::attention::MethodInfo;
 
 /// §7.7.6 for the methods whose sets come from ranks and fixed structure alone (the scale and a
-/// cap leave ranks unchanged): every layer spec, through [`select::restricted`], which intersects
-/// the sets with V_i (fixed keys outside the window dropped, not replaced) and forms the kept keys'
-/// logits with τ, the cap and the sink.
-const RANKED: crate::attention::SpecFeatures = crate::attention::SpecFeatures::ALL;
+/// cap leave ranks unchanged), and for `h2o`, whose accumulator reads the target's own rows:
+/// every layer spec, through [`select::restricted`], which intersects the sets with V_i (fixed
+/// keys outside the window dropped, not replaced) and forms the kept keys' logits with τ, the cap
+/// and the sink.
+const EVERY_SPEC: crate::attention::SpecFeatures = crate::attention::SpecFeatures::ALL;
 
 pub const STREAMING: MethodInfo = MethodInfo {
-    spec: RANKED,
+    spec: EVERY_SPEC,
     ..prefill(
         "streaming",
         "keys per query: the 4 sink tokens + the d − 4 most recent keys (StreamingLLM; d ≥ 8)",
@@ -67,6 +68,7 @@ pub const STREAMING: MethodInfo = MethodInfo {
 
 pub const H2O: MethodInfo = MethodInfo {
     oracle: true,
+    spec: EVERY_SPEC,
     ..prefill(
         "h2o",
         "keys per query: ⌊d/2⌋ heavy hitters by accumulated exact attention + ⌈d/2⌉ recent keys (H2O; an oracle)",
@@ -74,7 +76,7 @@ pub const H2O: MethodInfo = MethodInfo {
 };
 
 pub const QUEST: MethodInfo = MethodInfo {
-    spec: RANKED,
+    spec: EVERY_SPEC,
     ..prefill(
         "quest",
         "keys per query in pages of 16: the own page + ⌈d/16⌉ − 1 past pages by Quest's min/max upper bound",
@@ -82,7 +84,7 @@ pub const QUEST: MethodInfo = MethodInfo {
 };
 
 pub const MOBA: MethodInfo = MethodInfo {
-    spec: RANKED,
+    spec: EVERY_SPEC,
     ..prefill(
         "moba",
         "keys per query in pages of 16: the own page + ⌈d/16⌉ − 1 past pages by q·(mean key) (MoBA's gate)",
@@ -90,7 +92,7 @@ pub const MOBA: MethodInfo = MethodInfo {
 };
 
 pub const BLOCK_SPARSE: MethodInfo = MethodInfo {
-    spec: RANKED,
+    spec: EVERY_SPEC,
     ..prefill(
         "block_sparse",
         "keys per query in blocks of 16: diagonal + first block + ⌈d/16⌉ − 2 blocks by mean-pooled Q̄·K̄ (MInference block-sparse)",
