@@ -2,7 +2,9 @@
 //! Ô = (1/n)·1·1ᵀV, every row the column mean of V. Independent of d.
 //!
 //! Under the causal mask (docs/reference.md §7.4) the same baseline — uniform attention over the keys a
-//! row may see — is the prefix mean Ô_i = (1/(i+1)) Σ_{j≤i} v_j.
+//! row may see — is the prefix mean Ô_i = (1/(i+1)) Σ_{j≤i} v_j; on a sliding layer of W
+//! (§7.7.6) the mean over the window, (1/min(i+1, W)) Σ_{i−W<j≤i} v_j. The scale and a soft-cap
+//! do not reach it, and a sink's damping stays in its error (it reads no attention).
 
 use anyhow::Result;
 
@@ -19,6 +21,7 @@ const V_MEAN: MethodInfo = MethodInfo {
     meaning: "ignored: every row of Ô is mean(V)",
     random: false,
     masks: MethodInfo::BOTH_MASKS,
+    spec: super::SpecFeatures::ALL,
     ..MethodInfo::BASE
 };
 
@@ -28,8 +31,24 @@ impl Method for VMean {
         if head.mask == Mask::Causal {
             // Prefix sums in f64 (a long prefix summed in f32 drifts), then / (i + 1).
             let n = head.n();
-            let sums = prefix_sums(&v.to_dtype(DType::F64)?)?;
-            let counts = Tensor::arange(1.0f64, n as f64 + 1.0, v.device())?.unsqueeze(1)?;
+            let mut sums = prefix_sums(&v.to_dtype(DType::F64)?)?;
+            let counts = match head.spec.window_within(n) {
+                None => Tensor::arange(1.0f64, n as f64 + 1.0, v.device())?,
+                Some(w) => {
+                    // Row i's window sum is S_i − S_{i−W}: the prefix sums shifted down W rows.
+                    let before = Tensor::cat(
+                        &[
+                            &Tensor::zeros((w, sums.dim(1)?), DType::F64, v.device())?,
+                            &sums.narrow(0, 0, n - w)?,
+                        ],
+                        0,
+                    )?;
+                    sums = (sums - before)?;
+                    let c: Vec<f64> = (0..n).map(|i| (i + 1).min(w) as f64).collect();
+                    Tensor::from_vec(c, n, v.device())?
+                }
+            }
+            .unsqueeze(1)?;
             return Ok(Approximation::plain(
                 sums.broadcast_div(&counts)?.to_dtype(v.dtype())?,
             ));
@@ -113,6 +132,33 @@ mod tests {
                 let want = (0..=i).map(|j| vals[j * p + c]).sum::<f64>() / (i + 1) as f64;
                 assert!(
                     (got[i][c] - want).abs() < 1e-6,
+                    "row {i}: {} vs {want}",
+                    got[i][c]
+                );
+            }
+        }
+    }
+
+    /// On a sliding layer (W = 300 of n = 600, with a cap and a sink, which it ignores): the mean
+    /// of the last min(i + 1, W) values.
+    #[test]
+    fn a_sliding_layers_form_is_the_window_mean() {
+        use crate::numerics::sampling::{normal_values, TrialRng};
+        let (n, p, w) = (600, 5, 300);
+        let vals = normal_values(&mut TrialRng::seed_from_u64(5), n, p, 1.0);
+        let v =
+            crate::tensor_util::from_f64(vals.clone(), (n, p), &test_device(), DType::F64).unwrap();
+        let spec = crate::attention::AttentionSpec::causal(p, Some(w))
+            .with_softcap(Some(5.0))
+            .with_sinks(Some(vec![0.3]));
+        let head = HeadInputs::with_spec(v.clone(), v.clone(), v, spec).unwrap();
+        let got = crate::attention::test_util::out_rows(&VMean, &head, 8, 0);
+        for i in [0, 1, 298, 299, 300, 301, 511, n - 1] {
+            let lo = (i + 1).saturating_sub(w);
+            for c in 0..p {
+                let want = (lo..=i).map(|j| vals[j * p + c]).sum::<f64>() / (i + 1 - lo) as f64;
+                assert!(
+                    (got[i][c] - want).abs() < 1e-12,
                     "row {i}: {} vs {want}",
                     got[i][c]
                 );

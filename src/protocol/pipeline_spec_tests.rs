@@ -216,3 +216,60 @@ fn window_and_topk_stay_inside_a_sliding_window() {
 fn r_output(target: &HeadTarget, m: &dyn Method) -> Tensor {
     target.trial(m, 16, 3).unwrap().0.output
 }
+
+/// `svd_optimal` and `vmean` on a sliding, capped layer with a sink: Ô = P_d·V with P_d the rank-d
+/// truncation (Eckart–Young) of the target's real-key P, from nalgebra's SVD of the float64 P;
+/// at d = n the target itself.
+#[test]
+fn svd_optimal_truncates_the_layers_own_probabilities() {
+    let (n, p, w) = (48, 12, 20);
+    let spec = AttentionSpec::causal(p, Some(w))
+        .with_scale(0.45)
+        .with_softcap(Some(2.0))
+        .with_sinks(Some(vec![0.4]));
+    let h = head(spec.clone());
+    let target = HeadTarget::new(&h, None, Target::Softmax, Protocol::Prefill).unwrap();
+    let (q, k, v) = (host(&h.q), host(&h.k), host(&h.v));
+    let dot = |i: usize, j: usize| (0..p).map(|c| q[i * p + c] * k[j * p + c]).sum::<f64>();
+    let probs = nalgebra::DMatrix::from_fn(n, n, |i, j| {
+        let seen: Vec<usize> = (0..n).filter(|&l| spec.sees(i, l)).collect();
+        let m = seen
+            .iter()
+            .fold(0.4f64, |m, &l| m.max(spec.logit(dot(i, l))));
+        let z = (0.4 - m).exp()
+            + seen
+                .iter()
+                .map(|&l| (spec.logit(dot(i, l)) - m).exp())
+                .sum::<f64>();
+        if spec.sees(i, j) {
+            (spec.logit(dot(i, j)) - m).exp() / z
+        } else {
+            0.0
+        }
+    });
+    let vm = nalgebra::DMatrix::from_row_slice(n, 7, &v);
+    let svd = probs.clone().svd(true, true);
+    let m = crate::attention::by_id("svd_optimal").unwrap();
+    for d in [3, 10] {
+        // The d largest singular triplets (nalgebra sorts them in decreasing order).
+        let (u, s, vt) = (
+            svd.u.as_ref().unwrap(),
+            &svd.singular_values,
+            svd.v_t.as_ref().unwrap(),
+        );
+        let pd = u.columns(0, d)
+            * nalgebra::DMatrix::from_diagonal(&s.rows(0, d).into_owned())
+            * vt.rows(0, d);
+        let want = pd * &vm;
+        let (approx, _) = target.trial(m.as_ref(), d, 1).unwrap();
+        let got = host(&approx.output);
+        for i in 0..n {
+            for c in 0..7 {
+                let e = (got[i * 7 + c] - want[(i, c)]).abs();
+                assert!(e < 1e-8, "d {d} row {i}: {e}");
+            }
+        }
+    }
+    let (approx, r) = target.trial(m.as_ref(), n, 1).unwrap();
+    assert!(r.norms.spectral < 1e-10, "{:?}", approx.output.dims());
+}

@@ -222,13 +222,29 @@ pub fn krylov_dim(d_max: usize) -> usize {
     krylov_block(d_max) * (KRYLOV_DEPTH + 1)
 }
 
-/// P = softmax(QKᵀ/√p) in f64 on the head's device, under the head's mask.
+/// P = softmax(QKᵀ/√p) in f64 on the head's device, under the head's mask; under a layer's spec
+/// (docs/reference.md §7.7.6) the target's P: τ, capped, windowed, over the real keys (with a
+/// sink its rows sum to 1 − P_sink, and the SVD approximates that real-key part).
 fn attention_matrix(head: &HeadInputs) -> Result<Tensor> {
-    ExactAttention::masked_probabilities(
-        &head.q.to_dtype(DType::F64)?,
-        &head.k.to_dtype(DType::F64)?,
-        head.mask,
-    )
+    let (q, k) = (head.q.to_dtype(DType::F64)?, head.k.to_dtype(DType::F64)?);
+    let n = head.n();
+    if head.spec.features(head.p(), n).is_plain() {
+        return ExactAttention::masked_probabilities(&q, &k, head.mask);
+    }
+    let sinks = match head.spec.sink(0) {
+        Some(s) => Some(Tensor::new(&[[[[s]]]], head.device())?),
+        None => None,
+    };
+    let q4 = q.unsqueeze(0)?.unsqueeze(0)?;
+    let (p, j0) = crate::attention::spec::probability_block(
+        &q4,
+        &k.unsqueeze(0)?,
+        &head.spec,
+        sinks.as_ref(),
+        (0, n),
+    )?;
+    anyhow::ensure!(j0 == 0, "the whole P starts at key 0");
+    Ok(p.squeeze(0)?.squeeze(0)?)
 }
 
 const SVD_OPTIMAL: MethodInfo = MethodInfo {
@@ -240,6 +256,7 @@ const SVD_OPTIMAL: MethodInfo = MethodInfo {
     // The Eckart–Young floor needs the SVD of the full P: a reference curve.
     oracle: true,
     masks: MethodInfo::BOTH_MASKS,
+    spec: crate::attention::SpecFeatures::ALL,
     ..MethodInfo::BASE
 };
 
