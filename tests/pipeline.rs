@@ -591,8 +591,12 @@ fn a_sweep_killed_with_sigkill_resumes_to_exactly_the_rows_of_an_uninterrupted_r
     // SIGKILL: no chance to clean up.
     child.kill().unwrap();
     child.wait().unwrap();
-    // Complete rows only: SIGKILL may have torn the last line (what the resume cuts off).
-    let before = std::fs::read_to_string(&trials).unwrap().matches('\n').count() - 1;
+    // The header and the complete rows, as `total` counts them: SIGKILL may have torn the last
+    // line (what the resume cuts off).
+    let before = std::fs::read_to_string(&trials)
+        .unwrap()
+        .matches('\n')
+        .count();
     assert!(
         before < total,
         "killed after completion ({before} of {total} rows)"
