@@ -136,7 +136,7 @@ fn window_and_topk_read_a_capped_layer_with_a_sink() {
         .to_string();
     assert_eq!(
         e,
-        "xattention does not yet implement a logit soft-cap (§7.7.6)"
+        "vertical_slash does not yet implement a logit soft-cap (§7.7.6)"
     );
 }
 

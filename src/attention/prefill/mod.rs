@@ -99,10 +99,13 @@ pub const BLOCK_SPARSE: MethodInfo = MethodInfo {
     )
 };
 
-pub const XATTENTION: MethodInfo = prefill(
-    "xattention",
-    "keys per query in blocks of 16: diagonal + first block + ⌈d/16⌉ − 2 blocks by antidiagonal (stride 4) scores (XAttention, fixed count)",
-);
+pub const XATTENTION: MethodInfo = MethodInfo {
+    spec: EVERY_SPEC,
+    ..prefill(
+        "xattention",
+        "keys per query in blocks of 16: diagonal + first block + ⌈d/16⌉ − 2 blocks by antidiagonal (stride 4) scores (XAttention, fixed count)",
+    )
+};
 
 pub const VERTICAL_SLASH: MethodInfo = prefill(
     "vertical_slash",

@@ -40,6 +40,20 @@ pub const STRIDE: usize = 4;
 /// The block scores score(A, C) ([nb, nb] row-major, host f64; only C ≤ A is non-zero) from the
 /// antidiagonal estimate. Never forms more than a block of rows of the G×G strided logits.
 pub fn antidiagonal_scores(q: &Tensor, k: &Tensor) -> Result<Vec<f64>> {
+    antidiagonal_scores_under(q, k, None)
+}
+
+/// [`antidiagonal_scores`] under a layer's logits (docs/reference.md §7.7.6): the strided logit,
+/// an average of S logits, is τ·q̃·k̃/S and is capped before its softmax. The estimate's softmax
+/// stays over every c ≤ a, with no sink and no window: it ranks blocks, and the kept blocks then
+/// meet the window in [`super::select::restricted`]. (The specification says where the cap goes
+/// and is silent on the window and the sink here; ranking over the whole past is what the method
+/// computes on a layer without them.)
+pub fn antidiagonal_scores_under(
+    q: &Tensor,
+    k: &Tensor,
+    logits: Option<(f64, Option<f64>)>,
+) -> Result<Vec<f64>> {
     let (n, p) = q.dims2()?;
     let (g, nb, per) = (n / STRIDE, block_count(n), B / STRIDE);
     let mut score = vec![0.0; nb * nb];
@@ -50,7 +64,10 @@ pub fn antidiagonal_scores(q: &Tensor, k: &Tensor) -> Result<Vec<f64>> {
         .flat_map(|a| (0..STRIDE).map(move |t| (a * STRIDE + STRIDE - 1 - t) as u32))
         .collect();
     let rev = Tensor::from_vec(rev, g * STRIDE, q.device())?;
-    let scale = 1.0 / ((p as f64).sqrt() * STRIDE as f64);
+    let (scale, softcap) = match logits {
+        None => (1.0 / ((p as f64).sqrt() * STRIDE as f64), None),
+        Some((tau, cap)) => (tau / STRIDE as f64, cap),
+    };
     let qt = (q.index_select(&rev, 0)?.reshape((g, STRIDE * p))? * scale)?;
     let kt = k
         .narrow(0, 0, g * STRIDE)?
@@ -60,7 +77,10 @@ pub fn antidiagonal_scores(q: &Tensor, k: &Tensor) -> Result<Vec<f64>> {
     // Per block of strided rows: W over c ≤ a, summed over the key blocks' stride groups.
     let w = map_masked_score_blocks(&qt, &kt, Mask::Causal, |_start, len, s| {
         let cols = s.dim(D::Minus1)?;
-        let e = host_f64(&candle_nn::ops::softmax_last_dim(&s)?)?;
+        let e = match softcap {
+            None => host_f64(&candle_nn::ops::softmax_last_dim(&s)?)?,
+            Some(c) => capped_softmax_rows(&host_f64(&s)?, cols, c),
+        };
         let mut out = vec![0.0; len * nb];
         for r in 0..len {
             for (c, x) in e[r * cols..(r + 1) * cols].iter().enumerate() {
@@ -79,12 +99,38 @@ pub fn antidiagonal_scores(q: &Tensor, k: &Tensor) -> Result<Vec<f64>> {
     Ok(score)
 }
 
+/// Row-wise softmax of host logits (`cols` a row, −∞ for masked entries) after the cap
+/// s → c·tanh(s/c), which leaves −∞ masked.
+fn capped_softmax_rows(s: &[f64], cols: usize, c: f64) -> Vec<f64> {
+    let mut out = Vec::with_capacity(s.len());
+    for row in s.chunks(cols) {
+        let capped: Vec<f64> = row
+            .iter()
+            .map(|&x| {
+                if x == f64::NEG_INFINITY {
+                    x
+                } else {
+                    c * (x / c).tanh()
+                }
+            })
+            .collect();
+        let m = capped.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+        let z: f64 = capped.iter().map(|x| (x - m).exp()).sum();
+        out.extend(capped.iter().map(|x| (x - m).exp() / z));
+    }
+    out
+}
+
 impl Method for XAttention {
     fn info(&self) -> Option<&'static MethodInfo> {
         Some(&super::XATTENTION)
     }
     fn approximate(&self, head: &HeadInputs, d: usize, _: &mut TrialRng) -> Result<Approximation> {
-        block_selection(self, head, d, || antidiagonal_scores(&head.q, &head.k))
+        let logits = (!head.spec.features(head.p(), head.n()).is_plain())
+            .then_some((head.spec.scale, head.spec.softcap));
+        block_selection(self, head, d, || {
+            antidiagonal_scores_under(&head.q, &head.k, logits)
+        })
     }
     /// The causal cost (the method has no other form).
     fn macs(&self, n: usize, p: usize, d: usize) -> f64 {
@@ -107,6 +153,17 @@ mod tests {
     /// §7.5.7 entry by entry: each strided logit as the antidiagonal sum Σ_t q_{aS+3−t}·k_{cS+t}
     /// in loops, the softmax over c ≤ a < G, the block sums, a stable sort of 0 < C < A.
     fn block_scores_by_definition(q: &[Vec<f64>], k: &[Vec<f64>]) -> Vec<Vec<f64>> {
+        let p = q[0].len();
+        block_scores_under(q, k, 1.0 / (p as f64).sqrt(), None)
+    }
+
+    /// The same under a layer's τ and cap: the strided logit τ·q̃·k̃/S, capped, then the softmax.
+    fn block_scores_under(
+        q: &[Vec<f64>],
+        k: &[Vec<f64>],
+        tau: f64,
+        cap: Option<f64>,
+    ) -> Vec<Vec<f64>> {
         let (n, p) = (q.len(), q[0].len());
         let (g, nb) = (n / 4, n.div_ceil(16));
         let mut score = vec![vec![0.0; nb]; nb];
@@ -120,8 +177,10 @@ mod tests {
                                 .sum::<f64>()
                         })
                         .sum::<f64>()
-                        / ((p as f64).sqrt() * 4.0)
+                        * tau
+                        / 4.0
                 })
+                .map(|x: f64| cap.map_or(x, |c| c * (x / c).tanh()))
                 .collect();
             let m = l.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
             let z: f64 = l.iter().map(|x| (x - m).exp()).sum();
@@ -142,6 +201,55 @@ mod tests {
                 kept
             })
             .collect()
+    }
+
+    /// Under a layer's spec (a window of 40, τ, a cap and a sink): blocks ranked by the capped
+    /// τ-scaled estimate, kept keys inside the window, the layer's logits and the sink in every
+    /// denominator, in float64.
+    #[test]
+    fn under_a_layer_spec_it_is_its_definition() {
+        let (n, pd) = (206, 16);
+        let plain = random_head(n, pd, 57, DType::F64);
+        let spec = crate::attention::AttentionSpec::causal(pd, Some(40))
+            .with_scale(0.3)
+            .with_softcap(Some(1.5))
+            .with_sinks(Some(vec![0.5]));
+        let h = HeadInputs::with_spec(
+            plain.q.clone(),
+            plain.k.clone(),
+            plain.v.clone(),
+            spec.clone(),
+        )
+        .unwrap();
+        let [q, k, v] = host_rows(&h);
+        let score = block_scores_under(&q, &k, 0.3, Some(1.5));
+        let logit =
+            |i: usize, j: usize| spec.logit(q[i].iter().zip(&k[j]).map(|(a, b)| a * b).sum());
+        for d in [33, 48] {
+            let kept = blocks_by_definition(&score, d);
+            let visits = blocks_to_visits(&kept);
+            let got: Vec<Vec<f64>> = XAttention
+                .approximate(&h, d, &mut crate::numerics::sampling::rng_from_seed(1))
+                .unwrap()
+                .output
+                .to_vec2()
+                .unwrap();
+            for i in 0..n {
+                let set: Vec<usize> = (0..n)
+                    .filter(|&j| visits(i, j) && spec.sees(i, j))
+                    .collect();
+                let m = set.iter().fold(0.5f64, |m, &j| m.max(logit(i, j)));
+                let z = (0.5 - m).exp() + set.iter().map(|&j| (logit(i, j) - m).exp()).sum::<f64>();
+                for c in 0..pd {
+                    let want = set
+                        .iter()
+                        .map(|&j| (logit(i, j) - m).exp() * v[j][c])
+                        .sum::<f64>()
+                        / z;
+                    assert!((got[i][c] - want).abs() < 1e-10, "d {d} row {i}");
+                }
+            }
+        }
     }
 
     #[test]
