@@ -127,7 +127,7 @@ fn window_and_topk_read_a_capped_layer_with_a_sink() {
     }
     let e = target
         .trial(
-            crate::attention::by_id("xattention").unwrap().as_ref(),
+            crate::attention::by_id("vertical_slash").unwrap().as_ref(),
             16,
             3,
         )
