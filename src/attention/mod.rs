@@ -130,6 +130,27 @@ impl HeadInputs {
         }
     }
 
+    /// Rows start..start + len of the target's probabilities under the head's spec, computed in
+    /// `dtype` (docs/reference.md §7.7.6: the methods that read P read this one): τ, capped, zero
+    /// outside the window, over the real keys (with a sink a row sums to 1 − its probability).
+    /// Causal: [len, start + len], keys 0..start + len; bidirectional: [len, n].
+    pub fn spec_probability_rows(&self, start: usize, len: usize, dtype: DType) -> Result<Tensor> {
+        let q4 = self.q.to_dtype(dtype)?.unsqueeze(0)?.unsqueeze(0)?;
+        let k3 = self.k.to_dtype(dtype)?.unsqueeze(0)?;
+        let sinks = match self.spec.sink(0) {
+            Some(s) => Some(Tensor::new(&[[[[s]]]], self.device())?.to_dtype(dtype)?),
+            None => None,
+        };
+        let (p, j0) = spec::probability_block(&q4, &k3, &self.spec, sinks.as_ref(), (start, len))?;
+        let p = p.squeeze(0)?.squeeze(0)?;
+        Ok(if j0 == 0 {
+            p
+        } else {
+            let before = Tensor::zeros((len, j0), dtype, self.device())?;
+            Tensor::cat(&[&before, &p], 1)?
+        })
+    }
+
     /// The head's logits as the key-set softmax takes them: its τ, cap and own sink
     /// (docs/reference.md §7.7.6).
     pub fn key_logits(&self) -> crate::numerics::key_sets::KeyLogits {

@@ -127,7 +127,7 @@ fn window_and_topk_read_a_capped_layer_with_a_sink() {
     }
     let e = target
         .trial(
-            crate::attention::by_id("vertical_slash").unwrap().as_ref(),
+            crate::attention::by_id("performer_favor").unwrap().as_ref(),
             16,
             3,
         )
@@ -136,7 +136,7 @@ fn window_and_topk_read_a_capped_layer_with_a_sink() {
         .to_string();
     assert_eq!(
         e,
-        "vertical_slash does not yet implement a logit soft-cap (§7.7.6)"
+        "performer_favor does not yet implement a logit soft-cap (§7.7.6)"
     );
 }
 

@@ -226,25 +226,12 @@ pub fn krylov_dim(d_max: usize) -> usize {
 /// (docs/reference.md §7.7.6) the target's P: τ, capped, windowed, over the real keys (with a
 /// sink its rows sum to 1 − P_sink, and the SVD approximates that real-key part).
 fn attention_matrix(head: &HeadInputs) -> Result<Tensor> {
-    let (q, k) = (head.q.to_dtype(DType::F64)?, head.k.to_dtype(DType::F64)?);
     let n = head.n();
     if head.spec.features(head.p(), n).is_plain() {
+        let (q, k) = (head.q.to_dtype(DType::F64)?, head.k.to_dtype(DType::F64)?);
         return ExactAttention::masked_probabilities(&q, &k, head.mask);
     }
-    let sinks = match head.spec.sink(0) {
-        Some(s) => Some(Tensor::new(&[[[[s]]]], head.device())?),
-        None => None,
-    };
-    let q4 = q.unsqueeze(0)?.unsqueeze(0)?;
-    let (p, j0) = crate::attention::spec::probability_block(
-        &q4,
-        &k.unsqueeze(0)?,
-        &head.spec,
-        sinks.as_ref(),
-        (0, n),
-    )?;
-    anyhow::ensure!(j0 == 0, "the whole P starts at key 0");
-    Ok(p.squeeze(0)?.squeeze(0)?)
+    head.spec_probability_rows(0, n, DType::F64)
 }
 
 const SVD_OPTIMAL: MethodInfo = MethodInfo {

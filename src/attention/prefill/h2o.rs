@@ -29,13 +29,12 @@
 //! Past the cap each budget forms them again block by block, and no n×n P is ever held.
 
 use anyhow::Result;
-use candle_core::{DType, Tensor, WithDType};
+use candle_core::{DType, WithDType};
 
 use super::select::{budget_pairs, checked_n, restricted_rows, top_indices};
 use crate::attention::exact::{causal_scores, scaled_operands};
 use crate::attention::sparse::pair_macs;
 use crate::attention::sparse::topk::{first_ranked, rank_index, rank_key};
-use crate::attention::spec::probability_block;
 use crate::attention::{Approximation, HeadInputs, Method, MethodInfo};
 use crate::numerics::sampling::TrialRng;
 
@@ -188,31 +187,16 @@ enum Rows<T, F> {
 fn row_blocks<T: WithDType>(
     head: &HeadInputs,
     n: usize,
-) -> Result<impl Fn(usize) -> Result<Vec<T>>> {
+) -> Result<impl Fn(usize) -> Result<Vec<T>> + '_> {
     let (qs, kt) = scaled_operands(&head.q, &head.k)?;
-    let spec = (!head.spec.features(head.p(), n).is_plain()).then(|| head.spec.clone());
-    let (q4, k3) = (head.q.unsqueeze(0)?.unsqueeze(0)?, head.k.unsqueeze(0)?);
-    let sinks = match head.spec.sink(0) {
-        Some(s) => Some(Tensor::new(&[[[[s]]]], head.device())?.to_dtype(head.dtype())?),
-        None => None,
-    };
+    let plain = head.spec.features(head.p(), n).is_plain();
     Ok(move |start: usize| {
         let len = ROWS.min(n - start);
-        let p = match &spec {
-            None => {
-                let s = causal_scores(&qs.narrow(0, start, len)?, &kt, start)?;
-                candle_nn::ops::softmax_last_dim(&s)?
-            }
-            Some(spec) => {
-                let (p, j0) = probability_block(&q4, &k3, spec, sinks.as_ref(), (start, len))?;
-                let p = p.squeeze(0)?.squeeze(0)?;
-                if j0 == 0 {
-                    p
-                } else {
-                    let before = Tensor::zeros((len, j0), p.dtype(), p.device())?;
-                    Tensor::cat(&[&before, &p], 1)?
-                }
-            }
+        let p = if plain {
+            let s = causal_scores(&qs.narrow(0, start, len)?, &kt, start)?;
+            candle_nn::ops::softmax_last_dim(&s)?
+        } else {
+            head.spec_probability_rows(start, len, head.dtype())?
         };
         Ok(p.to_dtype(T::DTYPE)?.flatten_all()?.to_vec1()?)
     })
@@ -242,7 +226,8 @@ impl Method for H2o {
 mod tests {
     use super::*;
     use crate::attention::prefill::test_util::{
-        causal_p, sets_at, stable_top, support_and_weights, tied_head,
+        assert_spec_restricted, causal_p, sets_at, spec_head, spec_p, stable_top,
+        support_and_weights, tied_head,
     };
     use crate::attention::test_util::{assert_causal_restricted, random_head};
     use crate::attention::Mask;
@@ -293,70 +278,11 @@ mod tests {
     /// layer's — §7.5.2 and §7.7.6 written out in float64.
     #[test]
     fn under_a_layer_spec_it_is_its_definition_on_the_targets_rows() {
-        let (n, pd) = (120, 16);
-        let plain = random_head(n, pd, 29, DType::F64);
-        let spec = crate::attention::AttentionSpec::causal(pd, Some(20))
-            .with_scale(0.35)
-            .with_softcap(Some(2.0))
-            .with_sinks(Some(vec![0.7]));
-        let h = HeadInputs::with_spec(
-            plain.q.clone(),
-            plain.k.clone(),
-            plain.v.clone(),
-            spec.clone(),
-        )
-        .unwrap();
-        let rows = |t: &Tensor| -> Vec<Vec<f64>> { t.to_vec2().unwrap() };
-        let (q, k, v) = (rows(&h.q), rows(&h.k), rows(&h.v));
-        let logit = |i: usize, j: usize| {
-            spec.logit(q[i].iter().zip(&k[j]).map(|(a, b)| a * b).sum::<f64>())
-        };
-        let sink = 0.7f64;
-        let p: Vec<Vec<f64>> = (0..n)
-            .map(|i| {
-                let m = (0..n)
-                    .filter(|&j| spec.sees(i, j))
-                    .fold(sink, |m, j| m.max(logit(i, j)));
-                let z = (sink - m).exp()
-                    + (0..n)
-                        .filter(|&j| spec.sees(i, j))
-                        .map(|j| (logit(i, j) - m).exp())
-                        .sum::<f64>();
-                (0..n)
-                    .map(|j| {
-                        if spec.sees(i, j) {
-                            (logit(i, j) - m).exp() / z
-                        } else {
-                            0.0
-                        }
-                    })
-                    .collect()
-            })
-            .collect();
+        let h = spec_head(120, 20, 29);
+        let p = spec_p(&h);
         for d in [4, 9, 30] {
             let sets = sets_by_definition(&p, d);
-            let got = H2o
-                .approximate(&h, d, &mut crate::numerics::sampling::rng_from_seed(1))
-                .unwrap();
-            let got = rows(&got.output);
-            for i in 0..n {
-                let kept: Vec<usize> = (0..n).filter(|&j| sets[i][j] && spec.sees(i, j)).collect();
-                let m = kept.iter().fold(sink, |m, &j| m.max(logit(i, j)));
-                let z =
-                    (sink - m).exp() + kept.iter().map(|&j| (logit(i, j) - m).exp()).sum::<f64>();
-                for c in 0..v[0].len() {
-                    let want: f64 = kept
-                        .iter()
-                        .map(|&j| (logit(i, j) - m).exp() * v[j][c])
-                        .sum::<f64>()
-                        / z;
-                    assert!(
-                        (got[i][c] - want).abs() < 1e-10,
-                        "d {d} row {i}: {} vs {want}",
-                        got[i][c]
-                    );
-                }
-            }
+            assert_spec_restricted(&H2o, &h, d, |i, j| sets[i][j]);
         }
     }
 

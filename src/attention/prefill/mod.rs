@@ -107,7 +107,10 @@ pub const XATTENTION: MethodInfo = MethodInfo {
     )
 };
 
-pub const VERTICAL_SLASH: MethodInfo = prefill(
-    "vertical_slash",
-    "keys per query: ⌊d/2⌋ columns (4 sinks first) + ⌈d/2⌉ diagonals estimated from the last 64 queries (MInference)",
-);
+pub const VERTICAL_SLASH: MethodInfo = MethodInfo {
+    spec: EVERY_SPEC,
+    ..prefill(
+        "vertical_slash",
+        "keys per query: ⌊d/2⌋ columns (4 sinks first) + ⌈d/2⌉ diagonals estimated from the last 64 queries (MInference)",
+    )
+};

@@ -198,3 +198,87 @@ pub fn assert_equals_its_sets(
     let by_d: Vec<Vec<Vec<bool>>> = ds.iter().map(|&d| sets(d)).collect();
     crate::attention::test_util::assert_causal_restricted(m, h, ds, sets_at(ds, &by_d));
 }
+
+/// A causal f64 head of `n` rows (p = 16) under a layer's spec with a window of `w`, τ = 0.35, a
+/// cap of 2 and a sink of 0.7, from `seed`: what the §7.7.6 tests of the prefill methods run on.
+pub fn spec_head(n: usize, w: usize, seed: u64) -> HeadInputs {
+    let plain = random_head(n, 16, seed, DType::F64);
+    let spec = crate::attention::AttentionSpec::causal(16, Some(w))
+        .with_scale(0.35)
+        .with_softcap(Some(2.0))
+        .with_sinks(Some(vec![0.7]));
+    HeadInputs::with_spec(plain.q.clone(), plain.k.clone(), plain.v.clone(), spec).unwrap()
+}
+
+/// The head's logit s_ij under its spec, in f64 (τ, the cap).
+fn spec_logit(h: &HeadInputs, q: &[Vec<f64>], k: &[Vec<f64>], i: usize, j: usize) -> f64 {
+    h.spec
+        .logit(q[i].iter().zip(&k[j]).map(|(a, b)| a * b).sum())
+}
+
+/// The target's probabilities under the head's spec in f64 by definition: over the keys row i
+/// sees, the sink in the denominator, 0 elsewhere.
+pub fn spec_p(h: &HeadInputs) -> Vec<Vec<f64>> {
+    spec_restricted_weights(h, |i, j| h.spec.sees(i, j))
+}
+
+/// Ô of the restricted softmax over `visits(i, j)` ∩ V_i under the head's spec (its logits, the
+/// sink in every denominator), in f64 by definition.
+pub fn spec_restricted(h: &HeadInputs, visits: impl Fn(usize, usize) -> bool) -> Vec<Vec<f64>> {
+    let w = spec_restricted_weights(h, |i, j| visits(i, j) && h.spec.sees(i, j));
+    let v: Vec<Vec<f64>> = h.v.to_vec2().unwrap();
+    w.iter()
+        .map(|row| {
+            (0..v[0].len())
+                .map(|c| row.iter().zip(&v).map(|(a, vj)| a * vj[c]).sum())
+                .collect()
+        })
+        .collect()
+}
+
+fn spec_restricted_weights(h: &HeadInputs, on: impl Fn(usize, usize) -> bool) -> Vec<Vec<f64>> {
+    let (q, k): (Vec<Vec<f64>>, Vec<Vec<f64>>) = (h.q.to_vec2().unwrap(), h.k.to_vec2().unwrap());
+    let n = q.len();
+    let sink = h.spec.sink(0).unwrap_or(f64::NEG_INFINITY);
+    (0..n)
+        .map(|i| {
+            let s: Vec<f64> = (0..n)
+                .map(|j| {
+                    if on(i, j) {
+                        spec_logit(h, &q, &k, i, j)
+                    } else {
+                        f64::NEG_INFINITY
+                    }
+                })
+                .collect();
+            let m = s.iter().fold(sink, |m, &x| m.max(x));
+            let z = (sink - m).exp() + s.iter().map(|x| (x - m).exp()).sum::<f64>();
+            s.iter().map(|x| (x - m).exp() / z).collect()
+        })
+        .collect()
+}
+
+/// `m`'s Ô on the spec head at d, against [`spec_restricted`] of `visits`, to 1e-10.
+pub fn assert_spec_restricted(
+    m: &dyn Method,
+    h: &HeadInputs,
+    d: usize,
+    visits: impl Fn(usize, usize) -> bool,
+) {
+    let want = spec_restricted(h, visits);
+    let got: Vec<Vec<f64>> = m
+        .approximate(h, d, &mut crate::numerics::sampling::rng_from_seed(1))
+        .unwrap()
+        .output
+        .to_vec2()
+        .unwrap();
+    for (i, (g, w)) in got.iter().zip(&want).enumerate() {
+        for (a, b) in g.iter().zip(w) {
+            assert!(
+                (a - b).abs() < 1e-10,
+                "{} d {d} row {i}: {a} vs {b}",
+                m.id()
+            );
+        }
+    }
+}

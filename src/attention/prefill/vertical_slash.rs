@@ -104,10 +104,16 @@ impl Method for VerticalSlash {
         let n = checked_n(self, head, d)?;
         let w = LAST.min(n);
         let pat = head.memo("vertical_slash_last_rows", || {
-            let (qs, kt) = scaled_operands(&head.q, &head.k)?;
-            let s = causal_scores(&qs.narrow(0, n - w, w)?, &kt, n - w)?;
-            let a = candle_nn::ops::softmax_last_dim(&s)?.to_dtype(DType::F64)?;
-            Ok(a.flatten_all()?.to_vec1::<f64>()?)
+            // Under a layer's spec A is the target's own rows (§7.7.6: capped, windowed, over
+            // real keys); the sink columns that fall outside a window are dropped in `restricted`.
+            let a = if head.spec.features(head.p(), n).is_plain() {
+                let (qs, kt) = scaled_operands(&head.q, &head.k)?;
+                let s = causal_scores(&qs.narrow(0, n - w, w)?, &kt, n - w)?;
+                candle_nn::ops::softmax_last_dim(&s)?
+            } else {
+                head.spec_probability_rows(n - w, w, head.dtype())?
+            };
+            Ok(a.to_dtype(DType::F64)?.flatten_all()?.to_vec1::<f64>()?)
         })?;
         let pat = pattern(&pat, n, d);
         let (mut is_col, mut is_off) = (vec![false; n], vec![false; n]);
@@ -126,7 +132,8 @@ impl Method for VerticalSlash {
 mod tests {
     use super::*;
     use crate::attention::prefill::test_util::{
-        causal_p, sets_at, stable_top, support_and_weights, tied_head,
+        assert_spec_restricted, causal_p, sets_at, spec_head, spec_p, stable_top,
+        support_and_weights, tied_head,
     };
     use crate::attention::test_util::{assert_causal_restricted, causal, random_head};
 
@@ -152,6 +159,19 @@ mod tests {
                     .collect()
             })
             .collect()
+    }
+
+    /// Under a layer's spec (a window of 30, τ, a cap and a sink): columns and diagonals scored
+    /// from the target's last rows (capped, windowed, over real keys), the sets inside the
+    /// window, the layer's logits and the sink in every denominator, in float64.
+    #[test]
+    fn under_a_layer_spec_it_is_its_definition_on_the_targets_rows() {
+        let h = spec_head(120, 30, 63);
+        let p = spec_p(&h);
+        for d in [8, 20, 45] {
+            let sets = sets_by_definition(&p, d);
+            assert_spec_restricted(&VerticalSlash, &h, d, |i, j| sets[i][j]);
+        }
     }
 
     #[test]

@@ -144,7 +144,8 @@ mod tests {
     use super::*;
     use crate::attention::prefill::select::block_visited_pairs;
     use crate::attention::prefill::test_util::{
-        blocks_to_visits, stable_top, support_and_weights, tied_head,
+        assert_spec_restricted, blocks_to_visits, spec_head, stable_top, support_and_weights,
+        tied_head,
     };
     use crate::attention::sparse::pair_macs;
     use crate::attention::test_util::{assert_causal_restricted, host_rows, random_head};
@@ -208,47 +209,12 @@ mod tests {
     /// denominator, in float64.
     #[test]
     fn under_a_layer_spec_it_is_its_definition() {
-        let (n, pd) = (206, 16);
-        let plain = random_head(n, pd, 57, DType::F64);
-        let spec = crate::attention::AttentionSpec::causal(pd, Some(40))
-            .with_scale(0.3)
-            .with_softcap(Some(1.5))
-            .with_sinks(Some(vec![0.5]));
-        let h = HeadInputs::with_spec(
-            plain.q.clone(),
-            plain.k.clone(),
-            plain.v.clone(),
-            spec.clone(),
-        )
-        .unwrap();
-        let [q, k, v] = host_rows(&h);
-        let score = block_scores_under(&q, &k, 0.3, Some(1.5));
-        let logit =
-            |i: usize, j: usize| spec.logit(q[i].iter().zip(&k[j]).map(|(a, b)| a * b).sum());
+        let h = spec_head(206, 40, 57);
+        let [q, k, _] = host_rows(&h);
+        let score = block_scores_under(&q, &k, 0.35, Some(2.0));
         for d in [33, 48] {
             let kept = blocks_by_definition(&score, d);
-            let visits = blocks_to_visits(&kept);
-            let got: Vec<Vec<f64>> = XAttention
-                .approximate(&h, d, &mut crate::numerics::sampling::rng_from_seed(1))
-                .unwrap()
-                .output
-                .to_vec2()
-                .unwrap();
-            for i in 0..n {
-                let set: Vec<usize> = (0..n)
-                    .filter(|&j| visits(i, j) && spec.sees(i, j))
-                    .collect();
-                let m = set.iter().fold(0.5f64, |m, &j| m.max(logit(i, j)));
-                let z = (0.5 - m).exp() + set.iter().map(|&j| (logit(i, j) - m).exp()).sum::<f64>();
-                for c in 0..pd {
-                    let want = set
-                        .iter()
-                        .map(|&j| (logit(i, j) - m).exp() * v[j][c])
-                        .sum::<f64>()
-                        / z;
-                    assert!((got[i][c] - want).abs() < 1e-10, "d {d} row {i}");
-                }
-            }
+            assert_spec_restricted(&XAttention, &h, d, blocks_to_visits(&kept));
         }
     }
 
