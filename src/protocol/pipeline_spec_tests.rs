@@ -19,6 +19,24 @@ fn head(spec: AttentionSpec) -> HeadInputs {
     HeadInputs::with_spec(q, k, v, spec).unwrap()
 }
 
+/// The float64 target of a [`head`] under its own spec, by definition.
+fn reference(h: &HeadInputs) -> Vec<f64> {
+    let (n, p) = (h.n(), h.p());
+    crate::attention::spec::exact_attention_reference(
+        &host(&h.q),
+        &host(&h.k),
+        &host(&h.v),
+        (1, 1, n, p, 7),
+        &h.spec,
+    )
+}
+
+fn max_diff(a: &[f64], b: &[f64]) -> f64 {
+    a.iter()
+        .zip(b)
+        .fold(0.0f64, |m, (x, y)| m.max((x - y).abs()))
+}
+
 fn host(t: &Tensor) -> Vec<f64> {
     t.to_dtype(DType::F64)
         .unwrap()
@@ -38,22 +56,11 @@ fn a_scaled_layer_runs_its_methods_on_rescaled_inputs() {
     let scaled = head(AttentionSpec::causal(p, None).with_scale(tau));
     let plain = head(AttentionSpec::causal(p, None));
     let target = HeadTarget::new(&scaled, None, Target::Softmax, Protocol::Prefill).unwrap();
-    let want = crate::attention::spec::exact_attention_reference(
-        &host(&scaled.q),
-        &host(&scaled.k),
-        &host(&scaled.v),
-        (1, 1, n, p, 7),
-        &scaled.spec,
-    );
+    let want = reference(&scaled);
     let got = host(&target.output);
-    let diff = |a: &[f64], b: &[f64]| {
-        a.iter()
-            .zip(b)
-            .fold(0.0f64, |m, (x, y)| m.max((x - y).abs()))
-    };
-    assert!(diff(&got, &want) < 1e-12);
+    assert!(max_diff(&got, &want) < 1e-12);
     let plain_target = host(&plain.exact().unwrap().output);
-    assert!(diff(&plain_target, &want) > 0.05);
+    assert!(max_diff(&plain_target, &want) > 0.05);
     assert_eq!(scaled.spec.features(p, n), SpecFeatures::SCALE);
 
     let mut ran = 0;
@@ -81,7 +88,7 @@ fn a_scaled_layer_runs_its_methods_on_rescaled_inputs() {
     for id in ["window", "topk", "svd_optimal"] {
         let m = crate::attention::by_id(id).unwrap();
         let (approx, measured) = target.trial(m.as_ref(), n, 5).unwrap();
-        let err = diff(&host(&approx.output), &want);
+        let err = max_diff(&host(&approx.output), &want);
         assert!(err < 1e-9, "{id} at d = n: {err}");
         assert!(measured.norms.spectral < 1e-9, "{id}");
     }
@@ -100,23 +107,12 @@ fn window_and_topk_read_a_capped_layer_with_a_sink() {
         .with_sinks(Some(vec![1.2]));
     let capped = head(spec.clone());
     let target = HeadTarget::new(&capped, None, Target::Softmax, Protocol::Prefill).unwrap();
-    let want = crate::attention::spec::exact_attention_reference(
-        &host(&capped.q),
-        &host(&capped.k),
-        &host(&capped.v),
-        (1, 1, n, p, 7),
-        &spec,
-    );
-    let diff = |a: &[f64], b: &[f64]| {
-        a.iter()
-            .zip(b)
-            .fold(0.0f64, |m, (x, y)| m.max((x - y).abs()))
-    };
-    assert!(diff(&host(&target.output), &want) < 1e-12);
+    let want = reference(&capped);
+    assert!(max_diff(&host(&target.output), &want) < 1e-12);
     for id in ["window", "topk"] {
         let m = crate::attention::by_id(id).unwrap();
         let (approx, r) = target.trial(m.as_ref(), n, 3).unwrap();
-        let e = diff(&host(&approx.output), &want);
+        let e = max_diff(&host(&approx.output), &want);
         assert!(e < 1e-9, "{id}: {e}");
         let (mass, sink) = (r.cache.mass.unwrap(), r.sink_mass.unwrap());
         assert!(sink > 0.01 && sink < 0.99, "{id}: sink_mass {sink}");
@@ -154,26 +150,15 @@ fn window_and_topk_stay_inside_a_sliding_window() {
         .with_sinks(Some(vec![-0.3]));
     let sliding = head(spec.clone());
     let target = HeadTarget::new(&sliding, None, Target::Softmax, Protocol::Prefill).unwrap();
-    let want = crate::attention::spec::exact_attention_reference(
-        &host(&sliding.q),
-        &host(&sliding.k),
-        &host(&sliding.v),
-        (1, 1, n, p, 7),
-        &spec,
-    );
-    let diff = |a: &[f64], b: &[f64]| {
-        a.iter()
-            .zip(b)
-            .fold(0.0f64, |m, (x, y)| m.max((x - y).abs()))
-    };
-    assert!(diff(&host(&target.output), &want) < 1e-12);
+    let want = reference(&sliding);
+    assert!(max_diff(&host(&target.output), &want) < 1e-12);
     let dense = (0..n).map(|i| (i + 1).min(w) as f64).sum::<f64>() / n as f64;
     // The ranked prefill methods drop what falls outside the window (not replaced), so they
     // reach the target once their sets cover the window: at d = n for every one of them.
     for id in ["streaming", "quest", "moba", "block_sparse"] {
         let m = crate::attention::by_id(id).unwrap();
         let (approx, r) = target.trial(m.as_ref(), n, 3).unwrap();
-        let e = diff(&host(&approx.output), &want);
+        let e = max_diff(&host(&approx.output), &want);
         assert!(e < 1e-9, "{id} at d = n: {e}");
         assert!((r.cache.kv_read.unwrap() - 1.0).abs() < 1e-12, "{id}");
         let (_, r) = target.trial(m.as_ref(), 16, 3).unwrap();
@@ -193,7 +178,7 @@ fn window_and_topk_stay_inside_a_sliding_window() {
         let m = crate::attention::by_id(id).unwrap();
         for d in [w, 2 * w, n] {
             let (approx, r) = target.trial(m.as_ref(), d, 3).unwrap();
-            let e = diff(&host(&approx.output), &want);
+            let e = max_diff(&host(&approx.output), &want);
             assert!(e < 1e-9, "{id} at d = {d}: {e}");
             assert!(
                 (r.cache.keys.unwrap() - dense).abs() < 1e-12,
