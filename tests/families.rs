@@ -128,6 +128,12 @@ fn a_family_with_sliding_layers_dumps_a_global_layer_by_default() {
     let want = expected("gemma3", "expected.safetensors");
     let e = rel(&t["q"], &want["layer5.q"]);
     assert!(e <= 1e-4, "q off by {e:e}");
+    // gpt-oss's sinks are weights of the loaded layers only: its layer 1 is found from the config.
+    let (dir, corpus, _) = family_dir(tmp.path(), "gpt_oss");
+    let (_, side, err) = dump(&dir, &corpus, &out, "");
+    assert_eq!(side["inputs"]["layer"], 1, "{side}");
+    assert_eq!(side["layer_type"], "full_attention", "{side}");
+    assert!(err.contains("layer 1"), "{err}");
 }
 
 #[test]

@@ -385,7 +385,7 @@ pub fn default_dump_layer(inputs: &InputConfig) -> Result<usize> {
 /// the model has none (phi3's window on every layer), `rule` itself.
 fn default_family_layer(model: &dyn models::family::FamilyModel, rule: usize) -> usize {
     let layers = model.shape().layers;
-    let full = |l: &usize| model.attention_spec(*l).window.is_none();
+    let full = |l: &usize| model.window(*l).is_none();
     (0..=rule.min(layers - 1))
         .rev()
         .find(full)

@@ -58,8 +58,13 @@ pub trait FamilyModel: Send + Sync {
     /// config.json's `model_type`.
     fn model_type(&self) -> &'static str;
     fn shape(&self) -> FamilyShape;
-    /// Layer `layer`'s exact attention, from the config alone.
+    /// Layer `layer`'s exact attention, for a loaded layer (0..=L): from the config, and for
+    /// gpt-oss the sinks of its weights.
     fn attention_spec(&self, layer: usize) -> AttentionSpec;
+    /// Layer `layer`'s sliding window, for any layer of the model: from the config alone.
+    fn window(&self, layer: usize) -> Option<usize> {
+        self.attention_spec(layer).window
+    }
     /// Layer L's dump for the token window `ids` at positions 0..n−1, in `dtype` (f32 or f64).
     fn layer_dump(&self, ids: &[u32], dtype: DType) -> Result<LayerDump>;
 }

@@ -321,6 +321,11 @@ impl FamilyModel for GptOss {
         }
     }
 
+    /// The config's alone: a layer past L has no loaded sinks, and needs none for its window.
+    fn window(&self, layer: usize) -> Option<usize> {
+        self.cfg.spec_without_sinks(layer).window
+    }
+
     /// The sinks are weights: only the loaded layers 0..=L have them.
     fn attention_spec(&self, layer: usize) -> AttentionSpec {
         let sinks = self.layers.get(layer).unwrap_or_else(|| {
