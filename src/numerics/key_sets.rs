@@ -163,7 +163,6 @@ fn key_set_softmax_unsunk(
         "key sets: q [{n}, {p}], k [{nk}, {pk}] and v [{nv}, _] do not fit together"
     );
     validate(groups, n, nk)?;
-    let _ = p;
     let qs = (q * scale)?;
 
     // Chunks of groups of similar shape: sort by (keys, rows) and cut where the padded shape

@@ -173,6 +173,8 @@ pub struct HeadTarget<'h> {
     pub output: Tensor,
     /// ‖O‖₂ of those rows.
     pub norm: f64,
+    /// [`Self::sink_mass`], a property of the target: computed at the head's first trial.
+    sink_mass: std::sync::OnceLock<Option<f64>>,
 }
 
 impl<'h> HeadTarget<'h> {
@@ -216,6 +218,7 @@ impl<'h> HeadTarget<'h> {
             protocol,
             output,
             norm,
+            sink_mass: std::sync::OnceLock::new(),
         }
     }
 
@@ -322,6 +325,14 @@ impl<'h> HeadTarget<'h> {
     /// on a layer with sinks; docs/reference.md §7.7.6), so that `mass` + `sink_mass` = 1 for a
     /// method that keeps every key.
     fn sink_mass(&self) -> Result<Option<f64>> {
+        if let Some(&m) = self.sink_mass.get() {
+            return Ok(m);
+        }
+        let m = self.compute_sink_mass()?;
+        Ok(*self.sink_mass.get_or_init(|| m))
+    }
+
+    fn compute_sink_mass(&self) -> Result<Option<f64>> {
         let Some(sink) = self.head.spec.sink(0) else {
             return Ok(None);
         };
