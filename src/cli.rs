@@ -216,8 +216,8 @@ pub struct InputArgs {
     /// `word-pos` is the recommendation of docs/reference.md §1.4 (positions modulo the table).
     #[arg(long, value_parser = ChoiceParser::<EmbeddingPolicy>::new(), default_value = "word-pos-first")]
     pub embedding: EmbeddingPolicy,
-    /// Layer whose Q/K/V are measured (earlier layers run exactly over the window) [default: 0;
-    /// dump-qkv of a family with sliding layers (gemma2, gemma3): its first full-attention layer].
+    /// Layer whose Q/K/V are measured (earlier layers run exactly over the window) [default: 0; a
+    /// family with sliding layers (gemma2, gemma3, gpt-oss): its first full-attention layer].
     #[arg(long)]
     pub layer: Option<usize>,
     /// Raw text corpus file (e.g. wiki.test.raw) or a parquet file with a `text` column, instead of the hub dataset.

@@ -10,9 +10,18 @@ use cli::{Cli, Command};
 
 /// Without --mask, the model's own: causal for a decoder, none for BERT (docs/reference.md §7.2). Under
 /// --decode the protocol's (causal), and the sweep refuses an encoder with the reason.
-fn with_native_mask(
+/// The run's options with the defaults that read the model: the layer when `--layer` was not
+/// given (a family's global layer), and the model's own mask.
+fn with_model_defaults(
     mut o: approx_bench::config::RunOptions,
+    layer: Option<usize>,
 ) -> anyhow::Result<approx_bench::config::RunOptions> {
+    if layer.is_none() {
+        o.inputs.layer = approx_bench::inputs::decoder::default_layer(
+            &InputConfig::new(&o.inputs)?,
+            "approx-bench",
+        )?;
+    }
     if o.mask.is_none() && o.decode.is_none() {
         o.mask = Some(approx_bench::inputs::decoder::native_mask(
             &InputConfig::new(&o.inputs)?,
@@ -29,7 +38,10 @@ fn run(cli: Cli) -> anyhow::Result<i32> {
         }
         None => {
             approx_bench::inputs::hub::allow_progress(!cli.sweep.quiet);
-            let cfg = RunConfig::new(&with_native_mask(cli.sweep.options())?)?;
+            let cfg = RunConfig::new(&with_model_defaults(
+                cli.sweep.options(),
+                cli.sweep.inputs.layer,
+            )?)?;
             let opts = sweep::SweepOptions {
                 out: cli.sweep.out.clone(),
                 force: cli.sweep.force,
@@ -64,7 +76,10 @@ fn run(cli: Cli) -> anyhow::Result<i32> {
             Ok(0)
         }
         Some(Command::Bench(a)) => {
-            let cfg = RunConfig::new(&with_native_mask(a.sweep.options())?)?;
+            let cfg = RunConfig::new(&with_model_defaults(
+                a.sweep.options(),
+                a.sweep.inputs.layer,
+            )?)?;
             approx_bench::bench::run(&cfg, a.repeats)?;
             Ok(0)
         }
@@ -109,7 +124,7 @@ fn run(cli: Cli) -> anyhow::Result<i32> {
         Some(Command::DumpQkv(a)) => {
             let mut inputs = InputConfig::new(&a.inputs.options())?;
             if a.inputs.layer.is_none() {
-                inputs.layer = approx_bench::inputs::decoder::default_dump_layer(&inputs)?;
+                inputs.layer = approx_bench::inputs::decoder::default_layer(&inputs, "dump-qkv")?;
             }
             approx_bench::inputs::dump::dump_qkv(
                 &inputs,

@@ -481,3 +481,85 @@ fn a_sweep_of_sink_capped_and_sliding_layers_runs_window_and_topk() {
         assert!(seen >= 60, "{name}: {seen} rows");
     }
 }
+
+/// The d grid on a sliding layer (§7.7.6): gemma2's layer 0 (W = 16) stops the grid 8, 20, 24 at
+/// 20, its first d ≥ W, in the sweep, in `merge`'s count of a complete run (two shards: n = 24
+/// and n = 32) and in the manifest; `macs` there is counted at min(d, W) = 16, as the global
+/// layer's `window` at d = 16. Without `--layer` the sweep measures the first global layer, 1.
+#[test]
+fn a_sliding_layers_grid_stops_at_the_window_and_a_default_sweep_is_global() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (dir, corpus, _) = family_dir(tmp.path(), "gemma2");
+    let sweep = |out: &Path, flags: &str| {
+        let o = decoder_cli(
+            &dir,
+            &corpus,
+            &format!(
+                "--lengths 24,32 --windows 1 --methods window,topk --out {} --quiet {flags}",
+                out.display()
+            ),
+        );
+        assert!(o.status.success(), "{flags}: {}", stderr(&o));
+        stderr(&o)
+    };
+    let read = |out: &Path| -> Vec<csv::StringRecord> {
+        let mut r = csv::Reader::from_path(out.join("trials.csv")).unwrap();
+        let h = r.headers().unwrap().clone();
+        let mut rows: Vec<_> = r.records().map(|x| x.unwrap()).collect();
+        rows.insert(0, h);
+        rows
+    };
+    let col = |rows: &[csv::StringRecord], name: &str| -> Vec<String> {
+        let c = rows[0].iter().position(|h| h == name).unwrap();
+        rows[1..].iter().map(|r| r[c].to_string()).collect()
+    };
+
+    let global = tmp.path().join("global");
+    let said = sweep(&global, "--features 16");
+    assert!(said.contains("no --layer given; layer 1"), "{said}");
+    let g = read(&global);
+    assert!(col(&g, "layer").iter().all(|l| l == "1"));
+    assert!(col(&g, "sliding_window").iter().all(|w| w.is_empty()));
+
+    let parts: Vec<PathBuf> = (1..=2)
+        .map(|k| {
+            let part = tmp.path().join(format!("part{k}"));
+            sweep(
+                &part,
+                &format!("--layer 0 --features 8,20,24 --shard {k}/2"),
+            );
+            part
+        })
+        .collect();
+    let merged = tmp.path().join("merged");
+    let mut args = vec!["merge", "--out", merged.to_str().unwrap()];
+    args.extend(parts.iter().map(|p| p.to_str().unwrap()));
+    let o = run(&args, &[]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let manifest: Value =
+        serde_json::from_str(&std::fs::read_to_string(merged.join("manifest.json")).unwrap())
+            .unwrap();
+    assert_eq!(manifest["status"], "complete", "{manifest}");
+    assert_eq!(manifest["sliding_window"], 16);
+    let s = read(&merged);
+    // 2 lengths × 4 heads × 2 methods × d ∈ {8, 20}.
+    assert_eq!(manifest["trials"], 32);
+    assert_eq!(s.len() - 1, 32);
+    let mut ds = col(&s, "d");
+    ds.sort();
+    ds.dedup();
+    assert_eq!(ds, ["20", "8"]);
+    let macs_at = |rows: &[csv::StringRecord], method: &str, d: &str| -> Vec<String> {
+        let (m, dd, mc) = (col(rows, "method"), col(rows, "d"), col(rows, "macs"));
+        let n = col(rows, "n");
+        (0..m.len())
+            .filter(|&i| m[i] == method && dd[i] == d && n[i] == "32")
+            .map(|i| mc[i].clone())
+            .collect()
+    };
+    let at_w = macs_at(&g, "window", "16");
+    assert!(!at_w.is_empty());
+    assert_eq!(macs_at(&s, "window", "20")[0], at_w[0]);
+    // Below the window the budget itself counts.
+    assert_ne!(macs_at(&s, "window", "8")[0], at_w[0]);
+}

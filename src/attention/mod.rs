@@ -36,8 +36,8 @@ pub mod zero;
 pub use batch::{HeadBatch, HeadTrials};
 pub use registry::{
     budgets, by_id, decode_method_ids, describe, family_method_ids, field_method_ids,
-    field_method_ids_masked, mask_method_ids, method_ids, registry, target_method_ids,
-    FIGURE_METHODS,
+    field_method_ids_masked, layer_budgets, mask_method_ids, method_ids, registry,
+    target_method_ids, FIGURE_METHODS,
 };
 pub use spec::{AttentionSpec, LayerType, SpecFeatures};
 pub use target::{Mask, Target};

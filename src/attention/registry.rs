@@ -178,9 +178,25 @@ pub fn family_method_ids(family: Family) -> Vec<&'static str> {
 /// method without a budget (the quantized family, docs/reference.md §8.1). A user's own method (not
 /// registered) has a budget.
 pub fn budgets(id: &str, grid: &[usize]) -> Vec<usize> {
-    match describe(id) {
-        Some((Family::Quantized, _)) => vec![0],
-        _ => grid.to_vec(),
+    layer_budgets(id, grid, None)
+}
+
+/// [`budgets`] on a layer with a sliding window of `window` keys (docs/reference.md §7.7.6): the
+/// grid stops at its first d ≥ W, since a larger d can keep no more keys than the window holds
+/// and would repeat that point. The grid's order is kept; a layer without a window (or a method
+/// without a budget) takes the whole grid. Every reader of a run's grid (the sweep, its resume,
+/// `merge`'s trial count, `check`) goes through here, so they agree on which trials a run has.
+pub fn layer_budgets(id: &str, grid: &[usize], window: Option<usize>) -> Vec<usize> {
+    match (describe(id), window) {
+        (Some((Family::Quantized, _)), _) => vec![0],
+        (_, None) => grid.to_vec(),
+        (_, Some(w)) => {
+            let first_covering = grid.iter().copied().filter(|&d| d >= w).min();
+            grid.iter()
+                .copied()
+                .filter(|&d| d < w || Some(d) == first_covering)
+                .collect()
+        }
     }
 }
 
@@ -209,4 +225,28 @@ pub fn by_id(id: &str) -> std::result::Result<Box<dyn Method>, String> {
                 method_ids().join(", ")
             )
         })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::layer_budgets;
+
+    /// §7.7.6: on a sliding layer the grid stops at its first d ≥ W, in the grid's own order; a
+    /// method without a budget and a layer without a window keep theirs.
+    #[test]
+    fn a_sliding_layers_grid_stops_at_its_first_budget_covering_the_window() {
+        let grid = [16, 32, 64, 128, 256];
+        assert_eq!(layer_budgets("topk", &grid, Some(64)), [16, 32, 64]);
+        assert_eq!(layer_budgets("topk", &grid, Some(100)), [16, 32, 64, 128]);
+        assert_eq!(layer_budgets("topk", &grid, Some(8)), [16]);
+        assert_eq!(layer_budgets("topk", &grid, Some(1000)), grid);
+        assert_eq!(layer_budgets("topk", &grid, None), grid);
+        assert_eq!(
+            layer_budgets("window", &[128, 16, 256, 64], Some(60)),
+            [16, 64]
+        );
+        assert_eq!(layer_budgets("kv_q8_0", &grid, Some(64)), [0]);
+        // A user's own method (not registered) has a budget, and stops too.
+        assert_eq!(layer_budgets("mine", &grid, Some(64)), [16, 32, 64]);
+    }
 }

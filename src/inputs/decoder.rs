@@ -358,10 +358,11 @@ fn family_layer(model_type: &str, inputs: &InputConfig, depth: models::Depth) ->
 /// `--layer`'s default where none is given.
 const DEFAULT_LAYER: usize = 0;
 
-/// The layer `dump-qkv` measures when `--layer` is not given: [`DEFAULT_LAYER`], except for a §7.7
-/// family with sliding layers, where it is a global (full-attention) layer (docs/reference.md
-/// §7.7.6 [REC]): the model is loaded through layer 0 on the host to read every layer's spec.
-pub fn default_dump_layer(inputs: &InputConfig) -> Result<usize> {
+/// The layer a sweep, `bench` or `dump-qkv` (`command`, for the message) measures when `--layer` is
+/// not given: [`DEFAULT_LAYER`], except for a §7.7 family with sliding layers, where it is a global
+/// (full-attention) layer (docs/reference.md §7.7.6 [REC]): the model is loaded through layer 0 on
+/// the host to read every layer's spec.
+pub fn default_layer(inputs: &InputConfig, command: &str) -> Result<usize> {
     let depth = models::Depth::Through(DEFAULT_LAYER);
     let device = candle_core::Device::Cpu;
     let Some(files) = resolve(&inputs.source(), inputs, depth, super::hub::Hub::from_env)? else {
@@ -373,7 +374,7 @@ pub fn default_dump_layer(inputs: &InputConfig) -> Result<usize> {
     let layer = default_family_layer(model.as_ref(), DEFAULT_LAYER);
     if layer != DEFAULT_LAYER {
         eprintln!(
-            "dump-qkv: no --layer given; layer {layer}, the first full-attention layer of this {} model (layer {DEFAULT_LAYER} slides)",
+            "{command}: no --layer given; layer {layer}, the first full-attention layer of this {} model (layer {DEFAULT_LAYER} slides)",
             model.model_type()
         );
     }

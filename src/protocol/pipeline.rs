@@ -299,8 +299,12 @@ impl<'h> HeadTarget<'h> {
             Some(m) => {
                 let mass = trial_mass(approx, self.head, self.target, self.protocol)?;
                 let keys = support.map(|s| s.keys);
+                // On a sliding layer a method keeps at most min(d, W) keys a row (§7.7.6): its
+                // leading term is counted at that budget. [REC] METHODS is silent on macs there;
+                // selection costs still count the causal rows, an upper bound.
+                let d_kept = self.head.spec.window_within(n).map_or(d, |w| d.min(w));
                 (
-                    self.protocol.macs(m, n, p, d, mask),
+                    self.protocol.macs(m, n, p, d_kept, mask),
                     self.protocol
                         .cache_columns(m, mass, keys, n, mask, &self.head.spec),
                 )

@@ -17,6 +17,8 @@ pub struct Grid<'a> {
     /// The heads measured: `--heads`, or every head of the model.
     pub heads: &'a [usize],
     pub shard: Option<Shard>,
+    /// The layer's sliding window, which ends the d grid ([`crate::attention::layer_budgets`]).
+    pub sliding_window: Option<usize>,
 }
 
 impl Grid<'_> {
@@ -44,8 +46,16 @@ impl Grid<'_> {
             }
         } else if !cfg.methods.contains(&r.method) {
             format!("method {} (not in --methods)", r.method)
-        } else if !crate::attention::budgets(&r.method, &cfg.features).contains(&r.d) {
-            format!("{} at d = {} (not in --features)", r.method, r.d)
+        } else if !crate::attention::layer_budgets(&r.method, &cfg.features, self.sliding_window)
+            .contains(&r.d)
+        {
+            match self.sliding_window {
+                Some(w) => format!(
+                    "{} at d = {} (not in --features, which stop at the first d ≥ the layer's window {w})",
+                    r.method, r.d
+                ),
+                None => format!("{} at d = {} (not in --features)", r.method, r.d),
+            }
         } else if r.target != cfg.target || r.mask != cfg.mask {
             format!("target {:?}, mask {:?}", r.target, r.mask)
         } else {

@@ -57,6 +57,10 @@ pub struct Manifest {
     /// PyramidKV's schedule read. Absent from prefill runs.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub decode: Option<DecodeInfo>,
+    /// The measured layer's sliding window W (docs/reference.md §7.7.6), which ends the run's d
+    /// grid at its first d ≥ W ([`crate::attention::layer_budgets`]). Absent without a window.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sliding_window: Option<usize>,
 }
 
 /// A decode run's protocol and the layer's place in the model.
@@ -139,6 +143,7 @@ impl Manifest {
             merged_from: Vec::new(),
             qkv_cache: None,
             decode: None,
+            sliding_window: None,
         }
     }
 

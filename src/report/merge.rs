@@ -58,6 +58,12 @@ fn config_diff(a: &Manifest, b: &Manifest) -> Result<Vec<String>> {
     }
     let mut diff = Vec::new();
     json_diff("", &x, &y, &mut diff);
+    // The window ends the d grid: parts of one layer agree on it (a part written before the
+    // field existed reads as no window, and is refused beside one that has it).
+    if a.sliding_window != b.sliding_window {
+        let w = |m: &Manifest| m.sliding_window.map_or("none".into(), |w| w.to_string());
+        diff.push(format!("sliding_window: {} vs {}", w(a), w(b)));
+    }
     Ok(diff)
 }
 
@@ -161,6 +167,7 @@ fn merged_rows(dirs: &[PathBuf], manifests: &[Manifest]) -> Result<Vec<TrialRow>
             model,
             heads,
             shard: m.shard,
+            sliding_window: first.sliding_window,
         };
         grid.check(
             &rows,
@@ -200,7 +207,7 @@ fn expected_trials(m: &Manifest) -> usize {
         .config
         .methods
         .iter()
-        .map(|id| crate::attention::budgets(id, &m.config.features).len())
+        .map(|id| crate::attention::layer_budgets(id, &m.config.features, m.sliding_window).len())
         .sum();
     m.config.lengths.len() * m.config.windows * heads * budgets
 }

@@ -159,7 +159,7 @@ impl TrialContext<'_> {
             .collect::<Result<_>>()?;
         let mut rows = Vec::new();
         for (mi, m) in self.methods.iter().enumerate() {
-            for (di, d) in attention::budgets(m.id(), &cfg.features)
+            for (di, d) in attention::layer_budgets(m.id(), &cfg.features, self.spec.window)
                 .into_iter()
                 .enumerate()
             {

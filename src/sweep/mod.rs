@@ -206,6 +206,7 @@ pub fn run_with(
         model: &model_name,
         heads: &heads,
         shard: opts.shard,
+        sliding_window: layer_spec.window,
     }
     .check(
         &old_rows,
@@ -219,6 +220,7 @@ pub fn run_with(
         head_dim: prepared.head_dim(),
         corpus_tokens: prepared.corpus.ids.len(),
         shard: opts.shard,
+        sliding_window: layer_spec.window,
         ..Manifest::starting(opts.command.clone(), cfg.clone(), inputs_list)
     };
     manifest.decode = cfg.decode.map(|n_f| manifest::DecodeInfo {
@@ -236,7 +238,7 @@ pub fn run_with(
         * heads.len()
         * methods
             .iter()
-            .map(|m| attention::budgets(m.id(), &cfg.features).len())
+            .map(|m| attention::layer_budgets(m.id(), &cfg.features, layer_spec.window).len())
             .sum::<usize>();
     let todo = total.saturating_sub(done.len());
     let bar = progress_bar(todo as u64, opts.quiet);
@@ -258,7 +260,7 @@ pub fn run_with(
                 };
                 let head_needed = |h: usize| {
                     methods.iter().any(|m| {
-                        attention::budgets(m.id(), &cfg.features)
+                        attention::layer_budgets(m.id(), &cfg.features, layer_spec.window)
                             .into_iter()
                             .any(|d| missing(h, m.id(), d))
                     })
@@ -532,7 +534,7 @@ impl<'a> TrialContext<'a> {
         .with_context(|| format!("layer {}, n = {n}, window {w}, head {h}", cfg.inputs.layer))?;
         let mut rows = Vec::new();
         for m in self.methods {
-            for d in attention::budgets(m.id(), &cfg.features) {
+            for d in attention::layer_budgets(m.id(), &cfg.features, self.spec.window) {
                 if !missing(h, m.id(), d) {
                     continue;
                 }

@@ -220,5 +220,5 @@ pub fn grid_contains(m: &Manifest, model: &str, n: usize, method: &str, d: usize
     cfg.inputs.model.name() == model
         && cfg.lengths.contains(&n)
         && cfg.methods.iter().any(|x| x == method)
-        && crate::attention::budgets(method, &cfg.features).contains(&d)
+        && crate::attention::layer_budgets(method, &cfg.features, m.sliding_window).contains(&d)
 }

@@ -188,6 +188,7 @@ fn manifest(grid: &Grid, methods: &[&str], corpus_sha: &str, source: &str) -> Ma
         merged_from: Vec::new(),
         qkv_cache: None,
         decode: None,
+        sliding_window: None,
     }
 }
 
