@@ -563,3 +563,45 @@ fn a_sliding_layers_grid_stops_at_the_window_and_a_default_sweep_is_global() {
     // Below the window the budget itself counts.
     assert_ne!(macs_at(&s, "window", "8")[0], at_w[0]);
 }
+
+/// `performer_favor` on gpt-oss's sink layers, sliding and global, and on phi3's sliding layer
+/// (§7.7.6: √τ, the window's prefix sums, the sink in its denominator): the sweep runs it at
+/// every d of the layer's grid, with finite errors; gemma2's cap still refuses it (above).
+#[test]
+fn performer_favor_runs_on_sink_and_sliding_layers() {
+    let tmp = tempfile::tempdir().unwrap();
+    for (name, layer, grid) in [
+        ("gpt_oss", 0, &["4", "16"][..]),
+        ("gpt_oss", 1, &["4", "16", "32"]),
+        ("phi3", 1, &["4", "16"]),
+    ] {
+        let (dir, corpus, _) = family_dir(tmp.path(), name);
+        let out = tmp.path().join(format!("run-{name}-{layer}"));
+        let o = decoder_cli(
+            &dir,
+            &corpus,
+            &format!(
+                "--lengths 32 --windows 1 --layer {layer} --features 4,16,32 --methods performer_favor --out {} --quiet",
+                out.display()
+            ),
+        );
+        assert!(o.status.success(), "{name}: {}", stderr(&o));
+        let mut rows = csv::Reader::from_path(out.join("trials.csv")).unwrap();
+        let header = rows.headers().unwrap().clone();
+        let col = |c: &str| header.iter().position(|h| h == c).unwrap();
+        let (d, rel) = (col("d"), col("rel_error"));
+        let rows: Vec<_> = rows.records().map(|r| r.unwrap()).collect();
+        let mut ds: Vec<&str> = rows.iter().map(|r| &r[d]).collect();
+        ds.sort_by_key(|d| d.parse::<usize>().unwrap());
+        ds.dedup();
+        // The sliding layers' grid stops at d = 16 = W; the global one keeps the whole grid.
+        assert_eq!(ds, grid, "{name} layer {layer}");
+        for r in &rows {
+            let e: f64 = r[rel].parse().unwrap();
+            assert!(
+                e.is_finite() && e > 0.0 && e < 3.0,
+                "{name} layer {layer}: {r:?}"
+            );
+        }
+    }
+}

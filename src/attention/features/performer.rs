@@ -66,6 +66,18 @@ impl Performer {
     pub fn input_scale(&self, p: usize) -> f64 {
         (p as f64).powf(if self.double_scaled { -0.5 } else { -0.25 })
     }
+
+    /// [`Self::input_scale`] on `head`'s layer: FAVOR+'s p^{-1/4} becomes √τ where the layer's
+    /// τ is not 1/√p (docs/reference.md §7.7.6, Scale), so that x̃_q·x̃_k = τ·q·k. The plain
+    /// layer keeps p^{-1/4} itself (its bits, for the committed baselines).
+    fn input_scale_on(&self, head: &HeadInputs) -> f64 {
+        let p = head.p();
+        if self.double_scaled || head.spec.scale == crate::attention::spec::default_scale(p) {
+            self.input_scale(p)
+        } else {
+            head.spec.scale.sqrt()
+        }
+    }
 }
 
 /// Ω (m×p) with orthogonal p×p blocks and chi_p row lengths (see the module comment).
@@ -187,7 +199,7 @@ impl Operands {
 
     fn of(head: &HeadInputs, performer: &Performer) -> Result<std::sync::Arc<Self>> {
         head.memo(Self::memo_key(performer), || {
-            Self::new(&head.q, &head.k, &head.v, performer.input_scale(head.p()))
+            Self::new(&head.q, &head.k, &head.v, performer.input_scale_on(head))
         })
     }
 
@@ -234,6 +246,12 @@ const FAVOR: MethodInfo = MethodInfo {
     meaning: "number of positive orthogonal random features m (FAVOR+ for softmax(QKᵀ/√p)V)",
     random: true,
     masks: MethodInfo::BOTH_MASKS,
+    // §7.7.6: √τ on Q and K, the window by prefix sums, the sink in the denominator on the
+    // kernel's scale; no capped form is published, so a capped layer refuses it (as specified).
+    spec: crate::attention::SpecFeatures {
+        softcap: false,
+        ..crate::attention::SpecFeatures::ALL
+    },
     ..MethodInfo::BASE
 };
 
@@ -250,18 +268,28 @@ impl Method for Performer {
         let omega = orthogonal_gaussian(rng, d, p);
         let omega = crate::tensor_util::from_dmatrix(&omega, dev, dt)?;
         let ops = Operands::of(head, self)?;
-        let phi_q = feature_map_with_norms(&ops.qt, &ops.q_half_sq, &omega, Shift::PerRow, EPS)?; // n×m
-        let phi_k = feature_map_with_norms(&ops.kt, &ops.k_half_sq, &omega, Shift::Global, EPS)?; // n×m
-        let fr = match head.mask {
-            Mask::None => phi_q.matmul(&phi_k.t()?.matmul(&ops.rhs)?)?, // n×(p+1) via m×(p+1)
-            Mask::Causal => {
+        let (phi_q, c_q) =
+            shifted_feature_map(&ops.qt, &ops.q_half_sq, &omega, Shift::PerRow, EPS)?; // n×m
+        let (phi_k, c_k) =
+            shifted_feature_map(&ops.kt, &ops.k_half_sq, &omega, Shift::Global, EPS)?; // n×m
+        let fr = match (head.mask, head.spec.window_within(head.n())) {
+            (Mask::None, _) => phi_q.matmul(&phi_k.t()?.matmul(&ops.rhs)?)?, // n×(p+1) via m×(p+1)
+            (Mask::Causal, window) => {
                 anyhow::ensure!(!self.double_scaled, "performer has no causal form");
-                causal_products(&phi_q, &phi_k, &ops.rhs)?
+                match window {
+                    None => causal_products(&phi_q, &phi_k, &ops.rhs)?,
+                    Some(w) => windowed_causal_products(&phi_q, &phi_k, &ops.rhs, w)?,
+                }
             }
         };
         // [V | 1] has p_v + 1 columns (p_v ≠ p for MLA's heads).
         let pv = ops.rhs.dim(1)? - 1;
-        let den = fr.narrow(1, pv, 1)?;
+        let mut den = fr.narrow(1, pv, 1)?;
+        if let Some(sink) = head.spec.sink(0) {
+            // §7.7.6: the sink's e^σ joins the denominator on the estimated kernel's scale,
+            // which φ(q_i)·φ(k_j) carries as e^{q̃·k̃ − c_i − c_K}: e^{σ − c_i − c_K}.
+            den = (den + (c_q.broadcast_add(&c_k)?.neg()? + sink)?.exp()?)?;
+        }
         let out = fr.narrow(1, 0, pv)?.broadcast_div(&den)?;
         Ok(Approximation {
             output: out,
@@ -340,6 +368,79 @@ fn causal_products(phi_q: &Tensor, phi_k: &Tensor, rhs: &Tensor) -> Result<Tenso
     }
     Ok(Tensor::cat(&outs, 0)?)
 }
+
+/// [`causal_products`] under a sliding window of `w` keys (docs/reference.md §7.7.6): row i sums
+/// over j ∈ (i − w, i]. For a chunk of rows [a, a + c), the keys [a + c − w, a) are seen by every
+/// row: their sum is the difference of two running prefix states (f64), one up to a and one up to
+/// a + c − w, both advancing monotonically, so the cost stays linear in n. The keys of the band
+/// [a − w + 1, a + c − w) and of the chunk itself, which only some rows see, go through one
+/// masked product each, as the chunk's own keys do without a window.
+fn windowed_causal_products(
+    phi_q: &Tensor,
+    phi_k: &Tensor,
+    rhs: &Tensor,
+    w: usize,
+) -> Result<Tensor> {
+    let (n, m) = phi_q.dims2()?;
+    let (dt, dev) = (phi_q.dtype(), phi_q.device());
+    let zero_state = || Tensor::zeros((m, rhs.dim(1)?), DType::F64, dev);
+    let (mut head_state, mut tail_state) = (zero_state()?, zero_state()?);
+    let mut tail = 0;
+    let add = |state: &Tensor, lo: usize, hi: usize| -> Result<Tensor> {
+        let fk = phi_k.narrow(0, lo, hi - lo)?.to_dtype(DType::F64)?;
+        let r = rhs.narrow(0, lo, hi - lo)?.to_dtype(DType::F64)?;
+        Ok((state + fk.t()?.matmul(&r)?)?)
+    };
+    let mut outs = Vec::new();
+    for a in (0..n).step_by(CAUSAL_CHUNK) {
+        let c = CAUSAL_CHUNK.min(n - a);
+        let fq = phi_q.narrow(0, a, c)?;
+        // Keys every row of the chunk sees: [full_lo, a).
+        let full_lo = (a + c).saturating_sub(w).min(a);
+        if full_lo > tail {
+            tail_state = add(&tail_state, tail, full_lo)?;
+            tail = full_lo;
+        }
+        let mut out = fq
+            .to_dtype(DType::F64)?
+            .matmul(&(&head_state - &tail_state)?)?
+            .to_dtype(dt)?;
+        // The band below the chunk that only its later rows see, then the chunk's own keys.
+        let band_lo = (a + 1).saturating_sub(w);
+        for (lo, hi) in [(band_lo, full_lo), (a, a + c)] {
+            if lo < hi {
+                let mask = window_mask(a, c, lo, hi, w, dev, dt)?;
+                let inner = (fq.matmul(&phi_k.narrow(0, lo, hi - lo)?.t()?)? * mask)?;
+                out = (out + inner.matmul(&rhs.narrow(0, lo, hi - lo)?)?)?;
+            }
+        }
+        outs.push(out);
+        head_state = add(&head_state, a, a + c)?;
+    }
+    Ok(Tensor::cat(&outs, 0)?)
+}
+
+/// 1 where row i ∈ [a, a + c) sees key j ∈ [lo, hi) under a causal window of w keys
+/// (i − w < j ≤ i), else 0: [c, hi − lo] in `dt`.
+fn window_mask(
+    a: usize,
+    c: usize,
+    lo: usize,
+    hi: usize,
+    w: usize,
+    dev: &candle_core::Device,
+    dt: DType,
+) -> Result<Tensor> {
+    let mut v = Vec::with_capacity(c * (hi - lo));
+    for i in a..a + c {
+        v.extend((lo..hi).map(|j| f64::from(u8::from(j <= i && j + w > i))));
+    }
+    Ok(Tensor::from_vec(v, (c, hi - lo), dev)?.to_dtype(dt)?)
+}
+
+#[cfg(test)]
+#[path = "performer_spec_tests.rs"]
+mod spec_tests;
 
 #[cfg(test)]
 mod tests {
