@@ -55,12 +55,28 @@ def _qkv(q, k, v):
     return q.astype(dtype, copy=False), k.astype(dtype, copy=False), v.astype(dtype, copy=False)
 
 
-def exact(q, k, v, target: str = "softmax", mask: str = "none") -> np.ndarray:
+def _spec(scale, softcap, window, sink) -> dict:
+    """A layer's attention keywords (docs/reference.md §7.7.0) as the core takes them."""
+    return dict(
+        scale=None if scale is None else float(scale),
+        softcap=None if softcap is None else float(softcap),
+        window=None if window is None else int(window),
+        sink=None if sink is None else float(sink),
+    )
+
+
+def exact(q, k, v, target: str = "softmax", mask: str = "none", *, scale=None, softcap=None,
+          window=None, sink=None) -> np.ndarray:
     """One head's target, computed as the benchmark computes it: O = softmax(QKᵀ/√p)V in the
     inputs' dtype (over the keys j ≤ i with ``mask="causal"``, docs/reference.md §7.2), or with
     ``target="kernelized"`` C·V, C_ij = exp(−‖q̃_i − k̃_j‖²/2), q̃ = q·p^-1/4, in float64
-    (docs/reference.md §6.4.1)."""
-    return _core.exact(*_qkv(q, k, v), target, mask)
+    (docs/reference.md §6.4.1).
+
+    A §7.7 family's layer (docs/reference.md §7.7.0): ``scale`` τ instead of 1/√p, ``softcap`` c
+    (logits c·tanh(s/c)), ``window`` W (causal: keys i − W < j ≤ i) and this head's ``sink``
+    logit σ (a key with a zero value in every row's softmax), as a dump's sidecar states them.
+    V may have its own head size (DeepSeek's MLA)."""
+    return _core.exact(*_qkv(q, k, v), target, mask, **_spec(scale, softcap, window, sink))
 
 
 def spectral_error(o, o_hat) -> tuple[float, float, float]:
@@ -78,18 +94,22 @@ def agreement(o, o_hat) -> tuple[float, float, float]:
     return _core.agreement(o.astype(dtype, copy=False), o_hat.astype(dtype, copy=False))
 
 
-def approximate(method: str, q, k, v, d: int, seed: int, mask: str = "none") -> np.ndarray:
+def approximate(method: str, q, k, v, d: int, seed: int, mask: str = "none", *, scale=None,
+                softcap=None, window=None, sink=None) -> np.ndarray:
     """Ô of built-in method ``method`` with budget ``d`` for one head (its causal form with
     ``mask="causal"``, docs/reference.md §7.4; a method without one raises ValueError).
 
     ``seed`` is the trial's derived seed (the ``seed`` column of trials.csv, or
     :func:`trial_seed`); with the same Q, K, V the result equals the CLI's trial bit for bit.
     The quantized family (``kv_q4_0``, ``kivi2``, ``sage2_8b``, …; docs/reference.md §8) has no budget:
-    pass ``d=0`` (trials.csv's d) and any seed.
+    pass ``d=0`` (trials.csv's d) and any seed. ``scale``, ``softcap``, ``window`` and ``sink``
+    give a §7.7 family's layer, as for :func:`exact`: the method runs under the layer's rules
+    (docs/reference.md §7.7.6), and one that does not implement a feature raises ValueError.
     """
     if int(d) < 0:
         raise ValueError(f"d = {d}: the budget must be a non-negative integer")
-    return _core.approximate(method, *_qkv(q, k, v), int(d), int(seed), mask)
+    return _core.approximate(method, *_qkv(q, k, v), int(d), int(seed), mask,
+                             **_spec(scale, softcap, window, sink))
 
 
 def trial_seed(seed: int, n: int, window: int, head: int, method: str, d: int) -> int:
@@ -134,6 +154,15 @@ def _describe(f) -> tuple[str, str]:
     return origin, hashlib.sha256(blob).hexdigest()
 
 
+def _takes_spec(f) -> bool:
+    """Whether ``f`` takes a ``spec`` keyword (by name, or through ``**kwargs``)."""
+    try:
+        params = inspect.signature(f).parameters.values()
+    except (TypeError, ValueError):
+        return False
+    return any(p.name == "spec" or p.kind == p.VAR_KEYWORD for p in params)
+
+
 def _named(m, what: str):
     """(name, function) of a user's method given as a function or a (name, function) pair."""
     if isinstance(m, tuple) and len(m) == 2 and isinstance(m[0], str) and callable(m[1]):
@@ -169,6 +198,11 @@ def sweep(
     ``mask="causal", n_f=n_f`` and returns those n_f rows (or the whole window's [n, p]), or the
     prompt keys the continuation reads: one integer array (every continuation row) or a list of
     n_f of them; the tool then computes the rows, ``keys``, ``mass`` and ``kv_read``.
+    On a §7.7 family's layer (Gemma 2/3, Phi-3, gpt-oss, DeepSeek) a function with a ``spec``
+    parameter is called with ``spec={"causal", "scale", "softcap", "window", "sink"}`` (this head's
+    τ, c, W and σ, None where absent) and the head's own Q, K; one without it runs only where the
+    layer's one feature is its scale, on Q and K rescaled so that QKᵀ/√p is τ·QKᵀ, and elsewhere the
+    sweep is refused, naming the feature.
     Writes trials.csv, summary.csv and manifest.json exactly as the CLI does; the function's
     module, name and source hash are in the manifest, and a resumed run with an edited
     function is refused (use another ``out`` or ``force=True``).
@@ -184,7 +218,7 @@ def sweep(
             raise ValueError(f"methods: two of your methods are named {name!r}")
         origin, digest = _describe(f)
         names.append(name)
-        user.append((name, f, origin, digest))
+        user.append((name, f, origin, digest, _takes_spec(f)))
     for key in ("model_dir", "corpus", "qkv_cache"):
         if options.get(key) is not None:
             options[key] = os.fspath(options[key])

@@ -12,7 +12,7 @@ use pyo3::exceptions::{PyRuntimeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
 
-use approx_bench::attention::{self, HeadInputs, Mask, Target};
+use approx_bench::attention::{self, AttentionSpec, HeadInputs, Mask, Target};
 use approx_bench::config::{InputConfig, RunConfig, UserMethod};
 use approx_bench::numerics::{sampling, spectral};
 
@@ -78,15 +78,21 @@ fn array<'py>(py: Python<'py>, t: &Tensor) -> PyResult<Bound<'py, PyAny>> {
     })
 }
 
-fn head(q: &Bound<'_, PyAny>, k: &Bound<'_, PyAny>, v: &Bound<'_, PyAny>) -> PyResult<HeadInputs> {
+/// One head under `spec`. V may have its own head size (p_v ≠ p, DeepSeek's MLA heads).
+fn head(
+    q: &Bound<'_, PyAny>,
+    k: &Bound<'_, PyAny>,
+    v: &Bound<'_, PyAny>,
+    spec: AttentionSpec,
+) -> PyResult<HeadInputs> {
     let (q, k, v) = (tensor("q", q)?, tensor("k", k)?, tensor("v", v)?);
     if q.dims() != k.dims()
-        || k.dims() != v.dims()
+        || k.dims()[0] != v.dims()[0]
         || q.dtype() != k.dtype()
         || k.dtype() != v.dtype()
     {
         return Err(PyValueError::new_err(format!(
-            "q, k, v must have one shape and dtype; got {:?} {:?}, {:?} {:?}, {:?} {:?}",
+            "q and k must have one shape, v their rows, and all one dtype; got {:?} {:?}, {:?} {:?}, {:?} {:?}",
             q.dims(),
             q.dtype(),
             k.dims(),
@@ -95,7 +101,40 @@ fn head(q: &Bound<'_, PyAny>, k: &Bound<'_, PyAny>, v: &Bound<'_, PyAny>) -> PyR
             v.dtype()
         )));
     }
-    HeadInputs::new(q, k, v).map_err(err)
+    HeadInputs::with_spec(q, k, v, spec).map_err(err)
+}
+
+/// A layer's attention as the Python face's keywords give it (docs/reference.md §7.7.0): the
+/// mask's plain target, with τ (`scale`, default 1/√p), a soft-cap c, a sliding window of W keys
+/// (causal only) and the head's sink logit σ where given; a spec no attention has is a
+/// ValueError naming the keyword.
+struct SpecKeywords {
+    mask: Mask,
+    scale: Option<f64>,
+    softcap: Option<f64>,
+    window: Option<usize>,
+    sink: Option<f64>,
+}
+
+impl SpecKeywords {
+    fn spec(&self, p: usize) -> PyResult<AttentionSpec> {
+        let mut spec = AttentionSpec::of_mask(self.mask, p)
+            .with_softcap(self.softcap)
+            .with_sinks(self.sink.map(|s| vec![s]));
+        if let Some(tau) = self.scale {
+            spec = spec.with_scale(tau);
+        }
+        spec.window = self.window;
+        spec.validate(1, "the attention keywords (scale, softcap, window, sink)")
+            .map_err(err)?;
+        Ok(spec)
+    }
+}
+
+/// p, the head size of Q (and K), from the array's second axis.
+fn head_dim(q: &Bound<'_, PyAny>) -> PyResult<usize> {
+    let shape: Vec<usize> = q.getattr("shape")?.extract()?;
+    Ok(shape.get(1).copied().unwrap_or(0))
 }
 
 /// `mask` ("none" or "causal") as the library's Mask.
@@ -105,10 +144,13 @@ fn parse_mask(mask: &str) -> PyResult<Mask> {
 }
 
 /// The target of one head as the benchmark computes it: exact softmax attention
-/// O = softmax(QKᵀ/√p)V in the inputs' dtype (over keys j ≤ i with `mask = "causal"`), or
-/// (`target = "kernelized"`) C·V in float64.
+/// O = softmax(QKᵀ/√p)V in the inputs' dtype (over keys j ≤ i with `mask = "causal"`; under a
+/// layer's scale, soft-cap, window and sink where given), or (`target = "kernelized"`) C·V in
+/// float64.
+// One argument per keyword of the Python signature.
+#[allow(clippy::too_many_arguments)]
 #[pyfunction]
-#[pyo3(signature = (q, k, v, target = "softmax", mask = "none"))]
+#[pyo3(signature = (q, k, v, target = "softmax", mask = "none", scale = None, softcap = None, window = None, sink = None))]
 fn exact<'py>(
     py: Python<'py>,
     q: &Bound<'py, PyAny>,
@@ -116,6 +158,10 @@ fn exact<'py>(
     v: &Bound<'py, PyAny>,
     target: &str,
     mask: &str,
+    scale: Option<f64>,
+    softcap: Option<f64>,
+    window: Option<usize>,
+    sink: Option<f64>,
 ) -> PyResult<Bound<'py, PyAny>> {
     let target: Target = target
         .parse()
@@ -126,8 +172,19 @@ fn exact<'py>(
             "the kernelized target has no causal form (docs/reference.md §7.2)",
         ));
     }
-    let h = head(q, k, v)?;
-    let h = HeadInputs::masked(h.q.clone(), h.k.clone(), h.v.clone(), mask).map_err(err)?;
+    let kw = SpecKeywords {
+        mask,
+        scale,
+        softcap,
+        window,
+        sink,
+    };
+    let h = head(q, k, v, kw.spec(head_dim(q)?)?)?;
+    if target == Target::Kernelized && !h.spec.features(h.p(), h.n()).is_plain() {
+        return Err(PyValueError::new_err(
+            "the kernelized target has no form under a scale, soft-cap, window or sink (docs/reference.md §7.7)",
+        ));
+    }
     match target {
         Target::Softmax => array(py, &h.exact().map_err(err)?.output),
         Target::Kernelized => array(py, h.kernelized().map_err(err)?),
@@ -173,7 +230,7 @@ fn agreement(o: &Bound<'_, PyAny>, o_hat: &Bound<'_, PyAny>) -> PyResult<(f64, f
 // One argument per keyword of the Python signature.
 #[allow(clippy::too_many_arguments)]
 #[pyfunction]
-#[pyo3(signature = (method, q, k, v, d, seed, mask = "none"))]
+#[pyo3(signature = (method, q, k, v, d, seed, mask = "none", scale = None, softcap = None, window = None, sink = None))]
 fn approximate<'py>(
     py: Python<'py>,
     method: &str,
@@ -183,6 +240,10 @@ fn approximate<'py>(
     d: usize,
     seed: u64,
     mask: &str,
+    scale: Option<f64>,
+    softcap: Option<f64>,
+    window: Option<usize>,
+    sink: Option<f64>,
 ) -> PyResult<Bound<'py, PyAny>> {
     let m = attention::by_id(method).map_err(PyValueError::new_err)?;
     let mask = parse_mask(mask)?;
@@ -197,12 +258,21 @@ fn approximate<'py>(
             "{method}: d = 0, but its budget d must be at least 1 (only the quantized family, docs/reference.md §8, runs at d = 0)"
         )));
     }
-    let h = head(q, k, v)?;
-    let h = HeadInputs::masked(h.q.clone(), h.k.clone(), h.v.clone(), mask).map_err(err)?;
+    let kw = SpecKeywords {
+        mask,
+        scale,
+        softcap,
+        window,
+        sink,
+    };
+    let h = head(q, k, v, kw.spec(head_dim(q)?)?)?;
     m.check(h.n(), d)
         .map_err(|e| PyValueError::new_err(format!("{method} at n = {}, d = {d}: {e}", h.n())))?;
+    // The sweep's own choice of inputs: the head, or its rescaled form for a method that reads
+    // the scale through Q and K (§7.7.6); a feature the method lacks is refused by name.
+    let inputs = h.inputs_for(m.as_ref()).map_err(err)?;
     let mut rng = sampling::rng_from_seed(seed);
-    let a = m.approximate(&h, d, &mut rng).map_err(err)?;
+    let a = m.approximate(inputs, d, &mut rng).map_err(err)?;
     array(py, &a.output)
 }
 
@@ -284,14 +354,14 @@ fn inputs<'py>(
 
 /// Runs (or resumes) a sweep into `out`: the CLI's grid, seeds, metric and files. `methods`
 /// lists built-in ids, presets and the names of `user` methods, in order; `user` holds
-/// (name, callable, origin, sha256 of its source).
+/// (name, callable, origin, sha256 of its source, whether it takes a `spec` keyword).
 #[pyfunction]
 #[pyo3(signature = (methods, user, out, force, quiet, command, **kwargs))]
 #[allow(clippy::too_many_arguments)]
 fn sweep(
     py: Python<'_>,
     methods: Vec<String>,
-    user: Vec<(String, Py<PyAny>, String, String)>,
+    user: Vec<(String, Py<PyAny>, String, String, bool)>,
     out: PathBuf,
     force: bool,
     quiet: bool,
@@ -300,9 +370,17 @@ fn sweep(
 ) -> PyResult<String> {
     let kw = kwargs.cloned().unwrap_or_else(|| PyDict::new(py));
     let cache = run::qkv_cache(&kw)?;
+    let layer_given = kw.get_item("layer")?.is_some_and(|l| !l.is_none());
     let mut opts = run::run_options(&kw, methods)?;
+    if !layer_given {
+        // A family with sliding layers is measured at its first global layer, as the CLI does.
+        let inputs = InputConfig::new(&opts.inputs).map_err(err)?;
+        opts.inputs.layer =
+            approx_bench::inputs::decoder::default_layer(&inputs, "approx_bench.sweep")
+                .map_err(err)?;
+    }
     let mut extra: Vec<Box<dyn attention::Method>> = Vec::new();
-    for (name, func, origin, sha256) in user {
+    for (name, func, origin, sha256, reads_spec) in user {
         opts.user_methods.insert(
             name.clone(),
             UserMethod {
@@ -311,7 +389,9 @@ fn sweep(
                 sha256,
             },
         );
-        extra.push(Box::new(user_method::PyMethod::new(&name, func)));
+        extra.push(Box::new(user_method::PyMethod::new(
+            &name, func, reads_spec,
+        )));
     }
     if opts.mask.is_none() && opts.decode.is_none() {
         // The model's own mask (causal for a decoder), as the CLI chooses it.
@@ -373,7 +453,7 @@ fn e2e(
         .into_iter()
         .map(
             |(name, func, decode)| approx_bench::protocol::end_to_end::E2eMethod {
-                method: Box::new(user_method::PyMethod::new(&name, func)),
+                method: Box::new(user_method::PyMethod::new(&name, func, false)),
                 name,
                 decode,
             },

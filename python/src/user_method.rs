@@ -35,15 +35,32 @@ pub struct PyMethod {
     /// Leaked once per method and process: the registry's ids are `&'static str`.
     id: &'static str,
     func: Py<PyAny>,
+    /// The function takes a `spec` keyword: it is told the layer's attention (τ, soft-cap,
+    /// window, sink) and given the head's own Q, K (docs/reference.md §7.7.6).
+    reads_spec: bool,
 }
 
 impl PyMethod {
-    pub fn new(name: &str, func: Py<PyAny>) -> Self {
+    pub fn new(name: &str, func: Py<PyAny>, reads_spec: bool) -> Self {
         Self {
             id: Box::leak(name.to_string().into_boxed_str()),
             func,
+            reads_spec,
         }
     }
+}
+
+/// The `spec` keyword a spec-reading function is called with: the layer's attention as a dict
+/// (`causal`, `scale` τ, `softcap` c, `window` W, `sink` σ of this head; None where absent).
+fn spec_dict<'py>(py: Python<'py>, head: &HeadInputs) -> PyResult<Bound<'py, pyo3::types::PyDict>> {
+    let d = pyo3::types::PyDict::new(py);
+    let s = &head.spec;
+    d.set_item("causal", s.causal)?;
+    d.set_item("scale", s.scale)?;
+    d.set_item("softcap", s.softcap)?;
+    d.set_item("window", s.window)?;
+    d.set_item("sink", s.sink(0))?;
+    Ok(d)
 }
 
 fn head_array<'py>(py: Python<'py>, t: &Tensor) -> Result<Bound<'py, PyAny>> {
@@ -81,6 +98,16 @@ impl Method for PyMethod {
     }
     fn masks(&self) -> &'static [Mask] {
         &[Mask::None, Mask::Causal]
+    }
+    /// Every feature for a function told the spec; otherwise the scale alone, which it reaches as
+    /// rescaled Q and K (whose products over √p are τ·q·k), as the built-in methods do.
+    fn spec_support(&self) -> approx_bench::attention::SpecFeatures {
+        use approx_bench::attention::SpecFeatures;
+        if self.reads_spec {
+            SpecFeatures::ALL
+        } else {
+            SpecFeatures::SCALE
+        }
     }
     fn macs(&self, _n: usize, _p: usize, _d: usize) -> f64 {
         f64::NAN
@@ -159,11 +186,18 @@ impl PyMethod {
             // Under the decode protocol (docs/reference.md §9.1, `decode=n_f`) it is also told n_f: the
             // last n_f rows of q are the continuation, the rows scored, and it may return them
             // alone ([n_f, p]) or the whole window ([n, p], of which they are taken).
-            let result = if head.mask == Mask::Causal {
+            // A function with a `spec` parameter is told the layer's attention on every call.
+            let result = if head.mask == Mask::Causal || self.reads_spec {
                 let kw = pyo3::types::PyDict::new(py);
-                kw.set_item("mask", "causal").map_err(|e| py_error(py, e))?;
+                if head.mask == Mask::Causal {
+                    kw.set_item("mask", "causal").map_err(|e| py_error(py, e))?;
+                }
                 if let Some(dec) = dec {
                     kw.set_item("n_f", dec.n_f()).map_err(|e| py_error(py, e))?;
+                }
+                if self.reads_spec {
+                    let spec = spec_dict(py, head).map_err(|e| py_error(py, e))?;
+                    kw.set_item("spec", spec).map_err(|e| py_error(py, e))?;
                 }
                 self.func.call(py, args, Some(&kw)).map_err(|e| {
                     let hint = if e.is_instance_of::<pyo3::exceptions::PyTypeError>(py) {

@@ -191,6 +191,19 @@ impl HeadInputs {
         Ok(self.rescaled.get_or_init(|| Box::new(head)))
     }
 
+    /// What `m` runs on for a prefill trial of this head: the head itself when `m` reads the spec
+    /// (or the spec is plain), else [`Self::method_inputs`]; a usage error when the layer has a
+    /// feature `m` does not implement ([`refuse_unimplemented_spec`]). The sweep's pipeline and
+    /// the Python face's `approximate` both pass here, so their trials are the same.
+    pub fn inputs_for(&self, m: &dyn Method) -> Result<&HeadInputs> {
+        refuse_unimplemented_spec(m, self)?;
+        if m.reads_spec() {
+            Ok(self)
+        } else {
+            self.method_inputs()
+        }
+    }
+
     /// Exact softmax attention O = softmax(QKᵀ/√p)V in the inputs' dtype, with log D on demand.
     pub fn exact(&self) -> Result<&exact::ExactAttention> {
         if let Some(e) = self.exact.get() {

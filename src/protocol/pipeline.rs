@@ -225,14 +225,13 @@ impl<'h> HeadTarget<'h> {
     /// One trial: the method's Ô at d from the trial's seed, timed until the device is done,
     /// then measured.
     pub fn trial(&self, m: &dyn Method, d: usize, seed: u64) -> Result<(Approximation, Measured)> {
-        attention::refuse_unimplemented_spec(m, self.head)?;
         // A scaled head's rescaled inputs, built once per head before any clock starts.
         let inputs = match self.protocol {
-            Protocol::Prefill if m.reads_spec() => self.head,
-            Protocol::Prefill => self.head.method_inputs()?,
+            Protocol::Prefill => self.head.inputs_for(m)?,
             // The decode context (the whole layer) carries no rescaled form: a scale-supporting
             // method there would run at 1/√p, so none is let through.
             Protocol::Decode { .. } => {
+                attention::refuse_unimplemented_spec(m, self.head)?;
                 anyhow::ensure!(
                     !self.head.spec.features(self.head.p(), self.head.n()).scale,
                     "{} under the decode protocol on a layer whose scale is not 1/√p (§7.7.6): not implemented yet",
