@@ -18,6 +18,12 @@
 //! processed in chunks of several query blocks (a multiple of 128 rows, as large as exact
 //! attention's blocks) for the two products: the query blocks matter to the kernels' quantizers
 //! (scales, smoothing), which the caller applies, not to the softmax.
+//!
+//! Beyond the mask (docs/reference.md §7.7.6): under a sliding window a chunk is one query block
+//! and visits the key blocks from the one holding its first row's first key to its diagonal (a
+//! kernel skips the blocks wholly outside the window); a row's blocks start at the one holding
+//! its own first key, where the keys before it are −∞. A sink σ enters ℓ after the last block
+//! ([`Rows::sink`]), leaving P's quantization as it is.
 
 use anyhow::Result;
 use candle_core::Tensor;

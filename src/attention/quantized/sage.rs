@@ -16,6 +16,11 @@
 //! Smoothing K is exact in real arithmetic (it adds the row constant q_i·k̄ to row i's logits, so
 //! also under the causal mask). [P≠C] The released kernels accumulate P̂V̂ in FP22 inside a block;
 //! here the accumulator is in the run's dtype.
+//!
+//! On a §7.7 layer (docs/reference.md §7.7.6) τ is folded into Q′ in place of 1/√p, S is capped
+//! before the online softmax (with the smoothing's row constant added back first, see
+//! `sage_output`), keys outside the window are not visited, and the sink enters ℓ after the last
+//! key block.
 
 use anyhow::Result;
 use candle_core::Tensor;
