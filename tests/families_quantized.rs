@@ -9,18 +9,19 @@ mod common;
 use common::families::*;
 use common::*;
 
-/// The §8 methods that take p = 16, with their `kv_bits`.
-const METHODS: [(&str, f64); 6] = [
-    ("kv_f16", 16.0),
-    ("kv_bf16", 16.0),
-    ("kv_fp8", 8.0),
-    ("sage1", 12.0),
-    ("sage2_8b", 8.0),
-    ("sage2_4b", 6.0),
+/// The §8 methods that take p = 16, with their `kv_bits` and a bound on their relative error
+/// (about 3× the largest these layers give: 1e-3, 6.5e-3, 0.057, 0.038, 0.032, 0.34).
+const METHODS: [(&str, f64, f64); 6] = [
+    ("kv_f16", 16.0, 1e-2),
+    ("kv_bf16", 16.0, 2e-2),
+    ("kv_fp8", 8.0, 0.15),
+    ("sage1", 12.0, 0.1),
+    ("sage2_8b", 8.0, 0.1),
+    ("sage2_4b", 6.0, 1.0),
 ];
 
 /// Each family layer's sweep of the §8 methods: finite errors, small for the wide formats
-/// (`kv_f16` within 1e-2 relative, every method within 0.5), every key of the layer read at the
+/// (`kv_f16` within 1e-2 relative, `kv_bf16` 2e-2, the 8-bit ones 0.15), every key of the layer read at the
 /// method's width (`kv_read` = kv_bits/16 against Σ_i |V_i|), and on the sink layers the real keys'
 /// mass, `mass` + `sink_mass` = 1.
 #[test]
@@ -61,11 +62,8 @@ fn quantized_methods_run_on_sink_capped_and_sliding_layers() {
         for r in rows.records() {
             let r = r.unwrap();
             let e: f64 = r[rel].parse().unwrap();
-            assert!(e.is_finite() && e < 0.5, "{name} layer {layer}: {r:?}");
-            if &r[method] == "kv_f16" {
-                assert!(e < 1e-2, "{name} layer {layer}: {r:?}");
-            }
-            let bits = METHODS.iter().find(|m| m.0 == &r[method]).unwrap().1;
+            let &(_, bits, bound) = METHODS.iter().find(|m| m.0 == &r[method]).unwrap();
+            assert!(e.is_finite() && e < bound, "{name} layer {layer}: {r:?}");
             let read: f64 = r[kv_read].parse().unwrap();
             assert!((read - bits / 16.0).abs() < 1e-12, "{r:?}");
             let m: f64 = r[mass].parse().unwrap();

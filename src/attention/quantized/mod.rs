@@ -47,7 +47,7 @@ pub const QUANTIZED: MethodInfo = MethodInfo {
     // quantize s·K, not the deployed cache): a cache quantizes the Q, K, V it stores, unscaled,
     // and reads them under the spec (kv_cache.rs, kivi.rs); SageAttention folds τ into Q′, caps
     // S and adds the sink after its last key block (sage.rs, online_softmax.rs). On an MLA layer
-    // the sweep refuses them (`sweep::refuse_quantized_mla`).
+    // the sweep refuses them (`sweep::spec_refusals::refuse_quantized_mla`).
     spec: crate::attention::SpecFeatures::ALL,
     ..MethodInfo::BASE
 };
