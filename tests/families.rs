@@ -6,41 +6,12 @@
 
 mod common;
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use candle_core::{DType, Device, Tensor};
+use common::families::*;
 use common::*;
 use serde_json::Value;
-
-fn family_fixture(name: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("fixtures/families")
-        .join(name)
-}
-
-/// The fixture `name`'s model in a directory of its own, with its word-level tokenizer (word `t{i}`
-/// is token i, no BOS) and its corpus.txt, which tokenizes to the fixture's expected ids.
-fn family_dir(tmp: &Path, name: &str) -> (PathBuf, PathBuf, Vec<u32>) {
-    let dir = tmp.join(name);
-    std::fs::create_dir_all(&dir).unwrap();
-    for f in ["config.json", "model.safetensors", "tokenizer.json"] {
-        std::fs::copy(family_fixture(name).join(f), dir.join(f)).unwrap();
-    }
-    let ids = expected(name, "expected.safetensors")["ids"]
-        .to_dtype(DType::I64)
-        .unwrap()
-        .to_vec1::<i64>()
-        .unwrap();
-    (
-        dir,
-        family_fixture(name).join("corpus.txt"),
-        ids.into_iter().map(|i| i as u32).collect(),
-    )
-}
-
-fn expected(name: &str, file: &str) -> std::collections::HashMap<String, Tensor> {
-    candle_core::safetensors::load(family_fixture(name).join(file), &Device::Cpu).unwrap()
-}
 
 /// max |a − b| / max |b|.
 fn rel(a: &Tensor, b: &Tensor) -> f64 {
@@ -68,17 +39,6 @@ fn dump(
     let t = candle_core::safetensors::load(out, &Device::Cpu).unwrap();
     let side = std::fs::read_to_string(format!("{}.json", out.display())).unwrap();
     (t, serde_json::from_str(&side).unwrap(), stderr(&o))
-}
-
-fn decoder_cli(model: &Path, corpus: &Path, flags: &str) -> std::process::Output {
-    let mut args: Vec<&str> = flags.split_whitespace().collect();
-    args.extend([
-        "--model-dir",
-        model.to_str().unwrap(),
-        "--corpus",
-        corpus.to_str().unwrap(),
-    ]);
-    run(&args, &[])
 }
 
 #[test]
@@ -479,129 +439,5 @@ fn a_sweep_of_sink_capped_and_sliding_layers_runs_window_and_topk() {
             seen += 1;
         }
         assert!(seen >= 60, "{name}: {seen} rows");
-    }
-}
-
-/// The d grid on a sliding layer (§7.7.6): gemma2's layer 0 (W = 16) stops the grid 8, 20, 24 at
-/// 20, its first d ≥ W, in the sweep, in `merge`'s count of a complete run (two shards: n = 24
-/// and n = 32) and in the manifest; `macs` there is counted at min(d, W) = 16, as the global
-/// layer's `window` at d = 16. Without `--layer` the sweep measures the first global layer, 1.
-#[test]
-fn a_sliding_layers_grid_stops_at_the_window_and_a_default_sweep_is_global() {
-    let tmp = tempfile::tempdir().unwrap();
-    let (dir, corpus, _) = family_dir(tmp.path(), "gemma2");
-    let sweep = |out: &Path, flags: &str| {
-        let o = decoder_cli(
-            &dir,
-            &corpus,
-            &format!(
-                "--lengths 24,32 --windows 1 --methods window,topk --out {} --quiet {flags}",
-                out.display()
-            ),
-        );
-        assert!(o.status.success(), "{flags}: {}", stderr(&o));
-        stderr(&o)
-    };
-    let read = |out: &Path| -> Vec<csv::StringRecord> {
-        let mut r = csv::Reader::from_path(out.join("trials.csv")).unwrap();
-        let h = r.headers().unwrap().clone();
-        let mut rows: Vec<_> = r.records().map(|x| x.unwrap()).collect();
-        rows.insert(0, h);
-        rows
-    };
-    let col = |rows: &[csv::StringRecord], name: &str| -> Vec<String> {
-        let c = rows[0].iter().position(|h| h == name).unwrap();
-        rows[1..].iter().map(|r| r[c].to_string()).collect()
-    };
-
-    let global = tmp.path().join("global");
-    let said = sweep(&global, "--features 16");
-    assert!(said.contains("no --layer given; layer 1"), "{said}");
-    let g = read(&global);
-    assert!(col(&g, "layer").iter().all(|l| l == "1"));
-    assert!(col(&g, "sliding_window").iter().all(|w| w.is_empty()));
-
-    let parts: Vec<PathBuf> = (1..=2)
-        .map(|k| {
-            let part = tmp.path().join(format!("part{k}"));
-            sweep(
-                &part,
-                &format!("--layer 0 --features 8,20,24 --shard {k}/2"),
-            );
-            part
-        })
-        .collect();
-    let merged = tmp.path().join("merged");
-    let mut args = vec!["merge", "--out", merged.to_str().unwrap()];
-    args.extend(parts.iter().map(|p| p.to_str().unwrap()));
-    let o = run(&args, &[]);
-    assert!(o.status.success(), "{}", stderr(&o));
-    let manifest: Value =
-        serde_json::from_str(&std::fs::read_to_string(merged.join("manifest.json")).unwrap())
-            .unwrap();
-    assert_eq!(manifest["status"], "complete", "{manifest}");
-    assert_eq!(manifest["sliding_window"], 16);
-    let s = read(&merged);
-    // 2 lengths × 4 heads × 2 methods × d ∈ {8, 20}.
-    assert_eq!(manifest["trials"], 32);
-    assert_eq!(s.len() - 1, 32);
-    let mut ds = col(&s, "d");
-    ds.sort();
-    ds.dedup();
-    assert_eq!(ds, ["20", "8"]);
-    let macs_at = |rows: &[csv::StringRecord], method: &str, d: &str| -> Vec<String> {
-        let (m, dd, mc) = (col(rows, "method"), col(rows, "d"), col(rows, "macs"));
-        let n = col(rows, "n");
-        (0..m.len())
-            .filter(|&i| m[i] == method && dd[i] == d && n[i] == "32")
-            .map(|i| mc[i].clone())
-            .collect()
-    };
-    let at_w = macs_at(&g, "window", "16");
-    assert!(!at_w.is_empty());
-    assert_eq!(macs_at(&s, "window", "20")[0], at_w[0]);
-    // Below the window the budget itself counts.
-    assert_ne!(macs_at(&s, "window", "8")[0], at_w[0]);
-}
-
-/// `performer_favor` on gpt-oss's sink layers, sliding and global, and on phi3's sliding layer
-/// (§7.7.6: √τ, the window's prefix sums, the sink in its denominator): the sweep runs it at
-/// every d of the layer's grid, with finite errors; gemma2's cap still refuses it (above).
-#[test]
-fn performer_favor_runs_on_sink_and_sliding_layers() {
-    let tmp = tempfile::tempdir().unwrap();
-    for (name, layer, grid) in [
-        ("gpt_oss", 0, &["4", "16"][..]),
-        ("gpt_oss", 1, &["4", "16", "32"]),
-        ("phi3", 1, &["4", "16"]),
-    ] {
-        let (dir, corpus, _) = family_dir(tmp.path(), name);
-        let out = tmp.path().join(format!("run-{name}-{layer}"));
-        let o = decoder_cli(
-            &dir,
-            &corpus,
-            &format!(
-                "--lengths 32 --windows 1 --layer {layer} --features 4,16,32 --methods performer_favor --out {} --quiet",
-                out.display()
-            ),
-        );
-        assert!(o.status.success(), "{name}: {}", stderr(&o));
-        let mut rows = csv::Reader::from_path(out.join("trials.csv")).unwrap();
-        let header = rows.headers().unwrap().clone();
-        let col = |c: &str| header.iter().position(|h| h == c).unwrap();
-        let (d, rel) = (col("d"), col("rel_error"));
-        let rows: Vec<_> = rows.records().map(|r| r.unwrap()).collect();
-        let mut ds: Vec<&str> = rows.iter().map(|r| &r[d]).collect();
-        ds.sort_by_key(|d| d.parse::<usize>().unwrap());
-        ds.dedup();
-        // The sliding layers' grid stops at d = 16 = W; the global one keeps the whole grid.
-        assert_eq!(ds, grid, "{name} layer {layer}");
-        for r in &rows {
-            let e: f64 = r[rel].parse().unwrap();
-            assert!(
-                e.is_finite() && e > 0.0 && e < 3.0,
-                "{name} layer {layer}: {r:?}"
-            );
-        }
     }
 }

@@ -122,6 +122,15 @@ impl Prepared {
         }
     }
 
+    /// The `model_type` of a §7.7 family whose layers are Multi-head Latent Attention
+    /// (deepseek_v2/v3), else None.
+    pub fn mla_model_type(&self) -> Option<&'static str> {
+        match &self.model {
+            Model::Family { model } if model.is_mla() => Some(model.model_type()),
+            _ => None,
+        }
+    }
+
     /// Refuses a sweep a §7.7 family's layer cannot have: a mask other than its own causal one
     /// (the spec is the layer's), or the decode protocol, whose layer-level methods and caches
     /// do not read a spec yet (issue 45).

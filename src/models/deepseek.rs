@@ -202,6 +202,9 @@ impl Deepseek {
 }
 
 impl FamilyModel for Deepseek {
+    fn is_mla(&self) -> bool {
+        true
+    }
     fn model_type(&self) -> &'static str {
         match self.cfg.router {
             Router::Softmax { .. } => "deepseek_v2",

@@ -58,6 +58,11 @@ pub trait FamilyModel: Send + Sync {
     /// config.json's `model_type`.
     fn model_type(&self) -> &'static str;
     fn shape(&self) -> FamilyShape;
+    /// Whether the layers are Multi-head Latent Attention (docs/reference.md §7.7.5): what a
+    /// deployed cache holds is then the latent row, not the materialised per-head K/V.
+    fn is_mla(&self) -> bool {
+        false
+    }
     /// Layer `layer`'s exact attention, for a loaded layer (0..=L): from the config, and for
     /// gpt-oss the sinks of its weights.
     fn attention_spec(&self, layer: usize) -> AttentionSpec;

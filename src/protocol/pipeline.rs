@@ -73,9 +73,10 @@ impl Protocol {
     }
 
     /// A trial's `mass`, `keys`, `kv_bits` and `kv_read` (docs/reference.md §8.5): a method without a
-    /// budget (the §8 family) visits every key (the dense count, mass 1) at its own width; a
-    /// restrict-and-renormalise method (one with a key support) reads its keys from an f16 cache
-    /// (16 bits); every other method reads no cache (all four empty but what it measured). Under
+    /// budget (the §8 family) visits every key (the dense count, mass 1 but for the sink's share)
+    /// at its own width; a restrict-and-renormalise method (one with a key support) reads its
+    /// keys from an f16 cache (16 bits); every other method reads no cache (all four empty but
+    /// what it measured). Under
     /// the decode protocol the rows are the continuation's: the dense count is the mean of t + 1
     /// over F and `kv_read`'s denominator Σ_{t∈F}(t + 1).
     pub fn cache_columns(
@@ -99,7 +100,8 @@ impl Protocol {
         let (mass, keys) = if m.has_budget() {
             (measured_mass, measured_keys)
         } else {
-            (Some(1.0), Some(dense))
+            // Every key: mass 1, or what the caller measured (1 − sink_mass on a sink layer).
+            (Some(measured_mass.unwrap_or(1.0)), Some(dense))
         };
         let bits = match self {
             Protocol::Decode { n_f } => m.decoding().and_then(|dm| dm.kv_bits_decode(n, n_f)),
@@ -294,9 +296,15 @@ impl<'h> HeadTarget<'h> {
     ) -> Result<Measured> {
         let (n, p, mask) = (self.head.n(), self.head.p(), self.head.mask);
         let support = approx.support.as_ref();
+        let sink_mass = self.sink_mass()?;
         let (macs, cache) = match m {
             Some(m) => {
-                let mass = trial_mass(approx, self.head, self.target, self.protocol)?;
+                let mass = match (m.has_budget(), sink_mass) {
+                    // §7.7.6: a method that visits every key (§8) keeps the real keys' mass,
+                    // 1 − sink_mass on a layer with sinks.
+                    (false, Some(sink)) => Some(1.0 - sink),
+                    _ => trial_mass(approx, self.head, self.target, self.protocol)?,
+                };
                 let keys = support.map(|s| s.keys);
                 // On a sliding layer a method keeps at most min(d, W) keys a row (§7.7.6): its
                 // leading term is counted at that budget. [REC] METHODS is silent on macs there;
@@ -320,7 +328,7 @@ impl<'h> HeadTarget<'h> {
             macs,
             cache,
             kv_union: support.and_then(|s| s.kv_union),
-            sink_mass: self.sink_mass()?,
+            sink_mass,
         })
     }
 

@@ -40,6 +40,7 @@ pub struct SweepOutcome {
 }
 
 mod device;
+mod spec_refusals;
 pub use device::{HEAD_BATCH_VAR, PROFILE_VAR};
 
 use crate::report::run_lock::RunLock;
@@ -178,6 +179,7 @@ pub fn run_with(
             None => attention::by_id(m).map_err(|e| usage!("{e}")),
         })
         .collect::<Result<_>>()?;
+    spec_refusals::refuse_quantized_mla(cfg, &prepared, &methods)?;
     for m in &methods {
         m.check_head_dim(p).map_err(|why| {
             usage!(
@@ -187,7 +189,7 @@ pub fn run_with(
             )
         })?;
     }
-    refuse_methods_beyond_spec(cfg, &prepared, &methods)?;
+    spec_refusals::refuse_methods_beyond_spec(cfg, &prepared, &methods)?;
     let layer_spec = prepared.layer_spec(cfg.inputs.layer, cfg.mask, p);
 
     let inputs_list = prepared
@@ -459,40 +461,6 @@ pub fn layer_context(
             prepared.layers(),
         )?,
     )))
-}
-
-/// Refuses, before any window is read, the methods that do not implement what the run's layer
-/// spec has at its longest length (docs/reference.md §7.7.6), naming them and the methods that
-/// do run there; every trial is refused the same way ([`attention::refuse_unimplemented_spec`]).
-fn refuse_methods_beyond_spec(
-    cfg: &RunConfig,
-    prepared: &inputs::Prepared,
-    methods: &[Box<dyn attention::Method>],
-) -> Result<()> {
-    let p = prepared.head_dim();
-    let spec = prepared.layer_spec(cfg.inputs.layer, cfg.mask, p);
-    let n = cfg.lengths.iter().max().copied().unwrap_or(0);
-    let features = spec.features(p, n);
-    let (refused, run): (Vec<&dyn attention::Method>, Vec<_>) = methods
-        .iter()
-        .map(|m| m.as_ref())
-        .partition(|m| features.first_missing(m.spec_support()).is_some());
-    let Some(first) = refused.first() else {
-        return Ok(());
-    };
-    let feature = features.first_missing(first.spec_support()).unwrap_or("");
-    let ids =
-        |ms: &[&dyn attention::Method]| ms.iter().map(|m| m.id()).collect::<Vec<_>>().join(",");
-    let others = if run.is_empty() {
-        "none of the chosen methods implements it yet".to_string()
-    } else {
-        format!("run the others with --methods {}", ids(&run))
-    };
-    Err(usage!(
-        "layer {} (n up to {n}) has {feature} ({spec}), which these methods do not implement yet (docs/reference.md §7.7.6): {}; {others}",
-        cfg.inputs.layer,
-        ids(&refused)
-    ))
 }
 
 /// What one window's trials share.

@@ -4,6 +4,7 @@
 #![allow(dead_code)]
 
 pub mod decoder_fixture;
+pub mod families;
 pub mod mock_hub;
 
 use std::collections::{BTreeSet, HashMap};

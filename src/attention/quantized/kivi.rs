@@ -153,7 +153,9 @@ impl Method for Kivi {
     fn approximate(&self, head: &HeadInputs, _d: usize, _: &mut TrialRng) -> Result<Approximation> {
         super::check_head(self, head)?;
         let (k, v) = in_run_dtype!(head.dtype(), kivi_kv(self, head))?;
-        let out = ExactAttention::compute_masked(&head.q, &k, &v, head.mask)?.output;
+        // As the other caches (kv_cache.rs): the layer's exact attention on Q, K̂, V̂ — a plain
+        // spec the mask's path, any other the spec kernels (τ, cap, window, sink, §7.7.6).
+        let out = ExactAttention::compute_spec(&head.q, &k, &v, &head.spec)?.output;
         Ok(Approximation::plain(out))
     }
 }

@@ -16,9 +16,12 @@
 //! attention reads the cache); vLLM prefills in full precision and quantizes afterwards, so there
 //! the error is what each position would see as a decode query (§8.3).
 //!
-//! Where the scale goes (§8.1): llama.cpp applies 1/√p after the dot product; exact attention's
-//! block kernel scales Q̂ by 1/√p before it. For p = 64 (1/8, a power of two) the two are the same
-//! numbers; for other p they differ by one rounding in the run's dtype, never by a code.
+//! Where the scale goes (§8.1): llama.cpp applies 1/√p (a layer's τ, §7.7.6) after the dot
+//! product; exact attention's kernels scale Q̂ by it before. For p = 64 (1/8, a power of two) the
+//! two are the same numbers; for other p or τ they differ by one rounding in the run's dtype,
+//! never by a code: Q is quantized as it stands, unscaled. On a family layer (§7.7.6) the cache
+//! is quantized as on any other, then read under the layer's spec: its window's keys only, the
+//! cap on the quantized product's logits, the sink unquantized in every denominator.
 
 use anyhow::Result;
 use candle_core::Tensor;
@@ -183,7 +186,13 @@ impl Method for KvCache {
     fn approximate(&self, head: &HeadInputs, _d: usize, _: &mut TrialRng) -> Result<Approximation> {
         super::check_head(self, head)?;
         let (q, k, v) = self.quantized_qkv(head)?;
-        let out = ExactAttention::compute_masked(&q, &k, &v, head.mask)?.output;
+        // The layer's exact attention on Q̂, K̂, V̂ (§7.7.6): a plain spec takes the mask's path
+        // (the same bits as before specs existed); any other the spec kernels, which scale Q̂ by
+        // τ before the product — τ after llama.cpp's dot product in real arithmetic, a rounding
+        // apart and never a code, since Q̂ is the unscaled Q's — cap the quantized product's
+        // logits (FlashAttention's `softcap`, llama.cpp's `attn_soft_cap`), see the window's
+        // keys only and keep the sink, unquantized, in every denominator.
+        let out = ExactAttention::compute_spec(&q, &k, &v, &head.spec)?.output;
         Ok(Approximation::plain(out))
     }
 }

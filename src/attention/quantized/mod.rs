@@ -30,6 +30,10 @@ pub mod online_softmax;
 pub mod sage;
 
 #[cfg(test)]
+mod spec_tests;
+#[cfg(test)]
+mod spec_tests_sage;
+#[cfg(test)]
 mod tests;
 
 /// What the §8 methods share in their [`MethodInfo`]: the family, both masks, the softmax
@@ -39,10 +43,12 @@ pub const QUANTIZED: MethodInfo = MethodInfo {
     masks: MethodInfo::BOTH_MASKS,
     targets: &[Target::Softmax],
     meaning: "no budget: every key at fewer bits (run once per head, d = 0)",
-    // §7.7.6: a cache quantizes the K it stores, unscaled, and applies τ after the dot product
-    // (SageAttention folds τ into Q'). Rescaled inputs would quantize s·K instead: a rounding
-    // apart in the block scales, but not the deployed cache, so the scale waits for its own form.
-    spec: crate::attention::SpecFeatures::NONE,
+    // §7.7.6: every §8 method reads the layer's spec itself (never rescaled inputs, which would
+    // quantize s·K, not the deployed cache): a cache quantizes the Q, K, V it stores, unscaled,
+    // and reads them under the spec (kv_cache.rs, kivi.rs); SageAttention folds τ into Q′, caps
+    // S and adds the sink after its last key block (sage.rs, online_softmax.rs). On an MLA layer
+    // the sweep refuses them (`sweep::spec_refusals::refuse_quantized_mla`).
+    spec: crate::attention::SpecFeatures::ALL,
     ..MethodInfo::BASE
 };
 
@@ -57,6 +63,7 @@ pub trait Real: RunFloat {
     const NEG_INFINITY: Self;
     fn exp(self) -> Self;
     fn sqrt(self) -> Self;
+    fn tanh(self) -> Self;
     fn max(self, other: Self) -> Self;
     /// A tensor's values in this type, row-major (the tensor must have this dtype).
     fn host(t: &Tensor) -> Result<Vec<Self>>;
@@ -74,6 +81,9 @@ macro_rules! real {
             }
             fn sqrt(self) -> Self {
                 <$t>::sqrt(self)
+            }
+            fn tanh(self) -> Self {
+                <$t>::tanh(self)
             }
             fn max(self, other: Self) -> Self {
                 <$t>::max(self, other)

@@ -16,12 +16,18 @@
 //! Smoothing K is exact in real arithmetic (it adds the row constant q_i·k̄ to row i's logits, so
 //! also under the causal mask). [P≠C] The released kernels accumulate P̂V̂ in FP22 inside a block;
 //! here the accumulator is in the run's dtype.
+//!
+//! On a §7.7 layer (docs/reference.md §7.7.6) τ is folded into Q′ in place of 1/√p, S is capped
+//! before the online softmax (with the smoothing's row constant added back first, see
+//! `sage_output`), keys outside the window are not visited, and the sink enters ℓ after the last
+//! key block.
 
 use anyhow::Result;
 use candle_core::Tensor;
 
-use super::online_softmax::{online_softmax, KEY_BLOCK, QUERY_BLOCK};
+use super::online_softmax::{online_softmax, Rows, KEY_BLOCK, QUERY_BLOCK};
 use super::{check_f16_range, dense_macs, in_run_dtype, quantized, HostMat, Real};
+use crate::attention::spec::{default_scale, AttentionSpec};
 use crate::attention::{Approximation, HeadInputs, Mask, Method, MethodInfo};
 use crate::numerics::formats::{sym_group_roundtrip, E4M3_MAX};
 use crate::numerics::sampling::TrialRng;
@@ -54,8 +60,8 @@ pub const SAGE_IDENTITY: MethodInfo = quantized("sage_identity");
 const INT8: i32 = 127;
 const INT4: i32 = 7;
 
-/// K̃ = K − k̄ (k̄ the mean of K's rows, summed in order and divided by n).
-pub fn smooth_k<T: Real>(k: &mut HostMat<T>) {
+/// K̃ = K − k̄ (k̄ the mean of K's rows, summed in order and divided by n); returns k̄.
+pub fn smooth_k<T: Real>(k: &mut HostMat<T>) -> Vec<T> {
     let (n, p) = (k.rows, k.cols);
     let mut mean = vec![T::ZERO; p];
     for t in 0..n {
@@ -68,6 +74,7 @@ pub fn smooth_k<T: Real>(k: &mut HostMat<T>) {
     for row in k.data.chunks_exact_mut(p) {
         row.iter_mut().zip(&mean).for_each(|(x, m)| *x -= *m);
     }
+    mean
 }
 
 /// Symmetric integer groups of `rows` consecutive rows each (one scale per group, §8.2).
@@ -111,11 +118,15 @@ pub fn e4m3_p<T: Real>(p: T) -> T {
 
 fn sage_output<T: Real>(m: &Sage, head: &HeadInputs) -> Result<Tensor> {
     let id = m.id();
-    let (n, p) = (head.n(), head.p());
+    let (n, p, spec) = (head.n(), head.p(), &head.spec);
     let (mut q, mut k, mut v) = super::host_qkv::<T>(head)?;
-    let sqrt_p = T::from_f64(p as f64).sqrt();
-    q.map(|x| x / sqrt_p);
-    smooth_k(&mut k);
+    fold_scale(&mut q, spec, p);
+    let k_mean = smooth_k(&mut k);
+    // Smoothing K shifts row i's logits by −q′_i·k̄, which the softmax cancels; a cap (tanh is not
+    // shift-invariant) and a sink (σ is on the scale of the true logits) do not, so on such a
+    // layer the kernel adds q′_i·k̄ back, unquantized in the run's dtype (§7.7.6): S is then the
+    // quantized product of the true logits, capped.
+    let row_shift = (!spec.plain_logits()).then(|| row_dots(&q, &k_mean));
     // sage2_4b's smooth Q: the block means q̄_b ([blocks, p]) and the unquantized K̃ they multiply.
     let mut q_means: Vec<T> = Vec::new();
     let k_smooth = k.tensor(&head.k)?;
@@ -149,28 +160,61 @@ fn sage_output<T: Real>(m: &Sage, head: &HeadInputs) -> Result<Tensor> {
         let means = T::tensor(q_means, (n.div_ceil(QUERY_BLOCK), p), head.q.device())?;
         Some(T::host(&means.matmul(&k_smooth.t()?.contiguous()?)?)?)
     };
-    let scores = |a: usize, len: usize, kend: usize| -> Result<Vec<T>> {
+    let softcap = spec.softcap.map(T::from_f64);
+    let scores = |a: usize, len: usize, j0: usize, kend: usize| -> Result<Vec<T>> {
+        let keys = kend - j0;
         let s = qhat
             .narrow(0, a, len)?
-            .matmul(&kt.narrow(1, 0, kend)?.contiguous()?)?;
+            .matmul(&kt.narrow(1, j0, keys)?.contiguous()?)?;
         let mut s = T::host(&s)?;
-        if let Some(ml) = &mean_logits {
-            for (r, row) in s.chunks_exact_mut(kend).enumerate() {
+        for (r, row) in s.chunks_exact_mut(keys).enumerate() {
+            if let Some(ml) = &mean_logits {
                 let b = (a + r) / QUERY_BLOCK;
                 row.iter_mut()
-                    .zip(&ml[b * n..b * n + kend])
+                    .zip(&ml[b * n + j0..b * n + kend])
                     .for_each(|(x, &y)| *x += y);
+            }
+            if let Some(shift) = &row_shift {
+                row.iter_mut().for_each(|x| *x += shift[a + r]);
+            }
+            if let Some(c) = softcap {
+                row.iter_mut().for_each(|x| *x = c * (*x / c).tanh());
             }
         }
         Ok(s)
     };
     let vhat = v.into_tensor(&head.v)?;
+    // The sink, unquantized in the run's dtype, enters ℓ after the last key block (§7.7.6).
+    let rows = Rows {
+        visible: spec.visible(),
+        sink: spec.sink(0).map(T::from_f64),
+    };
     match m.kernel {
-        SageKernel::Sage1 => online_softmax(n, head.mask, &scores, &vhat, T::round_f16),
+        SageKernel::Sage1 => online_softmax(n, rows, &scores, &vhat, T::round_f16),
         #[cfg(test)]
-        SageKernel::Identity => online_softmax(n, head.mask, &scores, &vhat, |x| x),
-        _ => online_softmax(n, head.mask, &scores, &vhat, e4m3_p::<T>),
+        SageKernel::Identity => online_softmax(n, rows, &scores, &vhat, |x| x),
+        _ => online_softmax(n, rows, &scores, &vhat, e4m3_p::<T>),
     }
+}
+
+/// Q′: Q·τ, the layer's scale folded into Q before it is quantized (§7.7.6, SageAttention's
+/// `sm_scale`); under τ = 1/√p, Q/√p as before specs existed (the same bits).
+fn fold_scale<T: Real>(q: &mut HostMat<T>, spec: &AttentionSpec, p: usize) {
+    if spec.scale == default_scale(p) {
+        let sqrt_p = T::from_f64(p as f64).sqrt();
+        q.map(|x| x / sqrt_p);
+    } else {
+        let tau = T::from_f64(spec.scale);
+        q.map(|x| x * tau);
+    }
+}
+
+/// x_i·y for every row x_i of `x`, in order.
+fn row_dots<T: Real>(x: &HostMat<T>, y: &[T]) -> Vec<T> {
+    x.data
+        .chunks_exact(x.cols)
+        .map(|r| r.iter().zip(y).fold(T::ZERO, |a, (&u, &w)| a + u * w))
+        .collect()
 }
 
 /// sage2_4b's smooth Q: each query block's mean q̄_b subtracted from its rows; returns the means

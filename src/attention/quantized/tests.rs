@@ -8,7 +8,7 @@ use candle_core::{DType, Tensor};
 
 use super::kivi::{k_quantized_tokens, v_quantized_tokens, Kivi};
 use super::kv_cache::{CacheFormat, KvCache};
-use super::online_softmax::{online_softmax, KEY_BLOCK, QUERY_BLOCK};
+use super::online_softmax::{online_softmax, Rows, KEY_BLOCK, QUERY_BLOCK};
 use super::sage::{Sage, SageKernel};
 use super::*;
 use crate::attention::decode::Decoding;
@@ -156,13 +156,13 @@ fn online_softmax_follows_the_literal_recursion_and_is_exact_with_identity_p() {
         .map(|r| r.into_iter().map(|x| 3.0 * x).collect())
         .collect();
     let st = Tensor::new(s.clone(), &test_device()).unwrap();
-    let scores = |a: usize, len: usize, kend: usize| -> anyhow::Result<Vec<f64>> {
-        to_vec_f64(&st.narrow(0, a, len)?.narrow(1, 0, kend)?)
+    let scores = |a: usize, len: usize, j0: usize, kend: usize| -> anyhow::Result<Vec<f64>> {
+        to_vec_f64(&st.narrow(0, a, len)?.narrow(1, j0, kend - j0)?)
     };
     for mask in [Mask::None, Mask::Causal] {
         let causal = mask == Mask::Causal;
         let f16 = |x: f64| x.round_f16();
-        let got = online_softmax::<f64>(n, mask, &scores, &h.v, f16).unwrap();
+        let got = online_softmax::<f64>(n, Rows::of_mask(mask), &scores, &h.v, f16).unwrap();
         let want = literal_online_softmax(&s, &v, causal, f16);
         let got = to_vec_f64(&got).unwrap();
         let worst = want
@@ -173,14 +173,19 @@ fn online_softmax_follows_the_literal_recursion_and_is_exact_with_identity_p() {
             .fold(0.0, f64::max);
         assert!(worst < 1e-13, "{mask:?}: {worst}");
         // The identity P quantizer: exact attention of the same logits.
-        let ident = online_softmax::<f64>(n, mask, &scores, &h.v, |x| x).unwrap();
+        let ident = online_softmax::<f64>(n, Rows::of_mask(mask), &scores, &h.v, |x| x).unwrap();
         let sh = HeadInputs::masked((&h.q * 3.0).unwrap(), h.k.clone(), h.v.clone(), mask).unwrap();
         let diff = max_abs_diff(&ident, &exact(&sh));
         assert!(diff < 1e-13, "{mask:?}: {diff}");
         // Chunks of one or three query blocks for the products: the same bits.
         for step in [QUERY_BLOCK, 3 * QUERY_BLOCK] {
             let other = super::online_softmax::online_softmax_in_chunks::<f64>(
-                n, mask, &scores, &h.v, f16, step,
+                n,
+                Rows::of_mask(mask),
+                &scores,
+                &h.v,
+                f16,
+                step,
             )
             .unwrap();
             assert_eq!(

@@ -1,0 +1,79 @@
+//! What a sweep refuses before it reads a window because of the layer it measures
+//! (docs/reference.md §7.7.6): methods that lack a feature of the layer's spec, and the §8
+//! methods on an MLA layer.
+
+use anyhow::Result;
+
+use crate::attention;
+use crate::config::RunConfig;
+use crate::inputs;
+use crate::usage;
+
+/// Refuses the §8 methods on an MLA layer (docs/reference.md §7.7.6, MLA), naming them and the
+/// methods that do run: quantizing the materialised per-head K/V would measure a cache nobody
+/// deploys (MLA caches one latent row [c_j; k_pe,j] per token, llama.cpp and vLLM quantize that),
+/// and the latent-row cache, which reads the dump's `kv_latent` and `w_kv_b`, is not implemented
+/// yet.
+pub(super) fn refuse_quantized_mla(
+    cfg: &RunConfig,
+    prepared: &inputs::Prepared,
+    methods: &[Box<dyn attention::Method>],
+) -> Result<()> {
+    let Some(model_type) = prepared.mla_model_type() else {
+        return Ok(());
+    };
+    let (refused, run): (Vec<&dyn attention::Method>, Vec<_>) = methods
+        .iter()
+        .map(|m| m.as_ref())
+        .partition(|m| m.family() == attention::Family::Quantized);
+    if refused.is_empty() {
+        return Ok(());
+    }
+    let ids =
+        |ms: &[&dyn attention::Method]| ms.iter().map(|m| m.id()).collect::<Vec<_>>().join(",");
+    let others = if run.is_empty() {
+        "run the sparse, low-rank or §9 methods there instead (e.g. --methods window,topk,quest)"
+            .to_string()
+    } else {
+        format!("run the others with --methods {}", ids(&run))
+    };
+    Err(usage!(
+        "layer {} of {model_type} is Multi-head Latent Attention: its cache holds one latent row [c; k_pe] per token, not per-head K/V, and quantizing the materialised K/V would measure a cache nobody deploys (docs/reference.md §7.7.6); §8 on the latent row is not implemented yet, so these methods are refused there: {}; {others}",
+        cfg.inputs.layer,
+        ids(&refused)
+    ))
+}
+
+/// Refuses, before any window is read, the methods that do not implement what the run's layer
+/// spec has at its longest length (docs/reference.md §7.7.6), naming them and the methods that
+/// do run there; every trial is refused the same way ([`attention::refuse_unimplemented_spec`]).
+pub(super) fn refuse_methods_beyond_spec(
+    cfg: &RunConfig,
+    prepared: &inputs::Prepared,
+    methods: &[Box<dyn attention::Method>],
+) -> Result<()> {
+    let p = prepared.head_dim();
+    let spec = prepared.layer_spec(cfg.inputs.layer, cfg.mask, p);
+    let n = cfg.lengths.iter().max().copied().unwrap_or(0);
+    let features = spec.features(p, n);
+    let (refused, run): (Vec<&dyn attention::Method>, Vec<_>) = methods
+        .iter()
+        .map(|m| m.as_ref())
+        .partition(|m| features.first_missing(m.spec_support()).is_some());
+    let Some(first) = refused.first() else {
+        return Ok(());
+    };
+    let feature = features.first_missing(first.spec_support()).unwrap_or("");
+    let ids =
+        |ms: &[&dyn attention::Method]| ms.iter().map(|m| m.id()).collect::<Vec<_>>().join(",");
+    let others = if run.is_empty() {
+        "none of the chosen methods implements it yet".to_string()
+    } else {
+        format!("run the others with --methods {}", ids(&run))
+    };
+    Err(usage!(
+        "layer {} (n up to {n}) has {feature} ({spec}), which these methods do not implement yet (docs/reference.md §7.7.6): {}; {others}",
+        cfg.inputs.layer,
+        ids(&refused)
+    ))
+}

@@ -1,0 +1,48 @@
+//! The §7.7 families' tiny transformers models (`fixtures/families`) and the CLI over them.
+
+use std::path::{Path, PathBuf};
+
+use candle_core::{DType, Device, Tensor};
+
+use super::run;
+
+pub fn family_fixture(name: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("fixtures/families")
+        .join(name)
+}
+
+/// The fixture `name`'s model in a directory of its own, with its word-level tokenizer (word `t{i}`
+/// is token i, no BOS) and its corpus.txt, which tokenizes to the fixture's expected ids.
+pub fn family_dir(tmp: &Path, name: &str) -> (PathBuf, PathBuf, Vec<u32>) {
+    let dir = tmp.join(name);
+    std::fs::create_dir_all(&dir).unwrap();
+    for f in ["config.json", "model.safetensors", "tokenizer.json"] {
+        std::fs::copy(family_fixture(name).join(f), dir.join(f)).unwrap();
+    }
+    let ids = expected(name, "expected.safetensors")["ids"]
+        .to_dtype(DType::I64)
+        .unwrap()
+        .to_vec1::<i64>()
+        .unwrap();
+    (
+        dir,
+        family_fixture(name).join("corpus.txt"),
+        ids.into_iter().map(|i| i as u32).collect(),
+    )
+}
+
+pub fn expected(name: &str, file: &str) -> std::collections::HashMap<String, Tensor> {
+    candle_core::safetensors::load(family_fixture(name).join(file), &Device::Cpu).unwrap()
+}
+
+pub fn decoder_cli(model: &Path, corpus: &Path, flags: &str) -> std::process::Output {
+    let mut args: Vec<&str> = flags.split_whitespace().collect();
+    args.extend([
+        "--model-dir",
+        model.to_str().unwrap(),
+        "--corpus",
+        corpus.to_str().unwrap(),
+    ]);
+    run(&args, &[])
+}
