@@ -154,6 +154,16 @@ impl Decoding for PyMethod {
     fn macs_decode(&self, _n: usize, _p: usize, _d: usize, _n_f: usize) -> f64 {
         f64::NAN
     }
+    /// A function told the spec implements it; one that is not gets the head as it is (the decode
+    /// protocol has no rescaled inputs), so it runs on plain layers only.
+    fn decode_spec_support(&self) -> approx_bench::attention::SpecFeatures {
+        use approx_bench::attention::SpecFeatures;
+        if self.reads_spec {
+            SpecFeatures::ALL
+        } else {
+            SpecFeatures::NONE
+        }
+    }
 }
 
 impl PyMethod {

@@ -400,8 +400,28 @@ impl Family {
 /// batched (docs/reference.md §7.7.6 gives each method's rules; until a method has them it does
 /// not run there).
 pub fn refuse_unimplemented_spec(m: &dyn Method, head: &HeadInputs) -> Result<()> {
+    refuse_beyond(m, head, m.spec_support())
+}
+
+/// [`refuse_unimplemented_spec`] for a trial under the decode protocol, whose support is the
+/// method's decode form's ([`decode::Decoding::decode_spec_support`]).
+pub fn refuse_unimplemented_decode_spec(m: &dyn Method, head: &HeadInputs) -> Result<()> {
+    refuse_beyond(m, head, spec_support_under(m, true))
+}
+
+/// What `m` implements of a layer's spec under the decode protocol (`decode`) or in prefill.
+pub fn spec_support_under(m: &dyn Method, decode: bool) -> SpecFeatures {
+    if decode {
+        m.decoding()
+            .map_or(SpecFeatures::NONE, |d| d.decode_spec_support())
+    } else {
+        m.spec_support()
+    }
+}
+
+fn refuse_beyond(m: &dyn Method, head: &HeadInputs, support: SpecFeatures) -> Result<()> {
     let features = head.spec.features(head.p(), head.n());
-    match features.first_missing(m.spec_support()) {
+    match features.first_missing(support) {
         Some(feature) => Err(crate::usage!(
             "{} does not yet implement {feature} (§7.7.6)",
             m.id()

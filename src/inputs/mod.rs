@@ -132,9 +132,8 @@ impl Prepared {
     }
 
     /// Refuses a sweep a §7.7 family's layer cannot have: a mask other than its own causal one
-    /// (the spec is the layer's), or the decode protocol, whose layer-level methods and caches
-    /// do not read a spec yet (issue 45).
-    pub fn check_family_sweep(&self, mask: crate::attention::Mask, decode: bool) -> Result<()> {
+    /// (the spec is the layer's).
+    pub fn check_family_sweep(&self, mask: crate::attention::Mask) -> Result<()> {
         let Model::Family { model } = &self.model else {
             return Ok(());
         };
@@ -142,11 +141,6 @@ impl Prepared {
         if mask != crate::attention::Mask::Causal {
             return Err(crate::usage!(
                 "a {name} layer's attention is causal (its spec, docs/reference.md §7.7): drop --mask none"
-            ));
-        }
-        if decode {
-            return Err(crate::usage!(
-                "the decode protocol on {name} layers needs the §9 methods' and §8 caches' spec rules (§7.7.6), not implemented yet: drop --decode"
             ));
         }
         Ok(())

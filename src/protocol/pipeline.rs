@@ -90,7 +90,11 @@ impl Protocol {
     ) -> CacheColumns {
         use attention::quantized::{dense_keys, kv_read_of};
         let dense = match (self, spec.window_within(n)) {
-            (Protocol::Decode { n_f }, _) => attention::decode::dense_pairs(n, n_f) / n_f as f64,
+            // §7.7.6: under a window a continuation row's dense traffic is min(t + 1, W) keys.
+            (Protocol::Decode { n_f }, Some(w)) => {
+                (n - n_f..n).map(|t| (t + 1).min(w) as f64).sum::<f64>() / n_f as f64
+            }
+            (Protocol::Decode { n_f }, None) => attention::decode::dense_pairs(n, n_f) / n_f as f64,
             // §7.7.6: a windowed layer's dense traffic is Σ_i |V_i|, min(i + 1, W) keys a row.
             (Protocol::Prefill, Some(w)) => {
                 (0..n).map(|i| (i + 1).min(w) as f64).sum::<f64>() / n as f64
@@ -230,15 +234,9 @@ impl<'h> HeadTarget<'h> {
         // A scaled head's rescaled inputs, built once per head before any clock starts.
         let inputs = match self.protocol {
             Protocol::Prefill => self.head.inputs_for(m)?,
-            // The decode context (the whole layer) carries no rescaled form: a scale-supporting
-            // method there would run at 1/√p, so none is let through.
+            // A decode form that implements the layer's scale reads it from the spec itself.
             Protocol::Decode { .. } => {
-                attention::refuse_unimplemented_spec(m, self.head)?;
-                anyhow::ensure!(
-                    !self.head.spec.features(self.head.p(), self.head.n()).scale,
-                    "{} under the decode protocol on a layer whose scale is not 1/√p (§7.7.6): not implemented yet",
-                    m.id()
-                );
+                attention::refuse_unimplemented_decode_spec(m, self.head)?;
                 self.head
             }
         };

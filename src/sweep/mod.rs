@@ -93,7 +93,10 @@ fn check_out(cfg: &RunConfig, opts: &SweepOptions) -> Result<Option<Manifest>> {
 /// The decode protocol (§9.1) needs a causal continuation: an encoder has none. Checked once the
 /// model is read (the sweep, `bench`).
 pub fn refuse_decode_of_encoder(cfg: &RunConfig, prepared: &inputs::Prepared) -> Result<()> {
-    let decoder = matches!(prepared.model, inputs::Model::Decoder { .. });
+    let decoder = matches!(
+        prepared.model,
+        inputs::Model::Decoder { .. } | inputs::Model::Family { .. }
+    );
     if let (Some(n_f), false) = (cfg.decode, decoder) {
         return Err(usage!(
             "--decode {n_f}: {} is an encoder (BERT), which has no causal continuation to decode (docs/reference.md §9.1); use a decoder model (--model-dir with a Llama, Mistral or Qwen checkpoint or GGUF)",
@@ -135,7 +138,7 @@ pub fn run_with(
     // is every token the run reads, so only that prefix is tokenized.
     let need = cfg.lengths.iter().max().copied().unwrap_or(0) * cfg.windows;
     let mut prepared = inputs::prepare_for(&cfg.inputs, need)?;
-    prepared.check_family_sweep(cfg.mask, cfg.decode.is_some())?;
+    prepared.check_family_sweep(cfg.mask)?;
     prepared.use_qkv_cache(&opts.qkv_cache, &cfg.inputs)?;
     // Decoders only: BERT's pipeline handles lengths past 512 by its embedding policy (§1.4).
     let decoder = matches!(prepared.model, inputs::Model::Decoder { .. });
@@ -459,7 +462,8 @@ pub fn layer_context(
             n_f,
             cfg.inputs.layer,
             prepared.layers(),
-        )?,
+        )?
+        .with_spec(prepared.layer_spec(cfg.inputs.layer, cfg.mask, q.dims3()?.2))?,
     )))
 }
 

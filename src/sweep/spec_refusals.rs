@@ -56,14 +56,16 @@ pub(super) fn refuse_methods_beyond_spec(
     let spec = prepared.layer_spec(cfg.inputs.layer, cfg.mask, p);
     let n = cfg.lengths.iter().max().copied().unwrap_or(0);
     let features = spec.features(p, n);
+    let support =
+        |m: &dyn attention::Method| attention::spec_support_under(m, cfg.decode.is_some());
     let (refused, run): (Vec<&dyn attention::Method>, Vec<_>) = methods
         .iter()
         .map(|m| m.as_ref())
-        .partition(|m| features.first_missing(m.spec_support()).is_some());
+        .partition(|m| features.first_missing(support(*m)).is_some());
     let Some(first) = refused.first() else {
         return Ok(());
     };
-    let feature = features.first_missing(first.spec_support()).unwrap_or("");
+    let feature = features.first_missing(support(*first)).unwrap_or("");
     let ids =
         |ms: &[&dyn attention::Method]| ms.iter().map(|m| m.id()).collect::<Vec<_>>().join(",");
     let others = if run.is_empty() {

@@ -28,8 +28,8 @@ pub const fn decode(id: &'static str, meaning: &'static str) -> MethodInfo {
         meaning,
         family: Family::Decode,
         masks: MethodInfo::CAUSAL_ONLY,
-        // The §9 methods read the whole layer's context (`LayerContext`), which carries no spec
-        // yet: they run on plain layers only (§7.7.6's rules for them are to come).
+        // No prefill form: what they implement of a layer's spec is their decode form's
+        // (`Decoding::decode_spec_support`).
         spec: crate::attention::SpecFeatures::NONE,
         ..MethodInfo::BASE
     }
@@ -136,6 +136,10 @@ impl Method for StaticDecode {
 }
 
 impl Decoding for StaticDecode {
+    /// §7.7.6: the scores read the layer's probabilities, the rows its logits, window and sink.
+    fn decode_spec_support(&self) -> crate::attention::SpecFeatures {
+        crate::attention::SpecFeatures::ALL
+    }
     fn macs_decode(&self, n: usize, p: usize, d: usize, n_f: usize) -> f64 {
         let (n_p, pf) = ((n - n_f) as f64, p as f64);
         let select = match self.0 {
@@ -317,6 +321,10 @@ impl Method for QuestDec {
 }
 
 impl Decoding for QuestDec {
+    /// §7.7.6: the scores read the layer's probabilities, the rows its logits, window and sink.
+    fn decode_spec_support(&self) -> crate::attention::SpecFeatures {
+        crate::attention::SpecFeatures::ALL
+    }
     fn macs_decode(&self, n: usize, p: usize, d: usize, n_f: usize) -> f64 {
         let n_p = n - n_f;
         let pages = n_p.div_ceil(B) as f64;
@@ -355,6 +363,10 @@ impl Method for TopkDec {
 }
 
 impl Decoding for TopkDec {
+    /// §7.7.6: the scores read the layer's probabilities, the rows its logits, window and sink.
+    fn decode_spec_support(&self) -> crate::attention::SpecFeatures {
+        crate::attention::SpecFeatures::ALL
+    }
     fn macs_decode(&self, n: usize, p: usize, d: usize, n_f: usize) -> f64 {
         (n_f * (n - n_f) * p) as f64 + static_pair_macs(n, p, d, n_f)
     }

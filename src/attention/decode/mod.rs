@@ -27,6 +27,8 @@ pub mod methods;
 pub mod scores;
 
 #[cfg(test)]
+mod spec_tests;
+#[cfg(test)]
 mod tests;
 
 use std::collections::HashMap;
@@ -35,8 +37,9 @@ use std::sync::{Arc, Mutex, OnceLock};
 use anyhow::{anyhow, ensure, Result};
 use candle_core::Tensor;
 
-use crate::attention::{Approximation, HeadInputs, Mask};
-use crate::numerics::key_sets::{key_set_softmax, per_row_groups, KeyGroup};
+use crate::attention::spec::AttentionSpec;
+use crate::attention::{Approximation, HeadInputs, Mask, SpecFeatures};
+use crate::numerics::key_sets::{key_set_softmax_logits, per_row_groups, KeyGroup, KeyLogits};
 use crate::numerics::sampling::TrialRng;
 
 /// The recommended continuation length n_f (§9.1: the method-to-oracle ratios and the rankings
@@ -61,6 +64,9 @@ pub struct LayerContext {
     /// This layer ℓ and the model's layer count L (PyramidKV's schedule).
     pub layer: usize,
     pub layers: usize,
+    /// The layer's attention (docs/reference.md §7.7.6): the scores read its probabilities (τ,
+    /// capped, windowed, over real keys beside the sink), `topk_dec` ranks its raw τ·q·k.
+    pub spec: AttentionSpec,
     memo: Mutex<HashMap<MemoKey, Arc<OnceLock<Memoised>>>>,
 }
 
@@ -83,6 +89,7 @@ impl LayerContext {
             n_f >= 1 && n_f < n,
             "--decode {n_f}: the continuation must leave a prompt of at least one token at n = {n}"
         );
+        let spec = AttentionSpec::causal(q.dims3()?.2, None);
         Ok(Self {
             q,
             k,
@@ -90,8 +97,24 @@ impl LayerContext {
             n_f,
             layer,
             layers,
+            spec,
             memo: Mutex::new(HashMap::new()),
         })
+    }
+
+    /// The context under a layer's own spec (a §7.7 family's; plain causal otherwise).
+    pub fn with_spec(mut self, spec: AttentionSpec) -> Result<Self> {
+        spec.validate(self.heads(), "the decode layer's spec")?;
+        ensure!(spec.causal, "the decode protocol needs a causal spec");
+        self.spec = spec;
+        Ok(self)
+    }
+
+    /// Whether the layer's spec is the plain causal target at this n (the scores then take
+    /// their original, fused paths).
+    pub fn plain(&self) -> bool {
+        let p = self.q.dims()[2];
+        self.spec.features(p, self.n()).is_plain()
     }
 
     /// Window length n.
@@ -218,6 +241,42 @@ pub trait Decoding: Sync + Send {
         let _ = (n, n_f);
         None
     }
+    /// What of a layer's spec the method implements under the protocol (docs/reference.md §7.7.6);
+    /// its prefill support says nothing of its decode form.
+    fn decode_spec_support(&self) -> SpecFeatures {
+        SpecFeatures::NONE
+    }
+}
+
+/// The continuation row i (query t = n_p + i) sees key j: causal, and within the layer's window.
+fn continuation_sees(spec: &AttentionSpec, n_p: usize) -> impl Fn(usize, usize) -> bool + Sync {
+    let w = spec.window;
+    move |i: usize, j: usize| {
+        let t = n_p + i;
+        j <= t && w.is_none_or(|w| j + w > t)
+    }
+}
+
+/// The mean over the continuation rows of the keys of `sets[i]` that row i sees (`keys`, §7.7.6:
+/// realised keys only, so a window's cut counts).
+fn realised_keys(spec: &AttentionSpec, n_p: usize, sets: &[&[usize]]) -> f64 {
+    let sees = continuation_sees(spec, n_p);
+    let total: usize = sets
+        .iter()
+        .enumerate()
+        .map(|(i, s)| s.iter().filter(|&&j| sees(i, j)).count())
+        .sum();
+    total as f64 / sets.len() as f64
+}
+
+/// The head's logits for a key-set softmax: plain (1/√p, the pre-§7.7 path's own), or the
+/// head's τ, cap and sink.
+fn head_logits(head: &HeadInputs) -> KeyLogits {
+    if head.spec.features(head.p(), head.n()).is_plain() {
+        KeyLogits::plain(head.p())
+    } else {
+        head.key_logits()
+    }
 }
 
 /// What a decode method's [`crate::attention::Method::approximate`] answers outside the protocol:
@@ -262,18 +321,43 @@ pub fn static_rows(head: &HeadInputs, dec: &DecodeHead, kept: &[usize]) -> Resul
         rows: (0..n_f).collect(),
         keys,
     }];
-    let filter = move |i: usize, j: usize| j < n_p || j <= n_p + i;
+    // §7.7.6: the set is intersected with the window (keys outside it are dropped, not
+    // replaced), and the sink stays in every row's denominator.
+    let filter = continuation_sees(&head.spec, n_p);
     let q_f = head.q.narrow(0, n_p, n_f)?;
-    let out = key_set_softmax(&q_f, &head.k, &head.v, &groups, Some(&filter), true)?;
-    Approximation::restricted(out, static_keys(kept.len(), n_f))
+    let out = key_set_softmax_logits(
+        &q_f,
+        &head.k,
+        &head.v,
+        &groups,
+        Some(&filter),
+        true,
+        head_logits(head),
+    )?;
+    let keys = match head.spec.window_within(n) {
+        None => static_keys(kept.len(), n_f),
+        Some(_) => realised_keys(&head.spec, n_p, &vec![groups[0].keys.as_slice(); n_f]),
+    };
+    Approximation::restricted(out, keys)
 }
 
 /// The continuation rows of dense causal attention over (q, k, v) ([n, p] each): softmax over
 /// keys j ≤ t for t = n_p..n − 1, [n_f, p], in the inputs' dtype — what a §8 cache read by every
-/// continuation query computes, without forming the prompt's own rows.
-pub fn dense_continuation(q: &Tensor, k: &Tensor, v: &Tensor, n_p: usize) -> Result<Tensor> {
+/// continuation query computes, without forming the prompt's own rows. Under a layer's spec
+/// beyond the mask (§7.7.6) the rows are the spec's exact attention on these (q, k, v).
+pub fn dense_continuation(
+    q: &Tensor,
+    k: &Tensor,
+    v: &Tensor,
+    n_p: usize,
+    spec: &AttentionSpec,
+) -> Result<Tensor> {
     use crate::attention::exact::{causal_scores, scaled_operands};
     let n_f = q.dim(0)? - n_p;
+    if !spec.features(q.dim(1)?, q.dim(0)?).is_plain() {
+        let o = crate::attention::exact::ExactAttention::compute_spec(q, k, v, spec)?.output;
+        return Ok(o.narrow(0, n_p, n_f)?);
+    }
     let (qs, kt) = scaled_operands(&q.narrow(0, n_p, n_f)?, k)?;
     Ok(crate::attention::row_softmax(&causal_scores(&qs, &kt, n_p)?)?.matmul(v)?)
 }
@@ -299,9 +383,29 @@ pub fn per_query_rows(
             s
         })
         .collect();
+    let keys = match head.spec.window_within(head.n()) {
+        None => total as f64 / n_f as f64,
+        Some(_) => realised_keys(
+            &head.spec,
+            n_p,
+            &sets.iter().map(Vec::as_slice).collect::<Vec<_>>(),
+        ),
+    };
+    // Each row's set is its own and causal already: only a window needs a filter.
+    let sees = continuation_sees(&head.spec, n_p);
+    let filter: Option<crate::numerics::key_sets::RowFilter> =
+        head.spec.window_within(head.n()).map(|_| &sees as _);
     let q_f = head.q.narrow(0, n_p, n_f)?;
-    let out = key_set_softmax(&q_f, &head.k, &head.v, &per_row_groups(sets), None, true)?;
-    Approximation::restricted(out, total as f64 / n_f as f64)
+    let out = key_set_softmax_logits(
+        &q_f,
+        &head.k,
+        &head.v,
+        &per_row_groups(sets),
+        filter,
+        true,
+        head_logits(head),
+    )?;
+    Approximation::restricted(out, keys)
 }
 
 /// Sets the support's `kv_union` (§9.1: the prompt keys a K/V head holds for its group).

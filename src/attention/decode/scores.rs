@@ -28,6 +28,20 @@ fn causal_rows(q: &Tensor, k: &Tensor, start: usize, len: usize) -> Result<Tenso
     row_softmax(&causal_scores(&qs, &kt, start)?)
 }
 
+/// Query head g's target probabilities, rows start..start+len over keys 0..start+len: the causal
+/// softmax rows on a plain layer; under the layer's spec (§7.7.6) its τ, capped, windowed
+/// probabilities over the real keys (a sink's share is in no column), which the scores read as
+/// "the true attention".
+fn probability_rows(ctx: &LayerContext, g: usize, start: usize, len: usize) -> Result<Tensor> {
+    let (q, k, v) = ctx.head_qkv(g)?;
+    if ctx.plain() {
+        return causal_rows(&q, &k, start, len);
+    }
+    let dtype = q.dtype();
+    crate::attention::HeadInputs::with_spec(q, k, v, ctx.spec.for_head(g))?
+        .spec_probability_rows(start, len, dtype)
+}
+
 /// Column sums of [rows, cols] as host f64.
 fn column_sums(p: &Tensor) -> Result<Vec<f64>> {
     Ok(p.sum(0)?.to_dtype(DType::F64)?.to_vec1()?)
@@ -41,8 +55,7 @@ pub fn snap(ctx: &LayerContext, g: usize) -> Result<Arc<Vec<f64>>> {
             n_p > WINDOW,
             "SnapKV scores need a prompt longer than w = {WINDOW}"
         );
-        let (q, k, _) = ctx.head_qkv(g)?;
-        let a = causal_rows(&q, &k, n_p - WINDOW, WINDOW)?;
+        let a = probability_rows(ctx, g, n_p - WINDOW, WINDOW)?;
         let mut s = column_sums(&a)?;
         s.truncate(n_p - WINDOW);
         Ok(s)
@@ -92,13 +105,15 @@ pub fn h2o(ctx: &LayerContext, g: usize) -> Result<Arc<Vec<f64>>> {
         let n_p = ctx.n_p();
         let (q, k, _) = ctx.head_qkv(g)?;
         let (qp, kp) = (q.narrow(0, 0, n_p)?, k.narrow(0, 0, n_p)?);
-        if let Some(a) = causal_column_sums_on_host(&qp, &kp)? {
-            return Ok(a);
+        if ctx.plain() {
+            if let Some(a) = causal_column_sums_on_host(&qp, &kp)? {
+                return Ok(a);
+            }
         }
         let mut a = vec![0f64; n_p];
         for start in (0..n_p).step_by(ROWS) {
             let len = ROWS.min(n_p - start);
-            let sums = column_sums(&causal_rows(&q, &k, start, len)?)?;
+            let sums = column_sums(&probability_rows(ctx, g, start, len)?)?;
             for (x, s) in a.iter_mut().zip(sums) {
                 *x += s;
             }
@@ -114,8 +129,7 @@ pub fn tova(ctx: &LayerContext) -> Result<Arc<Vec<f64>>> {
         let n_p = ctx.n_p();
         let mut mean = vec![0f64; n_p];
         for g in 0..ctx.heads() {
-            let (q, k, _) = ctx.head_qkv(g)?;
-            let row = column_sums(&causal_rows(&q, &k, n_p - 1, 1)?)?;
+            let row = column_sums(&probability_rows(ctx, g, n_p - 1, 1)?)?;
             for (m, r) in mean.iter_mut().zip(row) {
                 *m += r;
             }
@@ -130,20 +144,38 @@ pub fn tova(ctx: &LayerContext) -> Result<Arc<Vec<f64>>> {
 pub fn evict(ctx: &LayerContext, g: usize) -> Result<Arc<Vec<f64>>> {
     ctx.scores("evict_oracle", g, || {
         let (n_p, n_f) = (ctx.n_p(), ctx.n_f);
-        let (q, k, _) = ctx.head_qkv(g)?;
-        let mut s = column_sums(&causal_rows(&q, &k, n_p, n_f)?)?;
+        let mut s = column_sums(&probability_rows(ctx, g, n_p, n_f)?)?;
         s.truncate(n_p);
         Ok(s)
     })
 }
 
 /// The logits q_t·k_j/√p of the continuation queries of head `g` against the prompt keys, as host
-/// f64 rows ([n_f][n_p]), computed in the run's dtype (`topk_dec`).
+/// f64 rows ([n_f][n_p]), computed in the run's dtype (`topk_dec`). Under a layer's spec
+/// (§7.7.6) the raw τ·q·k, uncapped (the cap is monotone and would saturate into ties), with the
+/// keys outside query t's window at −∞: ranked last, so a budget goes to keys the row sees.
 pub fn continuation_logits(ctx: &LayerContext, g: usize) -> Result<Vec<Vec<f64>>> {
     let (n_p, n_f) = (ctx.n_p(), ctx.n_f);
     let (q, k, _) = ctx.head_qkv(g)?;
-    let (qs, kt) = scaled_operands(&q.narrow(0, n_p, n_f)?, &k.narrow(0, 0, n_p)?)?;
-    Ok(qs.matmul(&kt)?.to_dtype(DType::F64)?.to_vec2()?)
+    let (qf, kp) = (q.narrow(0, n_p, n_f)?, k.narrow(0, 0, n_p)?);
+    if ctx.plain() {
+        let (qs, kt) = scaled_operands(&qf, &kp)?;
+        return Ok(qs.matmul(&kt)?.to_dtype(DType::F64)?.to_vec2()?);
+    }
+    let mut rows: Vec<Vec<f64>> = (qf * ctx.spec.scale)?
+        .matmul(&kp.t()?)?
+        .to_dtype(DType::F64)?
+        .to_vec2()?;
+    if let Some(w) = ctx.spec.window_within(ctx.n()) {
+        for (i, row) in rows.iter_mut().enumerate() {
+            let t = n_p + i;
+            row.iter_mut()
+                .enumerate()
+                .filter(|(j, _)| j + w <= t)
+                .for_each(|(_, x)| *x = f64::NEG_INFINITY);
+        }
+    }
+    Ok(rows)
 }
 
 #[cfg(test)]

@@ -210,10 +210,14 @@ impl Decoding for KvCache {
     ) -> Result<Approximation> {
         super::check_head(self, head)?;
         let (q, k, v) = self.quantized_qkv(head)?;
-        let out = crate::attention::decode::dense_continuation(&q, &k, &v, dec.n_p())?;
+        let out = crate::attention::decode::dense_continuation(&q, &k, &v, dec.n_p(), &head.spec)?;
         Ok(Approximation::plain(out))
     }
     fn kv_bits_decode(&self, n: usize, _n_f: usize) -> Option<f64> {
         self.kv_bits(n)
+    }
+    /// The continuation rows of the spec's exact attention on the quantized cache (§7.7.6).
+    fn decode_spec_support(&self) -> crate::attention::SpecFeatures {
+        crate::attention::SpecFeatures::ALL
     }
 }
