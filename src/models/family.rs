@@ -77,8 +77,9 @@ pub type Loader =
 pub struct FamilyEntry {
     pub model_types: &'static [&'static str],
     pub load: Loader,
-    /// The GGUF `general.architecture` of the family and its reader, where it has one.
-    pub gguf: Option<(&'static str, GgufLoader)>,
+    /// The GGUF `general.architecture` values the family reads, each with its reader (none where
+    /// the family has no GGUF route).
+    pub gguf: &'static [(&'static str, GgufLoader)],
 }
 
 /// Reads a family's GGUF file as the config.json it describes and its tensors under Hugging Face
@@ -90,30 +91,36 @@ pub const FAMILIES: &[FamilyEntry] = &[
     FamilyEntry {
         model_types: &["gemma2", "gemma3_text", "gemma3"],
         load: super::gemma::load,
-        gguf: None,
+        gguf: &[
+            ("gemma2", super::gemma_gguf::from_gguf),
+            ("gemma3", super::gemma_gguf::from_gguf),
+        ],
     },
     FamilyEntry {
         model_types: &["phi3"],
         load: super::phi3::load,
-        gguf: Some(("phi3", super::phi3::from_gguf)),
+        gguf: &[("phi3", super::phi3::from_gguf)],
     },
     FamilyEntry {
         model_types: &["gpt_oss"],
         load: super::gpt_oss::load,
-        gguf: None,
+        gguf: &[],
     },
     FamilyEntry {
         model_types: &["deepseek_v2", "deepseek_v3"],
         load: super::deepseek::load,
-        gguf: None,
+        gguf: &[],
     },
 ];
 
-/// The family entry of a GGUF `general.architecture`, if a §7.7 family reads it.
-pub fn gguf_family_entry(arch: &str) -> Option<&'static FamilyEntry> {
-    FAMILIES
-        .iter()
-        .find(|f| f.gguf.is_some_and(|(a, _)| a == arch))
+/// The family entry of a GGUF `general.architecture` and its reader, if a §7.7 family reads it.
+pub fn gguf_family_entry(arch: &str) -> Option<(&'static FamilyEntry, GgufLoader)> {
+    FAMILIES.iter().find_map(|f| {
+        f.gguf
+            .iter()
+            .find(|(a, _)| *a == arch)
+            .map(|&(_, read)| (f, read))
+    })
 }
 
 /// The family entry of a `model_type`, if it is a §7.7 family.

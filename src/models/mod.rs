@@ -21,6 +21,7 @@ pub mod deepseek;
 pub mod family;
 mod family_common;
 pub mod gemma;
+pub mod gemma_gguf;
 pub mod gguf;
 pub mod gpt_oss;
 pub mod llama;

@@ -1,22 +1,32 @@
 #!/usr/bin/env python3
-"""GGUF files of family fixtures (issue 45, docs/reference.md §7.7.3), written with gguf-py as llama.cpp's
-converter (`convert_hf_to_gguf.py`, `Phi3MiniModel`) lays a Phi-3 out, so that the tool's GGUF route of a
-§7.7 family can be checked against its safetensors route on the same weights:
+"""GGUF files of family fixtures (issue 45, docs/reference.md §7.7), written with gguf-py as llama.cpp's
+converter (`convert_hf_to_gguf.py`) lays each family out, so that the tool's GGUF route of a §7.7 family can
+be checked against its safetensors route on the same weights (tensors in F32: the two routes must agree to
+the bit in f32):
 
-* ``fixtures/families/phi3/model.gguf``: the phi3 fixture (MHA, fused qkv and gate_up, a sliding window
-  on every layer), tensors in F32, so the two routes must give identical bits;
+* ``fixtures/families/phi3/model.gguf`` (``Phi3MiniModel``): the phi3 fixture (MHA, fused qkv and gate_up, a
+  sliding window on every layer);
 * ``fixtures/families/phi3-longrope/model.gguf``: the longrope fixture (GQA, partial rotary 0.75, tied
   embeddings), with llama.cpp's global ``rope_factors_long.weight`` / ``rope_factors_short.weight`` and
-  ``phi3.rope.scaling.attn_factor``.
+  ``phi3.rope.scaling.attn_factor``;
+* ``fixtures/families/gemma2/model.gguf`` (``Gemma2Model``) and ``gemma3/model.gguf`` (``Gemma3Model``).
 
-What the converter writes, by name (llama.cpp's tensor map for ``MODEL_ARCH.PHI3``):
-``token_embd``, ``output_norm``, ``output`` (absent when tied), and per layer ``blk.N.attn_norm``
-(input_layernorm), ``attn_qkv`` (qkv_proj, rows [q; k; v]), ``attn_output``, ``ffn_norm``
-(post_attention_layernorm), ``ffn_up`` (the fused gate_up_proj, gate rows first), ``ffn_down``. Metadata:
-context length, ``rope.scaling.original_context_length``, embedding and feed-forward lengths, block count,
-head counts, the RMS epsilon, ``rope.dimension_count`` (⌊f_r·hidden⌋/H), ``rope.freq_base`` and
-``attention.sliding_window`` (0 when the config has none: llama.cpp's mark of Phi-4). No q/k row
-permutation (NEOX RoPE).
+Phi-3, by name (llama.cpp's tensor map for ``MODEL_ARCH.PHI3``): ``token_embd``, ``output_norm``,
+``output`` (absent when tied), and per layer ``blk.N.attn_norm`` (input_layernorm), ``attn_qkv`` (qkv_proj,
+rows [q; k; v]), ``attn_output``, ``ffn_norm`` (post_attention_layernorm), ``ffn_up`` (the fused
+gate_up_proj, gate rows first), ``ffn_down``. Metadata: context length,
+``rope.scaling.original_context_length``, embedding and feed-forward lengths, block count, head counts, the
+RMS epsilon, ``rope.dimension_count`` (⌊f_r·hidden⌋/H), ``rope.freq_base`` and ``attention.sliding_window``
+(0 when the config has none: llama.cpp's mark of Phi-4). No q/k row permutation (NEOX RoPE).
+
+Gemma (``MODEL_ARCH.GEMMA2`` / ``GEMMA3``): ``token_embd``, ``output_norm``, no ``output`` (tied; a
+``lm_head`` is skipped), per layer ``attn_norm``, ``attn_{q,k,v,output}``, gemma3's ``attn_q_norm`` /
+``attn_k_norm``, ``post_attention_norm``, ``ffn_norm`` (pre_feedforward_layernorm), ``post_ffw_norm``,
+``ffn_{gate,up,down}``; **every norm stored as 1 + w**. Metadata: sizes, ``attention.key_length`` /
+``value_length`` (head_dim), gemma2's ``attn_logit_softcapping``, ``final_logit_softcapping`` and
+``attention.sliding_window``; gemma3's ``rope.freq_base`` (the global θ), ``attention.sliding_window``,
+``rope.scaling.type`` / ``factor`` (linear, global layers only). Plus ``{arch}.attention.scale``, which the
+converter does not write (see ``write_gemma``).
 
 Usage (from the repository root):
     python tests/reference/generate_family_gguf.py            # (re)write the files
@@ -34,7 +44,6 @@ import numpy as np
 
 ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..")
 FIXTURES = os.path.join(ROOT, "fixtures", "families")
-NAMES = ["phi3", "phi3-longrope"]
 
 LAYER_NAMES = {
     "input_layernorm": "attn_norm",
@@ -100,15 +109,101 @@ def write_phi3(fixture_dir, out_path):
     w.close()
 
 
+GEMMA_NAMES = {
+    "input_layernorm": "attn_norm",
+    "self_attn.q_proj": "attn_q",
+    "self_attn.k_proj": "attn_k",
+    "self_attn.v_proj": "attn_v",
+    "self_attn.o_proj": "attn_output",
+    "self_attn.q_norm": "attn_q_norm",
+    "self_attn.k_norm": "attn_k_norm",
+    "post_attention_layernorm": "post_attention_norm",
+    "pre_feedforward_layernorm": "ffn_norm",
+    "post_feedforward_layernorm": "post_ffw_norm",
+    "mlp.gate_proj": "ffn_gate",
+    "mlp.up_proj": "ffn_up",
+    "mlp.down_proj": "ffn_down",
+}
+
+
+def gemma_name(hf):
+    if hf == "model.embed_tokens.weight":
+        return "token_embd.weight"
+    if hf == "model.norm.weight":
+        return "output_norm.weight"
+    _, _, layer, rest = hf.split(".", 3)
+    stem, suffix = rest.rsplit(".", 1)
+    return f"blk.{layer}.{GEMMA_NAMES[stem]}.{suffix}"
+
+
+def write_gemma(fixture_dir, out_path):
+    """``Gemma2Model`` / ``Gemma3Model`` of the converter: every ``*norm.weight`` stored as 1 + w (in the
+    tensor's own dtype, f32 here), no ``output`` (tied; a ``lm_head`` is skipped), no q/k permutation."""
+    import gguf
+    from safetensors.numpy import load_file
+
+    cfg = json.load(open(os.path.join(fixture_dir, "config.json")))
+    arch = {"gemma2": "gemma2", "gemma3_text": "gemma3"}[cfg["model_type"]]
+    w = gguf.GGUFWriter(out_path, arch)
+    w.add_context_length(cfg["max_position_embeddings"])
+    w.add_embedding_length(cfg["hidden_size"])
+    w.add_block_count(cfg["num_hidden_layers"])
+    w.add_feed_forward_length(cfg["intermediate_size"])
+    w.add_head_count(cfg["num_attention_heads"])
+    w.add_head_count_kv(cfg["num_key_value_heads"])
+    w.add_layer_norm_rms_eps(cfg["rms_norm_eps"])
+    w.add_key_length(cfg["head_dim"])
+    w.add_value_length(cfg["head_dim"])
+    w.add_file_type(gguf.LlamaFileType.ALL_F32)
+    if arch == "gemma2":
+        w.add_attn_logit_softcapping(cfg["attn_logit_softcapping"])
+        w.add_final_logit_softcapping(cfg["final_logit_softcapping"])
+        w.add_sliding_window(cfg["sliding_window"])
+    else:
+        rope = cfg["rope_parameters"]
+        w.add_rope_freq_base(rope["full_attention"]["rope_theta"])  # the global layers' θ
+        if cfg.get("final_logit_softcapping"):
+            w.add_final_logit_softcapping(cfg["final_logit_softcapping"])
+        w.add_sliding_window(cfg["sliding_window"])
+        full = rope["full_attention"]
+        if full.get("rope_type") == "linear":  # applied to global layers only
+            w.add_rope_scaling_type(gguf.RopeScalingType.LINEAR)
+            w.add_rope_scaling_factor(full["factor"])
+    # Not the converter's: GGUF has no query_pre_attn_scalar and llama.cpp derives τ from the model's
+    # size (1/√head_dim, or 1/√(hidden/H) for 27B), which a 4- or 6-layer fixture is none of; its τ goes in
+    # gguf-py's `{arch}.attention.scale`, which the tool reads before the size rule.
+    w.add_attention_scale(cfg["query_pre_attn_scalar"] ** -0.5)
+    tensors = load_file(os.path.join(fixture_dir, "model.safetensors"))
+    for name in sorted(tensors):
+        if name == "lm_head.weight":
+            continue
+        t = tensors[name].astype(np.float32)
+        if name.endswith("norm.weight"):
+            t = t + np.float32(1)
+        w.add_tensor(gemma_name(name), np.ascontiguousarray(t))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+
+
+WRITERS = {
+    "phi3": write_phi3,
+    "phi3-longrope": write_phi3,
+    "gemma2": write_gemma,
+    "gemma3": write_gemma,
+}
+
+
 def main():
     check = "--check" in sys.argv
     with tempfile.TemporaryDirectory() as tmp:
         bad = []
-        for name in NAMES:
+        for name, write in WRITERS.items():
             fixture_dir = os.path.join(FIXTURES, name)
             target = os.path.join(fixture_dir, "model.gguf")
             out = os.path.join(tmp, f"{name}.gguf") if check else target
-            write_phi3(fixture_dir, out)
+            write(fixture_dir, out)
             if check and not filecmp.cmp(out, target, shallow=False):
                 bad.append(name)
             print(f"{name}: {'checked' if check else 'wrote'} {os.path.relpath(target, ROOT)}")
