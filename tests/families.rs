@@ -351,6 +351,32 @@ fn gemma_ggufs_dump_the_same_sliding_and_global_layers_as_their_safetensors() {
     assert_eq!(sides[1]["layer_type"], "full_attention");
 }
 
+/// A gpt-oss GGUF (experts split and transposed by the converter, put back by the reader; sinks as
+/// `attn_sinks`) dumps a sliding and a global layer as its safetensors do, the `sinks` tensor
+/// included (compared by the helper).
+#[test]
+fn a_gpt_oss_gguf_dumps_the_same_layers_and_sinks_as_its_safetensors() {
+    let sides = gguf_dumps_match_safetensors("gpt_oss", &[2, 3], 0.0);
+    assert_eq!(sides[0]["sliding_window"], 16);
+    assert_eq!(sides[1]["sliding_window"], Value::Null);
+}
+
+#[test]
+fn bad_gpt_oss_gguf_metadata_is_a_usage_error_naming_the_key() {
+    use candle_core::quantized::gguf_file::Value as V;
+    bad_gguf_names_its_key(
+        "gpt_oss",
+        "gpt-oss.attention.sliding_window",
+        Some(V::U32(0)),
+    );
+    bad_gguf_names_its_key("gpt_oss", "gpt-oss.expert_used_count", Some(V::U32(5)));
+    bad_gguf_names_its_key(
+        "gpt_oss",
+        "gpt-oss.rope.scaling.type",
+        Some(V::String("longrope".into())),
+    );
+}
+
 /// Fixture `name`'s GGUF with the metadata key `key` set to `value` (added if absent, dropped
 /// when None), through gguf-py-free candle: the file `dump-qkv` then reads.
 fn gguf_with(

@@ -104,7 +104,7 @@ pub const FAMILIES: &[FamilyEntry] = &[
     FamilyEntry {
         model_types: &["gpt_oss"],
         load: super::gpt_oss::load,
-        gguf: &[],
+        gguf: &[("gpt-oss", super::gpt_oss_gguf::from_gguf)],
     },
     FamilyEntry {
         model_types: &["deepseek_v2", "deepseek_v3"],
@@ -159,12 +159,20 @@ enum Store {
 pub type GgufRename = Box<dyn Fn(&str) -> Option<(String, GgufValues)> + Send + Sync>;
 
 /// How a GGUF tensor's values relate to the checkpoint's.
-#[derive(Debug, Clone, Copy, PartialEq)]
+#[derive(Debug, Clone, PartialEq)]
 pub enum GgufValues {
     /// As stored.
     Same,
     /// The stored values minus this (gemma's norms: stored 1 + w, the checkpoint holds w).
     Shifted(f64),
+    /// The stored tensor with its last two axes swapped (gpt-oss's `ffn_down_exps`, stored
+    /// [E, hidden, I] for the checkpoint's [E, I, hidden]).
+    Transposed,
+    /// The stored tensor (the even entries of the last axis) interleaved with the tensor `odd`
+    /// (the odd ones), each first transposed (last two axes) when `transpose`: gpt-oss's fused
+    /// gate_up [E, hidden, 2I], which the converter splits into `ffn_gate_exps` and
+    /// `ffn_up_exps` [E, I, hidden] (and their biases [E, I], untransposed).
+    Interleaved { odd: String, transpose: bool },
 }
 
 impl NamedTensors {
@@ -214,8 +222,14 @@ impl NamedTensors {
     pub fn has(&self, name: &str) -> bool {
         match &self.store {
             Store::Safetensors { names, .. } => names.contains(name),
-            Store::Gguf { file, rename } => rename(name)
-                .is_some_and(|(g, _)| file.lock().expect("GGUF file lock").has_tensor(&g)),
+            Store::Gguf { file, rename } => rename(name).is_some_and(|(g, values)| {
+                let file = file.lock().expect("GGUF file lock");
+                file.has_tensor(&g)
+                    && match values {
+                        GgufValues::Interleaved { odd, .. } => file.has_tensor(&odd),
+                        _ => true,
+                    }
+            }),
         }
     }
 
@@ -235,10 +249,36 @@ impl NamedTensors {
             }),
             Store::Gguf { file, rename } => {
                 let (g, values) = rename(name).expect("has() found it");
-                let t = file.lock().expect("GGUF file lock").dequantized(&g)?;
+                let mut file = file.lock().expect("GGUF file lock");
+                let t = file.dequantized(&g)?;
+                let swap = |t: Tensor| -> Result<Tensor> {
+                    let r = t.rank();
+                    Ok(t.transpose(r - 2, r - 1)?.contiguous()?)
+                };
                 let t = match values {
                     GgufValues::Same => t,
                     GgufValues::Shifted(s) => (t - s)?,
+                    GgufValues::Transposed => swap(t)?,
+                    GgufValues::Interleaved { odd, transpose } => {
+                        let o = file.dequantized(&odd)?;
+                        if o.dims() != t.dims() {
+                            return Err(usage!(
+                                "weights {}: tensors '{g}' {:?} and '{odd}' {:?} differ in shape; they must pair",
+                                self.what,
+                                t.dims(),
+                                o.dims()
+                            ));
+                        }
+                        let (e, o) = if transpose {
+                            (swap(t)?, swap(o)?)
+                        } else {
+                            (t, o)
+                        };
+                        let mut dims = e.dims().to_vec();
+                        let r = dims.len();
+                        dims[r - 1] *= 2;
+                        Tensor::stack(&[e, o], r)?.reshape(dims)?
+                    }
                 };
                 Ok(t.to_device(&self.device)?)
             }

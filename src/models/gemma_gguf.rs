@@ -225,7 +225,12 @@ fn query_pre_attn_rule(
 /// bool per layer, true for sliding, or a period P), else llama.cpp's fixed period (gemma2 2,
 /// gemma3 6). With period P layer l slides iff l mod P < P − 1, as llama.cpp's `set_swa_pattern`
 /// (transformers' (l + 1) mod P ≠ 0).
-fn layer_types(file: &GgufFile, arch: &str, layers: usize, period: usize) -> Result<Vec<Value>> {
+pub(super) fn layer_types(
+    file: &GgufFile,
+    arch: &str,
+    layers: usize,
+    period: usize,
+) -> Result<Vec<Value>> {
     let k = format!("{arch}.attention.sliding_window_pattern");
     let name = |slides: bool| {
         Value::from(if slides {

@@ -47,6 +47,11 @@ impl GgufFile {
         let mut reader = BufReader::new(file);
         let content = Content::read(&mut reader).map_err(|e| {
             let em = crate::tensor_util::candle_message(&e);
+            // ggml type 39 is MXFP4, gpt-oss's experts in the hub's GGUFs: a valid file that
+            // candle's reader does not know, not a corrupt one.
+            if em.contains("unknown dtype for tensor 39") {
+                return usage!("GGUF {shown}: it holds MXFP4 tensors (ggml type 39, gpt-oss's experts), which are not read yet; use the checkpoint's safetensors (its MXFP4 experts are read), or a GGUF converted without MXFP4");
+            }
             usage!("GGUF {shown}: not a readable GGUF file ({em}); it may be truncated or corrupt: download it again")
         })?;
         // A file cut short still parses (the header and tensor table come first), and the

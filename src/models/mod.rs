@@ -24,6 +24,7 @@ pub mod gemma;
 pub mod gemma_gguf;
 pub mod gguf;
 pub mod gpt_oss;
+pub mod gpt_oss_gguf;
 pub mod llama;
 pub mod mla;
 pub mod moe;

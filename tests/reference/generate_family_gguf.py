@@ -9,7 +9,8 @@ the bit in f32):
 * ``fixtures/families/phi3-longrope/model.gguf``: the longrope fixture (GQA, partial rotary 0.75, tied
   embeddings), with llama.cpp's global ``rope_factors_long.weight`` / ``rope_factors_short.weight`` and
   ``phi3.rope.scaling.attn_factor``;
-* ``fixtures/families/gemma2/model.gguf`` (``Gemma2Model``) and ``gemma3/model.gguf`` (``Gemma3Model``).
+* ``fixtures/families/gemma2/model.gguf`` (``Gemma2Model``) and ``gemma3/model.gguf`` (``Gemma3Model``);
+* ``fixtures/families/gpt_oss/model.gguf`` (``GptOssModel``, experts unquantized; see ``write_gpt_oss``).
 
 Phi-3, by name (llama.cpp's tensor map for ``MODEL_ARCH.PHI3``): ``token_embd``, ``output_norm``,
 ``output`` (absent when tied), and per layer ``blk.N.attn_norm`` (input_layernorm), ``attn_qkv`` (qkv_proj,
@@ -27,6 +28,12 @@ Gemma (``MODEL_ARCH.GEMMA2`` / ``GEMMA3``): ``token_embd``, ``output_norm``, no 
 ``attention.sliding_window``; gemma3's ``rope.freq_base`` (the global θ), ``attention.sliding_window``,
 ``rope.scaling.type`` / ``factor`` (linear, global layers only). Plus ``{arch}.attention.scale``, which the
 converter does not write (see ``write_gemma``).
+
+gpt-oss (``MODEL_ARCH.GPT_OSS``): ``token_embd``, ``output_norm``, ``output``, per layer ``attn_norm``,
+``post_attention_norm``, ``attn_{q,k,v,output}`` with biases, ``attn_sinks``, ``ffn_gate_inp`` (the router,
+with bias), ``ffn_{gate,up,down}_exps`` with biases (gate and up split from the interleaved gate_up).
+Metadata: sizes, expert counts, ``rope.scaling.*`` (yarn: factor, N₀, β), ``rope.freq_base``,
+``attention.sliding_window``, ``expert_feed_forward_length``.
 
 Usage (from the repository root):
     python tests/reference/generate_family_gguf.py            # (re)write the files
@@ -187,11 +194,91 @@ def write_gemma(fixture_dir, out_path):
     w.close()
 
 
+GPT_OSS_NAMES = {
+    "input_layernorm": "attn_norm",
+    "post_attention_layernorm": "post_attention_norm",
+    "self_attn.q_proj": "attn_q",
+    "self_attn.k_proj": "attn_k",
+    "self_attn.v_proj": "attn_v",
+    "self_attn.o_proj": "attn_output",
+    "mlp.router": "ffn_gate_inp",
+}
+
+
+def gpt_oss_tensors(name, t):
+    """The converter's tensors for one checkpoint tensor (``GptOssModel.modify_tensors``, unquantized experts:
+    gate_up [E, hidden, 2I] transposed to [E, 2I, hidden] and split into its even (gate) and odd (up) rows,
+    the bias likewise along its last axis; down [E, I, hidden] transposed; the sinks as ``attn_sinks.weight``)."""
+    if name == "model.embed_tokens.weight":
+        return [("token_embd.weight", t)]
+    if name == "model.norm.weight":
+        return [("output_norm.weight", t)]
+    if name == "lm_head.weight":
+        return [("output.weight", t)]
+    _, _, layer, rest = name.split(".", 3)
+    blk = f"blk.{layer}"
+    if rest == "self_attn.sinks":
+        return [(f"{blk}.attn_sinks.weight", t)]
+    if rest == "mlp.experts.gate_up_proj":
+        t = t.swapaxes(-1, -2)
+        return [(f"{blk}.ffn_gate_exps.weight", t[:, ::2, :]), (f"{blk}.ffn_up_exps.weight", t[:, 1::2, :])]
+    if rest == "mlp.experts.gate_up_proj_bias":
+        return [(f"{blk}.ffn_gate_exps.bias", t[..., ::2]), (f"{blk}.ffn_up_exps.bias", t[..., 1::2])]
+    if rest == "mlp.experts.down_proj":
+        return [(f"{blk}.ffn_down_exps.weight", t.swapaxes(-1, -2))]
+    if rest == "mlp.experts.down_proj_bias":
+        return [(f"{blk}.ffn_down_exps.bias", t)]
+    stem, suffix = rest.rsplit(".", 1)
+    return [(f"{blk}.{GPT_OSS_NAMES[stem]}.{suffix}", t)]
+
+
+def write_gpt_oss(fixture_dir, out_path):
+    """``GptOssModel`` of the converter on a checkpoint whose experts are not MXFP4 (its "not in MXFP4" path;
+    the hub's MXFP4 experts would be repacked as ggml MXFP4, which the tool does not read): the base
+    ``TextModel`` metadata (sizes, head counts, key/value length, expert counts, yarn rope), then
+    ``attention.sliding_window`` and ``expert_feed_forward_length``."""
+    import gguf
+    from safetensors.numpy import load_file
+
+    cfg = json.load(open(os.path.join(fixture_dir, "config.json")))
+    rope = cfg["rope_parameters"]
+    w = gguf.GGUFWriter(out_path, "gpt-oss")
+    w.add_block_count(cfg["num_hidden_layers"])
+    w.add_context_length(cfg["max_position_embeddings"])
+    w.add_embedding_length(cfg["hidden_size"])
+    w.add_feed_forward_length(cfg["intermediate_size"])
+    w.add_head_count(cfg["num_attention_heads"])
+    w.add_head_count_kv(cfg["num_key_value_heads"])
+    w.add_rope_scaling_type(gguf.RopeScalingType.YARN)
+    w.add_rope_scaling_factor(rope["factor"])
+    w.add_rope_scaling_orig_ctx_len(rope["original_max_position_embeddings"])
+    w.add_rope_scaling_yarn_beta_fast(rope["beta_fast"])
+    w.add_rope_scaling_yarn_beta_slow(rope["beta_slow"])
+    w.add_rope_freq_base(rope["rope_theta"])
+    w.add_layer_norm_rms_eps(cfg["rms_norm_eps"])
+    w.add_expert_count(cfg["num_local_experts"])
+    w.add_expert_used_count(cfg["num_experts_per_tok"])
+    w.add_key_length(cfg["head_dim"])
+    w.add_value_length(cfg["head_dim"])
+    w.add_file_type(gguf.LlamaFileType.ALL_F32)
+    w.add_sliding_window(cfg["sliding_window"])
+    w.add_expert_feed_forward_length(cfg["intermediate_size"])
+    tensors = load_file(os.path.join(fixture_dir, "model.safetensors"))
+    for name in sorted(tensors):
+        for g, t in gpt_oss_tensors(name, tensors[name].astype(np.float32)):
+            w.add_tensor(g, np.ascontiguousarray(t))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+
+
 WRITERS = {
     "phi3": write_phi3,
     "phi3-longrope": write_phi3,
     "gemma2": write_gemma,
     "gemma3": write_gemma,
+    "gpt_oss": write_gpt_oss,
 }
 
 
