@@ -109,7 +109,7 @@ pub const FAMILIES: &[FamilyEntry] = &[
     FamilyEntry {
         model_types: &["deepseek_v2", "deepseek_v3"],
         load: super::deepseek::load,
-        gguf: &[],
+        gguf: &[("deepseek2", super::deepseek_gguf::from_gguf)],
     },
 ];
 
@@ -150,6 +150,8 @@ enum Store {
         file: Mutex<GgufFile>,
         /// A Hugging Face name to the GGUF name and what to do to the stored values.
         rename: GgufRename,
+        /// The last stack read for [`GgufValues::Expert`]: its GGUF name and values.
+        stack: Mutex<Option<(String, Tensor)>>,
     },
 }
 
@@ -173,6 +175,13 @@ pub enum GgufValues {
     /// gate_up [E, hidden, 2I], which the converter splits into `ffn_gate_exps` and
     /// `ffn_up_exps` [E, I, hidden] (and their biases [E, I], untransposed).
     Interleaved { odd: String, transpose: bool },
+    /// Entry `e` along the first axis of the stored stack (DeepSeek's `ffn_*_exps` [E, out, in]
+    /// for the checkpoint's per-expert [out, in]); the last stack read is kept, so the experts of
+    /// a layer dequantize it once.
+    Expert(usize),
+    /// MLA's `kv_b_proj` [H·(d_nope + d_v), r] from the stored `attn_k_b` [H, r, d_nope]
+    /// (transposed per head by the converter) and `v_b` [H, d_v, r].
+    KvB { v_b: String },
 }
 
 impl NamedTensors {
@@ -209,6 +218,7 @@ impl NamedTensors {
             store: Store::Gguf {
                 file: Mutex::new(file),
                 rename,
+                stack: Mutex::new(None),
             },
             device: device.clone(),
         }
@@ -222,11 +232,15 @@ impl NamedTensors {
     pub fn has(&self, name: &str) -> bool {
         match &self.store {
             Store::Safetensors { names, .. } => names.contains(name),
-            Store::Gguf { file, rename } => rename(name).is_some_and(|(g, values)| {
+            Store::Gguf { file, rename, .. } => rename(name).is_some_and(|(g, values)| {
                 let file = file.lock().expect("GGUF file lock");
                 file.has_tensor(&g)
                     && match values {
                         GgufValues::Interleaved { odd, .. } => file.has_tensor(&odd),
+                        GgufValues::KvB { v_b } => file.has_tensor(&v_b),
+                        GgufValues::Expert(e) => file
+                            .tensor_dims(&g)
+                            .is_some_and(|d| d.len() == 3 && e < d[0]),
                         _ => true,
                     }
             }),
@@ -247,9 +261,21 @@ impl NamedTensors {
                 let em = crate::tensor_util::candle_message(&e);
                 usage!("weights {}: cannot read tensor '{name}' ({em})", self.what)
             }),
-            Store::Gguf { file, rename } => {
+            Store::Gguf {
+                file,
+                rename,
+                stack,
+            } => {
                 let (g, values) = rename(name).expect("has() found it");
                 let mut file = file.lock().expect("GGUF file lock");
+                if let GgufValues::Expert(e) = values {
+                    let mut stack = stack.lock().expect("GGUF stack lock");
+                    if stack.as_ref().is_none_or(|(n, _)| *n != g) {
+                        *stack = Some((g.clone(), file.dequantized(&g)?));
+                    }
+                    let t = &stack.as_ref().expect("just read").1;
+                    return Ok(t.get(e)?.to_device(&self.device)?);
+                }
                 let t = file.dequantized(&g)?;
                 let swap = |t: Tensor| -> Result<Tensor> {
                     let r = t.rank();
@@ -279,6 +305,26 @@ impl NamedTensors {
                         dims[r - 1] *= 2;
                         Tensor::stack(&[e, o], r)?.reshape(dims)?
                     }
+                    GgufValues::KvB { v_b } => {
+                        let v = file.dequantized(&v_b)?;
+                        let (stored, dv) = (t.dims().to_vec(), v.dims().to_vec());
+                        if stored.len() != 3 || dv.len() != 3 {
+                            return Err(usage!(
+                                "weights {}: tensors '{g}' {stored:?} and '{v_b}' {dv:?} are not one kv_b split per head ([H, r, d_nope] and [H, d_v, r])",
+                                self.what
+                            ));
+                        }
+                        let k = swap(t)?;
+                        let dk = k.dims().to_vec();
+                        if dk[0] != dv[0] || dk[2] != dv[2] {
+                            return Err(usage!(
+                                "weights {}: tensors '{g}' {stored:?} and '{v_b}' {dv:?} are not one kv_b split per head ([H, r, d_nope] and [H, d_v, r])",
+                                self.what
+                            ));
+                        }
+                        Tensor::cat(&[k, v], 1)?.reshape((dk[0] * (dk[1] + dv[1]), dk[2]))?
+                    }
+                    GgufValues::Expert(_) => unreachable!("read above"),
                 };
                 Ok(t.to_device(&self.device)?)
             }

@@ -128,7 +128,7 @@ fn an_mxfp4_gguf_is_refused_by_name() {
     b.extend_from_slice(&32u64.to_le_bytes());
     b.extend_from_slice(&39u32.to_le_bytes()); // MXFP4
     b.extend_from_slice(&0u64.to_le_bytes()); // offset
-    while b.len() % 32 != 0 {
+    while !b.len().is_multiple_of(32) {
         b.push(0);
     }
     b.extend_from_slice(&[0u8; 17]);

@@ -18,6 +18,7 @@
 pub mod continuation;
 pub mod decoder_config;
 pub mod deepseek;
+pub mod deepseek_gguf;
 pub mod family;
 mod family_common;
 pub mod gemma;

@@ -10,7 +10,11 @@ the bit in f32):
   embeddings), with llama.cpp's global ``rope_factors_long.weight`` / ``rope_factors_short.weight`` and
   ``phi3.rope.scaling.attn_factor``;
 * ``fixtures/families/gemma2/model.gguf`` (``Gemma2Model``) and ``gemma3/model.gguf`` (``Gemma3Model``);
-* ``fixtures/families/gpt_oss/model.gguf`` (``GptOssModel``, experts unquantized; see ``write_gpt_oss``).
+* ``fixtures/families/gpt_oss/model.gguf`` (``GptOssModel``, experts unquantized; see ``write_gpt_oss``);
+* ``fixtures/families/deepseek_v2/model.gguf`` and ``deepseek_v3/model.gguf`` (``DeepseekV2Model``, arch
+  ``deepseek2``). Not deepseek_v3-noqlora: its mscale (1.0) differs from its mscale_all_dim (0.8), and GGUF
+  carries only the latter (``rope.scaling.yarn_log_multiplier``); llama.cpp runs such a file as if they were
+  equal.
 
 Phi-3, by name (llama.cpp's tensor map for ``MODEL_ARCH.PHI3``): ``token_embd``, ``output_norm``,
 ``output`` (absent when tied), and per layer ``blk.N.attn_norm`` (input_layernorm), ``attn_qkv`` (qkv_proj,
@@ -34,6 +38,11 @@ gpt-oss (``MODEL_ARCH.GPT_OSS``): ``token_embd``, ``output_norm``, ``output``, p
 with bias), ``ffn_{gate,up,down}_exps`` with biases (gate and up split from the interleaved gate_up).
 Metadata: sizes, expert counts, ``rope.scaling.*`` (yarn: factor, N₀, β), ``rope.freq_base``,
 ``attention.sliding_window``, ``expert_feed_forward_length``.
+
+DeepSeek (``MODEL_ARCH.DEEPSEEK2``): ``token_embd``, ``output_norm``, ``output``, per layer ``attn_norm``,
+``attn_q`` or ``attn_q_a`` / ``attn_q_a_norm`` / ``attn_q_b``, ``attn_kv_a_mqa``, ``attn_kv_a_norm``,
+``attn_k_b`` / ``attn_v_b`` (kv_b split per head), ``attn_output``, ``ffn_norm``; dense blocks ``ffn_{gate,up,
+down}``, MoE blocks ``ffn_gate_inp``, ``exp_probs_b`` (V3), ``ffn_{gate,up,down}_exps`` and ``_shexp``.
 
 Usage (from the repository root):
     python tests/reference/generate_family_gguf.py            # (re)write the files
@@ -273,12 +282,135 @@ def write_gpt_oss(fixture_dir, out_path):
     w.close()
 
 
+DEEPSEEK_NAMES = {
+    "input_layernorm": "attn_norm",
+    "post_attention_layernorm": "ffn_norm",
+    "self_attn.q_proj": "attn_q",
+    "self_attn.q_a_proj": "attn_q_a",
+    "self_attn.q_a_layernorm": "attn_q_a_norm",
+    "self_attn.q_b_proj": "attn_q_b",
+    "self_attn.kv_a_proj_with_mqa": "attn_kv_a_mqa",
+    "self_attn.kv_a_layernorm": "attn_kv_a_norm",
+    "self_attn.o_proj": "attn_output",
+    "mlp.gate_proj": "ffn_gate",
+    "mlp.up_proj": "ffn_up",
+    "mlp.down_proj": "ffn_down",
+    "mlp.gate": "ffn_gate_inp",
+    "mlp.shared_experts.gate_proj": "ffn_gate_shexp",
+    "mlp.shared_experts.up_proj": "ffn_up_shexp",
+    "mlp.shared_experts.down_proj": "ffn_down_shexp",
+}
+
+
+def deepseek_tensors(cfg, tensors):
+    """The converter's tensors (``DeepseekV2Model.modify_tensors``): each layer's routed experts stacked into
+    ``ffn_{gate,up,down}_exps`` [E, out, in]; ``kv_b_proj`` [H·(d_nope + d_v), r] split per head into
+    ``attn_k_b`` (its k rows, transposed: [H, r, d_nope]) and ``attn_v_b`` [H, d_v, r]; V3's
+    ``e_score_correction_bias`` as ``exp_probs_b.bias``."""
+    heads, d_nope, d_v = cfg["num_attention_heads"], cfg["qk_nope_head_dim"], cfg["v_head_dim"]
+    out = []
+    for name in sorted(tensors):
+        t = tensors[name]
+        if name == "model.embed_tokens.weight":
+            out.append(("token_embd.weight", t))
+            continue
+        if name == "model.norm.weight":
+            out.append(("output_norm.weight", t))
+            continue
+        if name == "lm_head.weight":
+            out.append(("output.weight", t))
+            continue
+        _, _, layer, rest = name.split(".", 3)
+        blk = f"blk.{layer}"
+        if rest.startswith("mlp.experts."):
+            _, _, e, w, _ = rest.split(".")
+            if e != "0":
+                continue
+            stacked = np.stack([tensors[f"model.layers.{layer}.mlp.experts.{x}.{w}.weight"]
+                                for x in range(cfg["n_routed_experts"])])
+            out.append((f"{blk}.ffn_{w.removesuffix('_proj')}_exps.weight", stacked))
+            continue
+        if rest == "self_attn.kv_b_proj.weight":
+            kv_b = t.reshape(heads, d_nope + d_v, t.shape[-1])
+            out.append((f"{blk}.attn_k_b.weight", kv_b[:, :d_nope, :].swapaxes(1, 2)))
+            out.append((f"{blk}.attn_v_b.weight", kv_b[:, d_nope:, :]))
+            continue
+        if rest == "mlp.gate.e_score_correction_bias":
+            out.append((f"{blk}.exp_probs_b.bias", t))
+            continue
+        stem, suffix = rest.rsplit(".", 1)
+        out.append((f"{blk}.{DEEPSEEK_NAMES[stem]}.{suffix}", t))
+    return out
+
+
+def write_deepseek(fixture_dir, out_path):
+    """``DeepseekV2Model`` of the converter (DeepSeek V2 and V3 alike, ``deepseek2``): the base metadata with
+    ``head_count_kv`` 1 (MLA as MQA) and the yarn rope, then the leading dense blocks, the ranks,
+    ``key_length``/``value_length`` (the latent r + d_R and r) and their ``_mla`` forms (d_nope + d_R, d_v),
+    the experts, ``rope.dimension_count`` d_R and ``rope.scaling.yarn_log_multiplier`` 0.1·mscale_all_dim. The
+    V3 fixture's sigmoid router is ``expert_gating_func`` 2 (what the hub config's ``scoring_func`` sigmoid
+    gives), and ``expert_group_count``/``expert_group_used_count`` carry n_group/topk_group."""
+    import gguf
+    from safetensors.numpy import load_file
+
+    cfg = json.load(open(os.path.join(fixture_dir, "config.json")))
+    rope = cfg["rope_parameters"]
+    v3 = cfg["model_type"] == "deepseek_v3"
+    r = cfg["kv_lora_rank"]
+    w = gguf.GGUFWriter(out_path, "deepseek2")
+    w.add_block_count(cfg["num_hidden_layers"])
+    w.add_context_length(cfg["max_position_embeddings"])
+    w.add_embedding_length(cfg["hidden_size"])
+    w.add_feed_forward_length(cfg["intermediate_size"])
+    w.add_head_count(cfg["num_attention_heads"])
+    w.add_head_count_kv(1)
+    w.add_rope_scaling_type(gguf.RopeScalingType.YARN)
+    w.add_rope_scaling_factor(rope["factor"])
+    w.add_rope_scaling_orig_ctx_len(rope["original_max_position_embeddings"])
+    w.add_rope_scaling_yarn_beta_fast(rope["beta_fast"])
+    w.add_rope_scaling_yarn_beta_slow(rope["beta_slow"])
+    w.add_rope_freq_base(rope["rope_theta"])
+    w.add_layer_norm_rms_eps(cfg["rms_norm_eps"])
+    w.add_expert_used_count(cfg["num_experts_per_tok"])
+    w.add_expert_group_count(cfg["n_group"])
+    w.add_expert_group_used_count(cfg["topk_group"])
+    w.add_file_type(gguf.LlamaFileType.ALL_F32)
+    w.add_leading_dense_block_count(cfg["first_k_dense_replace"])
+    w.add_vocab_size(cfg["vocab_size"])
+    if cfg.get("q_lora_rank") is not None:
+        w.add_q_lora_rank(cfg["q_lora_rank"])
+    w.add_kv_lora_rank(r)
+    w.add_key_length(r + cfg["qk_rope_head_dim"])
+    w.add_value_length(r)
+    w.add_key_length_mla(cfg["qk_nope_head_dim"] + cfg["qk_rope_head_dim"])
+    w.add_value_length_mla(cfg["v_head_dim"])
+    w.add_expert_feed_forward_length(cfg["moe_intermediate_size"])
+    w.add_expert_count(cfg["n_routed_experts"])
+    w.add_expert_shared_count(cfg["n_shared_experts"])
+    w.add_expert_weights_scale(cfg["routed_scaling_factor"])
+    if cfg.get("norm_topk_prob"):
+        w.add_expert_weights_norm(True)
+    if v3:
+        w.add_expert_gating_func(gguf.ExpertGatingFuncType.SIGMOID)
+    w.add_rope_dimension_count(cfg["qk_rope_head_dim"])
+    w.add_rope_scaling_yarn_log_mul(0.1 * rope["mscale_all_dim"])
+    tensors = {k: v.astype(np.float32) for k, v in load_file(os.path.join(fixture_dir, "model.safetensors")).items()}
+    for g, t in deepseek_tensors(cfg, tensors):
+        w.add_tensor(g, np.ascontiguousarray(t))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+
+
 WRITERS = {
     "phi3": write_phi3,
     "phi3-longrope": write_phi3,
     "gemma2": write_gemma,
     "gemma3": write_gemma,
     "gpt_oss": write_gpt_oss,
+    "deepseek_v2": write_deepseek,
+    "deepseek_v3": write_deepseek,
 }
 
 
