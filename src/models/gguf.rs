@@ -206,10 +206,15 @@ impl GgufFile {
             "qwen2" => DecoderFamily::Qwen2,
             "qwen3" => DecoderFamily::Qwen3,
             other => {
+                let families: Vec<&str> = super::family::FAMILIES
+                    .iter()
+                    .flat_map(|f| f.gguf.iter().map(|(a, _)| *a))
+                    .collect();
                 return Err(usage!(
-                "GGUF {}: architecture \"{other}\" is not supported; supported: {SUPPORTED_ARCHS}",
-                self.path
-            ))
+                    "GGUF {}: architecture \"{other}\" is not supported; supported: {SUPPORTED_ARCHS}; §7.7 families (a layer's dump and sweep): {}",
+                    self.path,
+                    families.join(", ")
+                ));
             }
         };
         let k = |s: &str| format!("{arch}.{s}");
@@ -651,5 +656,8 @@ pub(crate) mod tests {
             m.contains("\"gpt2\"") && m.contains("gpt2.gguf") && m.contains("llama"),
             "{m}"
         );
+        for arch in ["phi3", "gemma2", "gemma3", "gpt-oss", "deepseek2"] {
+            assert!(m.contains(arch), "{arch}: {m}");
+        }
     }
 }
