@@ -6,40 +6,10 @@
 
 mod common;
 
-use std::path::Path;
-
-use candle_core::{DType, Device, Tensor};
+use candle_core::Device;
 use common::families::*;
 use common::*;
 use serde_json::Value;
-
-/// max |a − b| / max |b|.
-fn rel(a: &Tensor, b: &Tensor) -> f64 {
-    assert_eq!(a.dims(), b.dims());
-    let a = a.to_dtype(DType::F64).unwrap();
-    let b = b.to_dtype(DType::F64).unwrap();
-    let num = (a - &b).unwrap().abs().unwrap().max_all().unwrap();
-    let den = b.abs().unwrap().max_all().unwrap();
-    num.to_scalar::<f64>().unwrap() / den.to_scalar::<f64>().unwrap()
-}
-
-/// `dump-qkv` of `dir` over `corpus` with `flags`; the dump's tensors and sidecar.
-fn dump(
-    dir: &Path,
-    corpus: &Path,
-    out: &Path,
-    flags: &str,
-) -> (std::collections::HashMap<String, Tensor>, Value, String) {
-    let o = decoder_cli(
-        dir,
-        corpus,
-        &format!("dump-qkv --length 40 {flags} --out {}", out.display()),
-    );
-    assert!(o.status.success(), "{flags}: {}", stderr(&o));
-    let t = candle_core::safetensors::load(out, &Device::Cpu).unwrap();
-    let side = std::fs::read_to_string(format!("{}.json", out.display())).unwrap();
-    (t, serde_json::from_str(&side).unwrap(), stderr(&o))
-}
 
 #[test]
 fn dump_qkv_of_gemma2_matches_transformers_with_the_layers_spec_in_the_sidecar() {
@@ -223,54 +193,6 @@ fn a_sharded_family_checkpoint_reads_only_the_shards_of_layers_0_to_l() {
     );
     assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
     assert!(stderr(&o).contains(shard2), "{}", stderr(&o));
-}
-
-/// A phi3 GGUF (fixtures/families/phi3/model.gguf, llama.cpp's converter layout written by
-/// tests/reference/generate_family_gguf.py) dumps what the safetensors checkpoint dumps: its own
-/// metadata is the configuration, with no config.json beside it.
-#[test]
-fn a_phi3_gguf_dumps_the_same_layer_as_its_safetensors() {
-    let tmp = tempfile::tempdir().unwrap();
-    let (dir, corpus, ids) = family_dir(tmp.path(), "phi3");
-    let gguf_dir = tmp.path().join("phi3-gguf");
-    std::fs::create_dir_all(&gguf_dir).unwrap();
-    std::fs::copy(
-        family_fixture("phi3").join("model.gguf"),
-        gguf_dir.join("model.gguf"),
-    )
-    .unwrap();
-    std::fs::copy(dir.join("tokenizer.json"), gguf_dir.join("tokenizer.json")).unwrap();
-    let (a, side_a, _) = dump(
-        &dir,
-        &corpus,
-        &tmp.path().join("a.safetensors"),
-        "--layer 2",
-    );
-    let (b, side_b, _) = dump(
-        &gguf_dir,
-        &corpus,
-        &tmp.path().join("b.safetensors"),
-        "--layer 2",
-    );
-    assert_eq!(b["token_ids"].to_vec1::<u32>().unwrap(), ids);
-    let want = expected("phi3", "expected.safetensors");
-    for x in ["q", "k", "v"] {
-        let diff = (&a[x] - &b[x]).unwrap().abs().unwrap().max_all().unwrap();
-        assert_eq!(diff.to_scalar::<f32>().unwrap(), 0.0, "{x}");
-        let e = rel(&b[x], &want[&format!("layer2.{x}")]);
-        assert!(e <= 1e-4, "{x}: off by {e:e}");
-    }
-    for field in [
-        "scale",
-        "softcap",
-        "sliding_window",
-        "layer_type",
-        "head_dim_v",
-        "kv_heads",
-    ] {
-        assert_eq!(side_a[field], side_b[field], "{field}");
-    }
-    assert_eq!(side_b["sliding_window"], 16, "{side_b}");
 }
 
 /// `dump-qkv` of every fixture family at every stored layer (a sliding and a global one where the

@@ -330,10 +330,9 @@ fn load_family_gguf(
 ) -> Result<Option<Box<dyn models::family::FamilyModel>>> {
     let file = models::GgufFile::open(path)?;
     let arch = file.architecture()?;
-    let Some(entry) = models::family::gguf_family_entry(&arch) else {
+    let Some((entry, from_gguf)) = models::family::gguf_family_entry(&arch) else {
         return Ok(None);
     };
-    let (_, from_gguf) = entry.gguf.expect("gguf_family_entry has a reader");
     let layer = family_layer(&arch, inputs, depth)?;
     let (config, mut weights) = from_gguf(file, device)?;
     Ok(Some((entry.load)(&config, &mut weights, layer)?))

@@ -82,8 +82,9 @@ pub type Loader =
 pub struct FamilyEntry {
     pub model_types: &'static [&'static str],
     pub load: Loader,
-    /// The GGUF `general.architecture` of the family and its reader, where it has one.
-    pub gguf: Option<(&'static str, GgufLoader)>,
+    /// The GGUF `general.architecture` values the family reads, each with its reader (none where
+    /// the family has no GGUF route).
+    pub gguf: &'static [(&'static str, GgufLoader)],
 }
 
 /// Reads a family's GGUF file as the config.json it describes and its tensors under Hugging Face
@@ -95,30 +96,36 @@ pub const FAMILIES: &[FamilyEntry] = &[
     FamilyEntry {
         model_types: &["gemma2", "gemma3_text", "gemma3"],
         load: super::gemma::load,
-        gguf: None,
+        gguf: &[
+            ("gemma2", super::gemma_gguf::from_gguf),
+            ("gemma3", super::gemma_gguf::from_gguf),
+        ],
     },
     FamilyEntry {
         model_types: &["phi3"],
         load: super::phi3::load,
-        gguf: Some(("phi3", super::phi3::from_gguf)),
+        gguf: &[("phi3", super::phi3::from_gguf)],
     },
     FamilyEntry {
         model_types: &["gpt_oss"],
         load: super::gpt_oss::load,
-        gguf: None,
+        gguf: &[("gpt-oss", super::gpt_oss_gguf::from_gguf)],
     },
     FamilyEntry {
         model_types: &["deepseek_v2", "deepseek_v3"],
         load: super::deepseek::load,
-        gguf: None,
+        gguf: &[("deepseek2", super::deepseek_gguf::from_gguf)],
     },
 ];
 
-/// The family entry of a GGUF `general.architecture`, if a §7.7 family reads it.
-pub fn gguf_family_entry(arch: &str) -> Option<&'static FamilyEntry> {
-    FAMILIES
-        .iter()
-        .find(|f| f.gguf.is_some_and(|(a, _)| a == arch))
+/// The family entry of a GGUF `general.architecture` and its reader, if a §7.7 family reads it.
+pub fn gguf_family_entry(arch: &str) -> Option<(&'static FamilyEntry, GgufLoader)> {
+    FAMILIES.iter().find_map(|f| {
+        f.gguf
+            .iter()
+            .find(|(a, _)| *a == arch)
+            .map(|&(_, read)| (f, read))
+    })
 }
 
 /// The family entry of a `model_type`, if it is a §7.7 family.
@@ -148,6 +155,8 @@ enum Store {
         file: Mutex<GgufFile>,
         /// A Hugging Face name to the GGUF name and what to do to the stored values.
         rename: GgufRename,
+        /// The last stack read for [`GgufValues::Expert`]: its GGUF name and values.
+        stack: Mutex<Option<(String, Tensor)>>,
     },
 }
 
@@ -157,12 +166,27 @@ enum Store {
 pub type GgufRename = Box<dyn Fn(&str) -> Option<(String, GgufValues)> + Send + Sync>;
 
 /// How a GGUF tensor's values relate to the checkpoint's.
-#[derive(Debug, Clone, Copy, PartialEq)]
+#[derive(Debug, Clone, PartialEq)]
 pub enum GgufValues {
     /// As stored.
     Same,
     /// The stored values minus this (gemma's norms: stored 1 + w, the checkpoint holds w).
     Shifted(f64),
+    /// The stored tensor with its last two axes swapped (gpt-oss's `ffn_down_exps`, stored
+    /// [E, hidden, I] for the checkpoint's [E, I, hidden]).
+    Transposed,
+    /// The stored tensor (the even entries of the last axis) interleaved with the tensor `odd`
+    /// (the odd ones), each first transposed (last two axes) when `transpose`: gpt-oss's fused
+    /// gate_up [E, hidden, 2I], which the converter splits into `ffn_gate_exps` and
+    /// `ffn_up_exps` [E, I, hidden] (and their biases [E, I], untransposed).
+    Interleaved { odd: String, transpose: bool },
+    /// Entry `e` along the first axis of the stored stack (DeepSeek's `ffn_*_exps` [E, out, in]
+    /// for the checkpoint's per-expert [out, in]); the last stack read is kept, so the experts of
+    /// a layer dequantize it once.
+    Expert(usize),
+    /// MLA's `kv_b_proj` [H·(d_nope + d_v), r] from the stored `attn_k_b` [H, r, d_nope]
+    /// (transposed per head by the converter) and `v_b` [H, d_v, r].
+    KvB { v_b: String },
 }
 
 impl NamedTensors {
@@ -199,6 +223,7 @@ impl NamedTensors {
             store: Store::Gguf {
                 file: Mutex::new(file),
                 rename,
+                stack: Mutex::new(None),
             },
             device: device.clone(),
         }
@@ -212,8 +237,18 @@ impl NamedTensors {
     pub fn has(&self, name: &str) -> bool {
         match &self.store {
             Store::Safetensors { names, .. } => names.contains(name),
-            Store::Gguf { file, rename } => rename(name)
-                .is_some_and(|(g, _)| file.lock().expect("GGUF file lock").has_tensor(&g)),
+            Store::Gguf { file, rename, .. } => rename(name).is_some_and(|(g, values)| {
+                let file = file.lock().expect("GGUF file lock");
+                file.has_tensor(&g)
+                    && match values {
+                        GgufValues::Interleaved { odd, .. } => file.has_tensor(&odd),
+                        GgufValues::KvB { v_b } => file.has_tensor(&v_b),
+                        GgufValues::Expert(e) => file
+                            .tensor_dims(&g)
+                            .is_some_and(|d| d.len() == 3 && e < d[0]),
+                        _ => true,
+                    }
+            }),
         }
     }
 
@@ -231,12 +266,70 @@ impl NamedTensors {
                 let em = crate::tensor_util::candle_message(&e);
                 usage!("weights {}: cannot read tensor '{name}' ({em})", self.what)
             }),
-            Store::Gguf { file, rename } => {
+            Store::Gguf {
+                file,
+                rename,
+                stack,
+            } => {
                 let (g, values) = rename(name).expect("has() found it");
-                let t = file.lock().expect("GGUF file lock").dequantized(&g)?;
+                let mut file = file.lock().expect("GGUF file lock");
+                if let GgufValues::Expert(e) = values {
+                    let mut stack = stack.lock().expect("GGUF stack lock");
+                    if stack.as_ref().is_none_or(|(n, _)| *n != g) {
+                        *stack = Some((g.clone(), file.dequantized(&g)?));
+                    }
+                    let t = &stack.as_ref().expect("just read").1;
+                    return Ok(t.get(e)?.to_device(&self.device)?);
+                }
+                let t = file.dequantized(&g)?;
+                let swap = |t: Tensor| -> Result<Tensor> {
+                    let r = t.rank();
+                    Ok(t.transpose(r - 2, r - 1)?.contiguous()?)
+                };
                 let t = match values {
                     GgufValues::Same => t,
                     GgufValues::Shifted(s) => (t - s)?,
+                    GgufValues::Transposed => swap(t)?,
+                    GgufValues::Interleaved { odd, transpose } => {
+                        let o = file.dequantized(&odd)?;
+                        if o.dims() != t.dims() {
+                            return Err(usage!(
+                                "weights {}: tensors '{g}' {:?} and '{odd}' {:?} differ in shape; they must pair",
+                                self.what,
+                                t.dims(),
+                                o.dims()
+                            ));
+                        }
+                        let (e, o) = if transpose {
+                            (swap(t)?, swap(o)?)
+                        } else {
+                            (t, o)
+                        };
+                        let mut dims = e.dims().to_vec();
+                        let r = dims.len();
+                        dims[r - 1] *= 2;
+                        Tensor::stack(&[e, o], r)?.reshape(dims)?
+                    }
+                    GgufValues::KvB { v_b } => {
+                        let v = file.dequantized(&v_b)?;
+                        let (stored, dv) = (t.dims().to_vec(), v.dims().to_vec());
+                        if stored.len() != 3 || dv.len() != 3 {
+                            return Err(usage!(
+                                "weights {}: tensors '{g}' {stored:?} and '{v_b}' {dv:?} are not one kv_b split per head ([H, r, d_nope] and [H, d_v, r])",
+                                self.what
+                            ));
+                        }
+                        let k = swap(t)?;
+                        let dk = k.dims().to_vec();
+                        if dk[0] != dv[0] || dk[2] != dv[2] {
+                            return Err(usage!(
+                                "weights {}: tensors '{g}' {stored:?} and '{v_b}' {dv:?} are not one kv_b split per head ([H, r, d_nope] and [H, d_v, r])",
+                                self.what
+                            ));
+                        }
+                        Tensor::cat(&[k, v], 1)?.reshape((dk[0] * (dk[1] + dv[1]), dk[2]))?
+                    }
+                    GgufValues::Expert(_) => unreachable!("read above"),
                 };
                 Ok(t.to_device(&self.device)?)
             }

@@ -47,6 +47,11 @@ impl GgufFile {
         let mut reader = BufReader::new(file);
         let content = Content::read(&mut reader).map_err(|e| {
             let em = crate::tensor_util::candle_message(&e);
+            // ggml type 39 is MXFP4, gpt-oss's experts in the hub's GGUFs: a valid file that
+            // candle's reader does not know, not a corrupt one.
+            if em.contains("unknown dtype for tensor 39") {
+                return usage!("GGUF {shown}: it holds MXFP4 tensors (ggml type 39, gpt-oss's experts), which are not read yet; use the checkpoint's safetensors (its MXFP4 experts are read), or a GGUF converted without MXFP4");
+            }
             usage!("GGUF {shown}: not a readable GGUF file ({em}); it may be truncated or corrupt: download it again")
         })?;
         // A file cut short still parses (the header and tensor table come first), and the
@@ -201,10 +206,15 @@ impl GgufFile {
             "qwen2" => DecoderFamily::Qwen2,
             "qwen3" => DecoderFamily::Qwen3,
             other => {
+                let families: Vec<&str> = super::family::FAMILIES
+                    .iter()
+                    .flat_map(|f| f.gguf.iter().map(|(a, _)| *a))
+                    .collect();
                 return Err(usage!(
-                "GGUF {}: architecture \"{other}\" is not supported; supported: {SUPPORTED_ARCHS}",
-                self.path
-            ))
+                    "GGUF {}: architecture \"{other}\" is not supported; supported: {SUPPORTED_ARCHS}; §7.7 families (a layer's dump and sweep): {}",
+                    self.path,
+                    families.join(", ")
+                ));
             }
         };
         let k = |s: &str| format!("{arch}.{s}");
@@ -646,5 +656,8 @@ pub(crate) mod tests {
             m.contains("\"gpt2\"") && m.contains("gpt2.gguf") && m.contains("llama"),
             "{m}"
         );
+        for arch in ["phi3", "gemma2", "gemma3", "gpt-oss", "deepseek2"] {
+            assert!(m.contains(arch), "{arch}: {m}");
+        }
     }
 }

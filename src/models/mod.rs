@@ -11,18 +11,23 @@
 //! - `family`: the §7.7 families' interface (a loader per `model_type`, layer L's dump with its
 //!   attention spec) and the named-tensor reader (safetensors or a family's GGUF); `gemma`
 //!   (gemma2, gemma3), `phi3`, `gpt_oss` and `deepseek` (with `deepseek_config` and `mla`)
-//!   implement it; `family_common` holds what they share, `moe` the experts' routing and
-//!   dispatch, `quantized_weights` the MXFP4 and FP8 block-scaled weights dequantized on load;
+//!   implement it, and `gemma_gguf`, `gpt_oss_gguf`, `deepseek_gguf` (phi3's in `phi3`) read
+//!   each family's GGUF as llama.cpp's converter writes it; `family_common` holds what they
+//!   share, `moe` the experts' routing and dispatch, `quantized_weights` the MXFP4 and FP8
+//!   block-scaled weights dequantized on load;
 //! - `tokens`: the BOS policy and the token windows.
 
 pub mod continuation;
 pub mod decoder_config;
 pub mod deepseek;
+pub mod deepseek_gguf;
 pub mod family;
 mod family_common;
 pub mod gemma;
+pub mod gemma_gguf;
 pub mod gguf;
 pub mod gpt_oss;
+pub mod gpt_oss_gguf;
 pub mod llama;
 pub mod mla;
 pub mod moe;

@@ -4,7 +4,9 @@ use std::path::{Path, PathBuf};
 
 use candle_core::{DType, Device, Tensor};
 
-use super::run;
+use serde_json::Value;
+
+use super::{run, stderr};
 
 pub fn family_fixture(name: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
@@ -45,4 +47,32 @@ pub fn decoder_cli(model: &Path, corpus: &Path, flags: &str) -> std::process::Ou
         corpus.to_str().unwrap(),
     ]);
     run(&args, &[])
+}
+
+/// max |a − b| / max |b|.
+pub fn rel(a: &Tensor, b: &Tensor) -> f64 {
+    assert_eq!(a.dims(), b.dims());
+    let a = a.to_dtype(DType::F64).unwrap();
+    let b = b.to_dtype(DType::F64).unwrap();
+    let num = (a - &b).unwrap().abs().unwrap().max_all().unwrap();
+    let den = b.abs().unwrap().max_all().unwrap();
+    num.to_scalar::<f64>().unwrap() / den.to_scalar::<f64>().unwrap()
+}
+
+/// `dump-qkv` of `dir` over `corpus` with `flags`; the dump's tensors and sidecar.
+pub fn dump(
+    dir: &Path,
+    corpus: &Path,
+    out: &Path,
+    flags: &str,
+) -> (std::collections::HashMap<String, Tensor>, Value, String) {
+    let o = decoder_cli(
+        dir,
+        corpus,
+        &format!("dump-qkv --length 40 {flags} --out {}", out.display()),
+    );
+    assert!(o.status.success(), "{flags}: {}", stderr(&o));
+    let t = candle_core::safetensors::load(out, &Device::Cpu).unwrap();
+    let side = std::fs::read_to_string(format!("{}.json", out.display())).unwrap();
+    (t, serde_json::from_str(&side).unwrap(), stderr(&o))
 }

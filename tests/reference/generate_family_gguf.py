@@ -1,22 +1,48 @@
 #!/usr/bin/env python3
-"""GGUF files of family fixtures (issue 45, docs/reference.md §7.7.3), written with gguf-py as llama.cpp's
-converter (`convert_hf_to_gguf.py`, `Phi3MiniModel`) lays a Phi-3 out, so that the tool's GGUF route of a
-§7.7 family can be checked against its safetensors route on the same weights:
+"""GGUF files of family fixtures (issue 45, docs/reference.md §7.7), written with gguf-py as llama.cpp's
+converter (`convert_hf_to_gguf.py`) lays each family out, so that the tool's GGUF route of a §7.7 family can
+be checked against its safetensors route on the same weights (tensors in F32: the two routes must agree to
+the bit in f32):
 
-* ``fixtures/families/phi3/model.gguf``: the phi3 fixture (MHA, fused qkv and gate_up, a sliding window
-  on every layer), tensors in F32, so the two routes must give identical bits;
+* ``fixtures/families/phi3/model.gguf`` (``Phi3MiniModel``): the phi3 fixture (MHA, fused qkv and gate_up, a
+  sliding window on every layer);
 * ``fixtures/families/phi3-longrope/model.gguf``: the longrope fixture (GQA, partial rotary 0.75, tied
   embeddings), with llama.cpp's global ``rope_factors_long.weight`` / ``rope_factors_short.weight`` and
-  ``phi3.rope.scaling.attn_factor``.
+  ``phi3.rope.scaling.attn_factor``;
+* ``fixtures/families/gemma2/model.gguf`` (``Gemma2Model``) and ``gemma3/model.gguf`` (``Gemma3Model``);
+* ``fixtures/families/gpt_oss/model.gguf`` (``GptOssModel``, experts unquantized; see ``write_gpt_oss``);
+* ``fixtures/families/deepseek_v2/model.gguf`` and ``deepseek_v3/model.gguf`` (``DeepseekV2Model``, arch
+  ``deepseek2``). Not deepseek_v3-noqlora: its mscale (1.0) differs from its mscale_all_dim (0.8), and GGUF
+  carries only the latter (``rope.scaling.yarn_log_multiplier``); llama.cpp runs such a file as if they were
+  equal.
 
-What the converter writes, by name (llama.cpp's tensor map for ``MODEL_ARCH.PHI3``):
-``token_embd``, ``output_norm``, ``output`` (absent when tied), and per layer ``blk.N.attn_norm``
-(input_layernorm), ``attn_qkv`` (qkv_proj, rows [q; k; v]), ``attn_output``, ``ffn_norm``
-(post_attention_layernorm), ``ffn_up`` (the fused gate_up_proj, gate rows first), ``ffn_down``. Metadata:
-context length, ``rope.scaling.original_context_length``, embedding and feed-forward lengths, block count,
-head counts, the RMS epsilon, ``rope.dimension_count`` (⌊f_r·hidden⌋/H), ``rope.freq_base`` and
-``attention.sliding_window`` (0 when the config has none: llama.cpp's mark of Phi-4). No q/k row
-permutation (NEOX RoPE).
+Phi-3, by name (llama.cpp's tensor map for ``MODEL_ARCH.PHI3``): ``token_embd``, ``output_norm``,
+``output`` (absent when tied), and per layer ``blk.N.attn_norm`` (input_layernorm), ``attn_qkv`` (qkv_proj,
+rows [q; k; v]), ``attn_output``, ``ffn_norm`` (post_attention_layernorm), ``ffn_up`` (the fused
+gate_up_proj, gate rows first), ``ffn_down``. Metadata: context length,
+``rope.scaling.original_context_length``, embedding and feed-forward lengths, block count, head counts, the
+RMS epsilon, ``rope.dimension_count`` (⌊f_r·hidden⌋/H), ``rope.freq_base`` and ``attention.sliding_window``
+(0 when the config has none: llama.cpp's mark of Phi-4). No q/k row permutation (NEOX RoPE).
+
+Gemma (``MODEL_ARCH.GEMMA2`` / ``GEMMA3``): ``token_embd``, ``output_norm``, no ``output`` (tied; a
+``lm_head`` is skipped), per layer ``attn_norm``, ``attn_{q,k,v,output}``, gemma3's ``attn_q_norm`` /
+``attn_k_norm``, ``post_attention_norm``, ``ffn_norm`` (pre_feedforward_layernorm), ``post_ffw_norm``,
+``ffn_{gate,up,down}``; **every norm stored as 1 + w**. Metadata: sizes, ``attention.key_length`` /
+``value_length`` (head_dim), gemma2's ``attn_logit_softcapping``, ``final_logit_softcapping`` and
+``attention.sliding_window``; gemma3's ``rope.freq_base`` (the global θ), ``attention.sliding_window``,
+``rope.scaling.type`` / ``factor`` (linear, global layers only). Plus ``{arch}.attention.scale``, which the
+converter does not write (see ``write_gemma``).
+
+gpt-oss (``MODEL_ARCH.GPT_OSS``): ``token_embd``, ``output_norm``, ``output``, per layer ``attn_norm``,
+``post_attention_norm``, ``attn_{q,k,v,output}`` with biases, ``attn_sinks``, ``ffn_gate_inp`` (the router,
+with bias), ``ffn_{gate,up,down}_exps`` with biases (gate and up split from the interleaved gate_up).
+Metadata: sizes, expert counts, ``rope.scaling.*`` (yarn: factor, N₀, β), ``rope.freq_base``,
+``attention.sliding_window``, ``expert_feed_forward_length``.
+
+DeepSeek (``MODEL_ARCH.DEEPSEEK2``): ``token_embd``, ``output_norm``, ``output``, per layer ``attn_norm``,
+``attn_q`` or ``attn_q_a`` / ``attn_q_a_norm`` / ``attn_q_b``, ``attn_kv_a_mqa``, ``attn_kv_a_norm``,
+``attn_k_b`` / ``attn_v_b`` (kv_b split per head), ``attn_output``, ``ffn_norm``; dense blocks ``ffn_{gate,up,
+down}``, MoE blocks ``ffn_gate_inp``, ``exp_probs_b`` (V3), ``ffn_{gate,up,down}_exps`` and ``_shexp``.
 
 Usage (from the repository root):
     python tests/reference/generate_family_gguf.py            # (re)write the files
@@ -34,7 +60,6 @@ import numpy as np
 
 ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..")
 FIXTURES = os.path.join(ROOT, "fixtures", "families")
-NAMES = ["phi3", "phi3-longrope"]
 
 LAYER_NAMES = {
     "input_layernorm": "attn_norm",
@@ -100,15 +125,304 @@ def write_phi3(fixture_dir, out_path):
     w.close()
 
 
+GEMMA_NAMES = {
+    "input_layernorm": "attn_norm",
+    "self_attn.q_proj": "attn_q",
+    "self_attn.k_proj": "attn_k",
+    "self_attn.v_proj": "attn_v",
+    "self_attn.o_proj": "attn_output",
+    "self_attn.q_norm": "attn_q_norm",
+    "self_attn.k_norm": "attn_k_norm",
+    "post_attention_layernorm": "post_attention_norm",
+    "pre_feedforward_layernorm": "ffn_norm",
+    "post_feedforward_layernorm": "post_ffw_norm",
+    "mlp.gate_proj": "ffn_gate",
+    "mlp.up_proj": "ffn_up",
+    "mlp.down_proj": "ffn_down",
+}
+
+
+def gemma_name(hf):
+    if hf == "model.embed_tokens.weight":
+        return "token_embd.weight"
+    if hf == "model.norm.weight":
+        return "output_norm.weight"
+    _, _, layer, rest = hf.split(".", 3)
+    stem, suffix = rest.rsplit(".", 1)
+    return f"blk.{layer}.{GEMMA_NAMES[stem]}.{suffix}"
+
+
+def write_gemma(fixture_dir, out_path):
+    """``Gemma2Model`` / ``Gemma3Model`` of the converter: every ``*norm.weight`` stored as 1 + w (in the
+    tensor's own dtype, f32 here), no ``output`` (tied; a ``lm_head`` is skipped), no q/k permutation."""
+    import gguf
+    from safetensors.numpy import load_file
+
+    cfg = json.load(open(os.path.join(fixture_dir, "config.json")))
+    arch = {"gemma2": "gemma2", "gemma3_text": "gemma3"}[cfg["model_type"]]
+    w = gguf.GGUFWriter(out_path, arch)
+    w.add_context_length(cfg["max_position_embeddings"])
+    w.add_embedding_length(cfg["hidden_size"])
+    w.add_block_count(cfg["num_hidden_layers"])
+    w.add_feed_forward_length(cfg["intermediate_size"])
+    w.add_head_count(cfg["num_attention_heads"])
+    w.add_head_count_kv(cfg["num_key_value_heads"])
+    w.add_layer_norm_rms_eps(cfg["rms_norm_eps"])
+    w.add_key_length(cfg["head_dim"])
+    w.add_value_length(cfg["head_dim"])
+    w.add_file_type(gguf.LlamaFileType.ALL_F32)
+    if arch == "gemma2":
+        w.add_attn_logit_softcapping(cfg["attn_logit_softcapping"])
+        w.add_final_logit_softcapping(cfg["final_logit_softcapping"])
+        w.add_sliding_window(cfg["sliding_window"])
+    else:
+        rope = cfg["rope_parameters"]
+        w.add_rope_freq_base(rope["full_attention"]["rope_theta"])  # the global layers' θ
+        if cfg.get("final_logit_softcapping"):
+            w.add_final_logit_softcapping(cfg["final_logit_softcapping"])
+        w.add_sliding_window(cfg["sliding_window"])
+        full = rope["full_attention"]
+        if full.get("rope_type") == "linear":  # applied to global layers only
+            w.add_rope_scaling_type(gguf.RopeScalingType.LINEAR)
+            w.add_rope_scaling_factor(full["factor"])
+    # Not the converter's: GGUF has no query_pre_attn_scalar and llama.cpp derives τ from the model's
+    # size (1/√head_dim, or 1/√(hidden/H) for 27B), which a 4- or 6-layer fixture is none of; its τ goes in
+    # gguf-py's `{arch}.attention.scale`, which the tool reads before the size rule.
+    w.add_attention_scale(cfg["query_pre_attn_scalar"] ** -0.5)
+    tensors = load_file(os.path.join(fixture_dir, "model.safetensors"))
+    for name in sorted(tensors):
+        if name == "lm_head.weight":
+            continue
+        t = tensors[name].astype(np.float32)
+        if name.endswith("norm.weight"):
+            t = t + np.float32(1)
+        w.add_tensor(gemma_name(name), np.ascontiguousarray(t))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+
+
+GPT_OSS_NAMES = {
+    "input_layernorm": "attn_norm",
+    "post_attention_layernorm": "post_attention_norm",
+    "self_attn.q_proj": "attn_q",
+    "self_attn.k_proj": "attn_k",
+    "self_attn.v_proj": "attn_v",
+    "self_attn.o_proj": "attn_output",
+    "mlp.router": "ffn_gate_inp",
+}
+
+
+def gpt_oss_tensors(name, t):
+    """The converter's tensors for one checkpoint tensor (``GptOssModel.modify_tensors``, unquantized experts:
+    gate_up [E, hidden, 2I] transposed to [E, 2I, hidden] and split into its even (gate) and odd (up) rows,
+    the bias likewise along its last axis; down [E, I, hidden] transposed; the sinks as ``attn_sinks.weight``)."""
+    if name == "model.embed_tokens.weight":
+        return [("token_embd.weight", t)]
+    if name == "model.norm.weight":
+        return [("output_norm.weight", t)]
+    if name == "lm_head.weight":
+        return [("output.weight", t)]
+    _, _, layer, rest = name.split(".", 3)
+    blk = f"blk.{layer}"
+    if rest == "self_attn.sinks":
+        return [(f"{blk}.attn_sinks.weight", t)]
+    if rest == "mlp.experts.gate_up_proj":
+        t = t.swapaxes(-1, -2)
+        return [(f"{blk}.ffn_gate_exps.weight", t[:, ::2, :]), (f"{blk}.ffn_up_exps.weight", t[:, 1::2, :])]
+    if rest == "mlp.experts.gate_up_proj_bias":
+        return [(f"{blk}.ffn_gate_exps.bias", t[..., ::2]), (f"{blk}.ffn_up_exps.bias", t[..., 1::2])]
+    if rest == "mlp.experts.down_proj":
+        return [(f"{blk}.ffn_down_exps.weight", t.swapaxes(-1, -2))]
+    if rest == "mlp.experts.down_proj_bias":
+        return [(f"{blk}.ffn_down_exps.bias", t)]
+    stem, suffix = rest.rsplit(".", 1)
+    return [(f"{blk}.{GPT_OSS_NAMES[stem]}.{suffix}", t)]
+
+
+def write_gpt_oss(fixture_dir, out_path):
+    """``GptOssModel`` of the converter on a checkpoint whose experts are not MXFP4 (its "not in MXFP4" path;
+    the hub's MXFP4 experts would be repacked as ggml MXFP4, which the tool does not read): the base
+    ``TextModel`` metadata (sizes, head counts, key/value length, expert counts, yarn rope), then
+    ``attention.sliding_window`` and ``expert_feed_forward_length``."""
+    import gguf
+    from safetensors.numpy import load_file
+
+    cfg = json.load(open(os.path.join(fixture_dir, "config.json")))
+    rope = cfg["rope_parameters"]
+    w = gguf.GGUFWriter(out_path, "gpt-oss")
+    w.add_block_count(cfg["num_hidden_layers"])
+    w.add_context_length(cfg["max_position_embeddings"])
+    w.add_embedding_length(cfg["hidden_size"])
+    w.add_feed_forward_length(cfg["intermediate_size"])
+    w.add_head_count(cfg["num_attention_heads"])
+    w.add_head_count_kv(cfg["num_key_value_heads"])
+    w.add_rope_scaling_type(gguf.RopeScalingType.YARN)
+    w.add_rope_scaling_factor(rope["factor"])
+    w.add_rope_scaling_orig_ctx_len(rope["original_max_position_embeddings"])
+    w.add_rope_scaling_yarn_beta_fast(rope["beta_fast"])
+    w.add_rope_scaling_yarn_beta_slow(rope["beta_slow"])
+    w.add_rope_freq_base(rope["rope_theta"])
+    w.add_layer_norm_rms_eps(cfg["rms_norm_eps"])
+    w.add_expert_count(cfg["num_local_experts"])
+    w.add_expert_used_count(cfg["num_experts_per_tok"])
+    w.add_key_length(cfg["head_dim"])
+    w.add_value_length(cfg["head_dim"])
+    w.add_file_type(gguf.LlamaFileType.ALL_F32)
+    w.add_sliding_window(cfg["sliding_window"])
+    w.add_expert_feed_forward_length(cfg["intermediate_size"])
+    tensors = load_file(os.path.join(fixture_dir, "model.safetensors"))
+    for name in sorted(tensors):
+        for g, t in gpt_oss_tensors(name, tensors[name].astype(np.float32)):
+            w.add_tensor(g, np.ascontiguousarray(t))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+
+
+DEEPSEEK_NAMES = {
+    "input_layernorm": "attn_norm",
+    "post_attention_layernorm": "ffn_norm",
+    "self_attn.q_proj": "attn_q",
+    "self_attn.q_a_proj": "attn_q_a",
+    "self_attn.q_a_layernorm": "attn_q_a_norm",
+    "self_attn.q_b_proj": "attn_q_b",
+    "self_attn.kv_a_proj_with_mqa": "attn_kv_a_mqa",
+    "self_attn.kv_a_layernorm": "attn_kv_a_norm",
+    "self_attn.o_proj": "attn_output",
+    "mlp.gate_proj": "ffn_gate",
+    "mlp.up_proj": "ffn_up",
+    "mlp.down_proj": "ffn_down",
+    "mlp.gate": "ffn_gate_inp",
+    "mlp.shared_experts.gate_proj": "ffn_gate_shexp",
+    "mlp.shared_experts.up_proj": "ffn_up_shexp",
+    "mlp.shared_experts.down_proj": "ffn_down_shexp",
+}
+
+
+def deepseek_tensors(cfg, tensors):
+    """The converter's tensors (``DeepseekV2Model.modify_tensors``): each layer's routed experts stacked into
+    ``ffn_{gate,up,down}_exps`` [E, out, in]; ``kv_b_proj`` [H·(d_nope + d_v), r] split per head into
+    ``attn_k_b`` (its k rows, transposed: [H, r, d_nope]) and ``attn_v_b`` [H, d_v, r]; V3's
+    ``e_score_correction_bias`` as ``exp_probs_b.bias``."""
+    heads, d_nope, d_v = cfg["num_attention_heads"], cfg["qk_nope_head_dim"], cfg["v_head_dim"]
+    out = []
+    for name in sorted(tensors):
+        t = tensors[name]
+        if name == "model.embed_tokens.weight":
+            out.append(("token_embd.weight", t))
+            continue
+        if name == "model.norm.weight":
+            out.append(("output_norm.weight", t))
+            continue
+        if name == "lm_head.weight":
+            out.append(("output.weight", t))
+            continue
+        _, _, layer, rest = name.split(".", 3)
+        blk = f"blk.{layer}"
+        if rest.startswith("mlp.experts."):
+            _, _, e, w, _ = rest.split(".")
+            if e != "0":
+                continue
+            stacked = np.stack([tensors[f"model.layers.{layer}.mlp.experts.{x}.{w}.weight"]
+                                for x in range(cfg["n_routed_experts"])])
+            out.append((f"{blk}.ffn_{w.removesuffix('_proj')}_exps.weight", stacked))
+            continue
+        if rest == "self_attn.kv_b_proj.weight":
+            kv_b = t.reshape(heads, d_nope + d_v, t.shape[-1])
+            out.append((f"{blk}.attn_k_b.weight", kv_b[:, :d_nope, :].swapaxes(1, 2)))
+            out.append((f"{blk}.attn_v_b.weight", kv_b[:, d_nope:, :]))
+            continue
+        if rest == "mlp.gate.e_score_correction_bias":
+            out.append((f"{blk}.exp_probs_b.bias", t))
+            continue
+        stem, suffix = rest.rsplit(".", 1)
+        out.append((f"{blk}.{DEEPSEEK_NAMES[stem]}.{suffix}", t))
+    return out
+
+
+def write_deepseek(fixture_dir, out_path):
+    """``DeepseekV2Model`` of the converter (DeepSeek V2 and V3 alike, ``deepseek2``): the base metadata with
+    ``head_count_kv`` 1 (MLA as MQA) and the yarn rope, then the leading dense blocks, the ranks,
+    ``key_length``/``value_length`` (the latent r + d_R and r) and their ``_mla`` forms (d_nope + d_R, d_v),
+    the experts, ``rope.dimension_count`` d_R and ``rope.scaling.yarn_log_multiplier`` 0.1·mscale_all_dim. The
+    V3 fixture's sigmoid router is ``expert_gating_func`` 2 (what the hub config's ``scoring_func`` sigmoid
+    gives), and ``expert_group_count``/``expert_group_used_count`` carry n_group/topk_group."""
+    import gguf
+    from safetensors.numpy import load_file
+
+    cfg = json.load(open(os.path.join(fixture_dir, "config.json")))
+    rope = cfg["rope_parameters"]
+    v3 = cfg["model_type"] == "deepseek_v3"
+    r = cfg["kv_lora_rank"]
+    w = gguf.GGUFWriter(out_path, "deepseek2")
+    w.add_block_count(cfg["num_hidden_layers"])
+    w.add_context_length(cfg["max_position_embeddings"])
+    w.add_embedding_length(cfg["hidden_size"])
+    w.add_feed_forward_length(cfg["intermediate_size"])
+    w.add_head_count(cfg["num_attention_heads"])
+    w.add_head_count_kv(1)
+    w.add_rope_scaling_type(gguf.RopeScalingType.YARN)
+    w.add_rope_scaling_factor(rope["factor"])
+    w.add_rope_scaling_orig_ctx_len(rope["original_max_position_embeddings"])
+    w.add_rope_scaling_yarn_beta_fast(rope["beta_fast"])
+    w.add_rope_scaling_yarn_beta_slow(rope["beta_slow"])
+    w.add_rope_freq_base(rope["rope_theta"])
+    w.add_layer_norm_rms_eps(cfg["rms_norm_eps"])
+    w.add_expert_used_count(cfg["num_experts_per_tok"])
+    w.add_expert_group_count(cfg["n_group"])
+    w.add_expert_group_used_count(cfg["topk_group"])
+    w.add_file_type(gguf.LlamaFileType.ALL_F32)
+    w.add_leading_dense_block_count(cfg["first_k_dense_replace"])
+    w.add_vocab_size(cfg["vocab_size"])
+    if cfg.get("q_lora_rank") is not None:
+        w.add_q_lora_rank(cfg["q_lora_rank"])
+    w.add_kv_lora_rank(r)
+    w.add_key_length(r + cfg["qk_rope_head_dim"])
+    w.add_value_length(r)
+    w.add_key_length_mla(cfg["qk_nope_head_dim"] + cfg["qk_rope_head_dim"])
+    w.add_value_length_mla(cfg["v_head_dim"])
+    w.add_expert_feed_forward_length(cfg["moe_intermediate_size"])
+    w.add_expert_count(cfg["n_routed_experts"])
+    w.add_expert_shared_count(cfg["n_shared_experts"])
+    w.add_expert_weights_scale(cfg["routed_scaling_factor"])
+    if cfg.get("norm_topk_prob"):
+        w.add_expert_weights_norm(True)
+    if v3:
+        w.add_expert_gating_func(gguf.ExpertGatingFuncType.SIGMOID)
+    w.add_rope_dimension_count(cfg["qk_rope_head_dim"])
+    w.add_rope_scaling_yarn_log_mul(0.1 * rope["mscale_all_dim"])
+    tensors = {k: v.astype(np.float32) for k, v in load_file(os.path.join(fixture_dir, "model.safetensors")).items()}
+    for g, t in deepseek_tensors(cfg, tensors):
+        w.add_tensor(g, np.ascontiguousarray(t))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+
+
+WRITERS = {
+    "phi3": write_phi3,
+    "phi3-longrope": write_phi3,
+    "gemma2": write_gemma,
+    "gemma3": write_gemma,
+    "gpt_oss": write_gpt_oss,
+    "deepseek_v2": write_deepseek,
+    "deepseek_v3": write_deepseek,
+}
+
+
 def main():
     check = "--check" in sys.argv
     with tempfile.TemporaryDirectory() as tmp:
         bad = []
-        for name in NAMES:
+        for name, write in WRITERS.items():
             fixture_dir = os.path.join(FIXTURES, name)
             target = os.path.join(fixture_dir, "model.gguf")
             out = os.path.join(tmp, f"{name}.gguf") if check else target
-            write_phi3(fixture_dir, out)
+            write(fixture_dir, out)
             if check and not filecmp.cmp(out, target, shallow=False):
                 bad.append(name)
             print(f"{name}: {'checked' if check else 'wrote'} {os.path.relpath(target, ROOT)}")

@@ -1,0 +1,142 @@
+use std::path::{Path, PathBuf};
+
+use candle_core::quantized::gguf_file::Value as GgufValue;
+use candle_core::{DType, Device};
+
+use super::*;
+use crate::models::family::tests::fixture_config;
+use crate::models::gpt_oss::load;
+
+fn fixture() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures/families/gpt_oss")
+}
+
+/// The GGUF route (fixtures/families/gpt_oss/model.gguf, written by
+/// tests/reference/generate_family_gguf.py as llama.cpp's converter lays gpt-oss out: gate/up
+/// split from the interleaved experts, down transposed, the sinks as `attn_sinks`, F32) reads the
+/// same model: the same config fields that matter (yarn rope, windows, experts), the same spec
+/// with the same sinks at every layer, and at a sliding and a global layer bit-identical Q, K, V
+/// and sinks in f32 and f64 (the layers before L run the MoE on the rebuilt experts).
+#[test]
+fn the_gguf_route_reads_the_same_model_as_safetensors() {
+    let dev = Device::Cpu;
+    let dir = fixture();
+    let (config, _) = from_gguf(GgufFile::open(&dir.join("model.gguf")).unwrap(), &dev).unwrap();
+    let want = fixture_config("gpt_oss");
+    for field in [
+        "rope_parameters",
+        "layer_types",
+        "sliding_window",
+        "num_local_experts",
+        "num_experts_per_tok",
+        "intermediate_size",
+        "rms_norm_eps",
+        "head_dim",
+        "tie_word_embeddings",
+    ] {
+        assert_eq!(config[field], want[field], "{field}");
+    }
+    for layer in [2, 3] {
+        let mut st = NamedTensors::open_file(&dir.join("model.safetensors"), &dev).unwrap();
+        let (config, mut gg) =
+            from_gguf(GgufFile::open(&dir.join("model.gguf")).unwrap(), &dev).unwrap();
+        let a = load(&want, &mut st, layer).unwrap();
+        let b = load(&config, &mut gg, layer).unwrap();
+        assert_eq!(a.shape(), b.shape());
+        for l in 0..=layer {
+            assert_eq!(a.attention_spec(l), b.attention_spec(l), "layer {l}");
+        }
+        let ids: Vec<u32> = (0..40u32).map(|i| (i * 29 + 3) % 128).collect();
+        for dtype in [DType::F32, DType::F64] {
+            let (da, db) = (
+                a.layer_dump(&ids, dtype).unwrap(),
+                b.layer_dump(&ids, dtype).unwrap(),
+            );
+            assert_eq!(da.spec, db.spec);
+            assert_eq!(da.extra.len(), db.extra.len());
+            let pairs = [(&da.q, &db.q), (&da.k, &db.k), (&da.v, &db.v)]
+                .into_iter()
+                .chain(da.extra.iter().zip(&db.extra).map(|(x, y)| (&x.1, &y.1)));
+            for (x, y) in pairs {
+                let d = (x.to_dtype(DType::F64).unwrap() - y.to_dtype(DType::F64).unwrap())
+                    .unwrap()
+                    .abs()
+                    .unwrap()
+                    .max_all()
+                    .unwrap();
+                assert_eq!(
+                    d.to_scalar::<f64>().unwrap(),
+                    0.0,
+                    "layer {layer} {dtype:?}"
+                );
+            }
+        }
+    }
+}
+
+/// The fixture's GGUF rewritten without `drop` and with `extra`; the error of reading it.
+fn refused(drop: &str, extra: &[(&str, GgufValue)]) -> String {
+    let tmp = tempfile::tempdir().unwrap();
+    let path = tmp.path().join("bad.gguf");
+    crate::models::gguf::tests::rewritten(
+        &fixture().join("model.gguf"),
+        &path,
+        |k| k != drop,
+        extra,
+    );
+    let e = from_gguf(GgufFile::open(&path).unwrap(), &Device::Cpu)
+        .err()
+        .expect("refused");
+    assert!(e.downcast_ref::<crate::UsageError>().is_some(), "{e:#}");
+    format!("{e:#}")
+}
+
+#[test]
+fn bad_gpt_oss_metadata_is_refused_naming_the_key() {
+    for (key, value) in [
+        ("gpt-oss.attention.sliding_window", Some(GgufValue::U32(0))),
+        ("gpt-oss.attention.sliding_window", None),
+        ("gpt-oss.expert_used_count", Some(GgufValue::U32(9))),
+        (
+            "gpt-oss.rope.scaling.type",
+            Some(GgufValue::String("linear".into())),
+        ),
+        ("gpt-oss.rope.scaling.original_context_length", None),
+        ("gpt-oss.attention.value_length", Some(GgufValue::U32(8))),
+        ("gpt-oss.block_count", None),
+    ] {
+        let extra: Vec<(&str, GgufValue)> = value.into_iter().map(|v| (key, v)).collect();
+        let m = refused(key, &extra);
+        assert!(m.contains(key), "{key}: {m}");
+    }
+}
+
+/// A GGUF holding an MXFP4 tensor (ggml type 39, what the hub's gpt-oss GGUFs store their experts
+/// in) is refused saying so, not called corrupt. The file is written byte by byte: GGUF v3, no
+/// metadata, one [32] tensor of type 39 (one block: a scale byte and 16 nibble bytes).
+#[test]
+fn an_mxfp4_gguf_is_refused_by_name() {
+    let mut b: Vec<u8> = Vec::new();
+    b.extend_from_slice(b"GGUF");
+    b.extend_from_slice(&3u32.to_le_bytes());
+    b.extend_from_slice(&1u64.to_le_bytes()); // tensors
+    b.extend_from_slice(&0u64.to_le_bytes()); // metadata
+    let name = b"blk.0.ffn_up_exps.weight";
+    b.extend_from_slice(&(name.len() as u64).to_le_bytes());
+    b.extend_from_slice(name);
+    b.extend_from_slice(&1u32.to_le_bytes()); // dims
+    b.extend_from_slice(&32u64.to_le_bytes());
+    b.extend_from_slice(&39u32.to_le_bytes()); // MXFP4
+    b.extend_from_slice(&0u64.to_le_bytes()); // offset
+    while !b.len().is_multiple_of(32) {
+        b.push(0);
+    }
+    b.extend_from_slice(&[0u8; 17]);
+    let tmp = tempfile::tempdir().unwrap();
+    let path = tmp.path().join("mxfp4.gguf");
+    std::fs::write(&path, &b).unwrap();
+    let e = GgufFile::open(&path).err().expect("refused");
+    let m = format!("{e:#}");
+    assert!(e.downcast_ref::<crate::UsageError>().is_some(), "{m}");
+    assert!(m.contains("MXFP4") && !m.contains("corrupt"), "{m}");
+}

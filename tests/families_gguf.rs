@@ -1,0 +1,231 @@
+//! The §7.7 families' GGUF files (METHODS.md §7.7, issue 45), as llama.cpp's converter writes them
+//! (tests/reference/generate_family_gguf.py): `dump-qkv` of each reads the same Q, K, V, extra
+//! tensors and spec as its safetensors, and bad metadata is a usage error naming its key.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+
+use candle_core::Device;
+use common::families::*;
+use common::*;
+use serde_json::Value;
+
+/// Fixture `name`'s GGUF (its `model.gguf`, or `gguf` in its place) in a directory of its own with
+/// the fixture's tokenizer, and no config.json: the GGUF's metadata is the configuration.
+fn gguf_dir(tmp: &Path, name: &str, gguf: Option<&Path>) -> PathBuf {
+    let dir = tmp.join(format!("{name}-gguf"));
+    std::fs::create_dir_all(&dir).unwrap();
+    let src = gguf
+        .map(Path::to_path_buf)
+        .unwrap_or_else(|| family_fixture(name).join("model.gguf"));
+    std::fs::copy(src, dir.join("model.gguf")).unwrap();
+    std::fs::copy(
+        family_fixture(name).join("tokenizer.json"),
+        dir.join("tokenizer.json"),
+    )
+    .unwrap();
+    dir
+}
+
+/// Fixture `name`'s GGUF (written by tests/reference/generate_family_gguf.py as llama.cpp's
+/// converter lays the family out) dumps at each of `layers` what its safetensors checkpoint dumps:
+/// the same token ids, q/k/v (and the extra tensors) equal up to `bound` (relative to the largest
+/// value; 0 where both routes compute with the same f32 weights) and within 1e-4 of transformers
+/// at the layers the fixture stores, and the same spec in the sidecar. The GGUF sidecars, for
+/// further checks.
+fn gguf_dumps_match_safetensors(name: &str, layers: &[usize], bound: f64) -> Vec<Value> {
+    let tmp = tempfile::tempdir().unwrap();
+    let (dir, corpus, ids) = family_dir(tmp.path(), name);
+    let gguf = gguf_dir(tmp.path(), name, None);
+    let want = expected(name, "expected.safetensors");
+    let mut sides = Vec::new();
+    for &layer in layers {
+        let flags = format!("--layer {layer}");
+        let (a, side_a, _) = dump(&dir, &corpus, &tmp.path().join("a.safetensors"), &flags);
+        let (b, side_b, _) = dump(&gguf, &corpus, &tmp.path().join("b.safetensors"), &flags);
+        assert_eq!(b["token_ids"].to_vec1::<u32>().unwrap(), ids, "{name}");
+        let mut names = vec!["q", "k", "v"];
+        names.extend(
+            ["sinks", "kv_latent", "w_kv_b"]
+                .into_iter()
+                .filter(|x| a.contains_key(*x)),
+        );
+        for x in names {
+            assert!(b.contains_key(x), "{name} layer {layer}: no {x}");
+            let e = rel(&b[x], &a[x]);
+            assert!(e <= bound, "{name} layer {layer} {x}: GGUF off by {e:e}");
+            // Where the fixture stores this layer.
+            if let Some(w) = want.get(&format!("layer{layer}.{x}")) {
+                let e = rel(&b[x], w);
+                assert!(e <= 1e-4, "{name} layer {layer} {x}: off by {e:e}");
+            }
+        }
+        for field in [
+            "scale",
+            "softcap",
+            "sliding_window",
+            "layer_type",
+            "head_dim_v",
+            "kv_heads",
+            "rope_factors",
+            "mla",
+        ] {
+            assert_eq!(side_a[field], side_b[field], "{name} layer {layer} {field}");
+        }
+        sides.push(side_b);
+    }
+    sides
+}
+
+/// A phi3 GGUF (fixtures/families/phi3/model.gguf) dumps what the safetensors checkpoint dumps.
+#[test]
+fn a_phi3_gguf_dumps_the_same_layer_as_its_safetensors() {
+    let sides = gguf_dumps_match_safetensors("phi3", &[2], 0.0);
+    assert_eq!(sides[0]["sliding_window"], 16, "{}", sides[0]);
+}
+
+/// Gemma 2 and 3 GGUFs (norms stored as 1 + w, llama.cpp's layer patterns, gemma3's local θ and
+/// global linear scaling, τ from `{arch}.attention.scale`) dump a sliding and a global layer as
+/// their safetensors do: the same f32 bits, gemma2's cap, the windows.
+#[test]
+fn gemma_ggufs_dump_the_same_sliding_and_global_layers_as_their_safetensors() {
+    let sides = gguf_dumps_match_safetensors("gemma2", &[2, 3], 0.0);
+    assert_eq!(sides[0]["softcap"], 8.0);
+    assert_eq!(
+        (&sides[0]["sliding_window"], &sides[1]["sliding_window"]),
+        (&Value::from(16), &Value::Null)
+    );
+    let sides = gguf_dumps_match_safetensors("gemma3", &[4, 5], 0.0);
+    assert_eq!(sides[0]["layer_type"], "sliding_attention");
+    assert_eq!(sides[1]["layer_type"], "full_attention");
+}
+
+/// A gpt-oss GGUF (experts split and transposed by the converter, put back by the reader; sinks as
+/// `attn_sinks`) dumps a sliding and a global layer as its safetensors do, the `sinks` tensor
+/// included (compared by the helper).
+#[test]
+fn a_gpt_oss_gguf_dumps_the_same_layers_and_sinks_as_its_safetensors() {
+    let sides = gguf_dumps_match_safetensors("gpt_oss", &[2, 3], 0.0);
+    assert_eq!(sides[0]["sliding_window"], 16);
+    assert_eq!(sides[1]["sliding_window"], Value::Null);
+}
+
+#[test]
+fn bad_gpt_oss_gguf_metadata_is_a_usage_error_naming_the_key() {
+    use candle_core::quantized::gguf_file::Value as V;
+    bad_gguf_names_its_key(
+        "gpt_oss",
+        "gpt-oss.attention.sliding_window",
+        Some(V::U32(0)),
+    );
+    bad_gguf_names_its_key("gpt_oss", "gpt-oss.expert_used_count", Some(V::U32(5)));
+    bad_gguf_names_its_key(
+        "gpt_oss",
+        "gpt-oss.rope.scaling.type",
+        Some(V::String("longrope".into())),
+    );
+}
+
+/// DeepSeek V2 and V3 GGUFs (`deepseek2`: experts stacked, kv_b split per head into attn_k_b and
+/// attn_v_b, τ from `rope.scaling.yarn_log_multiplier`) dump the dense layer 0 and the MoE layer 2
+/// as their safetensors do: q/k/v, `kv_latent` and `w_kv_b`, and the sidecar's `mla` object.
+#[test]
+fn deepseek_ggufs_dump_the_same_mla_layers_as_their_safetensors() {
+    for name in ["deepseek_v2", "deepseek_v3"] {
+        let sides = gguf_dumps_match_safetensors(name, &[0, 2], 0.0);
+        assert!(sides[1]["mla"].is_object(), "{name}: {}", sides[1]);
+    }
+}
+
+#[test]
+fn bad_deepseek_gguf_metadata_is_a_usage_error_naming_the_key() {
+    use candle_core::quantized::gguf_file::Value as V;
+    bad_gguf_names_its_key("deepseek_v3", "deepseek2.attention.q_lora_rank", None);
+    bad_gguf_names_its_key(
+        "deepseek_v2",
+        "deepseek2.expert_gating_func",
+        Some(V::U32(7)),
+    );
+    bad_gguf_names_its_key(
+        "deepseek_v2",
+        "deepseek2.attention.value_length",
+        Some(V::U32(16)),
+    );
+}
+
+/// Fixture `name`'s GGUF with the metadata key `key` set to `value` (added if absent, dropped
+/// when None), through gguf-py-free candle: the file `dump-qkv` then reads.
+fn gguf_with(
+    tmp: &Path,
+    name: &str,
+    key: &str,
+    value: Option<candle_core::quantized::gguf_file::Value>,
+) -> PathBuf {
+    use candle_core::quantized::gguf_file::{self, Content};
+    let src = family_fixture(name).join("model.gguf");
+    let mut reader = std::io::BufReader::new(std::fs::File::open(&src).unwrap());
+    let content = Content::read(&mut reader).unwrap();
+    let mut names: Vec<&String> = content.tensor_infos.keys().collect();
+    names.sort();
+    let tensors: Vec<(String, candle_core::quantized::QTensor)> = names
+        .iter()
+        .map(|n| {
+            let t = content.tensor(&mut reader, n, &Device::Cpu).unwrap();
+            (n.to_string(), t)
+        })
+        .collect();
+    let mut meta: Vec<(&str, &gguf_file::Value)> = content
+        .metadata
+        .iter()
+        .filter(|(k, _)| k.as_str() != key)
+        .map(|(k, v)| (k.as_str(), v))
+        .collect();
+    meta.sort_by_key(|(k, _)| *k);
+    if let Some(v) = &value {
+        meta.push((key, v));
+    }
+    let out = tmp.join(format!("{name}-bad.gguf"));
+    let t: Vec<(&str, &candle_core::quantized::QTensor)> =
+        tensors.iter().map(|(n, t)| (n.as_str(), t)).collect();
+    gguf_file::write(&mut std::fs::File::create(&out).unwrap(), &meta, &t).unwrap();
+    out
+}
+
+/// `dump-qkv` of fixture `name`'s GGUF with `key` changed exits 2 with a message naming the key.
+fn bad_gguf_names_its_key(
+    name: &str,
+    key: &str,
+    value: Option<candle_core::quantized::gguf_file::Value>,
+) {
+    let tmp = tempfile::tempdir().unwrap();
+    let bad = gguf_with(tmp.path(), name, key, value);
+    let dir = gguf_dir(tmp.path(), name, Some(&bad));
+    let corpus = family_fixture(name).join("corpus.txt");
+    let out = tmp.path().join("d.safetensors");
+    let o = decoder_cli(
+        &dir,
+        &corpus,
+        &format!("dump-qkv --length 40 --layer 1 --out {}", out.display()),
+    );
+    assert_eq!(o.status.code(), Some(2), "{name} {key}: {}", stderr(&o));
+    assert!(stderr(&o).contains(key), "{name} {key}: {}", stderr(&o));
+}
+
+#[test]
+fn bad_gemma_gguf_metadata_is_a_usage_error_naming_the_key() {
+    use candle_core::quantized::gguf_file::Value as V;
+    // Neither llama.cpp's sizes (4 layers) nor an attention.scale: τ unknown.
+    bad_gguf_names_its_key("gemma2", "gemma2.attention.scale", None);
+    bad_gguf_names_its_key(
+        "gemma2",
+        "gemma2.attn_logit_softcapping",
+        Some(V::F32(-1.0)),
+    );
+    bad_gguf_names_its_key("gemma3", "gemma3.attention.sliding_window", Some(V::U32(0)));
+    bad_gguf_names_its_key(
+        "gemma3",
+        "gemma3.rope.scaling.type",
+        Some(V::String("yarn".into())),
+    );
+}
