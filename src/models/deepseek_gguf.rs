@@ -192,14 +192,10 @@ fn rope(file: &GgufFile, key: &dyn Fn(&str) -> String) -> Result<Value> {
 /// values relate to the checkpoint's; `kv_b_whole` for a file with the unsplit `attn_kv_b`.
 fn gguf_name(hf: &str, kv_b_whole: bool) -> Option<(String, GgufValues)> {
     let same = |g: String| Some((g, GgufValues::Same));
-    match hf {
-        "model.embed_tokens.weight" => return same("token_embd.weight".into()),
-        "model.norm.weight" => return same("output_norm.weight".into()),
-        "lm_head.weight" => return same("output.weight".into()),
-        _ => {}
-    }
-    let rest = hf.strip_prefix("model.layers.")?;
-    let (layer, rest) = rest.split_once('.')?;
+    let (layer, rest) = match super::gguf::hf_tensor(hf)? {
+        super::gguf::HfTensor::Outside(g) => return Some((g.into(), GgufValues::Same)),
+        super::gguf::HfTensor::Block { layer, rest } => (layer, rest),
+    };
     let blk = |g: &str| format!("blk.{layer}.{g}");
     if let Some(e) = rest.strip_prefix("mlp.experts.") {
         // mlp.experts.{e}.{gate,up,down}_proj.weight

@@ -24,22 +24,7 @@ pub fn from_gguf(file: GgufFile, device: &Device) -> Result<(Value, NamedTensors
         other => return Err(usage!("GGUF {}: \"{other}\" is not a gemma", file.path())),
     };
     let key = |k: &str| format!("{arch}.{k}");
-    let hidden = file.req(&key("embedding_length"))?;
-    let heads = file.req(&key("attention.head_count"))?;
-    let layers = file.req(&key("block_count"))?;
-    let head_dim = file
-        .meta_usize(&key("attention.key_length"))?
-        .unwrap_or(hidden / heads.max(1));
-    if let Some(v) = file.meta_usize(&key("attention.value_length"))? {
-        if v != head_dim {
-            return Err(usage!(
-                "GGUF {}: metadata {} is {v} but {} is {head_dim}; a gemma's K and V heads have one size",
-                file.path(),
-                key("attention.value_length"),
-                key("attention.key_length")
-            ));
-        }
-    }
+    let (hidden, heads, layers, head_dim) = super::gguf::attention_sizes(&file, &arch, "a gemma")?;
     // gemma rotates every dimension: a partial count is not a gemma this reads.
     if let Some(d) = file.meta_usize(&key("rope.dimension_count"))? {
         if d != head_dim {
@@ -265,13 +250,10 @@ pub(super) fn layer_types(
 /// llama.cpp's name of a gemma tensor (its tensor map for `MODEL_ARCH.GEMMA2` / `GEMMA3`); every
 /// norm is stored as 1 + w (the converter's `norm.weight` shift), undone here.
 fn gguf_name(hf: &str) -> Option<(String, GgufValues)> {
-    let (g, shifted) = match hf {
-        "model.embed_tokens.weight" => ("token_embd.weight".to_string(), false),
-        "model.norm.weight" => ("output_norm.weight".to_string(), true),
-        "lm_head.weight" => ("output.weight".to_string(), false),
-        _ => {
-            let rest = hf.strip_prefix("model.layers.")?;
-            let (layer, rest) = rest.split_once('.')?;
+    use super::gguf::HfTensor;
+    let (g, shifted) = match super::gguf::hf_tensor(hf)? {
+        HfTensor::Outside(g) => (g.to_string(), g == "output_norm.weight"),
+        HfTensor::Block { layer, rest } => {
             let (stem, suffix) = rest.rsplit_once('.')?;
             let g = match stem {
                 "input_layernorm" => "attn_norm",

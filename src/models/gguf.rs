@@ -318,17 +318,61 @@ impl GgufFile {
     }
 }
 
+/// Where a checkpoint tensor sits in llama.cpp's layout (every architecture's tensor map): one of
+/// the three outside the blocks, by its GGUF name, or block `layer`'s tensor `rest`.
+pub(crate) enum HfTensor<'a> {
+    Outside(&'static str),
+    Block { layer: &'a str, rest: &'a str },
+}
+
+/// [`HfTensor`] of a Hugging Face tensor name; None for a name in neither place.
+pub(crate) fn hf_tensor(hf: &str) -> Option<HfTensor<'_>> {
+    Some(match hf {
+        "model.embed_tokens.weight" => HfTensor::Outside("token_embd.weight"),
+        "model.norm.weight" => HfTensor::Outside("output_norm.weight"),
+        "lm_head.weight" => HfTensor::Outside("output.weight"),
+        _ => {
+            let (layer, rest) = hf.strip_prefix("model.layers.")?.split_once('.')?;
+            HfTensor::Block { layer, rest }
+        }
+    })
+}
+
+/// The attention sizes of `{arch}.*`: (hidden, heads, layers, head size), the head size being
+/// `attention.key_length` (hidden/heads when absent); a `value_length` unlike it is a usage error
+/// (`family` names the model whose K and V heads have one size).
+pub(crate) fn attention_sizes(
+    file: &GgufFile,
+    arch: &str,
+    family: &str,
+) -> Result<(usize, usize, usize, usize)> {
+    let key = |k: &str| format!("{arch}.{k}");
+    let hidden = file.req(&key("embedding_length"))?;
+    let heads = file.req(&key("attention.head_count"))?;
+    let layers = file.req(&key("block_count"))?;
+    let head_dim = file
+        .meta_usize(&key("attention.key_length"))?
+        .unwrap_or(hidden / heads.max(1));
+    if let Some(v) = file.meta_usize(&key("attention.value_length"))? {
+        if v != head_dim {
+            return Err(usage!(
+                "GGUF {}: metadata {} is {v} but {} is {head_dim}; {family}'s K and V heads have one size",
+                file.path(),
+                key("attention.value_length"),
+                key("attention.key_length")
+            ));
+        }
+    }
+    Ok((hidden, heads, layers, head_dim))
+}
+
 /// The GGUF name of a Hugging Face tensor name, and the number of heads whose rows llama.cpp
 /// permuted (Some for q/k of the llama architecture).
 fn gguf_name(hf: &str, cfg: &DecoderConfig) -> Option<(String, Option<usize>)> {
-    match hf {
-        "model.embed_tokens.weight" => return Some(("token_embd.weight".into(), None)),
-        "model.norm.weight" => return Some(("output_norm.weight".into(), None)),
-        "lm_head.weight" => return Some(("output.weight".into(), None)),
-        _ => {}
-    }
-    let rest = hf.strip_prefix("model.layers.")?;
-    let (l, part) = rest.split_once('.')?;
+    let (l, part) = match hf_tensor(hf)? {
+        HfTensor::Outside(g) => return Some((g.into(), None)),
+        HfTensor::Block { layer, rest } => (layer, rest),
+    };
     let permuted = cfg.family == DecoderFamily::Llama;
     let (stem, suffix) = part.rsplit_once('.')?;
     let (g, heads) = match stem {

@@ -27,21 +27,7 @@ const ARCH: &str = "gpt-oss";
 pub fn from_gguf(file: GgufFile, device: &Device) -> Result<(Value, NamedTensors)> {
     let key = |k: &str| format!("{ARCH}.{k}");
     let path = file.path().to_string();
-    let hidden = file.req(&key("embedding_length"))?;
-    let heads = file.req(&key("attention.head_count"))?;
-    let layers = file.req(&key("block_count"))?;
-    let head_dim = file
-        .meta_usize(&key("attention.key_length"))?
-        .unwrap_or(hidden / heads.max(1));
-    if let Some(v) = file.meta_usize(&key("attention.value_length"))? {
-        if v != head_dim {
-            return Err(usage!(
-                "GGUF {path}: metadata {} is {v} but {} is {head_dim}; gpt-oss's K and V heads have one size",
-                key("attention.value_length"),
-                key("attention.key_length")
-            ));
-        }
-    }
+    let (hidden, heads, layers, head_dim) = super::gguf::attention_sizes(&file, ARCH, "gpt-oss")?;
     let experts = file.req(&key("expert_count"))?;
     let used = file.req(&key("expert_used_count"))?;
     if used == 0 || used > experts {
@@ -155,14 +141,10 @@ fn rope(file: &GgufFile, key: &dyn Fn(&str) -> String) -> Result<Value> {
 /// values relate to the checkpoint's.
 fn gguf_name(hf: &str) -> Option<(String, GgufValues)> {
     let same = |g: String| Some((g, GgufValues::Same));
-    match hf {
-        "model.embed_tokens.weight" => return same("token_embd.weight".into()),
-        "model.norm.weight" => return same("output_norm.weight".into()),
-        "lm_head.weight" => return same("output.weight".into()),
-        _ => {}
-    }
-    let rest = hf.strip_prefix("model.layers.")?;
-    let (layer, rest) = rest.split_once('.')?;
+    let (layer, rest) = match super::gguf::hf_tensor(hf)? {
+        super::gguf::HfTensor::Outside(g) => return Some((g.into(), GgufValues::Same)),
+        super::gguf::HfTensor::Block { layer, rest } => (layer, rest),
+    };
     let blk = |g: &str| format!("blk.{layer}.{g}");
     let experts = |transpose: bool, suffix: &str| {
         Some((

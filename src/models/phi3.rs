@@ -463,14 +463,10 @@ pub fn from_gguf(
 /// llama.cpp's name of a phi3 tensor (its tensor map for `MODEL_ARCH.PHI3`).
 fn gguf_name(hf: &str) -> Option<(String, GgufValues)> {
     let same = |g: String| Some((g, GgufValues::Same));
-    match hf {
-        "model.embed_tokens.weight" => return same("token_embd.weight".into()),
-        "model.norm.weight" => return same("output_norm.weight".into()),
-        "lm_head.weight" => return same("output.weight".into()),
-        _ => {}
-    }
-    let rest = hf.strip_prefix("model.layers.")?;
-    let (layer, rest) = rest.split_once('.')?;
+    let (layer, rest) = match super::gguf::hf_tensor(hf)? {
+        super::gguf::HfTensor::Outside(g) => return Some((g.into(), GgufValues::Same)),
+        super::gguf::HfTensor::Block { layer, rest } => (layer, rest),
+    };
     let (stem, suffix) = rest.rsplit_once('.')?;
     let g = match stem {
         "input_layernorm" => "attn_norm",
