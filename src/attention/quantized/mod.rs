@@ -26,9 +26,12 @@ use crate::numerics::formats::RunFloat;
 
 pub mod kivi;
 pub mod kv_cache;
+mod kv_latent;
 pub mod online_softmax;
 pub mod sage;
 
+#[cfg(test)]
+mod latent_tests;
 #[cfg(test)]
 mod spec_tests;
 #[cfg(test)]
