@@ -22,6 +22,9 @@
 //! never by a code: Q is quantized as it stands, unscaled. On a family layer (§7.7.6) the cache
 //! is quantized as on any other, then read under the layer's spec: its window's keys only, the
 //! cap on the quantized product's logits, the sink unquantized in every denominator.
+//!
+//! On an MLA layer (a head with [`HeadInputs::latent`]) the cache holds the layer's latent rows
+//! instead of this head's K/V, quantized in the same formats and read absorbed (kv_latent.rs).
 
 use anyhow::Result;
 use candle_core::Tensor;
