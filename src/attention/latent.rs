@@ -82,7 +82,8 @@ impl HeadLatent {
     pub fn absorbed_query(&self, q: &Tensor) -> Result<Tensor> {
         let d_nope = q.dims()[1] - self.d_rope();
         let w_uk = self.layer.w_kv_b.get(self.head)?.narrow(0, 0, d_nope)?;
-        let q_nope = q.narrow(1, 0, d_nope)?.matmul(&w_uk)?;
+        // Contiguous operands: a column slice's row stride is not every device's matmul layout.
+        let q_nope = q.narrow(1, 0, d_nope)?.contiguous()?.matmul(&w_uk)?;
         let q_pe = q.narrow(1, d_nope, self.d_rope())?;
         Ok(Tensor::cat(&[&q_nope, &q_pe], 1)?.contiguous()?)
     }
@@ -91,7 +92,7 @@ impl HeadLatent {
     pub fn output(&self, y: &Tensor, d_v: usize) -> Result<Tensor> {
         let w = self.layer.w_kv_b.get(self.head)?;
         let d_nope = w.dims()[0] - d_v;
-        let w_uv = w.narrow(0, d_nope, d_v)?;
-        Ok(y.matmul(&w_uv.t()?)?)
+        let w_uv = w.narrow(0, d_nope, d_v)?.t()?.contiguous()?;
+        Ok(y.contiguous()?.matmul(&w_uv)?)
     }
 }

@@ -201,3 +201,31 @@ fn each_latent_cache_is_its_float64_definition() {
         }
     }
 }
+
+/// A latent view that does not fit the head (a head index past W_kvb's, another n) is a usage
+/// error naming both shapes.
+#[test]
+fn a_latent_that_does_not_fit_the_head_is_refused() {
+    let d = dump("deepseek_v3");
+    let latent = Arc::new(LayerLatent::new(extra(&d, "kv_latent"), extra(&d, "w_kv_b")).unwrap());
+    let short = Arc::new(
+        LayerLatent::new(
+            extra(&d, "kv_latent").narrow(0, 0, N - 1).unwrap(),
+            extra(&d, "w_kv_b"),
+        )
+        .unwrap(),
+    );
+    let h = d.q.dims()[0];
+    for (layer, head) in [(latent, h), (short, 0)] {
+        let hd = HeadInputs::with_spec(
+            d.q.get(0).unwrap(),
+            d.k.get(0).unwrap(),
+            d.v.get(0).unwrap(),
+            d.spec.for_head(0),
+        )
+        .unwrap();
+        let e = hd.with_latent(HeadLatent { layer, head }).err().unwrap();
+        assert!(e.downcast_ref::<crate::UsageError>().is_some(), "{e}");
+        assert!(e.to_string().contains("does not fit the MLA latent"), "{e}");
+    }
+}
