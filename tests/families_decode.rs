@@ -63,3 +63,49 @@ fn every_decode_method_runs_on_the_families_layers_and_is_exact_with_every_key()
         assert!(seen >= 4 * 13, "{name} {layer}: {seen} rows");
     }
 }
+
+/// On an MLA layer (DeepSeek-V3) the §9 methods decode the materialised heads under the layer's τ,
+/// exact once they keep every prompt key; the §8 latent cache has no decode form yet and is
+/// refused by name before a window is read, naming the methods that do run.
+#[test]
+fn an_mla_layer_decodes_with_the_section_9_methods_and_refuses_the_latent_cache() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (dir, corpus, _) = family_dir(tmp.path(), "deepseek_v3");
+    let out = tmp.path().join("dec");
+    let run_with = |methods: &str| {
+        decoder_cli(
+            &dir,
+            &corpus,
+            &format!(
+                "--lengths 40 --windows 1 --decode 8 --layer 1 --features 8,32 --methods {methods} --out {} --quiet --force",
+                out.display()
+            ),
+        )
+    };
+    let o = run_with("dec_window,snapkv,kv_f16");
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    assert!(
+        stderr(&o).contains("latent-row cache has no decode form yet")
+            && stderr(&o)
+                .contains("refused there: kv_f16; run the others with --methods dec_window,snapkv"),
+        "{}",
+        stderr(&o)
+    );
+    let o = run_with("dec_window,snapkv,h2o_dec,topk_dec");
+    assert!(o.status.success(), "{}", stderr(&o));
+    let mut rows = csv::Reader::from_path(out.join("trials.csv")).unwrap();
+    let header = rows.headers().unwrap().clone();
+    let col = |c: &str| header.iter().position(|h| h == c).unwrap();
+    let (d, rel) = (col("d"), col("rel_error"));
+    let mut exact = 0;
+    for r in rows.records() {
+        let r = r.unwrap();
+        let e: f64 = r[rel].parse().unwrap();
+        assert!(e.is_finite(), "{r:?}");
+        if &r[d] == "32" {
+            assert!(e < 1e-5, "{r:?}");
+            exact += 1;
+        }
+    }
+    assert!(exact >= 4 * 4, "{exact}");
+}

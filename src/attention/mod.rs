@@ -20,6 +20,7 @@ pub mod exact;
 pub mod exact_kernelized;
 pub mod features;
 pub mod hybrid;
+pub mod latent;
 pub mod lowrank;
 pub mod prefill;
 pub mod quantized;
@@ -70,6 +71,9 @@ pub struct HeadInputs {
     memo: Memo,
     /// [`HeadInputs::method_inputs`]'s rescaled head, built on first use.
     rescaled: OnceLock<Box<HeadInputs>>,
+    /// On an MLA layer, the window's latent rows and this head's W_kvb (docs/reference.md
+    /// §7.7.5): what the §8 caches quantize there ([`Method::reads_mla_latent`]); None elsewhere.
+    pub latent: Option<latent::HeadLatent>,
 }
 
 impl HeadInputs {
@@ -97,7 +101,15 @@ impl HeadInputs {
             kernelized: OnceLock::new(),
             memo: Memo::default(),
             rescaled: OnceLock::new(),
+            latent: None,
         })
+    }
+
+    /// The head with its MLA layer's latent view, checked against its Q and V.
+    pub fn with_latent(mut self, latent: latent::HeadLatent) -> Result<Self> {
+        latent.check(&self.q, &self.v)?;
+        self.latent = Some(latent);
+        Ok(self)
     }
 
     /// The head with its exact attention already computed (e.g. batched over a window's heads,
@@ -127,6 +139,7 @@ impl HeadInputs {
             kernelized: self.kernelized.clone(),
             memo: Memo::default(),
             rescaled: OnceLock::new(),
+            latent: self.latent.clone(),
         }
     }
 
@@ -574,6 +587,12 @@ pub trait Method: Send + Sync {
     fn check_head_dim(&self, p: usize) -> std::result::Result<(), String> {
         let _ = p;
         Ok(())
+    }
+    /// Whether the method runs on an MLA layer's latent row ([`HeadInputs::latent`]) rather than
+    /// the materialised K/V: the §8 KV caches (docs/reference.md §7.7.6, MLA). A sweep refuses
+    /// the other §8 methods on an MLA layer, and checks these against the latent's width.
+    fn reads_mla_latent(&self) -> bool {
+        false
     }
     /// Whether the method has a budget d. A method without one (the quantized family, §8.1) runs
     /// once per (window, head) with d = 0, whatever the d grid.

@@ -131,6 +131,14 @@ impl Prepared {
         }
     }
 
+    /// The values of an MLA layer's latent row, r + d_R (None for other models).
+    pub fn mla_latent_width(&self) -> Option<usize> {
+        match &self.model {
+            Model::Family { model } => model.mla_latent_width(),
+            _ => None,
+        }
+    }
+
     /// Refuses a sweep a §7.7 family's layer cannot have: a mask other than its own causal one
     /// (the spec is the layer's).
     pub fn check_family_sweep(&self, mask: crate::attention::Mask) -> Result<()> {
@@ -174,6 +182,18 @@ impl Prepared {
         candle_core::Tensor,
         candle_core::Tensor,
     )> {
+        let (q, k, v, _) = self.window_qkv_latent(inputs, n, window)?;
+        Ok((q, k, v))
+    }
+
+    /// [`Self::window_qkv`] and, on an MLA layer, the window's latent rows and the layer's W_kvb
+    /// (docs/reference.md §7.7.5), which the §8 caches quantize there.
+    pub fn window_qkv_latent(
+        &self,
+        inputs: &InputConfig,
+        n: usize,
+        window: usize,
+    ) -> Result<WindowQkv> {
         let ids = self.corpus.window(n, window)?;
         let compute = || match &self.model {
             Model::Bert { config, weights } => qkv::window_qkv_dropout(
@@ -187,17 +207,29 @@ impl Prepared {
             Model::Decoder { config, weights } => {
                 models::window_qkv(weights, config, &ids, inputs.candle_dtype())
             }
-            Model::Family { model } => {
+            Model::Family { .. } => unreachable!("a family's dump is not cached"),
+        };
+        let (q, k, v, latent) = match (&self.model, &self.qkv_cache) {
+            (Model::Family { model }, _) => {
                 let dump = model.layer_dump(&ids, inputs.candle_dtype())?;
-                Ok((dump.q, dump.k, dump.v))
+                let latent = if model.is_mla() {
+                    Some(std::sync::Arc::new(mla_latent(&dump)?))
+                } else {
+                    None
+                };
+                (dump.q, dump.k, dump.v, latent)
+            }
+            (_, Some(cache)) => {
+                let (q, k, v) = cache.get_or_compute(n, window, &self.device, compute)?;
+                (q, k, v, None)
+            }
+            (_, None) => {
+                let (q, k, v) = compute()?;
+                (q, k, v, None)
             }
         };
-        let (q, k, v) = match &self.qkv_cache {
-            Some(cache) => cache.get_or_compute(n, window, &self.device, compute)?,
-            None => compute()?,
-        };
         check_finite_forward(inputs, n, window, &[("Q", &q), ("K", &k), ("V", &v)])?;
-        Ok((q, k, v))
+        Ok((q, k, v, latent))
     }
 
     /// A §7.7 family's layer-L dump (Q, K, V, the layer's spec, its extra tensors and sidecar
@@ -221,6 +253,26 @@ impl Prepared {
         )?;
         Ok(Some(dump))
     }
+}
+
+/// A window's Q, K, V and, on an MLA layer, its latent view.
+pub type WindowQkv = (
+    candle_core::Tensor,
+    candle_core::Tensor,
+    candle_core::Tensor,
+    Option<std::sync::Arc<crate::attention::latent::LayerLatent>>,
+);
+
+/// The latent view of an MLA layer's dump: its `kv_latent` and `w_kv_b` extras.
+fn mla_latent(dump: &models::family::LayerDump) -> Result<crate::attention::latent::LayerLatent> {
+    let get = |name: &str| {
+        dump.extra
+            .iter()
+            .find(|(n, _)| n == name)
+            .map(|(_, t)| t.clone())
+            .ok_or_else(|| anyhow::anyhow!("an MLA layer's dump lacks its '{name}'"))
+    };
+    crate::attention::latent::LayerLatent::new(get("kv_latent")?, get("w_kv_b")?)
 }
 
 /// The weights were checked finite when loaded: a NaN or ∞ in a forward's output comes from the

@@ -205,6 +205,9 @@ impl FamilyModel for Deepseek {
     fn is_mla(&self) -> bool {
         true
     }
+    fn mla_latent_width(&self) -> Option<usize> {
+        Some(self.cfg.mla.kv_lora_rank + self.cfg.mla.d_rope)
+    }
     fn model_type(&self) -> &'static str {
         match self.cfg.router {
             Router::Softmax { .. } => "deepseek_v2",

@@ -63,6 +63,10 @@ pub trait FamilyModel: Send + Sync {
     fn is_mla(&self) -> bool {
         false
     }
+    /// On an MLA layer, the values of its latent row, r + d_R (what a §8 cache stores per token).
+    fn mla_latent_width(&self) -> Option<usize> {
+        None
+    }
     /// Layer `layer`'s exact attention, for a loaded layer (0..=L): from the config, and for
     /// gpt-oss the sinks of its weights.
     fn attention_spec(&self, layer: usize) -> AttentionSpec;

@@ -184,6 +184,11 @@ pub fn run_with(
         .collect::<Result<_>>()?;
     spec_refusals::refuse_quantized_mla(cfg, &prepared, &methods)?;
     for m in &methods {
+        // A cache on an MLA layer stores the latent row, whose width is what its format groups.
+        let p = match prepared.mla_latent_width() {
+            Some(width) if m.reads_mla_latent() => width,
+            _ => p,
+        };
         m.check_head_dim(p).map_err(|why| {
             usage!(
                 "--methods {}: {why}; the model's heads have p = {p} — leave {} out for this model",
@@ -300,7 +305,8 @@ pub fn run_with(
                     }
                     continue;
                 }
-                let (q, k, v) = match prepared.window_qkv(&cfg.inputs, n, w) {
+                // On an MLA layer the window's latent view comes with it (the §8 caches read it).
+                let qkv = match prepared.window_qkv_latent(&cfg.inputs, n, w) {
                     Ok(qkv) => qkv,
                     Err(e) if e.downcast_ref::<crate::interrupt::Interrupted>().is_some() => {
                         return Ok(())
@@ -309,21 +315,14 @@ pub fn run_with(
                 };
                 // Under the decode protocol every head's trial may read the whole layer (§9.2's
                 // layer-level methods): one context per window, shared by its heads.
-                let layer = layer_context(cfg, &prepared, &q, &k, &v)?;
+                let layer = layer_context(cfg, &prepared, &qkv.0, &qkv.1, &qkv.2)?;
                 if device_path(&prepared.device) {
                     // A decode run on a device: its heads one after another from one host thread
                     // (the device path's batching over heads is for the prefill targets).
                     let rows = crate::runtime::on_device_thread(&prepared.device, || {
                         let mut rows = Vec::new();
                         for &h in &jobs {
-                            rows.extend(trial.head_trials(
-                                h,
-                                &q,
-                                &k,
-                                &v,
-                                layer.as_ref(),
-                                &missing,
-                            )?);
+                            rows.extend(trial.head_trials(h, &qkv, layer.as_ref(), &missing)?);
                         }
                         Ok::<_, anyhow::Error>(rows)
                     })?;
@@ -338,16 +337,15 @@ pub fn run_with(
                 // the same order whatever the thread count, and every finished head is on disk.
                 std::thread::scope(|scope| -> Result<()> {
                     let (tx, rx) = std::sync::mpsc::channel::<(usize, Result<Vec<TrialRow>>)>();
-                    let (q, k, v, jobs_ref, missing_ref, trial_ref, layer_ref) =
-                        (&q, &k, &v, &jobs, &missing, &trial, layer.as_ref());
+                    let (qkv, jobs_ref, missing_ref, trial_ref, layer_ref) =
+                        (&qkv, &jobs, &missing, &trial, layer.as_ref());
                     scope.spawn(move || {
                         use rayon::prelude::*;
                         jobs_ref
                             .par_iter()
                             .enumerate()
                             .for_each_with(tx, |tx, (i, &h)| {
-                                let rows =
-                                    trial_ref.head_trials(h, q, k, v, layer_ref, missing_ref);
+                                let rows = trial_ref.head_trials(h, qkv, layer_ref, missing_ref);
                                 let _ = tx.send((i, rows));
                             });
                     });
@@ -486,14 +484,19 @@ impl<'a> TrialContext<'a> {
     fn head_trials(
         &self,
         h: usize,
-        q: &candle_core::Tensor,
-        k: &candle_core::Tensor,
-        v: &candle_core::Tensor,
+        (q, k, v, latent): &inputs::WindowQkv,
         layer: Option<&std::sync::Arc<attention::decode::LayerContext>>,
         missing: &(dyn Fn(usize, &str, usize) -> bool + Sync),
     ) -> Result<Vec<TrialRow>> {
         let (cfg, n, w) = (self.cfg, self.n, self.window);
-        let lh = pipeline::layer_head(q, k, v, h, self.spec, layer)?;
+        let mut lh = pipeline::layer_head(q, k, v, h, self.spec, layer)?;
+        if let Some(latent) = latent {
+            let head_latent = attention::latent::HeadLatent {
+                layer: latent.clone(),
+                head: h,
+            };
+            lh.head = lh.head.with_latent(head_latent)?;
+        }
         let (head, kv_head) = (&lh.head, lh.kv_head);
         // The run's target in f64, once per head, before any method's clock starts; a sample of
         // its rows is checked against float64 first.

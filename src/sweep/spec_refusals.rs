@@ -9,11 +9,11 @@ use crate::config::RunConfig;
 use crate::inputs;
 use crate::usage;
 
-/// Refuses the §8 methods on an MLA layer (docs/reference.md §7.7.6, MLA), naming them and the
-/// methods that do run: quantizing the materialised per-head K/V would measure a cache nobody
-/// deploys (MLA caches one latent row [c_j; k_pe,j] per token, llama.cpp and vLLM quantize that),
-/// and the latent-row cache, which reads the dump's `kv_latent` and `w_kv_b`, is not implemented
-/// yet.
+/// Refuses KIVI and SageAttention on an MLA layer (docs/reference.md §7.7.6, MLA), naming them
+/// and the methods that do run: MLA caches one latent row [c_j; k_pe,j] per token, which the KV
+/// caches quantize ([`attention::Method::reads_mla_latent`]), while quantizing the materialised
+/// per-head K/V would measure a cache nobody deploys, and what KIVI's per-channel K groups or
+/// SageAttention's kernels do on the latent row is not specified.
 pub(super) fn refuse_quantized_mla(
     cfg: &RunConfig,
     prepared: &inputs::Prepared,
@@ -22,23 +22,37 @@ pub(super) fn refuse_quantized_mla(
     let Some(model_type) = prepared.mla_model_type() else {
         return Ok(());
     };
-    let (refused, run): (Vec<&dyn attention::Method>, Vec<_>) = methods
-        .iter()
-        .map(|m| m.as_ref())
-        .partition(|m| m.family() == attention::Family::Quantized);
+    let ids =
+        |ms: &[&dyn attention::Method]| ms.iter().map(|m| m.id()).collect::<Vec<_>>().join(",");
+    let (refused, run): (Vec<&dyn attention::Method>, Vec<_>) =
+        methods.iter().map(|m| m.as_ref()).partition(|m| {
+            // The latent cache has a prefill form only: under --decode every §8 method goes.
+            m.family() == attention::Family::Quantized
+                && (!m.reads_mla_latent() || cfg.decode.is_some())
+        });
     if refused.is_empty() {
         return Ok(());
     }
-    let ids =
-        |ms: &[&dyn attention::Method]| ms.iter().map(|m| m.id()).collect::<Vec<_>>().join(",");
+    if let Some(n_f) = cfg.decode {
+        return Err(usage!(
+            "--decode {n_f} on layer {} of {model_type} (Multi-head Latent Attention): the §8 methods' latent-row cache has no decode form yet (docs/reference.md §7.7.6), so these methods are refused there: {}; {}",
+            cfg.inputs.layer,
+            ids(&refused),
+            if run.is_empty() {
+                "run the §9 methods instead (e.g. --methods snapkv,dec_window)".to_string()
+            } else {
+                format!("run the others with --methods {}", ids(&run))
+            }
+        ));
+    }
     let others = if run.is_empty() {
-        "run the sparse, low-rank or §9 methods there instead (e.g. --methods window,topk,quest)"
+        "run the KV caches (kv_f16 … kv_q4_0) or the sparse, low-rank or §9 methods there instead (e.g. --methods kv_q8_0,window,topk)"
             .to_string()
     } else {
         format!("run the others with --methods {}", ids(&run))
     };
     Err(usage!(
-        "layer {} of {model_type} is Multi-head Latent Attention: its cache holds one latent row [c; k_pe] per token, not per-head K/V, and quantizing the materialised K/V would measure a cache nobody deploys (docs/reference.md §7.7.6); §8 on the latent row is not implemented yet, so these methods are refused there: {}; {others}",
+        "layer {} of {model_type} is Multi-head Latent Attention: its cache holds one latent row [c; k_pe] per token, not per-head K/V; the KV caches (kv_f16 … kv_q4_0) quantize that row, but what KIVI and SageAttention do on it is not specified (docs/reference.md §7.7.6), so these methods are refused there: {}; {others}",
         cfg.inputs.layer,
         ids(&refused)
     ))

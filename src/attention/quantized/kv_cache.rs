@@ -22,6 +22,9 @@
 //! never by a code: Q is quantized as it stands, unscaled. On a family layer (§7.7.6) the cache
 //! is quantized as on any other, then read under the layer's spec: its window's keys only, the
 //! cap on the quantized product's logits, the sink unquantized in every denominator.
+//!
+//! On an MLA layer (a head with [`HeadInputs::latent`]) the cache holds the layer's latent rows
+//! instead of this head's K/V, quantized in the same formats and read absorbed (kv_latent.rs).
 
 use anyhow::Result;
 use candle_core::Tensor;
@@ -86,36 +89,49 @@ impl KvCache {
 
 fn quantize_qkv<T: Real>(m: &KvCache, head: &HeadInputs) -> Result<(Tensor, Tensor, Tensor)> {
     let (mut q, mut k, mut v) = super::host_qkv::<T>(head)?;
-    let id = m.id();
-    match m.format {
-        CacheFormat::F16 => {
-            for (name, x) in [("Q", &mut q), ("K", &mut k), ("V", &mut v)] {
-                check_f16_range(id, name, x)?;
-                x.map(T::round_f16);
-            }
-        }
-        CacheFormat::Bf16 => {
-            for x in [&mut q, &mut k, &mut v] {
-                x.map(T::round_bf16);
-            }
-        }
-        CacheFormat::Fp8 => {
-            per_tensor_e4m3(&mut k);
-            per_tensor_e4m3(&mut v);
-        }
-        CacheFormat::Ggml(ty) => {
-            ggml(id, "Q", &mut q, GgmlType::Q8_0)?;
-            ggml(id, "K", &mut k, ty)?;
-            ggml(id, "V", &mut v, ty)?;
-        }
-        #[cfg(test)]
-        CacheFormat::Identity => {}
-    }
+    m.quantize_query("Q", &mut q)?;
+    m.quantize_cached("K", &mut k)?;
+    m.quantize_cached("V", &mut v)?;
     Ok((
         q.into_tensor(&head.q)?,
         k.into_tensor(&head.k)?,
         v.into_tensor(&head.v)?,
     ))
+}
+
+impl KvCache {
+    /// Q as the kernel dots it (`tensor` names it in a usage error): f16 or bf16 with an f16 or
+    /// bf16 cache, the K type's dot type (Q8_0's values) with a ggml one, unquantized with FP8.
+    pub(super) fn quantize_query<T: Real>(&self, tensor: &str, q: &mut HostMat<T>) -> Result<()> {
+        match self.format {
+            CacheFormat::F16 => {
+                check_f16_range(self.id(), tensor, q)?;
+                q.map(T::round_f16);
+            }
+            CacheFormat::Bf16 => q.map(T::round_bf16),
+            CacheFormat::Ggml(_) => ggml(self.id(), tensor, q, GgmlType::Q8_0)?,
+            CacheFormat::Fp8 => {}
+            #[cfg(test)]
+            CacheFormat::Identity => {}
+        }
+        Ok(())
+    }
+
+    /// A cached tensor (K, V, or an MLA layer's latent rows) as the cache stores it.
+    pub(super) fn quantize_cached<T: Real>(&self, tensor: &str, x: &mut HostMat<T>) -> Result<()> {
+        match self.format {
+            CacheFormat::F16 => {
+                check_f16_range(self.id(), tensor, x)?;
+                x.map(T::round_f16);
+            }
+            CacheFormat::Bf16 => x.map(T::round_bf16),
+            CacheFormat::Fp8 => per_tensor_e4m3(x),
+            CacheFormat::Ggml(ty) => ggml(self.id(), tensor, x, ty)?,
+            #[cfg(test)]
+            CacheFormat::Identity => {}
+        }
+        Ok(())
+    }
 }
 
 /// x̂ = s·E4M3(x/s), s = max|x|/448 over the whole tensor (one dynamic scale per K/V head, §8.3);
@@ -183,7 +199,14 @@ impl Method for KvCache {
     fn decoding(&self) -> Option<&dyn Decoding> {
         Some(self)
     }
+    fn reads_mla_latent(&self) -> bool {
+        true
+    }
     fn approximate(&self, head: &HeadInputs, _d: usize, _: &mut TrialRng) -> Result<Approximation> {
+        // An MLA head: the cache holds the layer's latent rows, not this head's K/V (kv_latent.rs).
+        if let Some(latent) = &head.latent {
+            return Ok(Approximation::plain(self.approximate_latent(head, latent)?));
+        }
         super::check_head(self, head)?;
         let (q, k, v) = self.quantized_qkv(head)?;
         // The layer's exact attention on Q̂, K̂, V̂ (§7.7.6): a plain spec takes the mask's path
@@ -208,6 +231,12 @@ impl Decoding for KvCache {
         _d: usize,
         _: &mut TrialRng,
     ) -> Result<Approximation> {
+        if head.latent.is_some() {
+            return Err(crate::usage!(
+                "method {}: the decode protocol on an MLA layer's latent cache is not implemented (docs/reference.md §7.7.6) — drop --decode",
+                self.id()
+            ));
+        }
         super::check_head(self, head)?;
         let (q, k, v) = self.quantized_qkv(head)?;
         let out = crate::attention::decode::dense_continuation(&q, &k, &v, dec.n_p(), &head.spec)?;

@@ -2,8 +2,9 @@
 //! kinds, one file each, over the number formats of [`crate::numerics::formats`]:
 //!
 //! - [`kv_cache`]: what a decode step reads from a quantized KV cache — `kv_f16`, `kv_bf16`,
-//!   `kv_fp8` (vLLM/SGLang), llama.cpp's `kv_q8_0` … `kv_q4_0` (§8.3), and [`kivi`]'s 4- and 2-bit
-//!   caches with their full-precision residual;
+//!   `kv_fp8` (vLLM/SGLang), llama.cpp's `kv_q8_0` … `kv_q4_0` (§8.3; on an MLA layer the latent
+//!   row, read absorbed: `kv_latent.rs`), and [`kivi`]'s 4- and 2-bit caches with their
+//!   full-precision residual;
 //! - [`sage`]: SageAttention's kernels (`sage1`, `sage2_8b`, `sage2_4b`, §8.4), whose P is
 //!   quantized against the running row maximum of [`online_softmax`] (written once).
 //!
@@ -26,9 +27,12 @@ use crate::numerics::formats::RunFloat;
 
 pub mod kivi;
 pub mod kv_cache;
+mod kv_latent;
 pub mod online_softmax;
 pub mod sage;
 
+#[cfg(test)]
+mod latent_tests;
 #[cfg(test)]
 mod spec_tests;
 #[cfg(test)]
@@ -47,7 +51,8 @@ pub const QUANTIZED: MethodInfo = MethodInfo {
     // quantize s·K, not the deployed cache): a cache quantizes the Q, K, V it stores, unscaled,
     // and reads them under the spec (kv_cache.rs, kivi.rs); SageAttention folds τ into Q′, caps
     // S and adds the sink after its last key block (sage.rs, online_softmax.rs). On an MLA layer
-    // the sweep refuses them (`sweep::spec_refusals::refuse_quantized_mla`).
+    // the KV caches quantize the latent row and read it absorbed (kv_latent.rs); the sweep
+    // refuses KIVI and SageAttention there (`sweep::spec_refusals::refuse_quantized_mla`).
     spec: crate::attention::SpecFeatures::ALL,
     ..MethodInfo::BASE
 };
