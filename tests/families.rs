@@ -300,19 +300,11 @@ fn a_sweep_of_sink_capped_and_sliding_layers_runs_window_and_topk() {
         ("gemma2", 0),
         ("phi3", 1),
     ] {
-        let (dir, corpus, _) = family_dir(tmp.path(), name);
-        let out = tmp.path().join(format!("run-{name}-{layer}"));
-        let o = decoder_cli(
-            &dir,
-            &corpus,
-            &format!(
-                "--lengths 32 --windows 1 --layer {layer} --features 8,16,32 --methods window,topk,streaming,quest,moba,block_sparse,h2o,xattention,vertical_slash,svd_optimal,vmean --out {} --quiet",
-                out.display()
-            ),
+        let (header, rows) = family_sweep(
+            tmp.path(),
+            name,
+            &format!("--lengths 32 --windows 1 --layer {layer} --features 8,16,32 --methods window,topk,streaming,quest,moba,block_sparse,h2o,xattention,vertical_slash,svd_optimal,vmean"),
         );
-        assert!(o.status.success(), "{name}: {}", stderr(&o));
-        let mut rows = csv::Reader::from_path(out.join("trials.csv")).unwrap();
-        let header = rows.headers().unwrap().clone();
         let col = |c: &str| header.iter().position(|h| h == c).unwrap();
         let [method, d, rel, mass, sink_mass, sinks, softcap, sliding, kv_read] = [
             "method",
@@ -327,8 +319,7 @@ fn a_sweep_of_sink_capped_and_sliding_layers_runs_window_and_topk() {
         ]
         .map(col);
         let mut seen = 0;
-        for r in rows.records() {
-            let r = r.unwrap();
+        for r in &rows {
             let e: f64 = r[rel].parse().unwrap();
             assert_eq!(&r[sinks], if name == "gpt_oss" { "true" } else { "false" });
             assert_eq!(&r[softcap], if name == "gemma2" { "8.0" } else { "" });

@@ -21,25 +21,16 @@ fn every_decode_method_runs_on_the_families_layers_and_is_exact_with_every_key()
         ("gemma2", 0, Some(16)),
         ("phi3", 1, Some(16)),
     ] {
-        let (dir, corpus, _) = family_dir(tmp.path(), name);
-        let out = tmp.path().join(format!("dec-{name}-{layer}"));
-        let o = decoder_cli(
-            &dir,
-            &corpus,
-            &format!(
-                "--lengths 40 --windows 1 --decode 8 --layer {layer} --features 8,16,32 --methods {METHODS} --out {} --quiet",
-                out.display()
-            ),
+        let (header, rows) = family_sweep(
+            tmp.path(),
+            name,
+            &format!("--lengths 40 --windows 1 --decode 8 --layer {layer} --features 8,16,32 --methods {METHODS}"),
         );
-        assert!(o.status.success(), "{name} {layer}: {}", stderr(&o));
-        let mut rows = csv::Reader::from_path(out.join("trials.csv")).unwrap();
-        let header = rows.headers().unwrap().clone();
         let col = |c: &str| header.iter().position(|h| h == c).unwrap();
         let [method, d, rel, mass, sink_mass, n_f] =
             ["method", "d", "rel_error", "mass", "sink_mass", "n_f"].map(col);
         let mut seen = 0;
-        for r in rows.records() {
-            let r = r.unwrap();
+        for r in &rows {
             let (m, dd): (&str, usize) = (&r[method], r[d].parse().unwrap());
             let e: f64 = r[rel].parse().unwrap();
             assert_eq!(&r[n_f], "8");

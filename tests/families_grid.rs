@@ -103,22 +103,13 @@ fn performer_favor_runs_on_sink_and_sliding_layers() {
         ("gpt_oss", 1, &["4", "16", "32"]),
         ("phi3", 1, &["4", "16"]),
     ] {
-        let (dir, corpus, _) = family_dir(tmp.path(), name);
-        let out = tmp.path().join(format!("run-{name}-{layer}"));
-        let o = decoder_cli(
-            &dir,
-            &corpus,
-            &format!(
-                "--lengths 32 --windows 1 --layer {layer} --features 4,16,32 --methods performer_favor --out {} --quiet",
-                out.display()
-            ),
+        let (header, rows) = family_sweep(
+            tmp.path(),
+            name,
+            &format!("--lengths 32 --windows 1 --layer {layer} --features 4,16,32 --methods performer_favor"),
         );
-        assert!(o.status.success(), "{name}: {}", stderr(&o));
-        let mut rows = csv::Reader::from_path(out.join("trials.csv")).unwrap();
-        let header = rows.headers().unwrap().clone();
         let col = |c: &str| header.iter().position(|h| h == c).unwrap();
         let (d, rel) = (col("d"), col("rel_error"));
-        let rows: Vec<_> = rows.records().map(|r| r.unwrap()).collect();
         let mut ds: Vec<&str> = rows.iter().map(|r| &r[d]).collect();
         ds.sort_by_key(|d| d.parse::<usize>().unwrap());
         ds.dedup();

@@ -35,19 +35,11 @@ fn quantized_methods_run_on_sink_capped_and_sliding_layers() {
         ("gemma2", 0),
         ("phi3", 1),
     ] {
-        let (dir, corpus, _) = family_dir(tmp.path(), name);
-        let out = tmp.path().join(format!("run-{name}-{layer}"));
-        let o = decoder_cli(
-            &dir,
-            &corpus,
-            &format!(
-                "--lengths 32 --windows 1 --layer {layer} --methods {ids} --out {} --quiet",
-                out.display()
-            ),
+        let (header, rows) = family_sweep(
+            tmp.path(),
+            name,
+            &format!("--lengths 32 --windows 1 --layer {layer} --methods {ids}"),
         );
-        assert!(o.status.success(), "{name}: {}", stderr(&o));
-        let mut rows = csv::Reader::from_path(out.join("trials.csv")).unwrap();
-        let header = rows.headers().unwrap().clone();
         let col = |c: &str| header.iter().position(|h| h == c).unwrap();
         let [method, rel, mass, sink_mass, sinks, kv_read] = [
             "method",
@@ -59,8 +51,7 @@ fn quantized_methods_run_on_sink_capped_and_sliding_layers() {
         ]
         .map(col);
         let mut seen = 0;
-        for r in rows.records() {
-            let r = r.unwrap();
+        for r in &rows {
             let e: f64 = r[rel].parse().unwrap();
             let &(_, bits, bound) = METHODS.iter().find(|m| m.0 == &r[method]).unwrap();
             assert!(e.is_finite() && e < bound, "{name} layer {layer}: {r:?}");

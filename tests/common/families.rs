@@ -76,3 +76,25 @@ pub fn dump(
     let side = std::fs::read_to_string(format!("{}.json", out.display())).unwrap();
     (t, serde_json::from_str(&side).unwrap(), stderr(&o))
 }
+
+/// A sweep of fixture `name` with `flags` (an `--out` of its own in `tmp` added), which must
+/// succeed: its trials.csv's header and rows.
+pub fn family_sweep(
+    tmp: &Path,
+    name: &str,
+    flags: &str,
+) -> (csv::StringRecord, Vec<csv::StringRecord>) {
+    static RUNS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+    let (dir, corpus, _) = family_dir(tmp, name);
+    let run_no = RUNS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let out = tmp.join(format!("sweep-{name}-{run_no}"));
+    let o = decoder_cli(
+        &dir,
+        &corpus,
+        &format!("{flags} --out {} --quiet", out.display()),
+    );
+    assert!(o.status.success(), "{name} {flags}: {}", stderr(&o));
+    let mut rows = csv::Reader::from_path(out.join("trials.csv")).unwrap();
+    let header = rows.headers().unwrap().clone();
+    (header, rows.records().map(|r| r.unwrap()).collect())
+}
