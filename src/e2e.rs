@@ -10,10 +10,12 @@ use std::path::{Path, PathBuf};
 use anyhow::{Context, Result};
 
 use crate::config::InputConfig;
-use crate::inputs::{self, Model};
+use crate::inputs;
 use crate::models::Depth;
 use crate::numerics::next_token::KldReport;
-use crate::protocol::end_to_end::{default_one_layer, E2eMethod, E2ePoint, Window};
+use crate::protocol::end_to_end::{
+    default_one_layer, refuse_unsupported, E2eMethod, E2ePoint, Window,
+};
 use crate::usage;
 
 mod files;
@@ -82,36 +84,25 @@ pub fn run_with(req: &E2eRequest, extra: Vec<E2eMethod>) -> Result<E2eOutcome> {
     }
     let need = req.lengths.iter().max().copied().unwrap_or(0) * (req.windows + 1) * 2;
     let prepared = inputs::prepare_depth(&req.inputs, need, Depth::Whole)?;
-    let Model::Decoder { config, weights } = &prepared.model else {
-        unreachable!("prepare_depth refuses an encoder at Depth::Whole");
-    };
+    let model = prepared
+        .whole_decoder()
+        .expect("prepare_depth refuses an encoder at Depth::Whole");
+    let model = model.as_ref();
     let windows = match &req.ids_file {
-        Some(f) => read_ids(f, config.vocab_size)?,
+        Some(f) => read_ids(f, model.vocab_size())?,
         None => corpus_windows(&prepared, req)?,
     };
-    // A window of W ≥ n keys is no window: every key j ≤ i is within it (Mistral's 4096 at
-    // n = 1024, Phi-3-mini's 2047 at n = 2047).
     let n_max = windows.iter().map(Vec::len).max().unwrap_or(0);
-    if let Some((l, w)) = config
-        .sliding_window
-        .iter()
-        .enumerate()
-        .find_map(|(l, w)| w.filter(|&w| w < n_max).map(|w| (l, w)))
-    {
-        return Err(usage!(
-            "{}: layer {l} attends through a sliding window of {w} keys, shorter than n = {n_max}; end to end runs layers whose window covers the whole window (give windows of at most {w} tokens; the attention spec of the families issue will carry windows)",
-            prepared.model_id
-        ));
-    }
+    refuse_unsupported(model, &methods, n_max)?;
     let one_layer = req
         .one_layer
         .clone()
-        .unwrap_or_else(|| default_one_layer(config.num_hidden_layers));
-    if let Some(&l) = one_layer.iter().find(|&&l| l >= config.num_hidden_layers) {
+        .unwrap_or_else(|| default_one_layer(model.num_layers()));
+    if let Some(&l) = one_layer.iter().find(|&&l| l >= model.num_layers()) {
         return Err(usage!(
             "--one-layer {l}: the model has {} layers (0..={})",
-            config.num_hidden_layers,
-            config.num_hidden_layers - 1
+            model.num_layers(),
+            model.num_layers() - 1
         ));
     }
     for (m, d) in methods
@@ -131,7 +122,7 @@ pub fn run_with(req: &E2eRequest, extra: Vec<E2eMethod>) -> Result<E2eOutcome> {
                 .check(budget_n, d)
                 .map_err(|e| usage!("{} at d = {d}: {e}", m.name))?;
             m.method
-                .check_head_dim(config.head_dim)
+                .check_head_dim(model.head_dim())
                 .map_err(|e| usage!("{}: {e}", m.name))?;
         }
     }
@@ -172,8 +163,7 @@ pub fn run_with(req: &E2eRequest, extra: Vec<E2eMethod>) -> Result<E2eOutcome> {
                 continue;
             }
             let window = Window {
-                weights,
-                cfg: config,
+                model,
                 ids,
                 n_f: req.n_f,
                 dtype,

@@ -306,7 +306,7 @@ pub fn load_family(
     let config: serde_json::Value = serde_json::from_str(&text)
         .map_err(|e| usage!("config {}: not valid JSON ({e})", files.config.display()))?;
     let model_type = config["model_type"].as_str().unwrap_or_default();
-    let layer = family_layer(model_type, inputs, depth)?;
+    check_family_inputs(inputs)?;
     let (path, shards) = match &files.weights {
         Some(Weights::Safetensors { path, shards }) => (path, shards),
         _ => {
@@ -317,7 +317,7 @@ pub fn load_family(
     };
     let mut weights =
         models::family::NamedTensors::open(shards, &path.display().to_string(), device)?;
-    Ok(Some((entry.load)(&config, &mut weights, layer)?))
+    Ok(Some((entry.load)(&config, &mut weights, depth)?))
 }
 
 /// A §7.7 family from a GGUF file whose architecture one of them reads (its metadata is the
@@ -333,25 +333,19 @@ fn load_family_gguf(
     let Some((entry, from_gguf)) = models::family::gguf_family_entry(&arch) else {
         return Ok(None);
     };
-    let layer = family_layer(&arch, inputs, depth)?;
+    check_family_inputs(inputs)?;
     let (config, mut weights) = from_gguf(file, device)?;
-    Ok(Some((entry.load)(&config, &mut weights, layer)?))
+    Ok(Some((entry.load)(&config, &mut weights, depth)?))
 }
 
-/// Layer L of a family run: only a dump through one layer is supported yet.
-fn family_layer(model_type: &str, inputs: &InputConfig, depth: models::Depth) -> Result<usize> {
-    let models::Depth::Through(layer) = depth else {
-        return Err(usage!(
-            "an end-to-end run of a {model_type} model is not supported yet (docs/reference.md §7.7, issue 45); e2e reads {}",
-            models::SUPPORTED_FAMILIES
-        ));
-    };
+/// Refuses the options a family run does not take.
+fn check_family_inputs(inputs: &InputConfig) -> Result<()> {
     if inputs.embeddings_from != inputs.model {
         return Err(usage!(
             "--embeddings-from applies to BERT only; a decoder's embeddings come with its weights"
         ));
     }
-    Ok(layer)
+    Ok(())
 }
 
 /// `--layer`'s default where none is given.
@@ -443,7 +437,12 @@ mod tests {
         let dev = candle_core::Device::Cpu;
         let mut w =
             models::family::NamedTensors::open_file(&dir.join("model.safetensors"), &dev).unwrap();
-        (entry.load)(&serde_json::from_str(&text).unwrap(), &mut w, layer).unwrap()
+        (entry.load)(
+            &serde_json::from_str(&text).unwrap(),
+            &mut w,
+            models::Depth::Through(layer),
+        )
+        .unwrap()
     }
 
     #[test]

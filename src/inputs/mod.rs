@@ -122,6 +122,18 @@ impl Prepared {
         }
     }
 
+    /// The decoder as the end-to-end protocol runs it (docs/reference.md §10.1); None for BERT.
+    pub fn whole_decoder(&self) -> Option<Box<dyn models::WholeDecoder + '_>> {
+        match &self.model {
+            Model::Decoder { config, weights } => Some(Box::new(models::LlamaDecoder {
+                weights,
+                cfg: config,
+            })),
+            Model::Family { model } => Some(Box::new(models::FamilyDecoder(model.as_ref()))),
+            Model::Bert { .. } => None,
+        }
+    }
+
     /// The `model_type` of a §7.7 family whose layers are Multi-head Latent Attention
     /// (deepseek_v2/v3), else None.
     pub fn mla_model_type(&self) -> Option<&'static str> {

@@ -10,11 +10,12 @@ use candle_core::{DType, Tensor};
 use serde_json::Value;
 
 use super::family::{FamilyModel, FamilyShape, LayerDump, NamedTensors};
-use super::family_common::{check_layer, embed_ids, merge_heads, ConfigFields};
+use super::family_common::{embed_ids, merge_heads, ConfigFields, LoadedLayers};
 use super::llama::{linear, rms_norm, Linear};
 use super::mla::{load_linear, MlaDims, MlaWeights, RopeLayout};
 use super::moe::{dispatch, host_rows, top_k, Routing};
 use super::rope::{yarn_mscale, FamilyRope};
+use super::weights::Depth;
 use crate::attention::spec::{exact_attention, AttentionSpec};
 use crate::usage;
 
@@ -85,14 +86,14 @@ pub struct Deepseek {
 pub fn load(
     config: &Value,
     weights: &mut NamedTensors,
-    layer: usize,
+    depth: Depth,
 ) -> Result<Box<dyn FamilyModel>> {
     let what = weights.what().to_string();
     let cfg = DeepseekConfig::parse(config, &what)?;
-    check_layer(layer, cfg.layers)?;
+    let loaded = LoadedLayers::of(depth, cfg.layers)?;
     let embed = weights.get("model.embed_tokens.weight", &[cfg.vocab, cfg.hidden])?;
-    let layers = (0..=layer)
-        .map(|l| load_layer(weights, &cfg, l, l < layer))
+    let layers = (0..loaded.count)
+        .map(|l| load_layer(weights, &cfg, l, loaded.full(l)))
         .collect::<Result<_>>()?;
     Ok(Box::new(Deepseek { cfg, embed, layers }))
 }

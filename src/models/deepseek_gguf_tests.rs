@@ -6,6 +6,7 @@ use candle_core::{DType, Device};
 use super::*;
 use crate::models::deepseek::load;
 use crate::models::family::tests::fixture_config;
+use crate::models::Depth;
 
 fn fixture(name: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
@@ -54,8 +55,8 @@ fn the_gguf_route_reads_the_same_model_as_safetensors() {
             let mut st = NamedTensors::open_file(&dir.join("model.safetensors"), &dev).unwrap();
             let (config, mut gg) =
                 from_gguf(GgufFile::open(&dir.join("model.gguf")).unwrap(), &dev).unwrap();
-            let a = load(&want, &mut st, layer).unwrap();
-            let b = load(&config, &mut gg, layer).unwrap();
+            let a = load(&want, &mut st, Depth::Through(layer)).unwrap();
+            let b = load(&config, &mut gg, Depth::Through(layer)).unwrap();
             assert_eq!(a.shape(), b.shape(), "{name}");
             let ids: Vec<u32> = (0..40u32).map(|i| (i * 29 + 3) % 128).collect();
             for dtype in [DType::F32, DType::F64] {

@@ -1,4 +1,5 @@
 use super::*;
+use crate::models::Depth;
 
 #[test]
 fn deepseek_v2_fixture_matches_transformers() {
@@ -94,14 +95,14 @@ fn mla_ranks_that_do_not_fit_kv_b_proj_name_the_fields() {
     // v_head_dim 12 instead of 16: kv_b_proj's 128 rows are not 4·(16 + 12).
     let mut v = fixture_config("deepseek_v3");
     v["v_head_dim"] = 12.into();
-    let e = load(&v, &mut w, 2).err().unwrap();
+    let e = load(&v, &mut w, Depth::Through(2)).err().unwrap();
     assert!(e.downcast_ref::<crate::UsageError>().is_some(), "{e}");
     let e = e.to_string();
     assert!(
         e.contains("kv_b_proj") && e.contains("v_head_dim") && e.contains("kv_lora_rank"),
         "{e}"
     );
-    let e = load(&fixture_config("deepseek_v3"), &mut w, 3)
+    let e = load(&fixture_config("deepseek_v3"), &mut w, Depth::Through(3))
         .err()
         .unwrap()
         .to_string();
@@ -183,7 +184,7 @@ fn rope_interleave_false_on_deinterleaved_weights_equals_the_default() {
     let ids: Vec<u32> = (0..24).map(|i| (i * 37 + 5) % 128).collect();
     let dump = |config: &Value, file: &std::path::Path| {
         let mut w = NamedTensors::open_file(file, &dev).unwrap();
-        load(config, &mut w, 2)
+        load(config, &mut w, Depth::Through(2))
             .unwrap()
             .layer_dump(&ids, DType::F64)
             .unwrap()

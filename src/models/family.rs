@@ -8,6 +8,7 @@
 //! also serves the whole-model view of §10.
 
 use std::collections::HashSet;
+use std::ops::Range;
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 
@@ -17,6 +18,8 @@ use candle_core::{DType, Device, Tensor};
 use serde_json::{Map, Value};
 
 use super::gguf::GgufFile;
+use super::llama::AttentionHook;
+use super::weights::Depth;
 use crate::attention::spec::AttentionSpec;
 use crate::usage;
 
@@ -76,11 +79,29 @@ pub trait FamilyModel: Send + Sync {
     }
     /// Layer L's dump for the token window `ids` at positions 0..n−1, in `dtype` (f32 or f64).
     fn layer_dump(&self, ids: &[u32], dtype: DType) -> Result<LayerDump>;
+    /// The logits [rows, vocab] (in `dtype`) of the whole model (loaded at [`Depth::Whole`]) on
+    /// the window `ids`, every layer's attention through `hook` with that layer's spec; only the
+    /// rows `rows` go through the final norm and the LM head (docs/reference.md §10.1).
+    fn forward_logits(
+        &self,
+        ids: &[u32],
+        dtype: DType,
+        hook: &dyn AttentionHook,
+        rows: Range<usize>,
+    ) -> Result<Tensor> {
+        let _ = (ids, dtype, hook, rows);
+        Err(usage!(
+            "an end-to-end run of a {} model is not supported yet (docs/reference.md §10); e2e reads {}",
+            self.model_type(),
+            super::SUPPORTED_FAMILIES
+        ))
+    }
 }
 
-/// Loads a family model through layer `layer` from its parsed config.json and its weights.
+/// Loads a family model from its parsed config.json and its weights: through layer L for a dump,
+/// or whole for the end-to-end forward.
 pub type Loader =
-    fn(config: &Value, weights: &mut NamedTensors, layer: usize) -> Result<Box<dyn FamilyModel>>;
+    fn(config: &Value, weights: &mut NamedTensors, depth: Depth) -> Result<Box<dyn FamilyModel>>;
 
 /// One family: the `model_type` values it answers to, and its loader.
 pub struct FamilyEntry {

@@ -7,6 +7,7 @@ use candle_core::{DType, Tensor};
 use serde_json::Value;
 
 use super::llama::{linear, Linear};
+use super::weights::Depth;
 use crate::attention::spec::LayerType;
 use crate::usage;
 
@@ -174,6 +175,41 @@ impl<'a> ConfigFields<'a> {
                 LayerType::parse(t.as_str().unwrap_or(&t.to_string()), &field)
             })
             .collect()
+    }
+}
+
+/// The layers a family loader reads for a [`Depth`]: 0..=L (the layers before L whole, L's
+/// attention projections only) for a dump, or every layer whole and the output head for the
+/// end-to-end forward (docs/reference.md §10.1).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) struct LoadedLayers {
+    /// How many layers are loaded.
+    pub count: usize,
+    /// Whether the whole model is loaded (every layer whole, the final norm and the LM head).
+    pub whole: bool,
+}
+
+impl LoadedLayers {
+    /// Checks `depth` against the model's `layers`.
+    pub fn of(depth: Depth, layers: usize) -> Result<Self> {
+        match depth {
+            Depth::Through(l) => {
+                check_layer(l, layers)?;
+                Ok(Self {
+                    count: l + 1,
+                    whole: false,
+                })
+            }
+            Depth::Whole => Ok(Self {
+                count: layers,
+                whole: true,
+            }),
+        }
+    }
+
+    /// Whether layer `l` is loaded whole (o_proj and the MLP beside its attention projections).
+    pub fn full(&self, l: usize) -> bool {
+        self.whole || l + 1 < self.count
     }
 }
 

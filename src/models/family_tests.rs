@@ -9,6 +9,7 @@ use serde_json::Value;
 
 use super::*;
 use crate::attention::spec::exact_attention;
+use crate::models::Depth;
 
 fn fixture_dir(name: &str) -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
@@ -73,7 +74,7 @@ pub(crate) fn check_fixture(name: &str) {
             let at = |t: &str| want[&format!("layer{l}.{t}")].clone();
             let mut weights =
                 NamedTensors::open_file(&dir.join("model.safetensors"), &dev).unwrap();
-            let model = (entry.load)(&config, &mut weights, l).unwrap();
+            let model = (entry.load)(&config, &mut weights, Depth::Through(l)).unwrap();
             let what = format!("{name} {} layer {l}", expected["file"]);
             check_spec(&what, &model.attention_spec(l), layer_spec, &want, l);
             for (dtype, bound_qkv, bound_o) in

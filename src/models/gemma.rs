@@ -11,9 +11,10 @@ use serde_json::{json, Map, Value};
 
 use super::decoder_config::{rope_config, RopeConfig, RopeScaling};
 use super::family::{FamilyModel, FamilyShape, LayerDump, NamedTensors};
-use super::family_common::{attention_out, check_layer, embed_ids, linear_weight, ConfigFields};
+use super::family_common::{attention_out, embed_ids, linear_weight, ConfigFields, LoadedLayers};
 use super::llama::{linear, rms_norm, row_chunks, split_heads, Linear};
 use super::rope;
+use super::weights::Depth;
 use crate::attention::spec::{exact_attention, AttentionSpec, LayerType};
 use crate::usage;
 
@@ -247,7 +248,7 @@ pub struct Gemma {
 pub fn load(
     config: &Value,
     weights: &mut NamedTensors,
-    layer: usize,
+    depth: Depth,
 ) -> Result<Box<dyn FamilyModel>> {
     let model_type = config
         .get("model_type")
@@ -265,13 +266,20 @@ pub fn load(
         other => return Err(usage!("config.json: model_type \"{other}\" is not a gemma")),
     };
     let cfg = GemmaConfig::from_json(text, variant, model_type)?;
-    check_layer(layer, cfg.layers)?;
+    let loaded = LoadedLayers::of(depth, cfg.layers)?;
     let embed = weights.get(
         &format!("{prefix}embed_tokens.weight"),
         &[cfg.vocab, cfg.hidden],
     )?;
-    let layers = (0..=layer)
-        .map(|l| load_layer(weights, &cfg, &format!("{prefix}layers.{l}"), l < layer))
+    let layers = (0..loaded.count)
+        .map(|l| {
+            load_layer(
+                weights,
+                &cfg,
+                &format!("{prefix}layers.{l}"),
+                loaded.full(l),
+            )
+        })
         .collect::<Result<_>>()?;
     Ok(Box::new(Gemma { cfg, embed, layers }))
 }

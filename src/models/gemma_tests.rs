@@ -5,6 +5,7 @@ use serde_json::Value;
 
 use super::*;
 use crate::models::family::tests::{check_fixture, fixture_config};
+use crate::models::Depth;
 
 #[test]
 fn gemma2_matches_transformers_at_a_sliding_and_a_global_layer() {
@@ -80,7 +81,7 @@ fn the_multimodal_gemma3_wrapper_reads_its_language_model() {
     let dev = candle_core::Device::Cpu;
     let text = fixture_config("gemma3");
     let mut plain = NamedTensors::open_file(&dir.join("model.safetensors"), &dev).unwrap();
-    let want = load(&text, &mut plain, 5).unwrap();
+    let want = load(&text, &mut plain, Depth::Through(5)).unwrap();
     // The hub's layout: text_config, and the language model's tensors under
     // language_model.model. beside a vision tower that is not read.
     let tensors = candle_core::safetensors::load(dir.join("model.safetensors"), &dev).unwrap();
@@ -97,7 +98,7 @@ fn the_multimodal_gemma3_wrapper_reads_its_language_model() {
     candle_core::safetensors::save(&wrapped, &file).unwrap();
     let config = serde_json::json!({"model_type": "gemma3", "text_config": text});
     let mut w = NamedTensors::open_file(&file, &dev).unwrap();
-    let got = load(&config, &mut w, 5).unwrap();
+    let got = load(&config, &mut w, Depth::Through(5)).unwrap();
     assert_eq!(got.attention_spec(5), want.attention_spec(5));
     let ids: Vec<u32> = (0..20).map(|i| (i * 7 % 128) as u32).collect();
     let (a, b) = (
@@ -109,10 +110,14 @@ fn the_multimodal_gemma3_wrapper_reads_its_language_model() {
         assert_eq!(d.to_scalar::<f64>().unwrap(), 0.0);
     }
     // Without text_config, or with the language model elsewhere: refused, saying what is missing.
-    let e = load(&serde_json::json!({"model_type": "gemma3"}), &mut w, 0)
-        .err()
-        .unwrap();
+    let e = load(
+        &serde_json::json!({"model_type": "gemma3"}),
+        &mut w,
+        Depth::Through(0),
+    )
+    .err()
+    .unwrap();
     assert!(format!("{e:#}").contains("text_config"), "{e:#}");
-    let e = load(&config, &mut plain, 0).err().unwrap();
+    let e = load(&config, &mut plain, Depth::Through(0)).err().unwrap();
     assert!(format!("{e:#}").contains("language_model.model."), "{e:#}");
 }

@@ -8,11 +8,12 @@ use candle_core::{DType, Tensor};
 use serde_json::{Map, Value};
 
 use super::family::{FamilyModel, FamilyShape, LayerDump, NamedTensors};
-use super::family_common::{check_layer, embed_ids, merge_heads, ConfigFields};
+use super::family_common::{embed_ids, merge_heads, ConfigFields, LoadedLayers};
 use super::llama::{linear, rms_norm, split_heads, Linear};
 use super::moe::{dispatch, host_rows, sigmoid, top_k, Routing};
 use super::quantized_weights::mxfp4_or_plain;
 use super::rope::{self, FamilyRope};
+use super::weights::Depth;
 use crate::attention::spec::{exact_attention, AttentionSpec, LayerType};
 use crate::usage;
 
@@ -169,14 +170,14 @@ pub struct GptOss {
 pub fn load(
     config: &Value,
     weights: &mut NamedTensors,
-    layer: usize,
+    depth: Depth,
 ) -> Result<Box<dyn FamilyModel>> {
     let what = weights.what().to_string();
     let cfg = GptOssConfig::parse(config, &what)?;
-    check_layer(layer, cfg.layers)?;
+    let loaded = LoadedLayers::of(depth, cfg.layers)?;
     let embed = weights.get("model.embed_tokens.weight", &[cfg.vocab, cfg.hidden])?;
-    let layers = (0..=layer)
-        .map(|l| load_layer(weights, &cfg, l, l < layer))
+    let layers = (0..loaded.count)
+        .map(|l| load_layer(weights, &cfg, l, loaded.full(l)))
         .collect::<Result<_>>()?;
     Ok(Box::new(GptOss { cfg, embed, layers }))
 }

@@ -6,6 +6,7 @@ use candle_core::{DType, Device};
 use super::*;
 use crate::models::family::tests::fixture_config;
 use crate::models::gpt_oss::load;
+use crate::models::Depth;
 
 fn fixture() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures/families/gpt_oss")
@@ -40,8 +41,8 @@ fn the_gguf_route_reads_the_same_model_as_safetensors() {
         let mut st = NamedTensors::open_file(&dir.join("model.safetensors"), &dev).unwrap();
         let (config, mut gg) =
             from_gguf(GgufFile::open(&dir.join("model.gguf")).unwrap(), &dev).unwrap();
-        let a = load(&want, &mut st, layer).unwrap();
-        let b = load(&config, &mut gg, layer).unwrap();
+        let a = load(&want, &mut st, Depth::Through(layer)).unwrap();
+        let b = load(&config, &mut gg, Depth::Through(layer)).unwrap();
         assert_eq!(a.shape(), b.shape());
         for l in 0..=layer {
             assert_eq!(a.attention_spec(l), b.attention_spec(l), "layer {l}");

@@ -1,4 +1,5 @@
 use super::*;
+use crate::models::Depth;
 
 #[test]
 fn gpt_oss_fixture_matches_transformers() {
@@ -90,13 +91,16 @@ fn a_layer_past_the_model_or_a_missing_tensor_is_a_usage_error() {
     );
     let mut w =
         NamedTensors::open_file(std::path::Path::new(dir), &candle_core::Device::Cpu).unwrap();
-    let e = load(&fixture_config(), &mut w, 4)
+    let e = load(&fixture_config(), &mut w, Depth::Through(4))
         .err()
         .unwrap()
         .to_string();
     assert!(e.contains("layer 4"), "{e}");
     let mut v = fixture_config();
     v["num_local_experts"] = 5.into();
-    let e = load(&v, &mut w, 1).err().unwrap().to_string();
+    let e = load(&v, &mut w, Depth::Through(1))
+        .err()
+        .unwrap()
+        .to_string();
     assert!(e.contains("model.layers.0.mlp.router.weight"), "{e}");
 }

@@ -15,6 +15,7 @@
 //!   each family's GGUF as llama.cpp's converter writes it; `family_common` holds what they
 //!   share, `moe` the experts' routing and dispatch, `quantized_weights` the MXFP4 and FP8
 //!   block-scaled weights dequantized on load;
+//! - `whole`: a decoder run whole for §10 ([`WholeDecoder`]), a Llama-style one or a family's;
 //! - `tokens`: the BOS policy and the token windows.
 
 pub mod continuation;
@@ -36,6 +37,7 @@ pub mod quantized_weights;
 pub mod rope;
 pub mod tokens;
 pub mod weights;
+pub mod whole;
 
 pub use continuation::{continuation_logits, PromptCache, PromptRecorder};
 pub use decoder_config::{
@@ -47,3 +49,4 @@ pub use llama::{
 };
 pub use tokens::{bos_token, decoder_window, windows_available};
 pub use weights::{initialize, load_safetensors, shards_needed, Depth};
+pub use whole::{FamilyDecoder, LlamaDecoder, WholeDecoder};

@@ -10,11 +10,12 @@ use serde_json::{Map, Value};
 
 use super::family::{FamilyModel, FamilyShape, GgufValues, LayerDump, NamedTensors};
 use super::family_common::{
-    attention_out, check_layer, embed_ids, linear_rows, linear_weight, ConfigFields,
+    attention_out, embed_ids, linear_rows, linear_weight, ConfigFields, LoadedLayers,
 };
 use super::gguf::{f32_decimal, GgufFile};
 use super::llama::{linear, rms_norm, row_chunks, split_heads, Linear};
 use super::rope;
+use super::weights::Depth;
 use crate::attention::spec::{exact_attention, AttentionSpec};
 use crate::usage;
 
@@ -258,13 +259,13 @@ pub struct Phi3 {
 pub fn load(
     config: &Value,
     weights: &mut NamedTensors,
-    layer: usize,
+    depth: Depth,
 ) -> Result<Box<dyn FamilyModel>> {
     let cfg = Phi3Config::from_json(config)?;
-    check_layer(layer, cfg.layers)?;
+    let loaded = LoadedLayers::of(depth, cfg.layers)?;
     let embed = weights.get("model.embed_tokens.weight", &[cfg.vocab, cfg.hidden])?;
-    let layers = (0..=layer)
-        .map(|l| load_layer(weights, &cfg, &format!("model.layers.{l}"), l < layer))
+    let layers = (0..loaded.count)
+        .map(|l| load_layer(weights, &cfg, &format!("model.layers.{l}"), loaded.full(l)))
         .collect::<Result<_>>()?;
     Ok(Box::new(Phi3 { cfg, embed, layers }))
 }

@@ -5,6 +5,7 @@ use serde_json::Value;
 
 use super::*;
 use crate::models::family::tests::{check_fixture, fixture_config};
+use crate::models::Depth;
 
 #[test]
 fn phi3_matches_transformers_with_a_window_on_every_layer() {
@@ -77,8 +78,8 @@ fn the_gguf_route_reads_the_same_model_as_safetensors() {
         let file = GgufFile::open(&dir.join("model.gguf")).unwrap();
         let (config, mut gg) = from_gguf(file, &dev).unwrap();
         let layer = 2;
-        let a = load(&fixture_config(name), &mut st, layer).unwrap();
-        let b = load(&config, &mut gg, layer).unwrap();
+        let a = load(&fixture_config(name), &mut st, Depth::Through(layer)).unwrap();
+        let b = load(&config, &mut gg, Depth::Through(layer)).unwrap();
         assert_eq!(a.shape(), b.shape(), "{name}");
         for &n in lengths {
             let ids: Vec<u32> = (0..n as u32).map(|i| (i * 29 + 3) % 128).collect();

@@ -15,10 +15,7 @@ use candle_core::{DType, Tensor};
 use super::layer_hook::{LayerError, MethodHook, RecordingExact};
 use super::pipeline::Protocol;
 use crate::attention::{self, Family, Mask, Method};
-use crate::models::{
-    continuation_logits, forward_logits, AttentionHook, DecoderConfig, DecoderWeights, PromptCache,
-    PromptRecorder,
-};
+use crate::models::{AttentionHook, PromptCache, PromptRecorder, WholeDecoder};
 use crate::numerics::next_token::{log_softmax_rows, score_positions, PositionScores};
 use crate::usage;
 
@@ -81,8 +78,7 @@ impl E2eMethod {
 
 /// One window of an end-to-end run: the model, the token ids, the split and the dtype.
 pub struct Window<'a> {
-    pub weights: &'a DecoderWeights,
-    pub cfg: &'a DecoderConfig,
+    pub model: &'a dyn WholeDecoder,
     pub ids: &'a [u32],
     pub n_f: usize,
     pub dtype: DType,
@@ -92,7 +88,8 @@ pub struct Window<'a> {
     /// The layers ℓ* of the one-layer view.
     pub one_layer: Vec<usize>,
     /// Whether decode-mode points will run on this window: the exact run then keeps every
-    /// layer's prompt rows of Q, K, V for their continuation-only forward.
+    /// layer's prompt rows of Q, K, V for their continuation-only forward (where the model has
+    /// one, [`WholeDecoder::continuation_logits`]).
     pub keep_prompt: bool,
 }
 
@@ -150,14 +147,9 @@ impl Window<'_> {
     /// The log-probabilities (f64) at the scored positions of the forward with `hook` as every
     /// layer's attention; non-finite logits are an error naming `what`.
     fn scored_logp(&self, hook: &dyn AttentionHook, what: &str) -> Result<Vec<Vec<f64>>> {
-        let logits = forward_logits(
-            self.weights,
-            self.cfg,
-            self.ids,
-            self.dtype,
-            hook,
-            self.scored_rows(),
-        )?;
+        let logits = self
+            .model
+            .forward_logits(self.ids, self.dtype, hook, self.scored_rows())?;
         self.checked_logp(&logits, what)
     }
 
@@ -180,7 +172,7 @@ impl Window<'_> {
             m.method.as_ref(),
             d,
             m.mode(self.n_f),
-            self.cfg.num_hidden_layers,
+            self.model.num_layers(),
             self.seed,
             self.index,
         )
@@ -192,7 +184,7 @@ impl Window<'_> {
         let t0 = Instant::now();
         let hook = RecordingExact::new(self.one_layer.clone());
         let (logp, prompt) = if self.keep_prompt {
-            let recorder = PromptRecorder::new(&hook, self.n_p(), self.cfg.num_hidden_layers);
+            let recorder = PromptRecorder::new(&hook, self.n_p(), self.model.num_layers());
             let logp = self.scored_logp(&recorder, "the exact run")?;
             (logp, Some(recorder.into_cache()?))
         } else {
@@ -208,27 +200,24 @@ impl Window<'_> {
 
     /// Decode mode's scored log-probabilities from the continuation-only forward: the first
     /// scored row (n_p − 1) is a prompt row, the exact run's own; rows n_p … n − 2 go through the
-    /// layers on the exact run's prompt rows ([`continuation_logits`]).
+    /// layers on the exact run's prompt rows ([`WholeDecoder::continuation_logits`]). None where
+    /// the model has no such forward.
     fn continuation_logp(
         &self,
         exact: &ExactRun,
         prompt: &PromptCache,
         hook: &dyn AttentionHook,
         what: &str,
-    ) -> Result<Vec<Vec<f64>>> {
+    ) -> Option<Result<Vec<Vec<f64>>>> {
         let rows = self.n_p()..self.n() - 1;
-        let logits = continuation_logits(
-            self.weights,
-            self.cfg,
-            self.ids,
-            self.dtype,
-            hook,
-            prompt,
-            rows,
-        )?;
-        let mut logp = vec![exact.logp[0].clone()];
-        logp.extend(self.checked_logp(&logits, what)?);
-        Ok(logp)
+        let logits = self
+            .model
+            .continuation_logits(self.ids, self.dtype, hook, prompt, rows)?;
+        Some(logits.and_then(|logits| {
+            let mut logp = vec![exact.logp[0].clone()];
+            logp.extend(self.checked_logp(&logits, what)?);
+            Ok(logp)
+        }))
     }
 
     /// The method `m` at budget `d` in every layer, scored against `exact`.
@@ -237,9 +226,13 @@ impl Window<'_> {
         let t0 = Instant::now();
         let hook = self.hook(m, d);
         let what = format!("{} at d = {d}", m.name);
-        let logp = match (&exact.prompt, m.decode && self.n_f > 1) {
-            (Some(prompt), true) => self.continuation_logp(exact, prompt, &hook, &what)?,
-            _ => self.scored_logp(&hook, &what)?,
+        let continued = match (&exact.prompt, m.decode && self.n_f > 1) {
+            (Some(prompt), true) => self.continuation_logp(exact, prompt, &hook, &what),
+            _ => None,
+        };
+        let logp = match continued {
+            Some(logp) => logp?,
+            None => self.scored_logp(&hook, &what)?,
         };
         let errors = hook.layer_errors()?;
         let flagged: usize = errors.iter().map(|e| e.nonfinite_rows).sum();
@@ -253,7 +246,8 @@ impl Window<'_> {
         let seconds = t0.elapsed().as_secs_f64();
         let mut one_layer = Vec::new();
         for (l, q, k, v) in &exact.kept {
-            one_layer.push((*l, self.hook(m, d).layer(*l, q, k, v)?.1));
+            let spec = self.model.layer_spec(*l);
+            one_layer.push((*l, self.hook(m, d).layer(*l, q, k, v, &spec)?.1));
         }
         Ok(E2ePoint {
             scores,
@@ -262,6 +256,37 @@ impl Window<'_> {
             seconds,
         })
     }
+}
+
+/// Refuses, before any window runs, a method that a layer of `model` cannot have at windows of
+/// up to `n` tokens (docs/reference.md §7.7.6's rules, in every layer): a feature of the layer's
+/// spec the method's form (prefill, or its decode form) does not implement, and on Multi-head
+/// Latent Attention every §8 method. The hook hands a method the materialised per-head K/V; the
+/// §8 caches of an MLA layer quantize its latent row [c; k_pe] (§7.7.6), which the hook does not
+/// carry yet, and a cache of the materialised K/V is one nobody deploys.
+pub fn refuse_unsupported(model: &dyn WholeDecoder, methods: &[E2eMethod], n: usize) -> Result<()> {
+    let p = model.head_dim();
+    for m in methods {
+        if model.is_mla() && m.method.family() == Family::Quantized {
+            return Err(usage!(
+                "--methods {}: the model's layers are Multi-head Latent Attention, whose cache holds one latent row [c; k_pe] per token; end to end does not yet hand the §8 caches that row (docs/reference.md §7.7.6), so the §8 methods are refused on MLA; run the sparse or §9 methods instead (e.g. --methods window,snapkv)",
+                m.name
+            ));
+        }
+        let support = attention::spec_support_under(m.method.as_ref(), m.decode);
+        for l in 0..model.num_layers() {
+            let spec = model.layer_spec(l);
+            if let Some(feature) = spec.features(p, n).first_missing(support) {
+                return Err(usage!(
+                    "--methods {}: layer {l} has {feature} ({spec}) at n = {n}, which {} does not implement yet {}(docs/reference.md §7.7.6); a method runs end to end only where it runs in every layer",
+                    m.name,
+                    m.method.id(),
+                    if m.decode { "under the decode protocol " } else { "" }
+                ));
+            }
+        }
+    }
+    Ok(())
 }
 
 /// The one-layer view's default layers ℓ* = 0 and ⌊L/2⌋ (§10.1).

@@ -3,16 +3,19 @@
 //! at a larger spread than transformers' 0.02, so that attention is far from uniform.
 
 use super::*;
-use crate::models::{initialize, Depth};
+use crate::models::{initialize, DecoderConfig, Depth, LlamaDecoder};
 use candle_core::Device;
 
-fn model() -> (DecoderConfig, DecoderWeights) {
+/// The model, leaked: a test's windows borrow it for the whole test.
+fn model() -> (&'static DecoderConfig, LlamaDecoder<'static>) {
     let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
         .join("fixtures/decoders/qwen3/config.json");
     let mut cfg = DecoderConfig::load(&path).unwrap();
     cfg.initializer_range = 0.3;
     let w = initialize(&cfg, Depth::Whole, 11, &Device::Cpu).unwrap();
-    (cfg, w)
+    let cfg: &'static DecoderConfig = Box::leak(Box::new(cfg));
+    let weights = Box::leak(Box::new(w));
+    (cfg, LlamaDecoder { weights, cfg })
 }
 
 fn ids(n: usize) -> Vec<u32> {
@@ -20,15 +23,14 @@ fn ids(n: usize) -> Vec<u32> {
 }
 
 fn window<'a>(
-    cfg: &'a DecoderConfig,
-    w: &'a DecoderWeights,
+    cfg: &DecoderConfig,
+    w: &'a LlamaDecoder<'a>,
     ids: &'a [u32],
     n_f: usize,
     dtype: DType,
 ) -> Window<'a> {
     Window {
-        weights: w,
-        cfg,
+        model: w,
         ids,
         n_f,
         dtype,

@@ -14,8 +14,8 @@ use candle_core::Tensor;
 use rayon::prelude::*;
 
 use crate::attention::decode::LayerContext;
-use crate::attention::spec::{default_scale, AttentionSpec};
-use crate::attention::{Mask, Method, Target};
+use crate::attention::spec::AttentionSpec;
+use crate::attention::{Method, Target};
 use crate::models::AttentionHook;
 use crate::numerics::sampling::TrialKey;
 use crate::protocol::pipeline::{layer_head, HeadTarget, Protocol};
@@ -99,24 +99,23 @@ impl<'a> MethodHook<'a> {
             .collect()
     }
 
-    /// Layer `layer`'s O (the method's rows, the exact prompt rows in decode mode) and local error.
+    /// Layer `layer`'s O (the method's rows, the exact prompt rows in decode mode) and local
+    /// error, under the layer's exact attention `spec` (its scale, cap, window and sinks: the
+    /// target the error is measured against and the rules the method follows, §7.7.6).
     pub fn layer(
         &self,
         layer: usize,
         q: &Tensor,
         k: &Tensor,
         v: &Tensor,
+        spec: &AttentionSpec,
     ) -> Result<(Tensor, LayerError)> {
         let (heads, n, _) = q.dims3()?;
         let ctx = match self.mode.n_f() {
-            Some(n_f) => Some(Arc::new(LayerContext::new(
-                q.clone(),
-                k.clone(),
-                v.clone(),
-                n_f,
-                layer,
-                self.layers,
-            )?)),
+            Some(n_f) => Some(Arc::new(
+                LayerContext::new(q.clone(), k.clone(), v.clone(), n_f, layer, self.layers)?
+                    .with_spec(spec.clone())?,
+            )),
             None => None,
         };
         // Every head runs, then the first error in head order is the one reported: rayon's own
@@ -124,7 +123,7 @@ impl<'a> MethodHook<'a> {
         // (and a user's test of it) would depend on the thread count and scheduling.
         let per_head: Vec<(Tensor, [f64; 6], usize)> = (0..heads)
             .into_par_iter()
-            .map(|h| self.head(layer, h, n, q, k, v, ctx.as_ref()))
+            .map(|h| self.head(layer, h, n, (q, k, v), spec, ctx.as_ref()))
             .collect::<Vec<Result<_>>>()
             .into_iter()
             .collect::<Result<_>>()?;
@@ -138,26 +137,17 @@ impl<'a> MethodHook<'a> {
     }
 
     /// Query head `h` of layer `layer`: its O rows and its error columns.
-    #[allow(clippy::too_many_arguments)]
     fn head(
         &self,
         layer: usize,
         h: usize,
         n: usize,
-        q: &Tensor,
-        k: &Tensor,
-        v: &Tensor,
+        (q, k, v): (&Tensor, &Tensor, &Tensor),
+        spec: &AttentionSpec,
         ctx: Option<&Arc<LayerContext>>,
     ) -> Result<(Tensor, [f64; 6], usize)> {
         let m = self.method;
-        let lh = layer_head(
-            q,
-            k,
-            v,
-            h,
-            &AttentionSpec::of_mask(Mask::Causal, q.dim(2)?),
-            ctx,
-        )?;
+        let lh = layer_head(q, k, v, h, spec, ctx)?;
         let head = &lh.head;
         let seed = TrialKey {
             seed: self.seed,
@@ -212,20 +202,9 @@ impl AttentionHook for MethodHook<'_> {
         v: &Tensor,
         spec: &AttentionSpec,
     ) -> Result<Tensor> {
-        // A window of W ≥ n keys is no window (every key j ≤ i is within it).
-        if let Some(w) = spec.window_within(q.dim(1).unwrap_or(0)) {
-            // The methods' key sets assume the full causal mask; a sliding window changes the
-            // target itself (docs/reference.md §7.7.0), which the methods do not read yet.
-            anyhow::bail!(
-                "layer {layer} has a sliding window of {w}: end-to-end methods run on full causal layers only"
-            );
-        }
-        if !spec.plain_logits() || spec.scale != default_scale(q.dim(2)?) {
-            anyhow::bail!(
-                "layer {layer}'s attention has a scale, soft-cap or sinks of its own: end-to-end methods run on plain causal layers only"
-            );
-        }
-        let (o, error) = self.layer(layer, q, k, v)?;
+        // A method the layer's spec is beyond is refused per head ([`HeadTarget::trial`]), and
+        // by the face before any window runs (`end_to_end::refuse_unsupported`).
+        let (o, error) = self.layer(layer, q, k, v, spec)?;
         self.errors.lock().expect("layer errors lock")[layer] = Some(error);
         Ok(o)
     }

@@ -5,6 +5,7 @@
 //! written here (the same format functions on q̃ and the latent, then the absorbed causal
 //! attention by its definition, loop by loop).
 
+use crate::models::Depth;
 use std::path::Path;
 use std::sync::Arc;
 
@@ -31,7 +32,7 @@ fn dump(name: &str) -> LayerDump {
     let cfg: serde_json::Value = serde_json::from_str(&text).unwrap();
     let entry = family_entry(cfg["model_type"].as_str().unwrap()).unwrap();
     let mut w = NamedTensors::open_file(&dir.join("model.safetensors"), &Device::Cpu).unwrap();
-    let model = (entry.load)(&cfg, &mut w, 1).unwrap();
+    let model = (entry.load)(&cfg, &mut w, Depth::Through(1)).unwrap();
     let vocab = model.shape().vocab_size;
     let ids: Vec<u32> = (0..N).map(|i| ((i * 37 + 5) % vocab) as u32).collect();
     model.layer_dump(&ids, DType::F64).unwrap()
