@@ -12,7 +12,9 @@
 #  6. the Skeinformer preset (64 windows) on cuda, profiled;
 #  7. the PyTorch peer on cuda (benches/pytorch_sweep.py --device cuda) beside the same binary on
 #     the same lengths and windows;
-#  8. every unit test and the pipeline tests on cuda.
+#  8. end to end (issue 47): SmolLM2-135M's shape, initialized, one window at n = 1024 with a
+#     method in every layer, on cuda and on the 16 CPU cores, compared by scripts/gpu-compare-e2e.py;
+#  9. every unit test and the pipeline tests on cuda.
 # Each step has a timeout; OUT (default /tmp/out) receives log.txt, tests.txt, bench.txt and
 # archives of trials (at most 8 files come back from a device call). Compare the trials with the
 # committed CPU runs afterwards (scripts/gpu-compare.py).
@@ -42,7 +44,8 @@ for t in .gpu/tests/*.gz; do
   b=target/release/deps/$(basename "$t" .gz); gunzip -c "$t" > "$b"; chmod +x "$b"; TESTS+=("$b")
 done
 D=$ROOT/.gpu/data
-gunzip -kf $D/wikitext-2/wiki.test.raw.gz $D/bert-base-cased/tokenizer.json.gz $D/llama-shape/tokenizer.json.gz
+gunzip -kf $D/wikitext-2/wiki.test.raw.gz $D/bert-base-cased/tokenizer.json.gz $D/llama-shape/tokenizer.json.gz \
+  $D/smollm2-shape/tokenizer.json.gz
 # The test binaries name the build checkout's absolute path: link it to this checkout.
 BUILD_PATH=$(cat .gpu/build-path)
 [ "$BUILD_PATH" = "$ROOT" ] || { mkdir -p "$(dirname "$BUILD_PATH")" && ln -sfn "$ROOT" "$BUILD_PATH"; }
@@ -108,7 +111,17 @@ PYTHONUNBUFFERED=1 timeout -k 10 90 python3 benches/pytorch_sweep.py --device cu
 head -40 /tmp/peer.txt >> "$LOG"
 APPROX_BENCH_PROFILE=1 step preset-n4096-cuda-8 40 $BIN --figure skyformer "${C[@]}" --lengths 4096 --windows 8 --device cuda --out /tmp/sky4096
 
-log "8 every unit test and the pipeline tests on cuda"
+log "8 end to end: SmolLM2-135M's shape initialized (its GGUF does not fit a call), n = 1024, cuda and the CPU cores"
+E2E=(e2e --model initialized --model-dir $D/smollm2-shape --corpus $D/wikitext-2/wiki.test.raw --lengths 1024
+     --windows 1 --n-f 256 --methods window,topk,streaming,snapkv,dec_window,kv_q4_0,dkv_q4_0 --features 64,256
+     --positions --quiet)
+step e2e-cuda 120 $BIN "${E2E[@]}" --device cuda --out /tmp/e2e-cuda
+step e2e-cpu16 120 $BIN "${E2E[@]}" --device cpu --out /tmp/e2e-cpu
+python3 scripts/gpu-compare-e2e.py /tmp/e2e-cpu /tmp/e2e-cuda >> "$LOG" 2>&1; echo "-- e2e compare: exit $?" >> "$LOG"
+tar czf "$OUT/e2e.tgz" -C /tmp e2e-cuda/e2e.csv e2e-cuda/e2e_positions.csv e2e-cuda/ids.txt \
+  e2e-cpu/e2e.csv e2e-cpu/e2e_positions.csv
+
+log "9 every unit test and the pipeline tests on cuda"
 cd "$BUILD_PATH"
 for t in "${TESTS[@]}"; do
   APPROX_BENCH_TEST_DEVICE=cuda timeout 80 "$t" --test-threads 8 > /tmp/t.txt 2>&1; echo "exit $?" >> /tmp/t.txt

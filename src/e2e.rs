@@ -146,8 +146,9 @@ pub fn run_with(req: &E2eRequest, extra: Vec<E2eMethod>) -> Result<E2eOutcome> {
     let dtype = req.inputs.candle_dtype();
     let mut reports = Vec::new();
     let mut new_points = 0;
-    // Decode points run on the exact run's prompt rows (models::continuation).
-    let keep_prompt = methods.iter().any(|m| m.decode);
+    // Decode points run on the exact run's prompt rows (models::continuation) where the model
+    // has that forward; a family's run the whole window, whose prompt rows are exact.
+    let keep_prompt = model.has_continuation() && methods.iter().any(|m| m.decode);
     let points: Vec<(&E2eMethod, usize)> = methods
         .iter()
         .flat_map(|m| m.budgets(&req.features).into_iter().map(move |d| (m, d)))

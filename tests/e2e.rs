@@ -287,10 +287,13 @@ fn per_head_rows_average_to_the_layer_rows_and_a_resume_keeps_the_optional_files
     assert_eq!(read("e2e_heads.csv").len(), 192);
 }
 
-/// Mistral's sliding window (16 keys on the fixture) is no window at n ≤ 16, where end to end
-/// runs; at n = 32 it would change the target of every layer, which end to end does not carry yet.
+/// Mistral's sliding window (16 keys on the fixture) changes every layer's exact target at
+/// n = 32, and each method follows its rules there (docs/reference.md §7.7.6): at d ≥ W every
+/// method reproduces the exact run (the window holds at most W keys, so it keeps them all), below
+/// it the output moves; a method without a windowed form (KIVI's decode cache) is refused before
+/// any window runs, naming the layer and the window.
 #[test]
-fn a_sliding_window_covering_the_window_is_run_and_a_shorter_one_refused() {
+fn a_sliding_window_is_each_layers_own_target_and_d_at_least_w_is_exact() {
     let dir = tempfile::tempdir().unwrap();
     let model = dir.path().join("mistral");
     std::fs::create_dir_all(&model).unwrap();
@@ -303,22 +306,33 @@ fn a_sliding_window_covering_the_window_is_run_and_a_shorter_one_refused() {
     )
     .unwrap();
     let corpus = corpus(dir.path());
+    let out = dir.path().join("a");
     let o = e2e(
         &model,
         &corpus,
-        &dir.path().join("a"),
-        "--lengths 16 --n-f 4 --methods window,snapkv --features 8",
+        &out,
+        "--lengths 32 --windows 1 --n-f 8 --dtype f64 --methods window,topk,snapkv,dec_window --features 8,16",
     );
     assert!(o.status.success(), "{}", stderr(&o));
+    let rows = csv_records(&out.join("e2e.csv"));
+    assert_eq!(rows.len(), 8);
+    for r in &rows {
+        let kl: f64 = r["kl_mean"].parse().unwrap();
+        match r["d"].as_str() {
+            // f64 rounding through two layers' different summation orders.
+            "16" => assert!(kl < 1e-13, "{} at d = W: kl_mean {kl}", r["method"]),
+            _ => assert!(kl > 1e-4, "{} at d = 8 < W: kl_mean {kl}", r["method"]),
+        }
+    }
     let o = e2e(
         &model,
         &corpus,
         &dir.path().join("b"),
-        "--lengths 32 --n-f 4 --methods window,snapkv --features 8",
+        "--lengths 32 --n-f 8 --methods snapkv,dkivi2 --features 8",
     );
     assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
     assert!(
-        stderr(&o).contains("sliding window of 16 keys, shorter than n = 32"),
+        stderr(&o).contains("--methods dkivi2: layer 0 has a sliding window (causal, window 16"),
         "{}",
         stderr(&o)
     );

@@ -36,6 +36,11 @@ pub trait WholeDecoder: Sync {
         hook: &dyn AttentionHook,
         rows: Range<usize>,
     ) -> Result<Tensor>;
+    /// Whether [`Self::continuation_logits`] is there (so that the exact run keeps every
+    /// layer's prompt rows only where they will be read).
+    fn has_continuation(&self) -> bool {
+        false
+    }
     /// Decode mode's continuation-only forward on the exact run's prompt rows (§10.1 [REC]);
     /// None where the model has none, and then the full forward serves: its prompt rows are
     /// exact in every layer, so the numbers are the same up to rounding.
@@ -79,6 +84,9 @@ impl WholeDecoder for LlamaDecoder<'_> {
         rows: Range<usize>,
     ) -> Result<Tensor> {
         forward_logits(self.weights, self.cfg, ids, dtype, hook, rows)
+    }
+    fn has_continuation(&self) -> bool {
+        true
     }
     fn continuation_logits(
         &self,

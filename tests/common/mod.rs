@@ -295,6 +295,22 @@ pub fn lines_without_column(text: &str, column: &str) -> Vec<String> {
         .collect()
 }
 
+/// A CSV file's rows as column name → field (csv crate: quoted fields are read as written).
+pub fn csv_records(path: &Path) -> Vec<HashMap<String, String>> {
+    let mut r = csv::Reader::from_path(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    let header: Vec<String> = r.headers().unwrap().iter().map(String::from).collect();
+    r.records()
+        .map(|rec| {
+            let rec = rec.unwrap();
+            header
+                .iter()
+                .cloned()
+                .zip(rec.iter().map(String::from))
+                .collect()
+        })
+        .collect()
+}
+
 /// Lays out files as the Hugging Face hub cache does: <home>/hub/<kind>s--<org>--<name>/
 /// refs/main (commit hash) and snapshots/<commit>/<file> (symlinks to blobs, as hf-hub writes them).
 pub fn hf_cache_repo(home: &Path, kind: &str, repo: &str, files: &[(&str, &Path)]) {
