@@ -5,18 +5,23 @@
 //! group top-k and normalised weights; both × `routed_scaling_factor`. FP8 weights with block
 //! scales (V3's hub checkpoints) are dequantized on load.
 
+use std::ops::Range;
+
 use anyhow::Result;
 use candle_core::{DType, Tensor};
 use serde_json::Value;
 
 use super::family::{FamilyModel, FamilyShape, LayerDump, NamedTensors};
-use super::family_common::{embed_ids, merge_heads, ConfigFields, LoadedLayers};
-use super::llama::{linear, rms_norm, Linear};
+use super::family_common::{
+    attend_checked, embed_ids, head_logits, load_output_head, merge_heads, whole_head,
+    ConfigFields, LoadedLayers,
+};
+use super::llama::{linear, rms_norm, AttentionHook, ExactAttention, Linear, OutputHead};
 use super::mla::{load_linear, MlaDims, MlaWeights, RopeLayout};
 use super::moe::{dispatch, host_rows, top_k, Routing};
 use super::rope::{yarn_mscale, FamilyRope};
 use super::weights::Depth;
-use crate::attention::spec::{exact_attention, AttentionSpec};
+use crate::attention::spec::AttentionSpec;
 use crate::usage;
 
 #[path = "deepseek_config.rs"]
@@ -75,11 +80,13 @@ struct DeepseekLayer {
     rest: Option<LayerRest>,
 }
 
-/// A DeepSeek-V2/V3 model loaded through layer L.
+/// A DeepSeek-V2/V3 model loaded through layer L, or whole.
 pub struct Deepseek {
     cfg: DeepseekConfig,
     embed: Tensor,
     layers: Vec<DeepseekLayer>,
+    /// The final norm and the LM head: only when loaded whole.
+    head: Option<OutputHead>,
 }
 
 /// The [`super::family::Loader`] of deepseek_v2 and deepseek_v3.
@@ -95,7 +102,22 @@ pub fn load(
     let layers = (0..loaded.count)
         .map(|l| load_layer(weights, &cfg, l, loaded.full(l)))
         .collect::<Result<_>>()?;
-    Ok(Box::new(Deepseek { cfg, embed, layers }))
+    let head = if loaded.whole {
+        Some(load_output_head(
+            weights,
+            cfg.tie_word_embeddings,
+            cfg.vocab,
+            cfg.hidden,
+        )?)
+    } else {
+        None
+    };
+    Ok(Box::new(Deepseek {
+        cfg,
+        embed,
+        layers,
+        head,
+    }))
 }
 
 fn load_layer(
@@ -166,8 +188,15 @@ fn load_moe(w: &NamedTensors, cfg: &DeepseekConfig, p: &str) -> Result<Moe> {
 }
 
 impl Deepseek {
-    /// One whole layer l < L (transformers' `DeepseekV{2,3}DecoderLayer.forward`, eval).
-    fn decoder_layer(&self, x: &Tensor, l: usize, rope_t: &(Tensor, Tensor)) -> Result<Tensor> {
+    /// One whole layer (transformers' `DeepseekV{2,3}DecoderLayer.forward`, eval), its attention
+    /// through `hook` on the materialised Q, K, V (the MLA module's eager call).
+    fn decoder_layer(
+        &self,
+        x: &Tensor,
+        l: usize,
+        rope_t: &(Tensor, Tensor),
+        hook: &dyn AttentionHook,
+    ) -> Result<Tensor> {
         let lw = &self.layers[l];
         let rest = lw
             .rest
@@ -175,7 +204,7 @@ impl Deepseek {
             .expect("layers before L carry o_proj and the MLP");
         let h = rms_norm(x, &lw.input_norm, self.cfg.eps)?;
         let m = lw.attn.forward(&h, &self.cfg.mla, &rope_t.0, &rope_t.1)?;
-        let o = exact_attention(&m.q, &m.k, &m.v, &self.attention_spec(l))?;
+        let o = attend_checked(hook, l, &m.q, &m.k, &m.v, &self.attention_spec(l))?;
         let x = (x + linear(&merge_heads(&o)?, &rest.o)?)?;
         let h = rms_norm(&x, &rest.post_norm, self.cfg.eps)?;
         let y = match &rest.mlp {
@@ -183,6 +212,27 @@ impl Deepseek {
             Mlp::Moe(moe) => self.moe(&h, moe)?,
         };
         Ok((x + y)?)
+    }
+
+    /// The embedded window `ids` (in `dtype`) after layers 0..`upto`, with the RoPE tables.
+    fn run_layers(
+        &self,
+        ids: &[u32],
+        dtype: DType,
+        upto: usize,
+        hook: &dyn AttentionHook,
+    ) -> Result<(Tensor, (Tensor, Tensor))> {
+        let mut x = embed_ids(&self.embed, ids, dtype)?;
+        let rope_t = self
+            .cfg
+            .rope
+            .cos_sin(ids.len(), dtype, self.embed.device())?;
+        for l in 0..upto {
+            // A layer of a long window takes seconds: a signal stops the forward here.
+            crate::interrupt::check()?;
+            x = self.decoder_layer(&x, l, &rope_t, hook)?;
+        }
+        Ok((x, rope_t))
     }
 
     /// The routed experts (weighted by the router) plus the shared experts.
@@ -235,16 +285,8 @@ impl FamilyModel for Deepseek {
     }
 
     fn layer_dump(&self, ids: &[u32], dtype: DType) -> Result<LayerDump> {
-        let mut x = embed_ids(&self.embed, ids, dtype)?;
-        let rope_t = self
-            .cfg
-            .rope
-            .cos_sin(ids.len(), dtype, self.embed.device())?;
         let last = self.layers.len() - 1;
-        for l in 0..last {
-            crate::interrupt::check()?;
-            x = self.decoder_layer(&x, l, &rope_t)?;
-        }
+        let (x, rope_t) = self.run_layers(ids, dtype, last, &ExactAttention)?;
         let lw = &self.layers[last];
         let h = rms_norm(&x, &lw.input_norm, self.cfg.eps)?;
         let m = lw.attn.forward(&h, &self.cfg.mla, &rope_t.0, &rope_t.1)?;
@@ -259,6 +301,32 @@ impl FamilyModel for Deepseek {
             ],
             sidecar: self.cfg.mla.sidecar(self.cfg.rope.attention_factor()),
         })
+    }
+
+    /// transformers' `DeepseekV{2,3}ForCausalLM.forward`: the layers, then `lm_head(norm(x))` on
+    /// `rows`.
+    fn forward_logits(
+        &self,
+        ids: &[u32],
+        dtype: DType,
+        hook: &dyn AttentionHook,
+        rows: Range<usize>,
+    ) -> Result<Tensor> {
+        let loaded = self.layers.len();
+        let head = whole_head(
+            self.head.as_ref(),
+            self.model_type(),
+            loaded,
+            &rows,
+            ids.len(),
+        )?;
+        let (x, _) = self.run_layers(ids, dtype, loaded, hook)?;
+        head_logits(
+            &x.narrow(0, rows.start, rows.len())?,
+            head,
+            &self.embed,
+            self.cfg.eps,
+        )
     }
 }
 

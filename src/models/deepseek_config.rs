@@ -28,6 +28,8 @@ pub struct DeepseekConfig {
     /// RoPE over the d_R rope dims.
     pub rope: FamilyRope,
     pub attention_bias: bool,
+    /// transformers' default (V2 and V3): false.
+    pub tie_word_embeddings: bool,
     pub intermediate: usize,
     pub moe_intermediate: usize,
     pub experts: usize,
@@ -83,6 +85,7 @@ impl DeepseekConfig {
             rope: FamilyRope::from_config(v, mla.d_rope, what)?,
             mla,
             attention_bias: f.bool_opt("attention_bias")?.unwrap_or(false),
+            tie_word_embeddings: f.bool_opt("tie_word_embeddings")?.unwrap_or(false),
             intermediate: f.positive("intermediate_size")?,
             moe_intermediate: f.positive("moe_intermediate_size")?,
             experts: f.positive("n_routed_experts")?,

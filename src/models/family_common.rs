@@ -1,12 +1,16 @@
 //! What the §7.7 family files share: typed config.json fields with errors that name the family
 //! and the field, `layer_types`, a positive sliding window, the embedding lookup, and the
-//! attention block's head layout.
+//! attention block's head layout, and for the whole model (docs/reference.md §10.1) the output
+//! head and the checked call of a layer's attention hook.
+
+use std::ops::Range;
 
 use anyhow::Result;
 use candle_core::{DType, Tensor};
 use serde_json::Value;
 
-use super::llama::{linear, Linear};
+use super::family::NamedTensors;
+use super::llama::{linear, rms_norm, AttentionHook, Linear, OutputHead};
 use super::weights::Depth;
 use crate::attention::spec::LayerType;
 use crate::usage;
@@ -257,7 +261,7 @@ pub(super) fn attention_out(o: &Tensor, o_proj: &Linear) -> Result<Tensor> {
 
 /// A weight-only Linear (no bias) from the checkpoint, [out, inp].
 pub(super) fn linear_weight(
-    w: &super::family::NamedTensors,
+    w: &NamedTensors,
     name: &str,
     out: usize,
     inp: usize,
@@ -274,4 +278,84 @@ pub(super) fn linear_rows(fused: &Tensor, start: usize, len: usize) -> Result<Li
         weight: fused.narrow(0, start, len)?.contiguous()?,
         bias: None,
     })
+}
+
+/// The final RMSNorm (`model.norm.weight`) and the LM head (`lm_head.weight` [vocab, hidden]) of a
+/// model loaded whole. Where `tie` (config.json's `tie_word_embeddings`) the head is the token
+/// embeddings, as transformers ties `lm_head.weight` to `model.embed_tokens.weight` then
+/// (`_tied_weights_keys`), whatever the checkpoint holds; the GGUF readers set `tie` where the
+/// file has no `output.weight`.
+pub(super) fn load_output_head(
+    w: &NamedTensors,
+    tie: bool,
+    vocab: usize,
+    hidden: usize,
+) -> Result<OutputHead> {
+    Ok(OutputHead {
+        norm: w.get("model.norm.weight", &[hidden])?,
+        lm_head: if tie {
+            None
+        } else {
+            Some(w.get("lm_head.weight", &[vocab, hidden])?)
+        },
+    })
+}
+
+/// The output head of a model asked for logits, refused unless it was loaded whole; and `rows`
+/// checked to be a non-empty range of the window's `n` rows. `loaded`: the layers loaded.
+pub(super) fn whole_head<'a>(
+    head: Option<&'a OutputHead>,
+    model_type: &str,
+    loaded: usize,
+    rows: &Range<usize>,
+    n: usize,
+) -> Result<&'a OutputHead> {
+    let head = head.ok_or_else(|| {
+        anyhow::anyhow!(
+            "{model_type}: the logits need the whole model (models::Depth::Whole); only layers 0..={} are loaded",
+            loaded - 1
+        )
+    })?;
+    if rows.is_empty() || rows.end > n {
+        return Err(anyhow::anyhow!(
+            "{model_type}: logit rows {rows:?} must be a non-empty range within the window's {n} rows"
+        ));
+    }
+    Ok(head)
+}
+
+/// The rows X [m, hidden] through the final norm and the LM head (no bias, as transformers'
+/// `lm_head`): logits [m, vocab] in X's dtype. `embed` is the head where it is tied.
+pub(super) fn head_logits(
+    x: &Tensor,
+    head: &OutputHead,
+    embed: &Tensor,
+    eps: f64,
+) -> Result<Tensor> {
+    let x = rms_norm(x, &head.norm, eps)?;
+    let w = head.lm_head.as_ref().unwrap_or(embed);
+    Ok(x.matmul(&w.to_dtype(x.dtype())?.t()?)?)
+}
+
+/// Layer `l`'s attention through `hook`: O [H, n, p_v] (Q's heads and rows, V's width; p_v ≠
+/// p_qk for MLA), refused with a usage error when the hook returns another shape (a user's
+/// callable can), and in Q's dtype.
+pub(super) fn attend_checked(
+    hook: &dyn AttentionHook,
+    l: usize,
+    q: &Tensor,
+    k: &Tensor,
+    v: &Tensor,
+    spec: &crate::attention::spec::AttentionSpec,
+) -> Result<Tensor> {
+    let o = hook.attend(l, q, k, v, spec)?;
+    let (h, n, _) = q.dims3()?;
+    let want = [h, n, v.dim(2)?];
+    if o.dims() != want {
+        return Err(usage!(
+            "the attention of layer {l} returned shape {:?}; it must return O [H, n, p_v] = {want:?}",
+            o.dims()
+        ));
+    }
+    Ok(o.to_dtype(q.dtype())?)
 }

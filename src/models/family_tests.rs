@@ -149,3 +149,215 @@ fn check_spec(
         None => assert!(spec.sinks.is_none(), "{what}: no sinks expected"),
     }
 }
+
+/// Fixture `name`'s ids and transformers' float64 `logits` [n, vocab].
+pub(crate) fn fixture_logits(name: &str) -> (Vec<u32>, Tensor) {
+    let want = candle_core::safetensors::load(
+        fixture_dir(name).join("expected.safetensors"),
+        &Device::Cpu,
+    )
+    .unwrap();
+    let ids = want["ids"]
+        .to_dtype(DType::I64)
+        .unwrap()
+        .to_vec1::<i64>()
+        .unwrap()
+        .into_iter()
+        .map(|i| i as u32)
+        .collect();
+    (ids, want["logits"].clone())
+}
+
+/// Fixture `name` loaded whole through each route it has: "safetensors" (model.safetensors) and,
+/// where the fixture has a model.gguf, "gguf" (the family's GGUF reader).
+pub(crate) fn whole_models(name: &str) -> Vec<(&'static str, Box<dyn FamilyModel>)> {
+    let dir = fixture_dir(name);
+    let config = fixture_config(name);
+    let entry = family_entry(config["model_type"].as_str().unwrap()).unwrap();
+    let dev = Device::Cpu;
+    let mut st = NamedTensors::open_file(&dir.join("model.safetensors"), &dev).unwrap();
+    let mut models = vec![(
+        "safetensors",
+        (entry.load)(&config, &mut st, Depth::Whole).unwrap(),
+    )];
+    let gguf = dir.join("model.gguf");
+    if gguf.is_file() {
+        let read = entry.gguf[0].1;
+        let (config, mut gg) = read(GgufFile::open(&gguf).unwrap(), &dev).unwrap();
+        models.push((
+            "gguf",
+            (entry.load)(&config, &mut gg, Depth::Whole).unwrap(),
+        ));
+    }
+    models
+}
+
+/// The whole model of fixture `name`, every route, with exact attention, against transformers'
+/// float64 logits over all rows: within 1e-10 (max |Δ| / max |ref|) in f64, within `f32_bound` in
+/// f32; and the rows 5..n alone equal, bit for bit, those rows of the full call (the head is
+/// row-wise; the layers run on the whole window either way). Prints what it measures.
+#[allow(dead_code)] // each family's tests call it
+pub(crate) fn check_whole_logits(name: &str, f32_bound: f64) {
+    use crate::models::llama::ExactAttention;
+    let (ids, want) = fixture_logits(name);
+    let n = ids.len();
+    for (route, model) in whole_models(name) {
+        for (dtype, bound) in [(DType::F64, 1e-10), (DType::F32, f32_bound)] {
+            let all = model
+                .forward_logits(&ids, dtype, &ExactAttention, 0..n)
+                .unwrap();
+            assert_eq!(all.dtype(), dtype);
+            let e = rel(&all, &want);
+            eprintln!("{name} {route} {dtype:?}: logits off by {e:.3e}");
+            assert!(e <= bound, "{name} {route} {dtype:?}: logits off by {e:e}");
+            let some = model
+                .forward_logits(&ids, dtype, &ExactAttention, 5..n)
+                .unwrap();
+            let d = (some - all.narrow(0, 5, n - 5).unwrap())
+                .unwrap()
+                .abs()
+                .unwrap()
+                .to_dtype(DType::F64)
+                .unwrap()
+                .max_all()
+                .unwrap()
+                .to_scalar::<f64>()
+                .unwrap();
+            assert_eq!(d, 0.0, "{name} {route} {dtype:?}: rows 5..{n} alone");
+        }
+    }
+}
+
+/// One call of a hook: the layer, its spec, and the shapes of Q, K, V.
+pub(crate) type HookCall = (usize, AttentionSpec, [Vec<usize>; 3]);
+
+/// A hook that records its calls and answers `answer(q, k, v, spec)`.
+pub(crate) struct Recording<F> {
+    pub calls: Mutex<Vec<HookCall>>,
+    pub answer: F,
+}
+
+impl<F> Recording<F> {
+    pub(crate) fn new(answer: F) -> Self {
+        Self {
+            calls: Mutex::new(Vec::new()),
+            answer,
+        }
+    }
+}
+
+impl<F> AttentionHook for Recording<F>
+where
+    F: Fn(&Tensor, &Tensor, &Tensor, &AttentionSpec) -> Tensor + Sync,
+{
+    fn attend(
+        &self,
+        layer: usize,
+        q: &Tensor,
+        k: &Tensor,
+        v: &Tensor,
+        spec: &AttentionSpec,
+    ) -> Result<Tensor> {
+        let shapes = [q.dims().to_vec(), k.dims().to_vec(), v.dims().to_vec()];
+        self.calls
+            .lock()
+            .unwrap()
+            .push((layer, spec.clone(), shapes));
+        Ok((self.answer)(q, k, v, spec))
+    }
+}
+
+/// Fixture `name` whole (safetensors) through a recording hook that answers with exact attention:
+/// one call per layer, in order, each with that layer's own spec (`attention_spec(l)`), O
+/// shaped [H, n, p_v]; the logits equal [`crate::models::llama::ExactAttention`]'s bit for bit,
+/// and a hook answering zeros changes them (the forward uses the caller's hook). Returns the calls
+/// for the family's own checks.
+#[allow(dead_code)] // each family's tests call it
+pub(crate) fn check_hook_calls(name: &str) -> Vec<HookCall> {
+    let (ids, _) = fixture_logits(name);
+    let n = ids.len();
+    let (_, model) = whole_models(name).swap_remove(0);
+    let shape = model.shape();
+    let exact = |q: &Tensor, k: &Tensor, v: &Tensor, s: &AttentionSpec| {
+        exact_attention(q, k, v, s).unwrap()
+    };
+    let hook = Recording::new(exact);
+    let got = model.forward_logits(&ids, DType::F64, &hook, 0..n).unwrap();
+    let want = model
+        .forward_logits(
+            &ids,
+            DType::F64,
+            &crate::models::llama::ExactAttention,
+            0..n,
+        )
+        .unwrap();
+    assert_eq!(rel(&got, &want), 0.0, "{name}: the recording hook's logits");
+    let calls = hook.calls.into_inner().unwrap();
+    let layers: Vec<usize> = calls.iter().map(|c| c.0).collect();
+    assert_eq!(layers, (0..shape.layers).collect::<Vec<_>>(), "{name}");
+    for (l, spec, [q, k, v]) in &calls {
+        assert_eq!(*spec, model.attention_spec(*l), "{name}: layer {l}'s spec");
+        assert_eq!(
+            q,
+            &[shape.heads, n, shape.head_dim],
+            "{name}: layer {l}'s Q"
+        );
+        assert_eq!(
+            k,
+            &[shape.kv_heads, n, shape.head_dim],
+            "{name}: layer {l}'s K"
+        );
+        assert_eq!(
+            v,
+            &[shape.kv_heads, n, shape.head_dim_v],
+            "{name}: layer {l}'s V"
+        );
+    }
+    let zeros = Recording::new(|q: &Tensor, _: &Tensor, v: &Tensor, _: &AttentionSpec| {
+        let (h, n, _) = q.dims3().unwrap();
+        Tensor::zeros((h, n, v.dim(2).unwrap()), q.dtype(), q.device()).unwrap()
+    });
+    let other = model
+        .forward_logits(&ids, DType::F64, &zeros, 0..n)
+        .unwrap();
+    assert!(
+        rel(&other, &want) > 1e-3,
+        "{name}: a zero attention changed nothing"
+    );
+    calls
+}
+
+/// Fixture `name`: a hook answering `wrong` (a shape other than [H, n, p_v]) is a usage error
+/// naming layer 0 and the shape, not a panic; so are logits of a model loaded through layer 1
+/// (not whole), and empty or out-of-range rows.
+#[allow(dead_code)] // each family's tests call it
+pub(crate) fn check_logit_refusals(
+    name: &str,
+    wrong: impl Fn(&Tensor, &Tensor, &Tensor, &AttentionSpec) -> Tensor + Sync,
+) {
+    use crate::models::llama::ExactAttention;
+    let (ids, _) = fixture_logits(name);
+    let n = ids.len();
+    let (_, model) = whole_models(name).swap_remove(0);
+    let e = model
+        .forward_logits(&ids, DType::F64, &Recording::new(wrong), 0..n)
+        .unwrap_err();
+    assert!(e.downcast_ref::<crate::UsageError>().is_some(), "{e}");
+    let e = e.to_string();
+    assert!(e.contains("layer 0") && e.contains("shape"), "{e}");
+    for rows in [3..3, 0..n + 1, n..n + 2] {
+        let e = model.forward_logits(&ids, DType::F64, &ExactAttention, rows.clone());
+        assert!(e.is_err(), "{name}: rows {rows:?}");
+    }
+    let config = fixture_config(name);
+    let entry = family_entry(config["model_type"].as_str().unwrap()).unwrap();
+    let mut st =
+        NamedTensors::open_file(&fixture_dir(name).join("model.safetensors"), &Device::Cpu)
+            .unwrap();
+    let part = (entry.load)(&config, &mut st, Depth::Through(1)).unwrap();
+    let e = part
+        .forward_logits(&ids, DType::F64, &ExactAttention, 0..n)
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("whole model"), "{e}");
+}

@@ -3,18 +3,25 @@
 //! plain RMSNorms, and a top-k MoE of clamped SwiGLU experts with biases (gate/up interleaved).
 //! Experts stored in MXFP4 on the hub are decoded on load (`quantized_weights`).
 
+use std::ops::Range;
+
 use anyhow::Result;
 use candle_core::{DType, Tensor};
 use serde_json::{Map, Value};
 
 use super::family::{FamilyModel, FamilyShape, LayerDump, NamedTensors};
-use super::family_common::{embed_ids, merge_heads, ConfigFields, LoadedLayers};
-use super::llama::{linear, rms_norm, split_heads, Linear};
+use super::family_common::{
+    attend_checked, embed_ids, head_logits, load_output_head, merge_heads, whole_head,
+    ConfigFields, LoadedLayers,
+};
+use super::llama::{
+    linear, rms_norm, split_heads, AttentionHook, ExactAttention, Linear, OutputHead,
+};
 use super::moe::{dispatch, host_rows, sigmoid, top_k, Routing};
 use super::quantized_weights::mxfp4_or_plain;
 use super::rope::{self, FamilyRope};
 use super::weights::Depth;
-use crate::attention::spec::{exact_attention, AttentionSpec, LayerType};
+use crate::attention::spec::{AttentionSpec, LayerType};
 use crate::usage;
 
 /// What gpt-oss's config.json says.
@@ -37,6 +44,8 @@ pub struct GptOssConfig {
     pub swiglu_limit: f64,
     pub swiglu_alpha: f64,
     pub attention_bias: bool,
+    /// transformers' GptOssConfig default: false.
+    pub tie_word_embeddings: bool,
     pub rope: FamilyRope,
 }
 
@@ -89,6 +98,7 @@ impl GptOssConfig {
             swiglu_limit: f.f64_opt("swiglu_limit")?.unwrap_or(7.0),
             swiglu_alpha: f.f64_opt("swiglu_alpha")?.unwrap_or(1.702),
             attention_bias: f.bool_opt("attention_bias")?.unwrap_or(true),
+            tie_word_embeddings: f.bool_opt("tie_word_embeddings")?.unwrap_or(false),
             rope: FamilyRope::from_config(v, head_dim, what)?,
         })
     }
@@ -159,11 +169,13 @@ struct GptOssLayer {
     rest: Option<LayerRest>,
 }
 
-/// gpt-oss loaded through layer L.
+/// gpt-oss loaded through layer L, or whole.
 pub struct GptOss {
     cfg: GptOssConfig,
     embed: Tensor,
     layers: Vec<GptOssLayer>,
+    /// The final norm and the LM head: only when loaded whole.
+    head: Option<OutputHead>,
 }
 
 /// The [`super::family::Loader`] of gpt-oss.
@@ -179,7 +191,22 @@ pub fn load(
     let layers = (0..loaded.count)
         .map(|l| load_layer(weights, &cfg, l, loaded.full(l)))
         .collect::<Result<_>>()?;
-    Ok(Box::new(GptOss { cfg, embed, layers }))
+    let head = if loaded.whole {
+        Some(load_output_head(
+            weights,
+            cfg.tie_word_embeddings,
+            cfg.vocab,
+            cfg.hidden,
+        )?)
+    } else {
+        None
+    };
+    Ok(Box::new(GptOss {
+        cfg,
+        embed,
+        layers,
+        head,
+    }))
 }
 
 fn load_linear(w: &NamedTensors, name: &str, out: usize, inp: usize, bias: bool) -> Result<Linear> {
@@ -253,17 +280,45 @@ impl GptOss {
         ))
     }
 
-    /// One whole layer l < L (transformers' `GptOssDecoderLayer.forward`, eval).
-    fn decoder_layer(&self, x: &Tensor, l: usize, rope_t: &(Tensor, Tensor)) -> Result<Tensor> {
+    /// One whole layer (transformers' `GptOssDecoderLayer.forward`, eval), its attention through
+    /// `hook` with the layer's spec (sinks included).
+    fn decoder_layer(
+        &self,
+        x: &Tensor,
+        l: usize,
+        rope_t: &(Tensor, Tensor),
+        hook: &dyn AttentionHook,
+    ) -> Result<Tensor> {
         let rest = self.layers[l]
             .rest
             .as_ref()
             .expect("layers before L carry o_proj and the MoE");
         let (q, k, v) = self.qkv(x, l, rope_t)?;
-        let o = exact_attention(&q, &k, &v, &self.attention_spec(l))?;
+        let o = attend_checked(hook, l, &q, &k, &v, &self.attention_spec(l))?;
         let x = (x + linear(&merge_heads(&o)?, &rest.o)?)?;
         let h = rms_norm(&x, &rest.post_norm, self.cfg.eps)?;
         Ok((&x + self.moe(&h, rest)?)?)
+    }
+
+    /// The embedded window `ids` (in `dtype`) after layers 0..`upto`, with the RoPE tables.
+    fn run_layers(
+        &self,
+        ids: &[u32],
+        dtype: DType,
+        upto: usize,
+        hook: &dyn AttentionHook,
+    ) -> Result<(Tensor, (Tensor, Tensor))> {
+        let mut x = embed_ids(&self.embed, ids, dtype)?;
+        let rope_t = self
+            .cfg
+            .rope
+            .cos_sin(ids.len(), dtype, self.embed.device())?;
+        for l in 0..upto {
+            // A layer of a long window takes seconds: a signal stops the forward here.
+            crate::interrupt::check()?;
+            x = self.decoder_layer(&x, l, &rope_t, hook)?;
+        }
+        Ok((x, rope_t))
     }
 
     /// The MoE: router logits (linear + bias), top-k, softmax over the k chosen; each chosen
@@ -344,16 +399,8 @@ impl FamilyModel for GptOss {
     }
 
     fn layer_dump(&self, ids: &[u32], dtype: DType) -> Result<LayerDump> {
-        let mut x = embed_ids(&self.embed, ids, dtype)?;
-        let rope_t = self
-            .cfg
-            .rope
-            .cos_sin(ids.len(), dtype, self.embed.device())?;
         let last = self.layers.len() - 1;
-        for l in 0..last {
-            crate::interrupt::check()?;
-            x = self.decoder_layer(&x, l, &rope_t)?;
-        }
+        let (x, rope_t) = self.run_layers(ids, dtype, last, &ExactAttention)?;
         let (q, k, v) = self.qkv(&x, last, &rope_t)?;
         Ok(LayerDump {
             q,
@@ -364,6 +411,25 @@ impl FamilyModel for GptOss {
             extra: Vec::new(),
             sidecar: Map::new(),
         })
+    }
+
+    /// transformers' `GptOssForCausalLM.forward`: the layers, then `lm_head(norm(x))` on `rows`.
+    fn forward_logits(
+        &self,
+        ids: &[u32],
+        dtype: DType,
+        hook: &dyn AttentionHook,
+        rows: Range<usize>,
+    ) -> Result<Tensor> {
+        let loaded = self.layers.len();
+        let head = whole_head(self.head.as_ref(), "gpt_oss", loaded, &rows, ids.len())?;
+        let (x, _) = self.run_layers(ids, dtype, loaded, hook)?;
+        head_logits(
+            &x.narrow(0, rows.start, rows.len())?,
+            head,
+            &self.embed,
+            self.cfg.eps,
+        )
     }
 }
 
