@@ -1,14 +1,16 @@
 //! What the §7.7 family files share: typed config.json fields with errors that name the family
-//! and the field, `layer_types`, a positive sliding window, the embedding lookup, and the
-//! attention block's head layout.
+//! and the field, `layer_types`, a positive sliding window, the embedding lookup, the
+//! attention block's head layout, and the whole forward's hook check and output head.
+
+use std::ops::Range;
 
 use anyhow::Result;
 use candle_core::{DType, Tensor};
 use serde_json::Value;
 
-use super::llama::{linear, Linear};
+use super::llama::{linear, AttentionHook, Linear};
 use super::weights::Depth;
-use crate::attention::spec::LayerType;
+use crate::attention::spec::{AttentionSpec, LayerType};
 use crate::usage;
 
 /// Typed access to one family's config.json (or a wrapper's `text_config`); `what` names it in
@@ -274,4 +276,78 @@ pub(super) fn linear_rows(fused: &Tensor, start: usize, len: usize) -> Result<Li
         weight: fused.narrow(0, start, len)?.contiguous()?,
         bias: None,
     })
+}
+
+/// The hook's O for layer `l` (docs/reference.md §10.1), refused unless it is shaped like Q: a
+/// method that returns another shape would otherwise fail deep in o_proj, or not at all when
+/// the sizes happen to multiply out. O comes back in Q's dtype, as the layer computes in it.
+pub(super) fn attend_checked(
+    hook: &dyn AttentionHook,
+    l: usize,
+    (q, k, v): (&Tensor, &Tensor, &Tensor),
+    spec: &AttentionSpec,
+) -> Result<Tensor> {
+    let o = hook.attend(l, q, k, v, spec)?;
+    if o.dims() != q.dims() {
+        return Err(usage!(
+            "the attention of layer {l} returned shape {:?}; it must return O shaped like Q, {:?}",
+            o.dims(),
+            q.dims()
+        ));
+    }
+    Ok(o.to_dtype(q.dtype())?)
+}
+
+/// The LM head [vocab, hidden] of a whole model, None when tied to the token embeddings. As
+/// transformers 5 loads it: `name` when the checkpoint has it (also under
+/// `tie_word_embeddings`, whose tie transformers drops when both tensors are stored and differ,
+/// and which is the same product when they are equal), else the embeddings when `tied`; a
+/// missing untied head is refused (transformers would draw it at random).
+pub(super) fn lm_head_weight(
+    w: &super::family::NamedTensors,
+    name: &str,
+    tied: bool,
+    vocab: usize,
+    hidden: usize,
+) -> Result<Option<Tensor>> {
+    if w.has(name) {
+        return Ok(Some(w.get(name, &[vocab, hidden])?));
+    }
+    if !tied {
+        return Err(usage!(
+            "weights {}: tensor '{name}' is missing and tie_word_embeddings is false; the whole model needs its LM head",
+            w.what()
+        ));
+    }
+    Ok(None)
+}
+
+/// The logits X·Wᵀ [m, vocab] of the normed rows X [m, hidden], W the LM head or, tied, the
+/// token embeddings.
+pub(super) fn lm_logits(x: &Tensor, lm_head: Option<&Tensor>, embed: &Tensor) -> Result<Tensor> {
+    let w = lm_head.unwrap_or(embed);
+    Ok(x.matmul(&w.to_dtype(x.dtype())?.t()?)?)
+}
+
+/// Refuses a `forward_logits` call before any layer runs: a model loaded through layer L (it
+/// has no output head), or rows that are empty or past the window's n.
+pub(super) fn check_logits_call(
+    model_type: &str,
+    whole: bool,
+    loaded: usize,
+    rows: &Range<usize>,
+    n: usize,
+) -> Result<()> {
+    if !whole {
+        return Err(usage!(
+            "the logits of a {model_type} model need it loaded whole (models::Depth::Whole); only layers 0..={} are loaded",
+            loaded.saturating_sub(1)
+        ));
+    }
+    if rows.is_empty() || rows.end > n {
+        return Err(usage!(
+            "forward_logits: rows {rows:?} must be a non-empty range within the window's {n} tokens"
+        ));
+    }
+    Ok(())
 }
