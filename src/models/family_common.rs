@@ -12,7 +12,7 @@ use serde_json::Value;
 use super::family::NamedTensors;
 use super::llama::{linear, rms_norm, AttentionHook, Linear, OutputHead};
 use super::weights::Depth;
-use crate::attention::spec::LayerType;
+use crate::attention::spec::{AttentionSpec, LayerType};
 use crate::usage;
 
 /// Typed access to one family's config.json (or a wrapper's `text_config`); `what` names it in
@@ -281,10 +281,8 @@ pub(super) fn linear_rows(fused: &Tensor, start: usize, len: usize) -> Result<Li
 }
 
 /// The final RMSNorm (`model.norm.weight`) and the LM head (`lm_head.weight` [vocab, hidden]) of a
-/// model loaded whole. Where `tie` (config.json's `tie_word_embeddings`) the head is the token
-/// embeddings, as transformers ties `lm_head.weight` to `model.embed_tokens.weight` then
-/// (`_tied_weights_keys`), whatever the checkpoint holds; the GGUF readers set `tie` where the
-/// file has no `output.weight`.
+/// model loaded whole, the head as [`lm_head_weight`] chooses it (`tie`: config.json's
+/// `tie_word_embeddings`; the GGUF readers set it where the file has no `output.weight`).
 pub(super) fn load_output_head(
     w: &NamedTensors,
     tie: bool,
@@ -293,11 +291,7 @@ pub(super) fn load_output_head(
 ) -> Result<OutputHead> {
     Ok(OutputHead {
         norm: w.get("model.norm.weight", &[hidden])?,
-        lm_head: if tie {
-            None
-        } else {
-            Some(w.get("lm_head.weight", &[vocab, hidden])?)
-        },
+        lm_head: lm_head_weight(w, "lm_head.weight", tie, vocab, hidden)?,
     })
 }
 
@@ -310,18 +304,8 @@ pub(super) fn whole_head<'a>(
     rows: &Range<usize>,
     n: usize,
 ) -> Result<&'a OutputHead> {
-    let head = head.ok_or_else(|| {
-        anyhow::anyhow!(
-            "{model_type}: the logits need the whole model (models::Depth::Whole); only layers 0..={} are loaded",
-            loaded - 1
-        )
-    })?;
-    if rows.is_empty() || rows.end > n {
-        return Err(anyhow::anyhow!(
-            "{model_type}: logit rows {rows:?} must be a non-empty range within the window's {n} rows"
-        ));
-    }
-    Ok(head)
+    check_logits_call(model_type, head.is_some(), loaded, rows, n)?;
+    Ok(head.expect("checked: loaded whole"))
 }
 
 /// The rows X [m, hidden] through the final norm and the LM head (no bias, as transformers'
@@ -332,9 +316,7 @@ pub(super) fn head_logits(
     embed: &Tensor,
     eps: f64,
 ) -> Result<Tensor> {
-    let x = rms_norm(x, &head.norm, eps)?;
-    let w = head.lm_head.as_ref().unwrap_or(embed);
-    Ok(x.matmul(&w.to_dtype(x.dtype())?.t()?)?)
+    lm_logits(&rms_norm(x, &head.norm, eps)?, head.lm_head.as_ref(), embed)
 }
 
 /// Layer `l`'s attention through `hook`: O [H, n, p_v] (Q's heads and rows, V's width; p_v ≠
@@ -346,7 +328,7 @@ pub(super) fn attend_checked(
     q: &Tensor,
     k: &Tensor,
     v: &Tensor,
-    spec: &crate::attention::spec::AttentionSpec,
+    spec: &AttentionSpec,
 ) -> Result<Tensor> {
     let o = hook.attend(l, q, k, v, spec)?;
     let (h, n, _) = q.dims3()?;
@@ -358,4 +340,58 @@ pub(super) fn attend_checked(
         ));
     }
     Ok(o.to_dtype(q.dtype())?)
+}
+
+/// The LM head [vocab, hidden] of a whole model, None when tied to the token embeddings. As
+/// transformers 5 loads it: `name` when the checkpoint has it (also under
+/// `tie_word_embeddings`, whose tie transformers drops when both tensors are stored and differ,
+/// and which is the same product when they are equal), else the embeddings when `tied`; a
+/// missing untied head is refused (transformers would draw it at random).
+pub(super) fn lm_head_weight(
+    w: &NamedTensors,
+    name: &str,
+    tied: bool,
+    vocab: usize,
+    hidden: usize,
+) -> Result<Option<Tensor>> {
+    if w.has(name) {
+        return Ok(Some(w.get(name, &[vocab, hidden])?));
+    }
+    if !tied {
+        return Err(usage!(
+            "weights {}: tensor '{name}' is missing and tie_word_embeddings is false; the whole model needs its LM head",
+            w.what()
+        ));
+    }
+    Ok(None)
+}
+
+/// The logits X·Wᵀ [m, vocab] of the normed rows X [m, hidden], W the LM head or, tied, the
+/// token embeddings.
+pub(super) fn lm_logits(x: &Tensor, lm_head: Option<&Tensor>, embed: &Tensor) -> Result<Tensor> {
+    let w = lm_head.unwrap_or(embed);
+    Ok(x.matmul(&w.to_dtype(x.dtype())?.t()?)?)
+}
+
+/// Refuses a `forward_logits` call before any layer runs: a model loaded through layer L (it
+/// has no output head), or rows that are empty or past the window's n.
+pub(super) fn check_logits_call(
+    model_type: &str,
+    whole: bool,
+    loaded: usize,
+    rows: &Range<usize>,
+    n: usize,
+) -> Result<()> {
+    if !whole {
+        return Err(usage!(
+            "the logits of a {model_type} model need the whole model loaded (models::Depth::Whole); only layers 0..={} are loaded",
+            loaded.saturating_sub(1)
+        ));
+    }
+    if rows.is_empty() || rows.end > n {
+        return Err(usage!(
+            "forward_logits: rows {rows:?} must be a non-empty range within the window's {n} tokens"
+        ));
+    }
+    Ok(())
 }

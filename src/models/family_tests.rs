@@ -9,6 +9,7 @@ use serde_json::Value;
 
 use super::*;
 use crate::attention::spec::exact_attention;
+use crate::models::llama::ExactAttention;
 use crate::models::Depth;
 
 fn fixture_dir(name: &str) -> PathBuf {
@@ -182,8 +183,9 @@ pub(crate) fn whole_models(name: &str) -> Vec<(&'static str, Box<dyn FamilyModel
     )];
     let gguf = dir.join("model.gguf");
     if gguf.is_file() {
-        let read = entry.gguf[0].1;
-        let (config, mut gg) = read(GgufFile::open(&gguf).unwrap(), &dev).unwrap();
+        let file = crate::models::GgufFile::open(&gguf).unwrap();
+        let (_, read) = gguf_family_entry(&file.architecture().unwrap()).unwrap();
+        let (config, mut gg) = read(file, &dev).unwrap();
         models.push((
             "gguf",
             (entry.load)(&config, &mut gg, Depth::Whole).unwrap(),
@@ -360,4 +362,147 @@ pub(crate) fn check_logit_refusals(
         .unwrap_err()
         .to_string();
     assert!(e.contains("whole model"), "{e}");
+}
+
+/// The expected files of fixture `name`: (file, ids, float64 logits [n, vocab]).
+fn expected_logits(name: &str) -> Vec<(String, Vec<u32>, Tensor)> {
+    let dir = fixture_dir(name);
+    let spec_json = json(&dir.join("spec.json"));
+    let files = spec_json["expected"].as_array().unwrap();
+    files
+        .iter()
+        .map(|e| {
+            let file = e["file"].as_str().unwrap().to_string();
+            let want = candle_core::safetensors::load(dir.join(&file), &Device::Cpu).unwrap();
+            let ids = want["ids"]
+                .to_dtype(DType::I64)
+                .unwrap()
+                .to_vec1::<i64>()
+                .unwrap();
+            let ids = ids.into_iter().map(|i| i as u32).collect();
+            (file, ids, want["logits"].clone())
+        })
+        .collect()
+}
+
+/// The whole model's logits (docs/reference.md §10.1) of fixture `name` with exact attention
+/// against transformers' float64 logits, every route (`bounds`: route → (f64 bound, f32 bound),
+/// max |Δ| / max |ref| over all rows); and a subset of rows equals the same rows of the full
+/// call. Returns the measured (route, file, f64, f32) for the callers' comments.
+pub(crate) fn check_fixture_logits(
+    name: &str,
+    bounds: impl Fn(&str) -> (f64, f64),
+) -> Vec<(String, String, f64, f64)> {
+    let mut measured = Vec::new();
+    for (route, model) in whole_models(name) {
+        let (b64, b32) = bounds(route);
+        for (file, ids, want) in expected_logits(name) {
+            let n = ids.len();
+            let what = format!("{name} {route} {file}");
+            let mut errs = [0.0; 2];
+            for (i, (dtype, bound)) in [(DType::F64, b64), (DType::F32, b32)]
+                .into_iter()
+                .enumerate()
+            {
+                let got = model
+                    .forward_logits(&ids, dtype, &ExactAttention, 0..n)
+                    .unwrap();
+                assert_eq!(got.dtype(), dtype, "{what}");
+                assert_eq!(got.dims(), want.dims(), "{what}");
+                errs[i] = rel(&got, &want);
+                eprintln!("{what} {dtype:?}: logits off by {:e}", errs[i]);
+                assert!(
+                    errs[i] <= bound,
+                    "{what} {dtype:?}: logits off by {:e}",
+                    errs[i]
+                );
+                // The head is row-wise: rows 5..n alone are the same rows of the full call.
+                let part = model
+                    .forward_logits(&ids, dtype, &ExactAttention, 5..n)
+                    .unwrap();
+                let e = rel(&part, &got.narrow(0, 5, n - 5).unwrap());
+                assert!(e == 0.0, "{what} {dtype:?}: rows 5..{n} off by {e:e}");
+            }
+            measured.push((route.to_string(), file, errs[0], errs[1]));
+        }
+    }
+    measured
+}
+
+/// A hook that records each call's layer and spec and answers with exact attention, or, at
+/// `bad_layer`, with O one head-dim short.
+struct Recorder {
+    seen: std::sync::Mutex<Vec<(usize, AttentionSpec)>>,
+    bad_layer: Option<usize>,
+}
+
+impl AttentionHook for Recorder {
+    fn attend(
+        &self,
+        layer: usize,
+        q: &Tensor,
+        k: &Tensor,
+        v: &Tensor,
+        spec: &AttentionSpec,
+    ) -> Result<Tensor> {
+        self.seen.lock().unwrap().push((layer, spec.clone()));
+        let o = exact_attention(q, k, v, spec)?;
+        match self.bad_layer {
+            Some(l) if l == layer => Ok(o.narrow(2, 0, o.dim(2)? - 1)?),
+            _ => Ok(o),
+        }
+    }
+}
+
+/// The usage error of `r`, as text.
+fn usage_error<T>(r: Result<T>) -> String {
+    let e = r.err().expect("an error");
+    assert!(e.downcast_ref::<crate::UsageError>().is_some(), "{e:#}");
+    format!("{e:#}")
+}
+
+/// Fixture `name`'s forward through a hook: the hook sees every layer once, in order, each with
+/// that layer's own spec (`attention_spec(l)`), and its O is what the logits are made of (a
+/// recording hook that answers exactly gives ExactAttention's logits bit for bit); a hook whose
+/// O is not shaped like Q at a middle layer is a usage error naming the layer; a model loaded
+/// through its last layer (not whole), and empty or out-of-range rows, are usage errors.
+pub(crate) fn check_logits_hook(name: &str) {
+    let (_, model) = whole_models(name).swap_remove(0);
+    let layers = model.shape().layers;
+    let ids: Vec<u32> = (0..24u32).map(|i| (i * 29 + 3) % 128).collect();
+    let rec = Recorder {
+        seen: Default::default(),
+        bad_layer: None,
+    };
+    let got = model.forward_logits(&ids, DType::F64, &rec, 0..24).unwrap();
+    let seen = rec.seen.into_inner().unwrap();
+    let want: Vec<(usize, AttentionSpec)> =
+        (0..layers).map(|l| (l, model.attention_spec(l))).collect();
+    assert_eq!(seen, want, "{name}: the layers the hook saw");
+    let exact = model
+        .forward_logits(&ids, DType::F64, &ExactAttention, 0..24)
+        .unwrap();
+    assert_eq!(rel(&got, &exact), 0.0, "{name}");
+    let bad = Recorder {
+        seen: Default::default(),
+        bad_layer: Some(1),
+    };
+    let e = usage_error(model.forward_logits(&ids, DType::F64, &bad, 0..24));
+    assert!(e.contains("layer 1") && e.contains("shape"), "{name}: {e}");
+    assert_eq!(
+        bad.seen.into_inner().unwrap().len(),
+        2,
+        "{name}: stops at layer 1"
+    );
+    for rows in [3..3, 20..25] {
+        let e = usage_error(model.forward_logits(&ids, DType::F64, &ExactAttention, rows));
+        assert!(e.contains("rows"), "{name}: {e}");
+    }
+    let dir = fixture_dir(name);
+    let config = fixture_config(name);
+    let entry = family_entry(config["model_type"].as_str().unwrap()).unwrap();
+    let mut st = NamedTensors::open_file(&dir.join("model.safetensors"), &Device::Cpu).unwrap();
+    let part = (entry.load)(&config, &mut st, Depth::Through(layers - 1)).unwrap();
+    let e = usage_error(part.forward_logits(&ids, DType::F64, &ExactAttention, 0..24));
+    assert!(e.contains("whole"), "{name}: {e}");
 }

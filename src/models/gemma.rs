@@ -5,17 +5,24 @@
 //! `query_pre_attn_scalar`^(−1/2), gemma2's soft-cap, sliding and global layers, and gemma3's two
 //! RoPEs (local θ on sliding layers, global θ with its scaling on full ones).
 
+use std::ops::Range;
+
 use anyhow::Result;
 use candle_core::{DType, Tensor};
 use serde_json::{json, Map, Value};
 
 use super::decoder_config::{rope_config, RopeConfig, RopeScaling};
 use super::family::{FamilyModel, FamilyShape, LayerDump, NamedTensors};
-use super::family_common::{attention_out, embed_ids, linear_weight, ConfigFields, LoadedLayers};
-use super::llama::{linear, rms_norm, row_chunks, split_heads, Linear};
+use super::family_common::{
+    attend_checked, attention_out, check_logits_call, embed_ids, linear_weight, lm_head_weight,
+    lm_logits, ConfigFields, LoadedLayers,
+};
+use super::llama::{
+    linear, rms_norm, row_chunks, split_heads, AttentionHook, ExactAttention, Linear,
+};
 use super::rope;
 use super::weights::Depth;
-use crate::attention::spec::{exact_attention, AttentionSpec, LayerType};
+use crate::attention::spec::{AttentionSpec, LayerType};
 use crate::usage;
 
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -237,11 +244,20 @@ struct GemmaRest {
     down: Linear,
 }
 
-/// A gemma model loaded through layer L.
+/// The output head of a whole model: the final (1 + w) norm, the LM head (None: tied to the
+/// embeddings) and the final logit soft-cap.
+struct GemmaHead {
+    norm: Tensor,
+    lm_head: Option<Tensor>,
+    final_softcap: Option<f64>,
+}
+
+/// A gemma model loaded through layer L, or whole (with its head).
 pub struct Gemma {
     cfg: GemmaConfig,
     embed: Tensor,
     layers: Vec<GemmaLayer>,
+    head: Option<GemmaHead>,
 }
 
 /// The family loader for `gemma2`, `gemma3_text` and the `gemma3` wrapper.
@@ -281,7 +297,62 @@ pub fn load(
             )
         })
         .collect::<Result<_>>()?;
-    Ok(Box::new(Gemma { cfg, embed, layers }))
+    let head = loaded
+        .whole
+        .then(|| load_head(config, text, weights, &cfg, prefix))
+        .transpose()?;
+    Ok(Box::new(Gemma {
+        cfg,
+        embed,
+        layers,
+        head,
+    }))
+}
+
+/// The final norm, the LM head and the final cap. The head is `lm_head.weight` beside the
+/// language model (the wrapper's hub layout: `language_model.lm_head.weight`), tied to the
+/// embeddings unless `tie_word_embeddings` (the wrapper's own field for the wrapper; gemma's
+/// config classes default it to true) says otherwise.
+fn load_head(
+    config: &Value,
+    text: &Value,
+    w: &NamedTensors,
+    cfg: &GemmaConfig,
+    prefix: &str,
+) -> Result<GemmaHead> {
+    let lm_name = match prefix {
+        "language_model.model." => "language_model.lm_head.weight",
+        _ => "lm_head.weight",
+    };
+    let what = format!(
+        "config.json ({})",
+        config["model_type"].as_str().unwrap_or("")
+    );
+    let tied = ConfigFields::new(config, what.clone())
+        .bool_opt("tie_word_embeddings")?
+        .unwrap_or(true);
+    Ok(GemmaHead {
+        norm: w.get(&format!("{prefix}norm.weight"), &[cfg.hidden])?,
+        lm_head: lm_head_weight(w, lm_name, tied, cfg.vocab, cfg.hidden)?,
+        final_softcap: final_softcap(&ConfigFields::new(text, what), cfg.variant)?,
+    })
+}
+
+/// `final_logit_softcapping`: null for none (gemma3's default). gemma2 must state it, as it must
+/// its attention cap (released configs do; the class default, 30, is not taken for a config
+/// that leaves it out). A cap must be positive: c·tanh(s/c) at c ≤ 0 is no cap.
+fn final_softcap(f: &ConfigFields, variant: Variant) -> Result<Option<f64>> {
+    const FIELD: &str = "final_logit_softcapping";
+    if variant == Variant::Gemma2 && f.v.get(FIELD).is_none() {
+        return Err(f.missing(FIELD));
+    }
+    match f.f64_opt(FIELD)? {
+        Some(c) if !(c.is_finite() && c > 0.0) => Err(usage!(
+            "{}: field \"{FIELD}\" is {c}; a soft-cap must be a positive number (or null for none)",
+            f.what
+        )),
+        c => Ok(c),
+    }
 }
 
 /// Where the multimodal wrapper keeps its language model: `language_model.model.` in the hub's
@@ -357,15 +428,22 @@ impl Gemma {
         Ok((rope::apply(&q, cos, sin)?, rope::apply(&k, cos, sin)?, v))
     }
 
-    /// Layer `l` (before L) whole: attention with its own spec, then the four-norm residuals.
-    fn layer(&self, x: &Tensor, l: usize, tables: &Tables) -> Result<Tensor> {
+    /// Layer `l` (before L, or any of a whole model) whole: attention through `hook` with the
+    /// layer's own spec, then the four-norm residuals.
+    fn layer(
+        &self,
+        x: &Tensor,
+        l: usize,
+        tables: &Tables,
+        hook: &dyn AttentionHook,
+    ) -> Result<Tensor> {
         let (cfg, lw) = (&self.cfg, &self.layers[l]);
         let rest = lw
             .rest
             .as_ref()
             .expect("layers before L carry o_proj and the MLP");
         let (q, k, v) = self.qkv(x, l, tables)?;
-        let o = exact_attention(&q, &k, &v, &cfg.spec(l))?;
+        let o = attend_checked(hook, l, &q, &k, &v, &cfg.spec(l))?;
         let attn = attention_out(&o, &rest.o)?;
         let x = (x + gemma_norm(&attn, &rest.post_attn_norm, cfg.eps)?)?;
         let outs = row_chunks(x.dim(0)?, x.device(), |s, rows| {
@@ -406,6 +484,64 @@ impl FamilyModel for Gemma {
 
     fn layer_dump(&self, ids: &[u32], dtype: DType) -> Result<LayerDump> {
         let cfg = &self.cfg;
+        let (mut x, tables) = self.embed(ids, dtype)?;
+        let last = self.layers.len() - 1;
+        for l in 0..last {
+            crate::interrupt::check()?;
+            x = self.layer(&x, l, &tables, &ExactAttention)?;
+        }
+        let (q, k, v) = self.qkv(&x, last, &tables)?;
+        Ok(LayerDump {
+            q,
+            k,
+            v,
+            spec: cfg.spec(last),
+            extra: Vec::new(),
+            sidecar: Map::new(),
+        })
+    }
+
+    /// transformers' `Gemma2ForCausalLM` / `Gemma3ForCausalLM` head on the rows `rows`: the
+    /// final (1 + w) norm, the LM head, then c·tanh(logits/c) when `final_logit_softcapping` is
+    /// set, in `dtype` like the layers.
+    fn forward_logits(
+        &self,
+        ids: &[u32],
+        dtype: DType,
+        hook: &dyn AttentionHook,
+        rows: Range<usize>,
+    ) -> Result<Tensor> {
+        let whole = self.head.is_some();
+        check_logits_call(
+            self.model_type(),
+            whole,
+            self.layers.len(),
+            &rows,
+            ids.len(),
+        )?;
+        let head = self.head.as_ref().expect("checked whole");
+        let (mut x, tables) = self.embed(ids, dtype)?;
+        for l in 0..self.layers.len() {
+            crate::interrupt::check()?;
+            x = self.layer(&x, l, &tables, hook)?;
+        }
+        let x = gemma_norm(
+            &x.narrow(0, rows.start, rows.len())?,
+            &head.norm,
+            self.cfg.eps,
+        )?;
+        let logits = lm_logits(&x, head.lm_head.as_ref(), &self.embed)?;
+        match head.final_softcap {
+            Some(c) => Ok(((logits / c)?.tanh()? * c)?),
+            None => Ok(logits),
+        }
+    }
+}
+
+impl Gemma {
+    /// X⁰ [n, hidden] of the window `ids` in `dtype`, and both RoPE tables for positions 0..n−1.
+    fn embed(&self, ids: &[u32], dtype: DType) -> Result<(Tensor, Tables)> {
+        let cfg = &self.cfg;
         let n = ids.len();
         // X⁰ = embed[ids]·√hidden, the factor rounded to the model's dtype: gemma2's
         // `normalizer = torch.tensor(hidden**0.5, dtype=hidden.dtype)`. gemma3 keeps it in a
@@ -417,26 +553,13 @@ impl FamilyModel for Gemma {
             (DType::F64, Variant::Gemma2) => (cfg.hidden as f64).sqrt(),
             _ => (cfg.hidden as f64).sqrt() as f32 as f64,
         };
-        let mut x = (embed_ids(&self.embed, ids, dtype)? * normalizer)?;
+        let x = (embed_ids(&self.embed, ids, dtype)? * normalizer)?;
         let dev = self.embed.device();
         let tables = [
             rope::cos_sin(&cfg.rope_global, cfg.head_dim, n, dtype, dev)?,
             rope::cos_sin(&cfg.rope_local, cfg.head_dim, n, dtype, dev)?,
         ];
-        let last = self.layers.len() - 1;
-        for l in 0..last {
-            crate::interrupt::check()?;
-            x = self.layer(&x, l, &tables)?;
-        }
-        let (q, k, v) = self.qkv(&x, last, &tables)?;
-        Ok(LayerDump {
-            q,
-            k,
-            v,
-            spec: cfg.spec(last),
-            extra: Vec::new(),
-            sidecar: Map::new(),
-        })
+        Ok((x, tables))
     }
 }
 

@@ -88,7 +88,6 @@ pub fn from_gguf(file: GgufFile, device: &Device) -> Result<(Value, NamedTensors
         "query_pre_attn_scalar": scalar,
         "sliding_window": window,
         "layer_types": layer_types,
-        "final_logit_softcapping": softcap("final_logit_softcapping")?,
         "hidden_activation": "gelu_pytorch_tanh",
         "tie_word_embeddings": !file.has_tensor("output.weight"),
     });
@@ -125,11 +124,16 @@ pub fn from_gguf(file: GgufFile, device: &Device) -> Result<(Value, NamedTensors
             "sliding_attention": { "rope_theta": local, "rope_type": "default" },
         });
         config["attn_logit_softcapping"] = Value::Null;
+        // The final cap when the file states one, else none (Gemma3TextConfig's default).
+        config["final_logit_softcapping"] = softcap("final_logit_softcapping")?.into();
     } else {
         config["rope_parameters"] = json!({ "rope_theta": theta, "rope_type": "default" });
         // llama.cpp's gemma2 caps its logits, at 50 when the key is absent.
         config["attn_logit_softcapping"] =
             softcap("attn_logit_softcapping")?.unwrap_or(50.0).into();
+        // And its final logits, at 30 when absent (`f_final_logit_softcapping`'s default).
+        config["final_logit_softcapping"] =
+            softcap("final_logit_softcapping")?.unwrap_or(30.0).into();
     }
     Ok((
         config,

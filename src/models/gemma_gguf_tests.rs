@@ -169,3 +169,26 @@ fn attention_scale_reads_back_as_the_configs_scalar() {
         );
     }
 }
+
+/// The final logit cap: the file's (6 in the gemma2 fixture), and for a gemma2 without the key
+/// llama.cpp's default 30, as for its attention cap's 50; a gemma3 without it has none.
+#[test]
+fn the_final_cap_follows_llama_cpp_s_default() {
+    let tmp = tempfile::tempdir().unwrap();
+    let read = |name: &str, drop: &str| {
+        let path = tmp.path().join(format!("{name}.gguf"));
+        crate::models::gguf::tests::rewritten(
+            &fixture(name).join("model.gguf"),
+            &path,
+            |k| k != drop,
+            &[],
+        );
+        from_gguf(GgufFile::open(&path).unwrap(), &Device::Cpu)
+            .unwrap()
+            .0["final_logit_softcapping"]
+            .clone()
+    };
+    assert_eq!(read("gemma2", ""), 6.0);
+    assert_eq!(read("gemma2", "gemma2.final_logit_softcapping"), 30.0);
+    assert_eq!(read("gemma3", ""), serde_json::Value::Null);
+}

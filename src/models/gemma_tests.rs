@@ -4,7 +4,9 @@
 use serde_json::Value;
 
 use super::*;
-use crate::models::family::tests::{check_fixture, fixture_config};
+use crate::models::family::tests::{
+    check_fixture, check_fixture_logits, check_logits_hook, fixture_config, whole_models,
+};
 use crate::models::Depth;
 
 #[test]
@@ -120,4 +122,103 @@ fn the_multimodal_gemma3_wrapper_reads_its_language_model() {
     assert!(format!("{e:#}").contains("text_config"), "{e:#}");
     let e = load(&config, &mut plain, Depth::Through(0)).err().unwrap();
     assert!(format!("{e:#}").contains("language_model.model."), "{e:#}");
+}
+
+/// The whole model's logits against transformers' float64 logits (gemma2's final cap 6 applied).
+/// Measured (f64 / f32, max |Δ| / max |ref|): gemma2 2.0e-15 / 1.1e-6, gemma3 5.2e-16 / 2.2e-7
+/// from safetensors. From GGUF the f32 logits are the same bits, the f64 ones 1.5e-7 (gemma2) and
+/// 2.0e-8 (gemma3) off, hence its 1e-6: the file stores the norms as f32 1 + w
+/// (`the_gguf_logits_differ_only_by_the_stored_norms`).
+#[test]
+fn gemma_logits_match_transformers() {
+    for name in ["gemma2", "gemma3"] {
+        check_fixture_logits(name, |route| match route {
+            "safetensors" => (1e-10, 1e-4),
+            _ => (1e-6, 1e-4),
+        });
+    }
+}
+
+#[test]
+fn gemma_logits_take_each_layer_through_the_hook() {
+    for name in ["gemma2", "gemma3"] {
+        check_logits_hook(name);
+    }
+    // gemma2's alternation, which the hook's specs were compared with: W = 16 on even layers,
+    // none on odd ones, the cap 8 on every layer.
+    let (_, model) = whole_models("gemma2").swap_remove(0);
+    let specs: Vec<_> = (0..4).map(|l| model.attention_spec(l)).collect();
+    let windows: Vec<_> = specs.iter().map(|s| s.window).collect();
+    assert_eq!(windows, [Some(16), None, Some(16), None]);
+    assert!(specs.iter().all(|s| s.softcap == Some(8.0)));
+}
+
+#[test]
+fn gemma2_needs_a_positive_final_cap_to_load_whole() {
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures/families/gemma2");
+    let dev = candle_core::Device::Cpu;
+    // Absent (refused, not the class default), and 0 (no cap).
+    for (says, cap) in [("missing", None), ("positive", Some(0.0))] {
+        let mut config = fixture_config("gemma2");
+        match cap {
+            Some(c) => config["final_logit_softcapping"] = c.into(),
+            None => {
+                config
+                    .as_object_mut()
+                    .unwrap()
+                    .remove("final_logit_softcapping");
+            }
+        }
+        let mut w = NamedTensors::open_file(&dir.join("model.safetensors"), &dev).unwrap();
+        // A dump does not read the head.
+        load(&config, &mut w, Depth::Through(3)).unwrap();
+        let e = load(&config, &mut w, Depth::Whole).err().unwrap();
+        assert!(e.downcast_ref::<crate::UsageError>().is_some(), "{e:#}");
+        let e = format!("{e:#}");
+        assert!(
+            e.contains("final_logit_softcapping") && e.contains(says),
+            "{e}"
+        );
+    }
+}
+
+/// Why the GGUF route's f64 logits are 2e-8 (gemma3) – 1.5e-7 (gemma2) from transformers' while
+/// safetensors' are 2e-15: the GGUF stores each norm as 1 + w in f32, so the w it gives back is
+/// f32(1 + w) − 1, not w. The safetensors model with its norms rounded so gives the GGUF route's
+/// f64 logits bit for bit (and its f32 logits were already equal: both form f32(1 + w)).
+#[test]
+fn the_gguf_logits_differ_only_by_the_stored_norms() {
+    let dev = candle_core::Device::Cpu;
+    for name in ["gemma2", "gemma3"] {
+        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("fixtures/families")
+            .join(name);
+        let tensors = candle_core::safetensors::load(dir.join("model.safetensors"), &dev).unwrap();
+        let rounded: std::collections::HashMap<String, Tensor> = tensors
+            .into_iter()
+            .map(|(k, t)| {
+                let t = match k.ends_with("norm.weight") {
+                    true => ((t + 1.0).unwrap() - 1.0).unwrap(),
+                    false => t,
+                };
+                (k, t)
+            })
+            .collect();
+        let tmp = tempfile::tempdir().unwrap();
+        let file = tmp.path().join("model.safetensors");
+        candle_core::safetensors::save(&rounded, &file).unwrap();
+        let mut w = NamedTensors::open_file(&file, &dev).unwrap();
+        let st = load(&fixture_config(name), &mut w, Depth::Whole).unwrap();
+        let (route, gguf) = whole_models(name).pop().unwrap();
+        assert_eq!(route, "gguf");
+        let ids: Vec<u32> = (0..40u32).map(|i| (i * 29 + 3) % 128).collect();
+        let exact = crate::models::llama::ExactAttention;
+        for dtype in [DType::F64, DType::F32] {
+            let a = st.forward_logits(&ids, dtype, &exact, 0..40).unwrap();
+            let b = gguf.forward_logits(&ids, dtype, &exact, 0..40).unwrap();
+            let d = (a - b).unwrap().abs().unwrap().max_all().unwrap();
+            let d = d.to_dtype(DType::F64).unwrap().to_scalar::<f64>().unwrap();
+            assert_eq!(d, 0.0, "{name} {dtype:?}");
+        }
+    }
 }

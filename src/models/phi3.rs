@@ -4,19 +4,24 @@
 //! longrope (short or long factors by the window's length n against N₀, the attention factor on
 //! cos and sin).
 
+use std::ops::Range;
+
 use anyhow::Result;
 use candle_core::{DType, Tensor};
 use serde_json::{Map, Value};
 
 use super::family::{FamilyModel, FamilyShape, GgufValues, LayerDump, NamedTensors};
 use super::family_common::{
-    attention_out, embed_ids, linear_rows, linear_weight, ConfigFields, LoadedLayers,
+    attend_checked, attention_out, check_logits_call, embed_ids, linear_rows, linear_weight,
+    lm_head_weight, lm_logits, ConfigFields, LoadedLayers,
 };
 use super::gguf::{f32_decimal, GgufFile};
-use super::llama::{linear, rms_norm, row_chunks, split_heads, Linear};
+use super::llama::{
+    linear, rms_norm, row_chunks, split_heads, AttentionHook, ExactAttention, Linear, OutputHead,
+};
 use super::rope;
 use super::weights::Depth;
-use crate::attention::spec::{exact_attention, AttentionSpec};
+use crate::attention::spec::AttentionSpec;
 use crate::usage;
 
 /// Longrope's two factor sets and where they switch.
@@ -76,6 +81,8 @@ struct Phi3Config {
     /// W on every layer.
     window: Option<usize>,
     rope: Phi3Rope,
+    /// `tie_word_embeddings` (Phi3Config's default: false).
+    tied: bool,
 }
 
 impl Phi3Config {
@@ -112,6 +119,7 @@ impl Phi3Config {
             max_positions,
             window: f.sliding_window()?,
             rope: phi3_rope(&f, head_dim, max_positions)?,
+            tied: f.bool_opt("tie_word_embeddings")?.unwrap_or(false),
         })
     }
 
@@ -248,11 +256,12 @@ struct Phi3Rest {
     down: Linear,
 }
 
-/// A phi3 model loaded through layer L.
+/// A phi3 model loaded through layer L, or whole (with its final norm and LM head).
 pub struct Phi3 {
     cfg: Phi3Config,
     embed: Tensor,
     layers: Vec<Phi3Layer>,
+    head: Option<OutputHead>,
 }
 
 /// The family loader for `phi3`.
@@ -267,7 +276,27 @@ pub fn load(
     let layers = (0..loaded.count)
         .map(|l| load_layer(weights, &cfg, &format!("model.layers.{l}"), loaded.full(l)))
         .collect::<Result<_>>()?;
-    Ok(Box::new(Phi3 { cfg, embed, layers }))
+    let head = loaded
+        .whole
+        .then(|| -> Result<OutputHead> {
+            Ok(OutputHead {
+                norm: weights.get("model.norm.weight", &[cfg.hidden])?,
+                lm_head: lm_head_weight(
+                    weights,
+                    "lm_head.weight",
+                    cfg.tied,
+                    cfg.vocab,
+                    cfg.hidden,
+                )?,
+            })
+        })
+        .transpose()?;
+    Ok(Box::new(Phi3 {
+        cfg,
+        embed,
+        layers,
+        head,
+    }))
 }
 
 /// The fused projections split by rows: qkv_proj = [q (H·p); k (H_kv·p); v (H_kv·p)],
@@ -320,15 +349,21 @@ impl Phi3 {
         ))
     }
 
-    /// Layer `l` (before L) whole.
-    fn layer(&self, x: &Tensor, l: usize, cos: &Tensor, sin: &Tensor) -> Result<Tensor> {
+    /// Layer `l` (before L, or any of a whole model) whole, its attention through `hook`.
+    fn layer(
+        &self,
+        x: &Tensor,
+        l: usize,
+        (cos, sin): (&Tensor, &Tensor),
+        hook: &dyn AttentionHook,
+    ) -> Result<Tensor> {
         let (cfg, lw) = (&self.cfg, &self.layers[l]);
         let rest = lw
             .rest
             .as_ref()
             .expect("layers before L carry o_proj and the MLP");
         let (q, k, v) = self.qkv(x, l, cos, sin)?;
-        let o = exact_attention(&q, &k, &v, &cfg.spec())?;
+        let o = attend_checked(hook, l, &q, &k, &v, &cfg.spec())?;
         let x = (x + attention_out(&o, &rest.o)?)?;
         let outs = row_chunks(x.dim(0)?, x.device(), |s, rows| {
             let xs = x.narrow(0, s, rows)?;
@@ -369,7 +404,7 @@ impl FamilyModel for Phi3 {
         let last = self.layers.len() - 1;
         for l in 0..last {
             crate::interrupt::check()?;
-            x = self.layer(&x, l, &cos, &sin)?;
+            x = self.layer(&x, l, (&cos, &sin), &ExactAttention)?;
         }
         let (q, k, v) = self.qkv(&x, last, &cos, &sin)?;
         let mut sidecar = Map::new();
@@ -384,6 +419,34 @@ impl FamilyModel for Phi3 {
             extra: Vec::new(),
             sidecar,
         })
+    }
+
+    /// transformers' `Phi3ForCausalLM` on the rows `rows`: the final RMSNorm, then the LM head
+    /// (no cap), in `dtype` like the layers; longrope's factors chosen by the window's n as in
+    /// the dump.
+    fn forward_logits(
+        &self,
+        ids: &[u32],
+        dtype: DType,
+        hook: &dyn AttentionHook,
+        rows: Range<usize>,
+    ) -> Result<Tensor> {
+        let whole = self.head.is_some();
+        check_logits_call("phi3", whole, self.layers.len(), &rows, ids.len())?;
+        let head = self.head.as_ref().expect("checked whole");
+        let mut x = embed_ids(&self.embed, ids, dtype)?;
+        let (inv, a, _) = self.cfg.rope.at(ids.len());
+        let (cos, sin) = rope::cos_sin_of(&inv, ids.len(), a, dtype, self.embed.device())?;
+        for l in 0..self.layers.len() {
+            crate::interrupt::check()?;
+            x = self.layer(&x, l, (&cos, &sin), hook)?;
+        }
+        let x = rms_norm(
+            &x.narrow(0, rows.start, rows.len())?,
+            &head.norm,
+            self.cfg.eps,
+        )?;
+        lm_logits(&x, head.lm_head.as_ref(), &self.embed)
     }
 }
 

@@ -4,7 +4,9 @@
 use serde_json::Value;
 
 use super::*;
-use crate::models::family::tests::{check_fixture, fixture_config};
+use crate::models::family::tests::{
+    check_fixture, check_fixture_logits, check_logits_hook, fixture_config,
+};
 use crate::models::Depth;
 
 #[test]
@@ -116,4 +118,50 @@ fn a_phi3_gguf_without_a_required_key_names_it() {
         format!("{e:#}").contains("phi3.attention.head_count"),
         "{e:#}"
     );
+}
+
+/// The whole model's logits against transformers' float64 logits: phi3 (untied LM head, window
+/// on every layer), phi3-longrope (tied, long factors at n = 40, short at n = 24).
+/// Measured (f64 / f32, max |Δ| / max |ref|), the same bits from safetensors and GGUF: phi3
+/// 1.8e-15 / 1.5e-6; phi3-longrope n = 40 1.1e-15 / 8.4e-7, n = 24 1.6e-15 / 7.1e-7.
+#[test]
+fn phi3_logits_match_transformers() {
+    for name in ["phi3", "phi3-longrope"] {
+        check_fixture_logits(name, |_| (1e-10, 1e-4));
+    }
+}
+
+#[test]
+fn phi3_logits_take_each_layer_through_the_hook() {
+    for name in ["phi3", "phi3-longrope"] {
+        check_logits_hook(name);
+    }
+}
+
+/// An untied phi3 whose checkpoint lacks lm_head.weight is refused when loaded whole
+/// (transformers would draw the head at random), and read when tie_word_embeddings says so.
+#[test]
+fn a_phi3_without_its_lm_head_loads_whole_only_when_tied() {
+    let dev = candle_core::Device::Cpu;
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures/families/phi3");
+    let mut tensors = candle_core::safetensors::load(dir.join("model.safetensors"), &dev).unwrap();
+    tensors.remove("lm_head.weight").unwrap();
+    let tmp = tempfile::tempdir().unwrap();
+    let file = tmp.path().join("model.safetensors");
+    candle_core::safetensors::save(&tensors, &file).unwrap();
+    let mut w = NamedTensors::open_file(&file, &dev).unwrap();
+    let mut config = fixture_config("phi3");
+    let e = load(&config, &mut w, Depth::Whole).err().unwrap();
+    assert!(e.downcast_ref::<crate::UsageError>().is_some(), "{e:#}");
+    assert!(format!("{e:#}").contains("lm_head.weight"), "{e:#}");
+    config["tie_word_embeddings"] = true.into();
+    let tied = load(&config, &mut w, Depth::Whole).unwrap();
+    let ids: Vec<u32> = (0..8).collect();
+    let got = tied.forward_logits(
+        &ids,
+        DType::F64,
+        &crate::models::llama::ExactAttention,
+        0..8,
+    );
+    assert_eq!(got.unwrap().dims(), [8, 128]);
 }
