@@ -252,7 +252,9 @@ def e2e(
     decode-time method (called with ``n_f=…`` as in :func:`sweep`, returning the continuation's
     rows or the prompt keys it reads), or a list of these. It is called for every query head of
     every layer, on that layer's own Q, K, V (which carry the earlier layers' errors), at each
-    budget d of ``features``. ``ids`` is a file of token ids (one window a line) used instead of
+    budget d of ``features``. On a §7.7 family every layer has its own attention; a function with
+    a ``spec`` parameter is told it, as in :func:`sweep`, and one without runs only where no layer
+    has more than a scale. ``ids`` is a file of token ids (one window a line) used instead of
     the corpus. Other options are :func:`inputs`'s (``corpus``, ``dtype``, ``model``, …).
     Rerunning with the same ``out`` resumes; a wrong shape or a non-finite value from your
     function raises ValueError naming the layer, head and d, and rows already written stay.
@@ -274,7 +276,7 @@ def e2e(
         if mode not in ("prefill", "decode"):
             raise ValueError(f"attention {name!r}: mode {mode!r} is neither 'prefill' nor 'decode'")
         names.append(name)
-        user.append((name, f, mode == "decode"))
+        user.append((name, f, mode == "decode", _takes_spec(f)))
     for key in ("corpus", "qkv_cache"):
         if options.get(key) is not None:
             options[key] = os.fspath(options[key])

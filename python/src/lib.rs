@@ -424,7 +424,8 @@ fn sweep(
 }
 
 /// Runs (or resumes) `approx-bench e2e` into `out` (docs/reference.md §10): `methods` lists built-in
-/// ids, presets and the names of `user` methods, in order; `user` holds (name, callable, decode).
+/// ids, presets and the names of `user` methods, in order; `user` holds (name, callable, decode,
+/// whether the callable takes the layer's `spec`).
 /// A user's callable is every layer's attention, per query head, as in `sweep`. Returns `out`.
 #[pyfunction]
 #[pyo3(signature = (methods, user, out, quiet, command, lengths, windows, n_f, features, ids=None, seed=0, **kwargs))]
@@ -432,7 +433,7 @@ fn sweep(
 fn e2e(
     py: Python<'_>,
     methods: Vec<String>,
-    user: Vec<(String, Py<PyAny>, bool)>,
+    user: Vec<(String, Py<PyAny>, bool, bool)>,
     out: PathBuf,
     quiet: bool,
     command: Vec<String>,
@@ -452,8 +453,8 @@ fn e2e(
     let extra = user
         .into_iter()
         .map(
-            |(name, func, decode)| approx_bench::protocol::end_to_end::E2eMethod {
-                method: Box::new(user_method::PyMethod::new(&name, func, false)),
+            |(name, func, decode, reads_spec)| approx_bench::protocol::end_to_end::E2eMethod {
+                method: Box::new(user_method::PyMethod::new(&name, func, reads_spec)),
                 name,
                 decode,
             },

@@ -116,3 +116,29 @@ def test_a_function_without_spec_is_refused_on_a_sink_layer_naming_the_feature(t
     with pytest.raises(ValueError, match="attention sinks.*plain_causal"):
         ab.sweep([("plain_causal", plain_causal)], out=tmp_path / "run", lengths=[32], windows=1,
                  features=[8], layer=1, quiet=True, **gpt_oss(tmp_path))
+
+
+def gpt_oss_ids(tmp_path):
+    """The fixture's 40 expected ids (its corpus.txt tokenizes to them), as an ids file."""
+    words = (ROOT / "fixtures" / "families" / "gpt_oss" / "corpus.txt").read_text().split()
+    f = tmp_path / "ids.txt"
+    f.write_text(" ".join(w[1:] for w in words) + "\n")
+    return f
+
+
+def test_e2e_a_users_function_told_the_spec_is_the_exact_model_in_every_layer(tmp_path):
+    # gpt-oss: sinks in every layer, a window of 16 on layers 0 and 2 (n = 40).
+    fixture = gpt_oss(tmp_path)
+    rows = ab.e2e(fixture.pop("model_dir"), [("mine", spec_attention)], out=tmp_path / "run",
+                  methods=["window"], features=[8], lengths=[40], windows=1, n_f=8,
+                  ids=gpt_oss_ids(tmp_path), dtype="f64", **fixture)
+    by = {r["method"]: r for r in rows}
+    assert by["mine"]["kl_max"] < 1e-13 and by["mine"]["op_err_mean"] < 1e-12
+    assert by["window"]["op_err_mean"] > 1e-3
+
+
+def test_e2e_a_function_without_spec_is_refused_on_the_families_layers(tmp_path):
+    fixture = gpt_oss(tmp_path)
+    with pytest.raises(ValueError, match="plain_causal: layer 0 has a sliding window"):
+        ab.e2e(fixture.pop("model_dir"), [("plain_causal", plain_causal)], out=tmp_path / "run",
+               features=[8], lengths=[40], windows=1, n_f=8, ids=gpt_oss_ids(tmp_path), **fixture)
