@@ -220,29 +220,22 @@ fn rope_interleave_false_on_deinterleaved_weights_equals_the_default() {
 #[test]
 fn deepseek_whole_model_logits_match_transformers() {
     for name in ["deepseek_v2", "deepseek_v3", "deepseek_v3-noqlora"] {
-        crate::models::family::tests::check_whole_logits(name, 1e-5);
+        crate::models::family::tests::check_fixture_logits(name, |_| (1e-10, 1e-5));
     }
 }
 
 /// Every layer reaches the hook once, in order, with the MLA spec (τ with mscale², no window) and
-/// the materialised view: Q and K [H, n, d_nope + d_R] = [4, n, 24], V [4, n, 16].
+/// the materialised view: Q and K [H, n, d_nope + d_R] = [4, n, 24], V [4, n, 16]. O shaped like
+/// Q ([H, n, p_qk], not [H, n, p_v]) is refused, as are logits of a partial model.
 #[test]
 fn deepseek_hook_sees_every_layer_with_the_materialised_view() {
     for name in ["deepseek_v2", "deepseek_v3", "deepseek_v3-noqlora"] {
-        let calls = crate::models::family::tests::check_hook_calls(name);
+        let calls = crate::models::family::tests::check_logits_hook(name, |q, _, _| q.clone());
         let cfg = DeepseekConfig::parse(&fixture_config(name), "cfg").unwrap();
         for (l, spec, [q, _, v]) in &calls {
             assert_eq!((q[2], v[2]), (24, 16), "{name} layer {l}");
             assert_eq!(spec.window, None, "{name} layer {l}");
             assert_eq!(spec.scale, cfg.scale(), "{name} layer {l}");
         }
-    }
-}
-
-/// O shaped like Q ([H, n, p_qk], not [H, n, p_v]) is refused, as are logits of a partial model.
-#[test]
-fn deepseek_logits_refuse_a_wrong_shape_and_a_partial_model() {
-    for name in ["deepseek_v2", "deepseek_v3"] {
-        crate::models::family::tests::check_logit_refusals(name, |q, _, _, _| q.clone());
     }
 }

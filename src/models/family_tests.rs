@@ -194,46 +194,10 @@ pub(crate) fn whole_models(name: &str) -> Vec<(&'static str, Box<dyn FamilyModel
     models
 }
 
-/// The whole model of fixture `name`, every route, with exact attention, against transformers'
-/// float64 logits over all rows: within 1e-10 (max |Δ| / max |ref|) in f64, within `f32_bound` in
-/// f32; and the rows 5..n alone equal, bit for bit, those rows of the full call (the head is
-/// row-wise; the layers run on the whole window either way). Prints what it measures.
-#[allow(dead_code)] // each family's tests call it
-pub(crate) fn check_whole_logits(name: &str, f32_bound: f64) {
-    use crate::models::llama::ExactAttention;
-    let (ids, want) = fixture_logits(name);
-    let n = ids.len();
-    for (route, model) in whole_models(name) {
-        for (dtype, bound) in [(DType::F64, 1e-10), (DType::F32, f32_bound)] {
-            let all = model
-                .forward_logits(&ids, dtype, &ExactAttention, 0..n)
-                .unwrap();
-            assert_eq!(all.dtype(), dtype);
-            let e = rel(&all, &want);
-            eprintln!("{name} {route} {dtype:?}: logits off by {e:.3e}");
-            assert!(e <= bound, "{name} {route} {dtype:?}: logits off by {e:e}");
-            let some = model
-                .forward_logits(&ids, dtype, &ExactAttention, 5..n)
-                .unwrap();
-            let d = (some - all.narrow(0, 5, n - 5).unwrap())
-                .unwrap()
-                .abs()
-                .unwrap()
-                .to_dtype(DType::F64)
-                .unwrap()
-                .max_all()
-                .unwrap()
-                .to_scalar::<f64>()
-                .unwrap();
-            assert_eq!(d, 0.0, "{name} {route} {dtype:?}: rows 5..{n} alone");
-        }
-    }
-}
-
 /// One call of a hook: the layer, its spec, and the shapes of Q, K, V.
 pub(crate) type HookCall = (usize, AttentionSpec, [Vec<usize>; 3]);
 
-/// A hook that records its calls and answers `answer(q, k, v, spec)`.
+/// A hook that records its calls and answers `answer(layer, q, k, v, spec)`.
 pub(crate) struct Recording<F> {
     pub calls: Mutex<Vec<HookCall>>,
     pub answer: F,
@@ -250,7 +214,7 @@ impl<F> Recording<F> {
 
 impl<F> AttentionHook for Recording<F>
 where
-    F: Fn(&Tensor, &Tensor, &Tensor, &AttentionSpec) -> Tensor + Sync,
+    F: Fn(usize, &Tensor, &Tensor, &Tensor, &AttentionSpec) -> Tensor + Sync,
 {
     fn attend(
         &self,
@@ -265,33 +229,39 @@ where
             .lock()
             .unwrap()
             .push((layer, spec.clone(), shapes));
-        Ok((self.answer)(q, k, v, spec))
+        Ok((self.answer)(layer, q, k, v, spec))
     }
 }
 
+/// The usage error of `r`, as text.
+fn usage_error<T>(r: Result<T>) -> String {
+    let e = r.err().expect("an error");
+    assert!(e.downcast_ref::<crate::UsageError>().is_some(), "{e:#}");
+    format!("{e:#}")
+}
+
 /// Fixture `name` whole (safetensors) through a recording hook that answers with exact attention:
-/// one call per layer, in order, each with that layer's own spec (`attention_spec(l)`), O
-/// shaped [H, n, p_v]; the logits equal [`crate::models::llama::ExactAttention`]'s bit for bit,
-/// and a hook answering zeros changes them (the forward uses the caller's hook). Returns the calls
-/// for the family's own checks.
-#[allow(dead_code)] // each family's tests call it
-pub(crate) fn check_hook_calls(name: &str) -> Vec<HookCall> {
+/// one call per layer, in order, each with that layer's own spec (`attention_spec(l)`) and Q, K,
+/// V shaped [H, n, p_qk], [H_kv, n, p_qk], [H_kv, n, p_v]; the logits equal ExactAttention's bit
+/// for bit, and a hook answering zeros changes them (the forward uses the caller's hook). A hook
+/// answering `wrong(q, k, v)` at layer 1 (a shape other than [H, n, p_v]) is a usage error naming
+/// layer 1, and the forward stops there; so are a model loaded through its last layer (not whole)
+/// and empty or out-of-range rows. Returns the calls for the family's own checks.
+pub(crate) fn check_logits_hook(
+    name: &str,
+    wrong: impl Fn(&Tensor, &Tensor, &Tensor) -> Tensor + Sync,
+) -> Vec<HookCall> {
     let (ids, _) = fixture_logits(name);
     let n = ids.len();
     let (_, model) = whole_models(name).swap_remove(0);
     let shape = model.shape();
-    let exact = |q: &Tensor, k: &Tensor, v: &Tensor, s: &AttentionSpec| {
+    let exact = |_: usize, q: &Tensor, k: &Tensor, v: &Tensor, s: &AttentionSpec| {
         exact_attention(q, k, v, s).unwrap()
     };
     let hook = Recording::new(exact);
     let got = model.forward_logits(&ids, DType::F64, &hook, 0..n).unwrap();
     let want = model
-        .forward_logits(
-            &ids,
-            DType::F64,
-            &crate::models::llama::ExactAttention,
-            0..n,
-        )
+        .forward_logits(&ids, DType::F64, &ExactAttention, 0..n)
         .unwrap();
     assert_eq!(rel(&got, &want), 0.0, "{name}: the recording hook's logits");
     let calls = hook.calls.into_inner().unwrap();
@@ -304,21 +274,16 @@ pub(crate) fn check_hook_calls(name: &str) -> Vec<HookCall> {
             &[shape.heads, n, shape.head_dim],
             "{name}: layer {l}'s Q"
         );
-        assert_eq!(
-            k,
-            &[shape.kv_heads, n, shape.head_dim],
-            "{name}: layer {l}'s K"
-        );
-        assert_eq!(
-            v,
-            &[shape.kv_heads, n, shape.head_dim_v],
-            "{name}: layer {l}'s V"
-        );
+        let kv = shape.kv_heads;
+        assert_eq!(k, &[kv, n, shape.head_dim], "{name}: layer {l}'s K");
+        assert_eq!(v, &[kv, n, shape.head_dim_v], "{name}: layer {l}'s V");
     }
-    let zeros = Recording::new(|q: &Tensor, _: &Tensor, v: &Tensor, _: &AttentionSpec| {
-        let (h, n, _) = q.dims3().unwrap();
-        Tensor::zeros((h, n, v.dim(2).unwrap()), q.dtype(), q.device()).unwrap()
-    });
+    let zeros = Recording::new(
+        |_: usize, q: &Tensor, _: &Tensor, v: &Tensor, _: &AttentionSpec| {
+            let (h, n, _) = q.dims3().unwrap();
+            Tensor::zeros((h, n, v.dim(2).unwrap()), q.dtype(), q.device()).unwrap()
+        },
+    );
     let other = model
         .forward_logits(&ids, DType::F64, &zeros, 0..n)
         .unwrap();
@@ -326,42 +291,37 @@ pub(crate) fn check_hook_calls(name: &str) -> Vec<HookCall> {
         rel(&other, &want) > 1e-3,
         "{name}: a zero attention changed nothing"
     );
-    calls
-}
-
-/// Fixture `name`: a hook answering `wrong` (a shape other than [H, n, p_v]) is a usage error
-/// naming layer 0 and the shape, not a panic; so are logits of a model loaded through layer 1
-/// (not whole), and empty or out-of-range rows.
-#[allow(dead_code)] // each family's tests call it
-pub(crate) fn check_logit_refusals(
-    name: &str,
-    wrong: impl Fn(&Tensor, &Tensor, &Tensor, &AttentionSpec) -> Tensor + Sync,
-) {
-    use crate::models::llama::ExactAttention;
-    let (ids, _) = fixture_logits(name);
-    let n = ids.len();
-    let (_, model) = whole_models(name).swap_remove(0);
-    let e = model
-        .forward_logits(&ids, DType::F64, &Recording::new(wrong), 0..n)
-        .unwrap_err();
-    assert!(e.downcast_ref::<crate::UsageError>().is_some(), "{e}");
-    let e = e.to_string();
-    assert!(e.contains("layer 0") && e.contains("shape"), "{e}");
+    let bad = Recording::new(
+        |l: usize, q: &Tensor, k: &Tensor, v: &Tensor, s: &AttentionSpec| match l {
+            1 => wrong(q, k, v),
+            _ => exact_attention(q, k, v, s).unwrap(),
+        },
+    );
+    let e = usage_error(model.forward_logits(&ids, DType::F64, &bad, 0..n));
+    assert!(e.contains("layer 1") && e.contains("shape"), "{name}: {e}");
+    assert_eq!(
+        bad.calls.into_inner().unwrap().len(),
+        2,
+        "{name}: stops at layer 1"
+    );
     for rows in [3..3, 0..n + 1, n..n + 2] {
-        let e = model.forward_logits(&ids, DType::F64, &ExactAttention, rows.clone());
-        assert!(e.is_err(), "{name}: rows {rows:?}");
+        let e = usage_error(model.forward_logits(&ids, DType::F64, &ExactAttention, rows));
+        assert!(e.contains("rows"), "{name}: {e}");
     }
     let config = fixture_config(name);
     let entry = family_entry(config["model_type"].as_str().unwrap()).unwrap();
-    let mut st =
-        NamedTensors::open_file(&fixture_dir(name).join("model.safetensors"), &Device::Cpu)
-            .unwrap();
-    let part = (entry.load)(&config, &mut st, Depth::Through(1)).unwrap();
-    let e = part
-        .forward_logits(&ids, DType::F64, &ExactAttention, 0..n)
-        .unwrap_err()
-        .to_string();
-    assert!(e.contains("whole model"), "{e}");
+    let dir = fixture_dir(name);
+    let mut st = NamedTensors::open_file(&dir.join("model.safetensors"), &Device::Cpu).unwrap();
+    let part = (entry.load)(&config, &mut st, Depth::Through(shape.layers - 1)).unwrap();
+    let e = usage_error(part.forward_logits(&ids, DType::F64, &ExactAttention, 0..n));
+    assert!(e.contains("whole"), "{name}: {e}");
+    calls
+}
+
+/// O one value short in its last axis: a wrong shape for every family.
+pub(crate) fn one_short(_: &Tensor, _: &Tensor, v: &Tensor) -> Tensor {
+    let (h, n, p_v) = v.dims3().unwrap();
+    Tensor::zeros((h, n, p_v - 1), v.dtype(), v.device()).unwrap()
 }
 
 /// The expected files of fixture `name`: (file, ids, float64 logits [n, vocab]).
@@ -427,82 +387,4 @@ pub(crate) fn check_fixture_logits(
         }
     }
     measured
-}
-
-/// A hook that records each call's layer and spec and answers with exact attention, or, at
-/// `bad_layer`, with O one head-dim short.
-struct Recorder {
-    seen: std::sync::Mutex<Vec<(usize, AttentionSpec)>>,
-    bad_layer: Option<usize>,
-}
-
-impl AttentionHook for Recorder {
-    fn attend(
-        &self,
-        layer: usize,
-        q: &Tensor,
-        k: &Tensor,
-        v: &Tensor,
-        spec: &AttentionSpec,
-    ) -> Result<Tensor> {
-        self.seen.lock().unwrap().push((layer, spec.clone()));
-        let o = exact_attention(q, k, v, spec)?;
-        match self.bad_layer {
-            Some(l) if l == layer => Ok(o.narrow(2, 0, o.dim(2)? - 1)?),
-            _ => Ok(o),
-        }
-    }
-}
-
-/// The usage error of `r`, as text.
-fn usage_error<T>(r: Result<T>) -> String {
-    let e = r.err().expect("an error");
-    assert!(e.downcast_ref::<crate::UsageError>().is_some(), "{e:#}");
-    format!("{e:#}")
-}
-
-/// Fixture `name`'s forward through a hook: the hook sees every layer once, in order, each with
-/// that layer's own spec (`attention_spec(l)`), and its O is what the logits are made of (a
-/// recording hook that answers exactly gives ExactAttention's logits bit for bit); a hook whose
-/// O is not shaped like Q at a middle layer is a usage error naming the layer; a model loaded
-/// through its last layer (not whole), and empty or out-of-range rows, are usage errors.
-pub(crate) fn check_logits_hook(name: &str) {
-    let (_, model) = whole_models(name).swap_remove(0);
-    let layers = model.shape().layers;
-    let ids: Vec<u32> = (0..24u32).map(|i| (i * 29 + 3) % 128).collect();
-    let rec = Recorder {
-        seen: Default::default(),
-        bad_layer: None,
-    };
-    let got = model.forward_logits(&ids, DType::F64, &rec, 0..24).unwrap();
-    let seen = rec.seen.into_inner().unwrap();
-    let want: Vec<(usize, AttentionSpec)> =
-        (0..layers).map(|l| (l, model.attention_spec(l))).collect();
-    assert_eq!(seen, want, "{name}: the layers the hook saw");
-    let exact = model
-        .forward_logits(&ids, DType::F64, &ExactAttention, 0..24)
-        .unwrap();
-    assert_eq!(rel(&got, &exact), 0.0, "{name}");
-    let bad = Recorder {
-        seen: Default::default(),
-        bad_layer: Some(1),
-    };
-    let e = usage_error(model.forward_logits(&ids, DType::F64, &bad, 0..24));
-    assert!(e.contains("layer 1") && e.contains("shape"), "{name}: {e}");
-    assert_eq!(
-        bad.seen.into_inner().unwrap().len(),
-        2,
-        "{name}: stops at layer 1"
-    );
-    for rows in [3..3, 20..25] {
-        let e = usage_error(model.forward_logits(&ids, DType::F64, &ExactAttention, rows));
-        assert!(e.contains("rows"), "{name}: {e}");
-    }
-    let dir = fixture_dir(name);
-    let config = fixture_config(name);
-    let entry = family_entry(config["model_type"].as_str().unwrap()).unwrap();
-    let mut st = NamedTensors::open_file(&dir.join("model.safetensors"), &Device::Cpu).unwrap();
-    let part = (entry.load)(&config, &mut st, Depth::Through(layers - 1)).unwrap();
-    let e = usage_error(part.forward_logits(&ids, DType::F64, &ExactAttention, 0..24));
-    assert!(e.contains("whole"), "{name}: {e}");
 }

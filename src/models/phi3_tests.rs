@@ -5,7 +5,7 @@ use serde_json::Value;
 
 use super::*;
 use crate::models::family::tests::{
-    check_fixture, check_fixture_logits, check_logits_hook, fixture_config,
+    check_fixture, check_fixture_logits, check_logits_hook, fixture_config, one_short,
 };
 use crate::models::Depth;
 
@@ -134,7 +134,7 @@ fn phi3_logits_match_transformers() {
 #[test]
 fn phi3_logits_take_each_layer_through_the_hook() {
     for name in ["phi3", "phi3-longrope"] {
-        check_logits_hook(name);
+        check_logits_hook(name, one_short);
     }
 }
 
