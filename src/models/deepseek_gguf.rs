@@ -134,40 +134,10 @@ pub fn from_gguf(file: GgufFile, device: &Device) -> Result<(Value, NamedTensors
 /// mscale_all_dim: taken so here (V2, V2-Lite and V3 all have mscale = mscale_all_dim). Without
 /// the multiplier, τ = 1/√p and the factor 1, as llama.cpp.
 fn rope(file: &GgufFile, key: &dyn Fn(&str) -> String) -> Result<Value> {
-    let theta = file
-        .meta_decimal(&key("rope.freq_base"))?
-        .unwrap_or(10_000.0);
-    let type_key = key("rope.scaling.type");
-    match file.meta(&type_key) {
-        None => return Ok(json!({ "rope_theta": theta, "rope_type": "default" })),
-        Some(GgufValue::String(s)) if s == "none" => {
-            return Ok(json!({ "rope_theta": theta, "rope_type": "default" }))
-        }
-        Some(GgufValue::String(s)) if s == "yarn" => {}
-        Some(other) => {
-            return Err(usage!(
-                "GGUF {}: metadata {type_key} is {other:?}; DeepSeek reads yarn or none",
-                file.path()
-            ))
-        }
+    let mut p = super::family_gguf::yarn_rope_parameters(file, key, "DeepSeek")?;
+    if p["rope_type"] != "yarn" {
+        return Ok(p);
     }
-    let missing = |k: &str| {
-        usage!(
-            "GGUF {}: metadata {} is missing for yarn scaling",
-            file.path(),
-            key(k)
-        )
-    };
-    let mut p = json!({
-        "rope_theta": theta,
-        "rope_type": "yarn",
-        "factor": file.meta_decimal(&key("rope.scaling.factor"))?.ok_or_else(|| missing("rope.scaling.factor"))?,
-        "original_max_position_embeddings": file
-            .meta_usize(&key("rope.scaling.original_context_length"))?
-            .ok_or_else(|| missing("rope.scaling.original_context_length"))?,
-        "beta_fast": file.meta_decimal(&key("rope.scaling.yarn_beta_fast"))?.unwrap_or(32.0),
-        "beta_slow": file.meta_decimal(&key("rope.scaling.yarn_beta_slow"))?.unwrap_or(1.0),
-    });
     match file.meta_f64(&key("rope.scaling.yarn_log_multiplier"))? {
         // 0.1·μ stored in f32: its decimal (0.0707) over 0.1, rounded to f32 and read back as
         // the config's decimal (0.707), not the f32 quotient's 0.70699996.

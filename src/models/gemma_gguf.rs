@@ -24,7 +24,8 @@ pub fn from_gguf(file: GgufFile, device: &Device) -> Result<(Value, NamedTensors
         other => return Err(usage!("GGUF {}: \"{other}\" is not a gemma", file.path())),
     };
     let key = |k: &str| format!("{arch}.{k}");
-    let (hidden, heads, layers, head_dim) = super::gguf::attention_sizes(&file, &arch, "a gemma")?;
+    let (hidden, heads, layers, head_dim) =
+        super::family_gguf::attention_sizes(&file, &arch, "a gemma")?;
     // gemma rotates every dimension: a partial count is not a gemma this reads.
     if let Some(d) = file.meta_usize(&key("rope.dimension_count"))? {
         if d != head_dim {

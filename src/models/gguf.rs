@@ -338,34 +338,6 @@ pub(crate) fn hf_tensor(hf: &str) -> Option<HfTensor<'_>> {
     })
 }
 
-/// The attention sizes of `{arch}.*`: (hidden, heads, layers, head size), the head size being
-/// `attention.key_length` (hidden/heads when absent); a `value_length` unlike it is a usage error
-/// (`family` names the model whose K and V heads have one size).
-pub(crate) fn attention_sizes(
-    file: &GgufFile,
-    arch: &str,
-    family: &str,
-) -> Result<(usize, usize, usize, usize)> {
-    let key = |k: &str| format!("{arch}.{k}");
-    let hidden = file.req(&key("embedding_length"))?;
-    let heads = file.req(&key("attention.head_count"))?;
-    let layers = file.req(&key("block_count"))?;
-    let head_dim = file
-        .meta_usize(&key("attention.key_length"))?
-        .unwrap_or(hidden / heads.max(1));
-    if let Some(v) = file.meta_usize(&key("attention.value_length"))? {
-        if v != head_dim {
-            return Err(usage!(
-                "GGUF {}: metadata {} is {v} but {} is {head_dim}; {family}'s K and V heads have one size",
-                file.path(),
-                key("attention.value_length"),
-                key("attention.key_length")
-            ));
-        }
-    }
-    Ok((hidden, heads, layers, head_dim))
-}
-
 /// The GGUF name of a Hugging Face tensor name, and the number of heads whose rows llama.cpp
 /// permuted (Some for q/k of the llama architecture).
 fn gguf_name(hf: &str, cfg: &DecoderConfig) -> Option<(String, Option<usize>)> {

@@ -12,7 +12,6 @@
 //! at its line below.
 
 use anyhow::Result;
-use candle_core::quantized::gguf_file::Value as GgufValue;
 use candle_core::Device;
 use serde_json::{json, Value};
 
@@ -27,7 +26,8 @@ const ARCH: &str = "gpt-oss";
 pub fn from_gguf(file: GgufFile, device: &Device) -> Result<(Value, NamedTensors)> {
     let key = |k: &str| format!("{ARCH}.{k}");
     let path = file.path().to_string();
-    let (hidden, heads, layers, head_dim) = super::gguf::attention_sizes(&file, ARCH, "gpt-oss")?;
+    let (hidden, heads, layers, head_dim) =
+        super::family_gguf::attention_sizes(&file, ARCH, "gpt-oss")?;
     let experts = file.req(&key("expert_count"))?;
     let used = file.req(&key("expert_used_count"))?;
     if used == 0 || used > experts {
@@ -90,51 +90,14 @@ pub fn from_gguf(file: GgufFile, device: &Device) -> Result<(Value, NamedTensors
 /// false (the correction dims are not rounded), which is taken here ([P≠C] ggml's yarn rounds
 /// them, as transformers' default truncate true).
 fn rope(file: &GgufFile, key: &dyn Fn(&str) -> String) -> Result<Value> {
-    // llama.cpp's default base when absent.
-    let theta = file
-        .meta_decimal(&key("rope.freq_base"))?
-        .unwrap_or(10_000.0);
-    let type_key = key("rope.scaling.type");
-    match file.meta(&type_key) {
-        None => Ok(json!({ "rope_theta": theta, "rope_type": "default" })),
-        Some(GgufValue::String(s)) if s == "none" => {
-            Ok(json!({ "rope_theta": theta, "rope_type": "default" }))
+    let mut p = super::family_gguf::yarn_rope_parameters(file, key, "gpt-oss")?;
+    if p["rope_type"] == "yarn" {
+        p["truncate"] = false.into();
+        if let Some(a) = file.meta_decimal(&key("rope.scaling.yarn_attn_factor"))? {
+            p["attention_factor"] = a.into();
         }
-        Some(GgufValue::String(s)) if s == "yarn" => {
-            let need = |k: &str| -> Result<f64> {
-                file.meta_decimal(&key(k))?.ok_or_else(|| {
-                    usage!(
-                        "GGUF {}: metadata {} is missing for yarn scaling",
-                        file.path(),
-                        key(k)
-                    )
-                })
-            };
-            let mut p = json!({
-                "rope_theta": theta,
-                "rope_type": "yarn",
-                "factor": need("rope.scaling.factor")?,
-                "original_max_position_embeddings": file.meta_usize(&key("rope.scaling.original_context_length"))?.ok_or_else(|| {
-                    usage!(
-                        "GGUF {}: metadata {} is missing for yarn scaling",
-                        file.path(),
-                        key("rope.scaling.original_context_length")
-                    )
-                })?,
-                "beta_fast": file.meta_decimal(&key("rope.scaling.yarn_beta_fast"))?.unwrap_or(32.0),
-                "beta_slow": file.meta_decimal(&key("rope.scaling.yarn_beta_slow"))?.unwrap_or(1.0),
-                "truncate": false,
-            });
-            if let Some(a) = file.meta_decimal(&key("rope.scaling.yarn_attn_factor"))? {
-                p["attention_factor"] = a.into();
-            }
-            Ok(p)
-        }
-        Some(other) => Err(usage!(
-            "GGUF {}: metadata {type_key} is {other:?}; gpt-oss reads yarn or none",
-            file.path()
-        )),
     }
+    Ok(p)
 }
 
 /// llama.cpp's name of a gpt-oss tensor (its tensor map for `MODEL_ARCH.GPT_OSS`) and how its

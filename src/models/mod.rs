@@ -13,7 +13,7 @@
 //!   (gemma2, gemma3), `phi3`, `gpt_oss` and `deepseek` (with `deepseek_config` and `mla`)
 //!   implement it, and `gemma_gguf`, `gpt_oss_gguf`, `deepseek_gguf` (phi3's in `phi3`) read
 //!   each family's GGUF as llama.cpp's converter writes it; `family_common` holds what they
-//!   share, `moe` the experts' routing and dispatch, `quantized_weights` the MXFP4 and FP8
+//!   share (`family_gguf` what their GGUF readers share), `moe` the experts' routing and dispatch, `quantized_weights` the MXFP4 and FP8
 //!   block-scaled weights dequantized on load;
 //! - `whole`: a decoder run whole for §10 ([`WholeDecoder`]), a Llama-style one or a family's;
 //! - `tokens`: the BOS policy and the token windows.
@@ -24,6 +24,7 @@ pub mod deepseek;
 pub mod deepseek_gguf;
 pub mod family;
 mod family_common;
+mod family_gguf;
 pub mod gemma;
 pub mod gemma_gguf;
 pub mod gguf;
