@@ -69,6 +69,13 @@ pub fn run(cfg: &RunConfig, reps: usize) -> Result<()> {
     let need = cfg.lengths.iter().max().copied().unwrap_or(0);
     let prepared = inputs::prepare_for(&cfg.inputs, need)?;
     crate::sweep::refuse_decode_of_encoder(cfg, &prepared)?;
+    // What the sweep refuses on this layer, so that no timing is of a path a sweep would not run.
+    let methods = cfg
+        .methods
+        .iter()
+        .map(|m| attention::by_id(m).map_err(|e| crate::usage!("{e}")))
+        .collect::<Result<Vec<_>>>()?;
+    crate::sweep::spec_refusals::refuse_for_layer(cfg, &prepared, &methods)?;
     println!(
         "inputs: {:.3} s (resolve, tokenize {} tokens, load weights)",
         t0.elapsed().as_secs_f64(),
@@ -129,23 +136,29 @@ fn timed(cfg: &RunConfig, reps: usize, prepared: &inputs::Prepared) -> Result<()
         crate::numerics::flash::Simd::chosen().name(),
         crate::numerics::flash::tiles::SIMD_VAR,
     );
+    // The layer's exact attention: a §7.7 family's own (scale, cap, window, sinks), else the mask's.
+    let spec = prepared
+        .layer_spec(cfg.inputs.layer, cfg.mask, p)
+        .for_head(0);
     for &n in &cfg.lengths {
         let t_qkv = time(dev, reps, || prepared.window_qkv(&cfg.inputs, n, 0))?;
-        let (q, k, v) = prepared.window_qkv(&cfg.inputs, n, 0)?;
+        let (q, k, v, latent) = prepared.window_qkv_latent(&cfg.inputs, n, 0)?;
         let (qh, kh, vh) = (
             q.get(0)?.contiguous()?,
             k.get(0)?.contiguous()?,
             v.get(0)?.contiguous()?,
         );
         let mask = cfg.mask;
+        let plain = spec.features(p, n).is_plain();
+        // compute_spec is compute_masked on a plain spec: the same kernel as a sweep's target.
         let t_exact = time(dev, reps, || {
-            attention::exact::ExactAttention::compute_masked(&qh, &kh, &vh, mask)
+            attention::exact::ExactAttention::compute_spec(&qh, &kh, &vh, &spec)
         })?;
         // The window's heads in one computation batched over heads (what a sweep on a non-CPU
         // device runs, K/V shared by grouped query heads); timed on the CPU only when that path is
         // asked for there (candle's generic ops make it 5× slower than the per-head path on the CPU:
         // 757 against 159 ms per head at n = 8192, BENCHMARKS.md).
-        let batched = !dev.is_cpu() || crate::sweep::device_path(dev);
+        let batched = plain && (!dev.is_cpu() || crate::sweep::device_path(dev));
         let t_batched = if batched {
             Some(time(dev, reps, || {
                 attention::exact::ExactAttention::compute_heads_masked(&q, &k, &v, mask)
@@ -153,11 +166,9 @@ fn timed(cfg: &RunConfig, reps: usize, prepared: &inputs::Prepared) -> Result<()
         } else {
             None
         };
-        // Causal: the key blocks above the diagonal are skipped, half the products.
-        let flops = match mask {
-            attention::Mask::None => 4.0 * (n * n * p) as f64,
-            attention::Mask::Causal => 2.0 * (n * (n + 1) * p) as f64,
-        };
+        // 4p flops per (query, key) pair the target reads: causal skips the key blocks above the
+        // diagonal, a sliding window those before it.
+        let flops = 4.0 * (p * visible_pairs(&spec, n)) as f64;
         let peak = matmul_peak(dev, &qh, &kh, &vh)?;
         println!(
             "\nn = {n}: Q/K/V of one window (all heads) {:.2} ms",
@@ -170,13 +181,13 @@ fn timed(cfg: &RunConfig, reps: usize, prepared: &inputs::Prepared) -> Result<()
             );
         }
         println!(
-            "  exact attention per head {:.2} ms = {:.1} GFLOP/s (4n²p flops + n² exp); the two-pass kernel's block matmuls alone: {:.1} GFLOP/s ({:.0} %)",
+            "  exact attention per head {:.2} ms = {:.1} GFLOP/s (4p flops and an exp per query–key pair read); the two-pass kernel's block matmuls alone: {:.1} GFLOP/s ({:.0} %)",
             t_exact * 1e3,
             flops / t_exact / 1e9,
             peak,
             100.0 * flops / t_exact / 1e9 / peak
         );
-        if dev.is_cpu() {
+        if dev.is_cpu() && plain {
             let t_two = time(dev, reps, || {
                 attention::exact::ExactAttention::compute_with(
                     &qh,
@@ -202,7 +213,9 @@ fn timed(cfg: &RunConfig, reps: usize, prepared: &inputs::Prepared) -> Result<()
                 heads as f64 * flops / t_batched / 1e9
             );
         }
-        if mask == attention::Mask::Causal {
+        if !plain {
+            println!("  (the layer's own target: {spec}; exact attention reads its window's keys)");
+        } else if mask == attention::Mask::Causal {
             println!("  (mask causal: exact attention is n(n+1)p MACs per head)");
         }
         if cfg.target == attention::Target::Kernelized {
@@ -221,7 +234,11 @@ fn timed(cfg: &RunConfig, reps: usize, prepared: &inputs::Prepared) -> Result<()
                 .map(|layer| attention::decode::DecodeHead { head: 0, layer }))
         };
         let protocol = crate::protocol::Protocol::of(cfg.decode);
-        let head = HeadInputs::masked(qh, kh, vh, mask)?;
+        let mut head = HeadInputs::with_spec(qh, kh, vh, spec.clone())?;
+        if let Some(layer) = latent {
+            // An MLA layer's §8 caches read its latent row, as in the sweep.
+            head = head.with_latent(attention::latent::HeadLatent { layer, head: 0 })?;
+        }
         // The target is the sweep's per-head reference, computed before any method's clock.
         head.target_output(cfg.target)?;
         let mut shown = None;
@@ -235,7 +252,7 @@ fn timed(cfg: &RunConfig, reps: usize, prepared: &inputs::Prepared) -> Result<()
         );
         for m in &cfg.methods {
             let method = attention::by_id(m).map_err(|e| crate::usage!("{e}"))?;
-            for d in attention::budgets(m, &cfg.features) {
+            for d in attention::layer_budgets(m, &cfg.features, spec.window_within(n)) {
                 let key = TrialKey {
                     seed: cfg.seed,
                     n,
@@ -303,6 +320,18 @@ fn one_trial(
                 )
             })?
             .approximate_decode(head, dec, d, &mut key.rng()),
-        None => m.approximate(head, d, &mut key.rng()),
+        // A scaled head's rescaled form where the method reads the scale through Q and K, as a
+        // sweep's trial does.
+        None => m.approximate(head.inputs_for(m)?, d, &mut key.rng()),
+    }
+}
+
+/// The (query, key) pairs `spec`'s target reads in a window of n: n² unmasked, n(n+1)/2 causal,
+/// Σ_i min(i + 1, W) with a sliding window of W.
+fn visible_pairs(spec: &attention::AttentionSpec, n: usize) -> usize {
+    match (spec.causal, spec.window_within(n)) {
+        (false, _) => n * n,
+        (true, None) => n * (n + 1) / 2,
+        (true, Some(w)) => (0..n).map(|i| (i + 1).min(w)).sum(),
     }
 }

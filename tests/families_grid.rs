@@ -124,3 +124,41 @@ fn performer_favor_runs_on_sink_and_sliding_layers() {
         }
     }
 }
+
+/// `bench` times a family's layer under its own target, as a sweep measures it: gpt-oss's layer 0
+/// (sinks, W = 16) says so, its d grid stops at W as the sweep's, and a method the sweep refuses
+/// there (`kivi2` on DeepSeek's MLA layer) is refused before any timing.
+#[test]
+fn bench_times_a_family_layer_under_its_own_target() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (dir, corpus, _) = family_dir(tmp.path(), "gpt_oss");
+    let o = decoder_cli(
+        &dir,
+        &corpus,
+        "bench --lengths 40 --layer 0 --methods window --features 8,16,32 --repeats 1",
+    );
+    assert!(o.status.success(), "{}", stderr(&o));
+    let out = String::from_utf8_lossy(&o.stdout);
+    assert!(
+        out.contains("the layer's own target: causal, window 16"),
+        "{out}"
+    );
+    let ds: Vec<&str> = out
+        .lines()
+        .filter_map(|l| l.trim_start().strip_prefix("window "))
+        .map(|rest| rest.split_whitespace().next().unwrap())
+        .collect();
+    assert_eq!(ds, ["8", "16"], "{out}");
+    let (dir, corpus, _) = family_dir(tmp.path(), "deepseek_v3");
+    let o = decoder_cli(
+        &dir,
+        &corpus,
+        "bench --lengths 40 --layer 1 --methods kv_q8_0,kivi2 --repeats 1",
+    );
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    assert!(
+        stderr(&o).contains("so these methods are refused there: kivi2"),
+        "{}",
+        stderr(&o)
+    );
+}

@@ -40,7 +40,7 @@ pub struct SweepOutcome {
 }
 
 mod device;
-mod spec_refusals;
+pub(crate) mod spec_refusals;
 pub use device::{HEAD_BATCH_VAR, PROFILE_VAR};
 
 use crate::report::run_lock::RunLock;
@@ -182,22 +182,7 @@ pub fn run_with(
             None => attention::by_id(m).map_err(|e| usage!("{e}")),
         })
         .collect::<Result<_>>()?;
-    spec_refusals::refuse_quantized_mla(cfg, &prepared, &methods)?;
-    for m in &methods {
-        // A cache on an MLA layer stores the latent row, whose width is what its format groups.
-        let p = match prepared.mla_latent_width() {
-            Some(width) if m.reads_mla_latent() => width,
-            _ => p,
-        };
-        m.check_head_dim(p).map_err(|why| {
-            usage!(
-                "--methods {}: {why}; the model's heads have p = {p} — leave {} out for this model",
-                m.id(),
-                m.id()
-            )
-        })?;
-    }
-    spec_refusals::refuse_methods_beyond_spec(cfg, &prepared, &methods)?;
+    spec_refusals::refuse_for_layer(cfg, &prepared, &methods)?;
     let layer_spec = prepared.layer_spec(cfg.inputs.layer, cfg.mask, p);
 
     let inputs_list = prepared

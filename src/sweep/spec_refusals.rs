@@ -9,12 +9,38 @@ use crate::config::RunConfig;
 use crate::inputs;
 use crate::usage;
 
+/// Everything a run refuses of its methods on the layer it measures, before it reads a window:
+/// the §8 methods an MLA layer does not take, a head size a method's format does not fit (a
+/// latent-row cache on MLA groups the latent row's width), and a spec feature a method lacks.
+/// The sweep's and `bench`'s.
+pub(crate) fn refuse_for_layer(
+    cfg: &RunConfig,
+    prepared: &inputs::Prepared,
+    methods: &[Box<dyn attention::Method>],
+) -> Result<()> {
+    refuse_quantized_mla(cfg, prepared, methods)?;
+    for m in methods {
+        let p = match prepared.mla_latent_width() {
+            Some(width) if m.reads_mla_latent() => width,
+            _ => prepared.head_dim(),
+        };
+        m.check_head_dim(p).map_err(|why| {
+            usage!(
+                "--methods {}: {why}; the model's heads have p = {p} — leave {} out for this model",
+                m.id(),
+                m.id()
+            )
+        })?;
+    }
+    refuse_methods_beyond_spec(cfg, prepared, methods)
+}
+
 /// Refuses KIVI and SageAttention on an MLA layer (docs/reference.md §7.7.6, MLA), naming them
 /// and the methods that do run: MLA caches one latent row [c_j; k_pe,j] per token, which the KV
 /// caches quantize ([`attention::Method::reads_mla_latent`]), while quantizing the materialised
 /// per-head K/V would measure a cache nobody deploys, and what KIVI's per-channel K groups or
 /// SageAttention's kernels do on the latent row is not specified.
-pub(super) fn refuse_quantized_mla(
+fn refuse_quantized_mla(
     cfg: &RunConfig,
     prepared: &inputs::Prepared,
     methods: &[Box<dyn attention::Method>],
@@ -61,7 +87,7 @@ pub(super) fn refuse_quantized_mla(
 /// Refuses, before any window is read, the methods that do not implement what the run's layer
 /// spec has at its longest length (docs/reference.md §7.7.6), naming them and the methods that
 /// do run there; every trial is refused the same way ([`attention::refuse_unimplemented_spec`]).
-pub(super) fn refuse_methods_beyond_spec(
+fn refuse_methods_beyond_spec(
     cfg: &RunConfig,
     prepared: &inputs::Prepared,
     methods: &[Box<dyn attention::Method>],
