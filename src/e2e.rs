@@ -14,7 +14,7 @@ use crate::inputs;
 use crate::models::Depth;
 use crate::numerics::next_token::KldReport;
 use crate::protocol::end_to_end::{
-    default_one_layer, refuse_unsupported, E2eMethod, E2ePoint, Window,
+    checked_head_dim, default_one_layer, refuse_unsupported, E2eMethod, E2ePoint, Window,
 };
 use crate::usage;
 
@@ -122,7 +122,7 @@ pub fn run_with(req: &E2eRequest, extra: Vec<E2eMethod>) -> Result<E2eOutcome> {
                 .check(budget_n, d)
                 .map_err(|e| usage!("{} at d = {d}: {e}", m.name))?;
             m.method
-                .check_head_dim(model.head_dim())
+                .check_head_dim(checked_head_dim(model, m))
                 .map_err(|e| usage!("{}: {e}", m.name))?;
         }
     }

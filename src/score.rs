@@ -408,7 +408,7 @@ pub fn score(req: &ScoreRequest) -> Result<SweepOutcome> {
             let model = cfg.inputs.model.name();
             let protocol = Protocol::of(req.decode);
             for h in 0..dump.info.heads {
-                let lh = pipeline::layer_head(&q, &k, &v, h, &spec, None)?;
+                let lh = pipeline::layer_head(&q, &k, &v, h, &spec, None, None)?;
                 let kv_head = lh.kv_head;
                 let target =
                     HeadTarget::new(&lh.head, None, req.target, protocol).with_context(|| {

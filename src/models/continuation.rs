@@ -7,7 +7,7 @@
 //! (measured: 43 % of an e2e run's samples in gemm's microkernel, SmolLM2, n = 1024); at
 //! n_f = n/4 this leaves a quarter of them for a decode point.
 
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 
 use anyhow::{ensure, Result};
 use candle_core::{DType, Tensor};
@@ -16,6 +16,7 @@ use super::decoder_config::DecoderConfig;
 use super::llama::{
     attend_checked, embed, layer_output, layer_qkv, output_logits, AttentionHook, DecoderWeights,
 };
+use crate::attention::latent::LayerLatent;
 use crate::attention::spec::AttentionSpec;
 
 /// Every layer's post-RoPE Q [H, n_p, p], K and V [H_kv, n_p, p] on the prompt rows 0..n_p.
@@ -72,11 +73,34 @@ impl AttentionHook for PromptRecorder<'_> {
         v: &Tensor,
         spec: &AttentionSpec,
     ) -> Result<Tensor> {
+        self.keep(layer, q, k, v)?;
+        self.inner.attend(layer, q, k, v, spec)
+    }
+
+    /// The inner hook is handed the latent too (a recorder must not change what the run
+    /// measures); the continuation-only forward is the Llama-style decoders', which have none.
+    fn attend_latent(
+        &self,
+        layer: usize,
+        q: &Tensor,
+        k: &Tensor,
+        v: &Tensor,
+        spec: &AttentionSpec,
+        latent: &Arc<LayerLatent>,
+    ) -> Result<Tensor> {
+        self.keep(layer, q, k, v)?;
+        self.inner.attend_latent(layer, q, k, v, spec, latent)
+    }
+}
+
+impl PromptRecorder<'_> {
+    /// Keeps layer `layer`'s prompt rows of Q, K, V.
+    fn keep(&self, layer: usize, q: &Tensor, k: &Tensor, v: &Tensor) -> Result<()> {
         // Copied out (contiguous), so that the cache holds n_p rows, not the window's storage.
         let rows = |t: &Tensor| -> Result<Tensor> { Ok(t.narrow(1, 0, self.n_p)?.contiguous()?) };
         let kept = (rows(q)?, rows(k)?, rows(v)?);
         self.kept.lock().expect("prompt lock")[layer] = Some(kept);
-        self.inner.attend(layer, q, k, v, spec)
+        Ok(())
     }
 }
 

@@ -6,6 +6,7 @@
 //! scales (V3's hub checkpoints) are dequantized on load.
 
 use std::ops::Range;
+use std::sync::Arc;
 
 use anyhow::Result;
 use candle_core::{DType, Tensor};
@@ -13,7 +14,7 @@ use serde_json::Value;
 
 use super::family::{FamilyModel, FamilyShape, LayerDump, NamedTensors};
 use super::family_common::{
-    attend_checked, embed_ids, head_logits, load_output_head, merge_heads, whole_head,
+    attend_checked_with, embed_ids, head_logits, load_output_head, merge_heads, whole_head,
     ConfigFields, LoadedLayers,
 };
 use super::llama::{linear, rms_norm, AttentionHook, ExactAttention, Linear, OutputHead};
@@ -21,6 +22,7 @@ use super::mla::{load_linear, MlaDims, MlaWeights, RopeLayout};
 use super::moe::{dispatch, host_rows, top_k, Routing};
 use super::rope::{yarn_mscale, FamilyRope};
 use super::weights::Depth;
+use crate::attention::latent::LayerLatent;
 use crate::attention::spec::AttentionSpec;
 use crate::usage;
 
@@ -204,7 +206,19 @@ impl Deepseek {
             .expect("layers before L carry o_proj and the MLP");
         let h = rms_norm(x, &lw.input_norm, self.cfg.eps)?;
         let m = lw.attn.forward(&h, &self.cfg.mla, &rope_t.0, &rope_t.1)?;
-        let o = attend_checked(hook, l, &m.q, &m.k, &m.v, &self.attention_spec(l))?;
+        // The latent view (what layer_dump writes as kv_latent and w_kv_b): a §8 cache on this
+        // layer quantizes the latent row, the materialised K/V being what nobody caches.
+        let latent = Arc::new(LayerLatent::new(
+            m.latent,
+            lw.attn.w_kv_b(&self.cfg.mla, h.dtype())?,
+        )?);
+        let o = attend_checked_with(
+            hook,
+            l,
+            (&m.q, &m.k, &m.v),
+            &self.attention_spec(l),
+            Some(&latent),
+        )?;
         let x = (x + linear(&merge_heads(&o)?, &rest.o)?)?;
         let h = rms_norm(&x, &rest.post_norm, self.cfg.eps)?;
         let y = match &rest.mlp {

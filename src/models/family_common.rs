@@ -4,6 +4,7 @@
 //! head and the checked call of a layer's attention hook.
 
 use std::ops::Range;
+use std::sync::Arc;
 
 use anyhow::Result;
 use candle_core::{DType, Tensor};
@@ -12,6 +13,7 @@ use serde_json::Value;
 use super::family::NamedTensors;
 use super::llama::{linear, rms_norm, AttentionHook, Linear, OutputHead};
 use super::weights::Depth;
+use crate::attention::latent::LayerLatent;
 use crate::attention::spec::{AttentionSpec, LayerType};
 use crate::usage;
 
@@ -330,7 +332,22 @@ pub(super) fn attend_checked(
     v: &Tensor,
     spec: &AttentionSpec,
 ) -> Result<Tensor> {
-    let o = hook.attend(l, q, k, v, spec)?;
+    attend_checked_with(hook, l, (q, k, v), spec, None)
+}
+
+/// [`attend_checked`] on an MLA layer, whose hook is also handed the layer's latent view
+/// ([`AttentionHook::attend_latent`]).
+pub(super) fn attend_checked_with(
+    hook: &dyn AttentionHook,
+    l: usize,
+    (q, k, v): (&Tensor, &Tensor, &Tensor),
+    spec: &AttentionSpec,
+    latent: Option<&Arc<LayerLatent>>,
+) -> Result<Tensor> {
+    let o = match latent {
+        Some(latent) => hook.attend_latent(l, q, k, v, spec, latent)?,
+        None => hook.attend(l, q, k, v, spec)?,
+    };
     let (h, n, _) = q.dims3()?;
     let want = [h, n, v.dim(2)?];
     if o.dims() != want {

@@ -8,11 +8,14 @@
 //! and expose no layer's post-RoPE Q/K/V (nor an f64 path), so the forward is written here, step
 //! for step as transformers' eager implementation runs it.
 
+use std::sync::Arc;
+
 use anyhow::Result;
 use candle_core::{DType, Tensor, D};
 
 use super::decoder_config::DecoderConfig;
 use super::rope;
+use crate::attention::latent::LayerLatent;
 use crate::attention::spec::{exact_attention, AttentionSpec};
 
 /// A Linear layer: y = x·Wᵀ (+ b), W [out, in], f32.
@@ -78,6 +81,23 @@ pub trait AttentionHook: Sync {
         v: &Tensor,
         spec: &AttentionSpec,
     ) -> Result<Tensor>;
+
+    /// [`Self::attend`] on a Multi-head Latent Attention layer (docs/reference.md §7.7.5), which
+    /// also hands the layer's latent rows [c; k_pe] and W_kvb: what its deployed cache holds, and
+    /// so what a §8 cache quantizes there (§7.7.6). Q, K, V are the materialised view, O the
+    /// same. A hook that has no use for the latent is its `attend`.
+    fn attend_latent(
+        &self,
+        layer: usize,
+        q: &Tensor,
+        k: &Tensor,
+        v: &Tensor,
+        spec: &AttentionSpec,
+        latent: &Arc<LayerLatent>,
+    ) -> Result<Tensor> {
+        let _ = latent;
+        self.attend(layer, q, k, v, spec)
+    }
 }
 
 /// The model's own attention: the layer's exact target (docs/reference.md §7.7.0).

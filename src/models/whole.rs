@@ -27,6 +27,11 @@ pub trait WholeDecoder: Sync {
     fn is_mla(&self) -> bool {
         false
     }
+    /// On MLA, r + d_R, the values of a token's latent row: what a §8 cache's format groups
+    /// there (its head-size check reads it, as the sweep's).
+    fn mla_latent_width(&self) -> Option<usize> {
+        None
+    }
     /// The logits [rows, vocab] in `dtype` of the window `ids`, every layer's attention
     /// through `hook`, only the rows `rows` through the head.
     fn forward_logits(
@@ -126,6 +131,9 @@ impl WholeDecoder for FamilyDecoder<'_> {
     }
     fn is_mla(&self) -> bool {
         self.0.is_mla()
+    }
+    fn mla_latent_width(&self) -> Option<usize> {
+        self.0.mla_latent_width()
     }
     fn forward_logits(
         &self,

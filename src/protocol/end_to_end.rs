@@ -12,7 +12,7 @@ use std::time::Instant;
 use anyhow::{ensure, Result};
 use candle_core::{DType, Tensor};
 
-use super::layer_hook::{LayerError, MethodHook, RecordingExact};
+use super::layer_hook::{KeptLayer, LayerError, MethodHook, RecordingExact};
 use super::pipeline::Protocol;
 use crate::attention::{self, Family, Mask, Method};
 use crate::models::{AttentionHook, PromptCache, PromptRecorder, WholeDecoder};
@@ -97,8 +97,8 @@ pub struct Window<'a> {
 pub struct ExactRun {
     /// Log-probabilities (f64) at the scored positions.
     pub logp: Vec<Vec<f64>>,
-    /// The exact run's post-RoPE Q, K, V of the one-layer view's layers.
-    pub kept: Vec<(usize, Tensor, Tensor, Tensor)>,
+    /// The exact run's post-RoPE Q, K, V (and MLA's latent view) of the one-layer view's layers.
+    pub kept: Vec<KeptLayer>,
     /// Every layer's prompt rows of Q, K, V, for the decode-mode points' continuation-only
     /// forward (kept when the window has decode points).
     pub prompt: Option<PromptCache>,
@@ -245,9 +245,15 @@ impl Window<'_> {
         let scores = score_positions(&exact.logp, &logp, self.labels())?;
         let seconds = t0.elapsed().as_secs_f64();
         let mut one_layer = Vec::new();
-        for (l, q, k, v) in &exact.kept {
-            let spec = self.model.layer_spec(*l);
-            one_layer.push((*l, self.hook(m, d).layer(*l, q, k, v, &spec)?.1));
+        for kept in &exact.kept {
+            let l = kept.layer;
+            let qkv = (&kept.q, &kept.k, &kept.v);
+            let spec = self.model.layer_spec(l);
+            let error = self
+                .hook(m, d)
+                .layer(l, qkv, &spec, kept.latent.as_ref())?
+                .1;
+            one_layer.push((l, error));
         }
         Ok(E2ePoint {
             scores,
@@ -261,18 +267,11 @@ impl Window<'_> {
 /// Refuses, before any window runs, a method that a layer of `model` cannot have at windows of
 /// up to `n` tokens (docs/reference.md §7.7.6's rules, in every layer): a feature of the layer's
 /// spec the method's form (prefill, or its decode form) does not implement, and on Multi-head
-/// Latent Attention every §8 method. The hook hands a method the materialised per-head K/V; the
-/// §8 caches of an MLA layer quantize its latent row [c; k_pe] (§7.7.6), which the hook does not
-/// carry yet, and a cache of the materialised K/V is one nobody deploys.
+/// Latent Attention what the sweep refuses there ([`refuse_quantized_mla`]).
 pub fn refuse_unsupported(model: &dyn WholeDecoder, methods: &[E2eMethod], n: usize) -> Result<()> {
+    refuse_quantized_mla(model, methods)?;
     let p = model.head_dim();
     for m in methods {
-        if model.is_mla() && m.method.family() == Family::Quantized {
-            return Err(usage!(
-                "--methods {}: the model's layers are Multi-head Latent Attention, whose cache holds one latent row [c; k_pe] per token; end to end does not yet hand the §8 caches that row (docs/reference.md §7.7.6), so the §8 methods are refused on MLA; run the sparse or §9 methods instead (e.g. --methods window,snapkv)",
-                m.name
-            ));
-        }
         let support = attention::spec_support_under(m.method.as_ref(), m.decode);
         for l in 0..model.num_layers() {
             let spec = model.layer_spec(l);
@@ -289,6 +288,52 @@ pub fn refuse_unsupported(model: &dyn WholeDecoder, methods: &[E2eMethod], n: us
     Ok(())
 }
 
+/// On MLA (§7.7.6), what the sweep refuses (`sweep::spec_refusals::refuse_quantized_mla`),
+/// naming the refused methods and those that run: an MLA layer caches one latent row [c; k_pe]
+/// per token, which the KV caches quantize in prefill (the hook hands it them); what KIVI's
+/// per-channel groups and SageAttention's kernels do on that row is not specified, and the
+/// latent cache has no decode form, so every §8 cache read under the decode protocol goes too.
+fn refuse_quantized_mla(model: &dyn WholeDecoder, methods: &[E2eMethod]) -> Result<()> {
+    if !model.is_mla() {
+        return Ok(());
+    }
+    let (refused, run): (Vec<&E2eMethod>, Vec<&E2eMethod>) = methods.iter().partition(|m| {
+        m.method.family() == Family::Quantized && (m.decode || !m.method.reads_mla_latent())
+    });
+    if refused.is_empty() {
+        return Ok(());
+    }
+    let names = |ms: &[&E2eMethod]| {
+        ms.iter()
+            .map(|m| m.name.as_str())
+            .collect::<Vec<_>>()
+            .join(",")
+    };
+    let why = match (refused.iter().any(|m| m.decode), refused.iter().any(|m| !m.decode)) {
+        (true, false) => "the latent-row cache has no decode form yet",
+        (false, _) => "the KV caches (kv_f16 … kv_q4_0) quantize that row, but what KIVI and SageAttention do on it is not specified",
+        (true, true) => "the KV caches (kv_f16 … kv_q4_0) quantize that row in prefill, but the latent-row cache has no decode form yet and what KIVI and SageAttention do on it is not specified",
+    };
+    let others = if run.is_empty() {
+        "run the KV caches in prefill, or the sparse or §9 methods, instead (e.g. --methods kv_q8_0,window,snapkv)".to_string()
+    } else {
+        format!("run the others with --methods {}", names(&run))
+    };
+    Err(usage!(
+        "--methods {}: the model's layers are Multi-head Latent Attention, whose cache holds one latent row [c; k_pe] per token, not per-head K/V; {why} (docs/reference.md §7.7.6), so these methods are refused there; {others}",
+        names(&refused)
+    ))
+}
+
+/// The head size a method's formats group on `model` (its [`Method::check_head_dim`]): on MLA
+/// the latent row's r + d_R for a method that reads it, as the sweep checks; else p_qk.
+pub fn checked_head_dim(model: &dyn WholeDecoder, m: &E2eMethod) -> usize {
+    match model.mla_latent_width() {
+        Some(width) if m.method.reads_mla_latent() => width,
+        _ => model.head_dim(),
+    }
+}
+
 /// The one-layer view's default layers ℓ* = 0 and ⌊L/2⌋ (§10.1).
 pub fn default_one_layer(layers: usize) -> Vec<usize> {
     let mut v = vec![0, layers / 2];
@@ -299,3 +344,7 @@ pub fn default_one_layer(layers: usize) -> Vec<usize> {
 #[cfg(test)]
 #[path = "end_to_end_tests.rs"]
 mod tests;
+
+#[cfg(test)]
+#[path = "end_to_end_mla_tests.rs"]
+mod mla_tests;

@@ -14,6 +14,7 @@ use candle_core::Tensor;
 use rayon::prelude::*;
 
 use crate::attention::decode::LayerContext;
+use crate::attention::latent::LayerLatent;
 use crate::attention::spec::AttentionSpec;
 use crate::attention::{Method, Target};
 use crate::models::AttentionHook;
@@ -101,14 +102,15 @@ impl<'a> MethodHook<'a> {
 
     /// Layer `layer`'s O (the method's rows, the exact prompt rows in decode mode) and local
     /// error, under the layer's exact attention `spec` (its scale, cap, window and sinks: the
-    /// target the error is measured against and the rules the method follows, §7.7.6).
+    /// target the error is measured against and the rules the method follows, §7.7.6). On an
+    /// MLA layer `latent` is its latent view, which every head carries, as in the sweep: a §8
+    /// cache there quantizes the latent row (§7.7.6), not the materialised K/V.
     pub fn layer(
         &self,
         layer: usize,
-        q: &Tensor,
-        k: &Tensor,
-        v: &Tensor,
+        (q, k, v): (&Tensor, &Tensor, &Tensor),
         spec: &AttentionSpec,
+        latent: Option<&Arc<LayerLatent>>,
     ) -> Result<(Tensor, LayerError)> {
         let (heads, n, _) = q.dims3()?;
         let ctx = match self.mode.n_f() {
@@ -123,7 +125,7 @@ impl<'a> MethodHook<'a> {
         // (and a user's test of it) would depend on the thread count and scheduling.
         let per_head: Vec<(Tensor, [f64; 6], usize)> = (0..heads)
             .into_par_iter()
-            .map(|h| self.head(layer, h, n, (q, k, v), spec, ctx.as_ref()))
+            .map(|h| self.head(layer, h, n, (q, k, v), spec, (ctx.as_ref(), latent)))
             .collect::<Vec<Result<_>>>()
             .into_iter()
             .collect::<Result<_>>()?;
@@ -144,10 +146,10 @@ impl<'a> MethodHook<'a> {
         n: usize,
         (q, k, v): (&Tensor, &Tensor, &Tensor),
         spec: &AttentionSpec,
-        ctx: Option<&Arc<LayerContext>>,
+        (ctx, latent): (Option<&Arc<LayerContext>>, Option<&Arc<LayerLatent>>),
     ) -> Result<(Tensor, [f64; 6], usize)> {
         let m = self.method;
-        let lh = layer_head(q, k, v, h, spec, ctx)?;
+        let lh = layer_head(q, k, v, h, spec, ctx, latent)?;
         let head = &lh.head;
         let seed = TrialKey {
             seed: self.seed,
@@ -204,17 +206,43 @@ impl AttentionHook for MethodHook<'_> {
     ) -> Result<Tensor> {
         // A method the layer's spec is beyond is refused per head ([`HeadTarget::trial`]), and
         // by the face before any window runs (`end_to_end::refuse_unsupported`).
-        let (o, error) = self.layer(layer, q, k, v, spec)?;
+        let (o, error) = self.layer(layer, (q, k, v), spec, None)?;
+        self.errors.lock().expect("layer errors lock")[layer] = Some(error);
+        Ok(o)
+    }
+
+    fn attend_latent(
+        &self,
+        layer: usize,
+        q: &Tensor,
+        k: &Tensor,
+        v: &Tensor,
+        spec: &AttentionSpec,
+        latent: &Arc<LayerLatent>,
+    ) -> Result<Tensor> {
+        let (o, error) = self.layer(layer, (q, k, v), spec, Some(latent))?;
         self.errors.lock().expect("layer errors lock")[layer] = Some(error);
         Ok(o)
     }
 }
 
-/// The exact attention that keeps the post-RoPE Q, K, V of some layers (the exact run's inputs
-/// of the one-layer view, §10.1 "Summary columns").
+/// One layer's inputs as the exact run handed them to its hook.
+#[derive(Clone)]
+pub struct KeptLayer {
+    pub layer: usize,
+    /// Post-RoPE Q [H, n, p], K [H_kv, n, p], V [H_kv, n, p_v].
+    pub q: Tensor,
+    pub k: Tensor,
+    pub v: Tensor,
+    /// On an MLA layer its latent view (what a §8 cache there quantizes, §7.7.6).
+    pub latent: Option<Arc<LayerLatent>>,
+}
+
+/// The exact attention that keeps the post-RoPE Q, K, V (and, on MLA, the latent view) of some
+/// layers: the exact run's inputs of the one-layer view (§10.1 "Summary columns").
 pub struct RecordingExact {
     keep: Vec<usize>,
-    kept: Mutex<Vec<(usize, Tensor, Tensor, Tensor)>>,
+    kept: Mutex<Vec<KeptLayer>>,
 }
 
 impl RecordingExact {
@@ -224,11 +252,28 @@ impl RecordingExact {
             kept: Mutex::new(Vec::new()),
         }
     }
-    /// (layer, Q, K, V) of every kept layer, in layer order.
-    pub fn into_kept(self) -> Vec<(usize, Tensor, Tensor, Tensor)> {
+    /// Every kept layer, in layer order.
+    pub fn into_kept(self) -> Vec<KeptLayer> {
         let mut kept = self.kept.into_inner().expect("kept lock");
-        kept.sort_by_key(|k| k.0);
+        kept.sort_by_key(|k| k.layer);
         kept
+    }
+
+    fn record(
+        &self,
+        layer: usize,
+        (q, k, v): (&Tensor, &Tensor, &Tensor),
+        latent: Option<&Arc<LayerLatent>>,
+    ) {
+        if self.keep.contains(&layer) {
+            self.kept.lock().expect("kept lock").push(KeptLayer {
+                layer,
+                q: q.clone(),
+                k: k.clone(),
+                v: v.clone(),
+                latent: latent.cloned(),
+            });
+        }
     }
 }
 
@@ -241,12 +286,22 @@ impl AttentionHook for RecordingExact {
         v: &Tensor,
         spec: &AttentionSpec,
     ) -> Result<Tensor> {
-        if self.keep.contains(&layer) {
-            self.kept
-                .lock()
-                .expect("kept lock")
-                .push((layer, q.clone(), k.clone(), v.clone()));
-        }
+        self.record(layer, (q, k, v), None);
+        crate::models::ExactAttention.attend(layer, q, k, v, spec)
+    }
+
+    fn attend_latent(
+        &self,
+        layer: usize,
+        q: &Tensor,
+        k: &Tensor,
+        v: &Tensor,
+        spec: &AttentionSpec,
+        latent: &Arc<LayerLatent>,
+    ) -> Result<Tensor> {
+        // Kept with its latent: the one-layer view of a §8 cache must read the latent row, as
+        // the method run's layers do.
+        self.record(layer, (q, k, v), Some(latent));
         crate::models::ExactAttention.attend(layer, q, k, v, spec)
     }
 }

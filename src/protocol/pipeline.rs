@@ -13,6 +13,7 @@ use anyhow::Result;
 use candle_core::Tensor;
 
 use crate::attention::decode::{DecodeHead, LayerContext};
+use crate::attention::latent::{HeadLatent, LayerLatent};
 use crate::attention::{self, Approximation, AttentionSpec, HeadInputs, Mask, Method, Target};
 use crate::numerics::agreement::{self, Agreement};
 use crate::numerics::spectral::{self, ErrorNorms};
@@ -145,7 +146,9 @@ pub struct LayerHead {
 /// Query head `h` of a layer's [H, n, p] Q and [H_kv, n, p] K, V, under the layer's `spec`
 /// (its own sink: [`crate::attention::AttentionSpec::for_head`]), with the layer's
 /// decode context when the protocol is decode: grouped-query heads (docs/reference.md §7.1) read
-/// K/V head ⌊h·H_kv/H⌋.
+/// K/V head ⌊h·H_kv/H⌋. On an MLA layer `latent` is the layer's latent view, which the head
+/// carries for the §8 caches (§7.7.6: they quantize the latent row); the sweep and the
+/// end-to-end run's layers both attach it here, so a cache reads the same row in both.
 pub fn layer_head(
     q: &Tensor,
     k: &Tensor,
@@ -153,11 +156,19 @@ pub fn layer_head(
     h: usize,
     spec: &AttentionSpec,
     layer: Option<&Arc<LayerContext>>,
+    latent: Option<&Arc<LayerLatent>>,
 ) -> Result<LayerHead> {
     let kv_head = h * k.dim(0)? / q.dim(0)?;
     let head_spec = spec.for_head(h);
+    let mut head = HeadInputs::with_spec(q.get(h)?, k.get(kv_head)?, v.get(kv_head)?, head_spec)?;
+    if let Some(latent) = latent {
+        head = head.with_latent(HeadLatent {
+            layer: latent.clone(),
+            head: h,
+        })?;
+    }
     Ok(LayerHead {
-        head: HeadInputs::with_spec(q.get(h)?, k.get(kv_head)?, v.get(kv_head)?, head_spec)?,
+        head,
         kv_head,
         decode: layer.map(|layer| DecodeHead {
             head: h,

@@ -474,14 +474,7 @@ impl<'a> TrialContext<'a> {
         missing: &(dyn Fn(usize, &str, usize) -> bool + Sync),
     ) -> Result<Vec<TrialRow>> {
         let (cfg, n, w) = (self.cfg, self.n, self.window);
-        let mut lh = pipeline::layer_head(q, k, v, h, self.spec, layer)?;
-        if let Some(latent) = latent {
-            let head_latent = attention::latent::HeadLatent {
-                layer: latent.clone(),
-                head: h,
-            };
-            lh.head = lh.head.with_latent(head_latent)?;
-        }
+        let lh = pipeline::layer_head(q, k, v, h, self.spec, layer, latent.as_ref())?;
         let (head, kv_head) = (&lh.head, lh.kv_head);
         // The run's target in f64, once per head, before any method's clock starts; a sample of
         // its rows is checked against float64 first.
