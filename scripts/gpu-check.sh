@@ -115,8 +115,8 @@ log "8 end to end: SmolLM2-135M's shape initialized (its GGUF does not fit a cal
 E2E=(e2e --model initialized --model-dir $D/smollm2-shape --corpus $D/wikitext-2/wiki.test.raw --lengths 1024
      --windows 1 --n-f 256 --methods window,topk,streaming,snapkv,dec_window,kv_q4_0,dkv_q4_0 --features 64,256
      --positions --quiet)
-step e2e-cuda 120 $BIN "${E2E[@]}" --device cuda --out /tmp/e2e-cuda
-step e2e-cpu16 120 $BIN "${E2E[@]}" --device cpu --out /tmp/e2e-cpu
+step e2e-cuda 60 $BIN "${E2E[@]}" --device cuda --out /tmp/e2e-cuda
+step e2e-cpu16 45 $BIN "${E2E[@]}" --device cpu --out /tmp/e2e-cpu
 python3 scripts/gpu-compare-e2e.py /tmp/e2e-cpu /tmp/e2e-cuda >> "$LOG" 2>&1; echo "-- e2e compare: exit $?" >> "$LOG"
 tar czf "$OUT/e2e.tgz" -C /tmp e2e-cuda/e2e.csv e2e-cuda/e2e_positions.csv e2e-cuda/ids.txt \
   e2e-cpu/e2e.csv e2e-cpu/e2e_positions.csv
