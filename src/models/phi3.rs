@@ -12,8 +12,8 @@ use serde_json::{Map, Value};
 
 use super::family::{FamilyModel, FamilyShape, GgufValues, LayerDump, NamedTensors};
 use super::family_common::{
-    attend_checked, attention_out, check_logits_call, embed_ids, linear_rows, linear_weight,
-    lm_head_weight, lm_logits, ConfigFields, LoadedLayers,
+    attend_checked, attention_out, embed_ids, head_logits, linear_rows, linear_weight,
+    lm_head_weight, whole_head, ConfigFields, LoadedLayers,
 };
 use super::gguf::{f32_decimal, GgufFile};
 use super::llama::{
@@ -431,9 +431,13 @@ impl FamilyModel for Phi3 {
         hook: &dyn AttentionHook,
         rows: Range<usize>,
     ) -> Result<Tensor> {
-        let whole = self.head.is_some();
-        check_logits_call("phi3", whole, self.layers.len(), &rows, ids.len())?;
-        let head = self.head.as_ref().expect("checked whole");
+        let head = whole_head(
+            self.head.as_ref(),
+            "phi3",
+            self.layers.len(),
+            &rows,
+            ids.len(),
+        )?;
         let mut x = embed_ids(&self.embed, ids, dtype)?;
         let (inv, a, _) = self.cfg.rope.at(ids.len());
         let (cos, sin) = rope::cos_sin_of(&inv, ids.len(), a, dtype, self.embed.device())?;
@@ -441,12 +445,12 @@ impl FamilyModel for Phi3 {
             crate::interrupt::check()?;
             x = self.layer(&x, l, (&cos, &sin), hook)?;
         }
-        let x = rms_norm(
+        head_logits(
             &x.narrow(0, rows.start, rows.len())?,
-            &head.norm,
+            head,
+            &self.embed,
             self.cfg.eps,
-        )?;
-        lm_logits(&x, head.lm_head.as_ref(), &self.embed)
+        )
     }
 }
 
