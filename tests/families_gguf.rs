@@ -111,6 +111,47 @@ fn a_gpt_oss_gguf_dumps_the_same_layers_and_sinks_as_its_safetensors() {
     assert_eq!(sides[1]["sliding_window"], Value::Null);
 }
 
+/// gpt-oss as the hub ships it (fixtures/families/gpt_oss-mxfp4): its MXFP4 GGUF (ggml type 39,
+/// the converter's layout) and its MXFP4 checkpoint give the same end-to-end run through the CLI,
+/// every number of e2e.csv and e2e_layers.csv but the timing, so every layer's experts, the final
+/// norm and the LM head read the same on both routes.
+#[test]
+fn an_mxfp4_gpt_oss_gguf_runs_end_to_end_as_its_mxfp4_checkpoint() {
+    let tmp = tempfile::tempdir().unwrap();
+    let name = "gpt_oss-mxfp4";
+    let st = tmp.path().join("checkpoint");
+    std::fs::create_dir_all(&st).unwrap();
+    for f in ["config.json", "model.safetensors", "tokenizer.json"] {
+        std::fs::copy(family_fixture(name).join(f), st.join(f)).unwrap();
+    }
+    let gguf = gguf_dir(tmp.path(), name, None);
+    let corpus = family_fixture(name).join("corpus.txt");
+    let run = |dir: &Path, out: &str| {
+        let out = tmp.path().join(out);
+        let flags = format!(
+            "e2e --lengths 40 --windows 1 --n-f 8 --dtype f64 --quiet --methods window,topk --features 8,16 --out {}",
+            out.display()
+        );
+        let o = decoder_cli(dir, &corpus, &flags);
+        assert!(o.status.success(), "{}", stderr(&o));
+        ["e2e.csv", "e2e_layers.csv"].map(|f| {
+            let text = std::fs::read_to_string(out.join(f)).unwrap();
+            // Every column but a trailing `seconds` (the timing).
+            let timed = text.lines().next().unwrap().ends_with(",seconds");
+            text.lines()
+                .map(|l| match (timed, l.rsplit_once(',')) {
+                    (true, Some((head, _))) => head.to_string(),
+                    _ => l.to_string(),
+                })
+                .collect::<Vec<_>>()
+        })
+    };
+    let a = run(&st, "a");
+    let b = run(&gguf, "b");
+    assert_eq!(a[0].len(), 1 + 2 * 2, "one row per method and d");
+    assert_eq!(a, b);
+}
+
 #[test]
 fn bad_gpt_oss_gguf_metadata_is_a_usage_error_naming_the_key() {
     use candle_core::quantized::gguf_file::Value as V;

@@ -1,7 +1,7 @@
 //! Decoder weights from a GGUF file (llama.cpp's format; docs/reference.md §7.1 "Formats"): the config from
 //! its `{arch}.*` metadata, and the embeddings and layers 0..=L dequantized to f32 with
-//! candle-core's `quantized::gguf_file`, named back to Hugging Face's names so that the forward of
-//! `llama.rs` runs unchanged.
+//! candle-core's `quantized::gguf_file` (MXFP4, which candle lacks, by `gguf_table`), named back to
+//! Hugging Face's names so that the forward of `llama.rs` runs unchanged.
 //!
 //! **The RoPE order.** llama.cpp's converter (`convert_hf_to_gguf.py`, `LlamaModel.permute`)
 //! reorders the rows of `attn_q` and `attn_k` within each head, from Hugging Face's halves
@@ -14,8 +14,9 @@
 //! A `config.json` beside the GGUF (transformers' export) is not read: the metadata is what
 //! llama.cpp runs, and the two agree on SmolLM2 (tests/shared_data.rs checks it).
 
+use std::collections::HashMap;
 use std::fs::File;
-use std::io::BufReader;
+use std::io::{BufReader, Read, Seek, SeekFrom};
 use std::path::Path;
 
 use anyhow::Result;
@@ -25,13 +26,17 @@ use candle_core::{DType, Device, Tensor};
 use super::decoder_config::{
     DecoderConfig, DecoderFamily, RopeConfig, RopeScaling, SUPPORTED_ROPE_TYPES,
 };
+use super::gguf_table::{read_header, Header, Mxfp4Tensor};
 use super::llama::DecoderWeights;
 use super::weights::{build, Init, TensorSource};
+use crate::numerics::formats::mxfp4_decode_ggml;
 use crate::usage;
 
 /// An open GGUF file: its header (metadata and tensor table) and a reader for tensor data.
 pub struct GgufFile {
     content: Content,
+    /// The MXFP4 tensors (ggml type 39), which candle's `Content` cannot hold.
+    mxfp4: HashMap<String, Mxfp4Tensor>,
     reader: BufReader<File>,
     path: String,
 }
@@ -45,14 +50,8 @@ impl GgufFile {
         let shown = path.display().to_string();
         let file = File::open(path).map_err(|e| usage!("GGUF {shown}: cannot open it ({e})"))?;
         let mut reader = BufReader::new(file);
-        let content = Content::read(&mut reader).map_err(|e| {
-            let em = crate::tensor_util::candle_message(&e);
-            // ggml type 39 is MXFP4, gpt-oss's experts in the hub's GGUFs: a valid file that
-            // candle's reader does not know, not a corrupt one.
-            if em.contains("unknown dtype for tensor 39") {
-                return usage!("GGUF {shown}: it holds MXFP4 tensors (ggml type 39, gpt-oss's experts), which are not read yet; use the checkpoint's safetensors (its MXFP4 experts are read), or a GGUF converted without MXFP4");
-            }
-            usage!("GGUF {shown}: not a readable GGUF file ({em}); it may be truncated or corrupt: download it again")
+        let Header { content, mxfp4 } = read_header(&mut reader).map_err(|e| {
+            usage!("GGUF {shown}: not a readable GGUF file ({e}); it may be truncated or corrupt: download it again")
         })?;
         // A file cut short still parses (the header and tensor table come first), and the
         // tensors of the first layers may lie before the cut: every tensor's extent is checked
@@ -63,27 +62,37 @@ impl GgufFile {
         // In file order (the table is a hash map): the message names the first tensor cut off,
         // the same on every run. The sizes are checked arithmetic: a corrupt dimension (2^63)
         // must not wrap to a small size and pass.
-        let mut infos: Vec<_> = content.tensor_infos.iter().collect();
-        infos.sort_by_key(|(name, info)| (info.offset, name.as_str()));
-        for (name, info) in infos {
-            let dt = info.ggml_dtype;
-            let elems = info
-                .shape
-                .dims()
-                .iter()
-                .try_fold(1u64, |acc, &d| acc.checked_mul(d as u64));
-            let bytes = elems
-                .filter(|e| e % dt.block_size() as u64 == 0)
-                .and_then(|e| (e / dt.block_size() as u64).checked_mul(dt.type_size() as u64));
+        let mut extents: Vec<(u64, &str, Option<u64>, String)> = content
+            .tensor_infos
+            .iter()
+            .map(|(name, info)| {
+                let dt = info.ggml_dtype;
+                let elems = info
+                    .shape
+                    .dims()
+                    .iter()
+                    .try_fold(1u64, |acc, &d| acc.checked_mul(d as u64));
+                let bytes = elems
+                    .filter(|e| e % dt.block_size() as u64 == 0)
+                    .and_then(|e| (e / dt.block_size() as u64).checked_mul(dt.type_size() as u64));
+                let what = format!("{:?} of {dt:?}", info.shape.dims());
+                (info.offset, name.as_str(), bytes, what)
+            })
+            .chain(mxfp4.iter().map(|(name, t)| {
+                let what = format!("{:?} of MXFP4", t.dims);
+                (t.offset, name.as_str(), t.bytes(), what)
+            }))
+            .collect();
+        extents.sort_by_key(|(offset, name, ..)| (*offset, *name));
+        for (offset, name, bytes, what) in extents {
             let end = bytes.and_then(|b| {
                 (content.tensor_data_offset)
-                    .checked_add(info.offset)
+                    .checked_add(offset)
                     .and_then(|o| o.checked_add(b))
             });
             let Some(end) = end else {
                 return Err(usage!(
-                    "GGUF {shown}: tensor {name} declares dimensions {:?} of {dt:?}, which no file can hold; the file is corrupt: download it again",
-                    info.shape.dims()
+                    "GGUF {shown}: tensor {name} declares dimensions {what}, which no file can hold; the file is corrupt: download it again"
                 ));
             };
             if end > len {
@@ -94,6 +103,7 @@ impl GgufFile {
         }
         Ok(Self {
             content,
+            mxfp4,
             reader,
             path: shown,
         })
@@ -160,34 +170,62 @@ impl GgufFile {
 
     /// A tensor's dimensions (Hugging Face order), without reading it.
     pub(crate) fn tensor_dims(&self, name: &str) -> Option<Vec<usize>> {
-        self.content
-            .tensor_infos
-            .get(name)
+        let candle = self.content.tensor_infos.get(name);
+        candle
             .map(|i| i.shape.dims().to_vec())
+            .or_else(|| self.mxfp4.get(name).map(|t| t.dims.clone()))
     }
 
     pub(crate) fn has_tensor(&self, name: &str) -> bool {
-        self.content.tensor_infos.contains_key(name)
+        self.content.tensor_infos.contains_key(name) || self.mxfp4.contains_key(name)
     }
 
     /// A tensor dequantized to f32 on the CPU.
     pub(crate) fn dequantized(&mut self, name: &str) -> Result<Tensor> {
-        let q = self
-            .content
-            .tensor(&mut self.reader, name, &Device::Cpu)
-            .map_err(|e| {
-                let em = crate::tensor_util::candle_message(&e);
-                usage!(
-                    "GGUF {}: cannot read tensor '{name}' ({em}); the file may be truncated",
-                    self.path
-                )
-            })?;
-        let t = q.dequantize(&Device::Cpu)?.to_dtype(DType::F32)?;
+        let t = match self.mxfp4.get(name) {
+            Some(m) => self.mxfp4_tensor(name, &m.clone())?,
+            None => {
+                let q = self
+                    .content
+                    .tensor(&mut self.reader, name, &Device::Cpu)
+                    .map_err(|e| {
+                        let em = crate::tensor_util::candle_message(&e);
+                        usage!(
+                            "GGUF {}: cannot read tensor '{name}' ({em}); the file may be truncated",
+                            self.path
+                        )
+                    })?;
+                q.dequantize(&Device::Cpu)?.to_dtype(DType::F32)?
+            }
+        };
         // A NaN or ∞ scale (or value) would reach the exact target and be blamed on the device.
         crate::tensor_util::check_finite(&t, || {
             format!("GGUF {}: tensor '{name}' (dequantized)", self.path)
         })?;
         Ok(t)
+    }
+
+    /// An MXFP4 tensor decoded to f32 (its extent was checked at open).
+    fn mxfp4_tensor(&mut self, name: &str, t: &Mxfp4Tensor) -> Result<Tensor> {
+        let bytes = t.bytes().expect("checked at open") as usize;
+        let mut raw = vec![0u8; bytes];
+        let start = self.content.tensor_data_offset + t.offset;
+        self.reader
+            .seek(SeekFrom::Start(start))
+            .and_then(|_| self.reader.read_exact(&mut raw))
+            .map_err(|e| {
+                usage!(
+                    "GGUF {}: cannot read tensor '{name}' ({e}); the file may be truncated",
+                    self.path
+                )
+            })?;
+        let values = mxfp4_decode_ggml(&raw).map_err(|e| {
+            usage!(
+                "GGUF {}: tensor '{name}' (MXFP4): {e}; the file is corrupt: download it again",
+                self.path
+            )
+        })?;
+        Ok(Tensor::from_vec(values, t.dims.as_slice(), &Device::Cpu)?)
     }
 
     /// `general.architecture`.

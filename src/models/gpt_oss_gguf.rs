@@ -7,8 +7,8 @@
 //! `ffn_gate_exps` and `ffn_up_exps` [E, I, hidden] (and the bias into two [E, I]) and stores
 //! `down_proj` [E, I, hidden] as `ffn_down_exps` [E, hidden, I]; the names below put them back
 //! ([`GgufValues::Interleaved`], [`GgufValues::Transposed`]). Its MXFP4 experts (ggml type 39,
-//! what the hub's GGUFs hold) are refused when the file is opened: candle's GGUF reader has no
-//! such type. What the GGUF does not carry is taken as llama.cpp's loader takes it, each decision
+//! what the hub's GGUFs hold) are decoded by [`GgufFile`] to the same f32 values, so the names
+//! below serve both. What the GGUF does not carry is taken as llama.cpp's loader takes it, each decision
 //! at its line below.
 
 use anyhow::Result;

@@ -11,6 +11,9 @@ the bit in f32):
   ``phi3.rope.scaling.attn_factor``;
 * ``fixtures/families/gemma2/model.gguf`` (``Gemma2Model``) and ``gemma3/model.gguf`` (``Gemma3Model``);
 * ``fixtures/families/gpt_oss/model.gguf`` (``GptOssModel``, experts unquantized; see ``write_gpt_oss``);
+* ``fixtures/families/gpt_oss-mxfp4/``: gpt-oss as the hub ships it, experts in MXFP4, as a checkpoint
+  (``config.json``, ``model.safetensors``; ``write_gpt_oss_mxfp4_checkpoint``) and as its GGUF (ggml type 39,
+  the converter's ``repack_mxfp4``);
 * ``fixtures/families/deepseek_v2/model.gguf`` and ``deepseek_v3/model.gguf`` (``DeepseekV2Model``, arch
   ``deepseek2``). Not deepseek_v3-noqlora: its mscale (1.0) differs from its mscale_all_dim (0.8), and GGUF
   carries only the latter (``rope.scaling.yarn_log_multiplier``); llama.cpp runs such a file as if they were
@@ -241,9 +244,89 @@ def gpt_oss_tensors(name, t):
     return [(f"{blk}.{GPT_OSS_NAMES[stem]}.{suffix}", t)]
 
 
+def ggml_mxfp4(blocks, scales):
+    """The converter's ``repack_mxfp4``: a checkpoint's MXFP4 ``blocks`` [..., groups, 16] (value 2k in the low
+    nibble of byte k, 2k+1 in the high one) and ``scales`` [..., groups] as ggml's ``block_mxfp4`` rows
+    [..., groups·17]: the scale byte, then 16 bytes whose byte j holds value j (low) and value j + 16 (high)."""
+    codes = np.stack([blocks & 0x0F, blocks >> 4], axis=-1).reshape(blocks.shape[:-1] + (32,))
+    packed = codes[..., :16] | (codes[..., 16:] << 4)
+    rows = np.concatenate([scales[..., None], packed], axis=-1).astype(np.uint8)
+    return np.ascontiguousarray(rows.reshape(rows.shape[:-2] + (-1,)))
+
+
+def mxfp4_values(blocks, scales):
+    """A checkpoint's MXFP4 values in float64 (OCP: E2M1 codes times 2^(scale − 127)), [..., groups·32]."""
+    e2m1 = np.array([0, 0.5, 1, 1.5, 2, 3, 4, 6, -0.0, -0.5, -1, -1.5, -2, -3, -4, -6])
+    codes = np.stack([blocks & 0x0F, blocks >> 4], axis=-1).reshape(blocks.shape[:-1] + (32,))
+    v = e2m1[codes] * np.ldexp(1.0, scales.astype(np.int64) - 127)[..., None]
+    return v.reshape(v.shape[:-2] + (-1,))
+
+
+def gpt_oss_mxfp4_tensors(name, blocks, scales):
+    """The converter's MXFP4 experts (``GptOssModel.generate_extra_tensors``): gate_up's rows split even (gate)
+    and odd (up), down as stored; each repacked by ``ggml_mxfp4``. gguf-py's own MXFP4 dequantizer must read
+    back the checkpoint's values (checked here, so the fixture is right by llama.cpp's reading)."""
+    import gguf
+
+    _, _, layer, rest = name.split(".", 3)
+    blk = f"blk.{layer}"
+    if rest == "mlp.experts.down_proj_blocks":
+        parts = [(f"{blk}.ffn_down_exps.weight", blocks, scales)]
+    else:
+        assert rest == "mlp.experts.gate_up_proj_blocks", name
+        parts = [
+            (f"{blk}.ffn_gate_exps.weight", blocks[:, ::2], scales[:, ::2]),
+            (f"{blk}.ffn_up_exps.weight", blocks[:, 1::2], scales[:, 1::2]),
+        ]
+    out = []
+    for g, b, sc in parts:
+        raw = ggml_mxfp4(b, sc)
+        back = gguf.quants.dequantize(raw, gguf.GGMLQuantizationType.MXFP4)
+        assert np.array_equal(back, mxfp4_values(b, sc)), g
+        out.append((g, raw))
+    return out
+
+
+def write_gpt_oss_mxfp4_checkpoint(out_dir):
+    """gpt-oss with its experts in MXFP4, as the hub's checkpoints hold them: ``{x}_blocks`` [E, rows, cols/32,
+    16] uint8 and ``{x}_scales`` [E, rows, cols/32] E8M0, rows the output features (gate_up's interleaved gate
+    and up), and ``quantization_config`` ``mxfp4``. The gpt_oss fixture's other tensors, with intermediate_size
+    32 (MXFP4 blocks down_proj's 32 inputs); codes uniform and scales 2^−6..2^−3, biases N(0, 0.3²), from
+    numpy's seeded PCG64. No transformers reference: the tool's GGUF route is checked against this checkpoint
+    (bit for bit), and the checkpoint's decoder against transformers' layout (``quantized_weights`` tests)."""
+    from safetensors.numpy import load_file, save_file
+
+    src = os.path.join(FIXTURES, "gpt_oss")
+    cfg = json.load(open(os.path.join(src, "config.json")))
+    cfg["intermediate_size"] = 32
+    cfg["quantization_config"] = {"modules_to_not_convert": ["model.layers.*.self_attn", "model.layers.*.mlp.router", "model.embed_tokens", "lm_head"], "quant_method": "mxfp4"}
+    os.makedirs(out_dir, exist_ok=True)
+    with open(os.path.join(out_dir, "config.json"), "w") as f:
+        json.dump(cfg, f, indent=2, sort_keys=True)
+        f.write("\n")
+    for name in ["tokenizer.json", "corpus.txt"]:
+        with open(os.path.join(src, name), "rb") as a, open(os.path.join(out_dir, name), "wb") as b:
+            b.write(a.read())
+    rng = np.random.Generator(np.random.PCG64(20261207))
+    e, hidden, inter = cfg["num_local_experts"], cfg["hidden_size"], cfg["intermediate_size"]
+    tensors = {}
+    for name, t in sorted(load_file(os.path.join(src, "model.safetensors")).items()):
+        if ".mlp.experts." not in name:
+            tensors[name] = t
+            continue
+        if not name.endswith("gate_up_proj"):
+            continue
+        x = name.rsplit(".", 1)[0]
+        for proj, rows, cols in [("gate_up_proj", 2 * inter, hidden), ("down_proj", hidden, inter)]:
+            tensors[f"{x}.{proj}_blocks"] = rng.integers(0, 256, (e, rows, cols // 32, 16), dtype=np.uint8)
+            tensors[f"{x}.{proj}_scales"] = rng.integers(121, 125, (e, rows, cols // 32), dtype=np.uint8)
+            tensors[f"{x}.{proj}_bias"] = (rng.standard_normal((e, rows)) * 0.3).astype(np.float32)
+    save_file(tensors, os.path.join(out_dir, "model.safetensors"))
+
+
 def write_gpt_oss(fixture_dir, out_path):
-    """``GptOssModel`` of the converter on a checkpoint whose experts are not MXFP4 (its "not in MXFP4" path;
-    the hub's MXFP4 experts would be repacked as ggml MXFP4, which the tool does not read): the base
+    """``GptOssModel`` of the converter: experts not in MXFP4 take its "not in MXFP4" path, MXFP4 experts are
+    repacked as ggml MXFP4 (``gpt_oss_mxfp4_tensors``); the base
     ``TextModel`` metadata (sizes, head counts, key/value length, expert counts, yarn rope), then
     ``attention.sliding_window`` and ``expert_feed_forward_length``."""
     import gguf
@@ -274,6 +357,13 @@ def write_gpt_oss(fixture_dir, out_path):
     w.add_expert_feed_forward_length(cfg["intermediate_size"])
     tensors = load_file(os.path.join(fixture_dir, "model.safetensors"))
     for name in sorted(tensors):
+        if name.endswith("_scales"):
+            continue
+        if name.endswith("_blocks"):
+            scales = tensors[name.removesuffix("_blocks") + "_scales"]
+            for g, raw in gpt_oss_mxfp4_tensors(name, tensors[name], scales):
+                w.add_tensor(g, raw, raw_dtype=gguf.GGMLQuantizationType.MXFP4)
+            continue
         for g, t in gpt_oss_tensors(name, tensors[name].astype(np.float32)):
             w.add_tensor(g, np.ascontiguousarray(t))
     w.write_header_to_file()
@@ -409,15 +499,27 @@ WRITERS = {
     "gemma2": write_gemma,
     "gemma3": write_gemma,
     "gpt_oss": write_gpt_oss,
+    "gpt_oss-mxfp4": write_gpt_oss,
     "deepseek_v2": write_deepseek,
     "deepseek_v3": write_deepseek,
 }
+
+
+CHECKPOINTS = {"gpt_oss-mxfp4": write_gpt_oss_mxfp4_checkpoint}
 
 
 def main():
     check = "--check" in sys.argv
     with tempfile.TemporaryDirectory() as tmp:
         bad = []
+        for name, write in CHECKPOINTS.items():
+            target = os.path.join(FIXTURES, name)
+            out = os.path.join(tmp, name) if check else target
+            write(out)
+            for f in sorted(os.listdir(out)):
+                if check and not filecmp.cmp(os.path.join(out, f), os.path.join(target, f), shallow=False):
+                    bad.append(f"{name}/{f}")
+            print(f"{name}: {'checked' if check else 'wrote'} the checkpoint in {os.path.relpath(target, ROOT)}")
         for name, write in WRITERS.items():
             fixture_dir = os.path.join(FIXTURES, name)
             target = os.path.join(fixture_dir, "model.gguf")

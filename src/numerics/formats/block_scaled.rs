@@ -52,6 +52,33 @@ pub fn mxfp4_decode(blocks: &[u8], scales: &[u8]) -> Result<Vec<f32>, BadScale> 
     Ok(out)
 }
 
+/// ggml's MXFP4 blocks (`block_mxfp4`, what llama.cpp's converter writes for gpt-oss's experts):
+/// 17 bytes per block of 32 values, the E8M0 scale first, then 16 bytes whose byte j holds value j
+/// in its low nibble and value j + 16 in its high one. The converter only reorders the
+/// checkpoint's nibbles, so the values are [`mxfp4_decode`]'s, bit for bit. Two decisions where
+/// ggml's reading differs from the format: its table has +0 for code 8 (E2M1's −0; a signed zero
+/// changes no sum of products), and it reads scale 255 as 2^128 where OCP says NaN: refused, as on
+/// the safetensors route.
+pub fn mxfp4_decode_ggml(blocks: &[u8]) -> Result<Vec<f32>, BadScale> {
+    const BYTES: usize = MXFP4_BLOCK / 2 + 1;
+    assert_eq!(blocks.len() % BYTES, 0, "17 bytes per ggml MXFP4 block");
+    let mut out = vec![0f32; blocks.len() / BYTES * MXFP4_BLOCK];
+    for (index, (block, values)) in blocks
+        .chunks_exact(BYTES)
+        .zip(out.chunks_exact_mut(MXFP4_BLOCK))
+        .enumerate()
+    {
+        let code = block[0];
+        let scale = e8m0_value(code).ok_or(BadScale { index, code })?;
+        let (low, high) = values.split_at_mut(MXFP4_BLOCK / 2);
+        for (j, &b) in block[1..].iter().enumerate() {
+            low[j] = (e2m1_value(b) * scale) as f32;
+            high[j] = (e2m1_value(b >> 4) * scale) as f32;
+        }
+    }
+    Ok(out)
+}
+
 /// A FP8 E4M3 matrix [rows, cols] (`codes`, row-major) times its block scales `scale_inv`
 /// [⌈rows/block⌉, ⌈cols/block⌉] (row-major): w_ij = e4m3(code_ij)·scale_inv[i/block, j/block],
 /// rounded once to f32 (the product of a 4-bit and a 24-bit significand is exact in f64). A NaN
@@ -141,6 +168,58 @@ mod tests {
             &[0.0, 0.0, 0.00390625, 0.0, 0.0078125, 0.0, 0.01171875, 0.0]
         );
         assert_eq!(&out[46..50], &[1536.0, -1536.0, -0.0, -1536.0]);
+    }
+
+    #[test]
+    fn ggml_mxfp4_blocks_by_hand() {
+        // Block 0, scale 2^(125−127): byte 1 (first element byte) 0x72 → value 0 low nibble 2
+        // (1.0 · 1/4), value 16 high nibble 7 (6.0 · 1/4). Block 1, scale 2^3: last byte 0x9B →
+        // value 15 = −1.5 · 8, value 31 = −0.5 · 8.
+        let mut blocks = vec![0u8; 34];
+        blocks[0] = 125;
+        blocks[1] = 0x72;
+        blocks[17] = 130;
+        blocks[33] = 0x9B;
+        let out = mxfp4_decode_ggml(&blocks).unwrap();
+        assert_eq!(out.len(), 64);
+        assert_eq!((out[0], out[16]), (0.25, 1.5));
+        assert_eq!((out[32 + 15], out[32 + 31]), (-12.0, -4.0));
+        let others = (0..64).filter(|i| ![0, 16, 47, 63].contains(i));
+        assert!(others.into_iter().all(|i| out[i] == 0.0));
+        blocks[17] = 255;
+        assert_eq!(
+            mxfp4_decode_ggml(&blocks),
+            Err(BadScale {
+                index: 1,
+                code: 255
+            })
+        );
+    }
+
+    /// llama.cpp's converter (`GptOssModel.transform_nibble_layout`) moves value 2k, 2k+1 of the
+    /// checkpoint's byte k to the ggml layout, and puts the scale in front: every code of a
+    /// seeded block set decodes to the checkpoint decoder's value, bit for bit.
+    #[test]
+    fn ggml_layout_decodes_to_the_checkpoint_values() {
+        let mut state = 0x9e3779b97f4a7c15u64;
+        let mut next = || {
+            state = state
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            (state >> 33) as u8
+        };
+        let blocks: Vec<u8> = (0..16 * 5).map(|_| next()).collect();
+        let scales: Vec<u8> = (0..5).map(|_| 110 + next() % 30).collect();
+        let mut ggml = Vec::new();
+        for (bytes, &scale) in blocks.chunks_exact(16).zip(&scales) {
+            let code = |v: usize| (bytes[v / 2] >> (4 * (v % 2))) & 0x0f;
+            ggml.push(scale);
+            ggml.extend((0..16).map(|j| code(j) | (code(j + 16) << 4)));
+        }
+        let want = mxfp4_decode(&blocks, &scales).unwrap();
+        let got = mxfp4_decode_ggml(&ggml).unwrap();
+        let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+        assert_eq!(bits(&got), bits(&want));
     }
 
     #[test]

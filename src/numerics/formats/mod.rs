@@ -17,7 +17,8 @@ mod groups;
 mod tests;
 
 pub use block_scaled::{
-    e2m1_value, e8m0_value, fp8_block_dequantize, mxfp4_decode, BadScale, MXFP4_BLOCK,
+    e2m1_value, e8m0_value, fp8_block_dequantize, mxfp4_decode, mxfp4_decode_ggml, BadScale,
+    MXFP4_BLOCK,
 };
 pub use float::{
     bf16_bits, bf16_from_bits, e4m3_bits, e4m3_from_bits, f16_bits, f16_from_bits, round_bf16,
