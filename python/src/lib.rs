@@ -129,6 +129,16 @@ impl SpecKeywords {
             .map_err(err)?;
         Ok(spec)
     }
+
+    /// One head's inputs under these keywords (p from Q's second axis).
+    fn head(
+        &self,
+        q: &Bound<'_, PyAny>,
+        k: &Bound<'_, PyAny>,
+        v: &Bound<'_, PyAny>,
+    ) -> PyResult<HeadInputs> {
+        head(q, k, v, self.spec(head_dim(q)?)?)
+    }
 }
 
 /// p, the head size of Q (and K), from the array's second axis.
@@ -172,14 +182,14 @@ fn exact<'py>(
             "the kernelized target has no causal form (docs/reference.md §7.2)",
         ));
     }
-    let kw = SpecKeywords {
+    let h = SpecKeywords {
         mask,
         scale,
         softcap,
         window,
         sink,
-    };
-    let h = head(q, k, v, kw.spec(head_dim(q)?)?)?;
+    }
+    .head(q, k, v)?;
     if target == Target::Kernelized && !h.spec.features(h.p(), h.n()).is_plain() {
         return Err(PyValueError::new_err(
             "the kernelized target has no form under a scale, soft-cap, window or sink (docs/reference.md §7.7)",
@@ -258,14 +268,14 @@ fn approximate<'py>(
             "{method}: d = 0, but its budget d must be at least 1 (only the quantized family, docs/reference.md §8, runs at d = 0)"
         )));
     }
-    let kw = SpecKeywords {
+    let h = SpecKeywords {
         mask,
         scale,
         softcap,
         window,
         sink,
-    };
-    let h = head(q, k, v, kw.spec(head_dim(q)?)?)?;
+    }
+    .head(q, k, v)?;
     m.check(h.n(), d)
         .map_err(|e| PyValueError::new_err(format!("{method} at n = {}, d = {d}: {e}", h.n())))?;
     // The sweep's own choice of inputs: the head, or its rescaled form for a method that reads
