@@ -7,6 +7,7 @@
 //! (measured: 43 % of an e2e run's samples in gemm's microkernel, SmolLM2, n = 1024); at
 //! n_f = n/4 this leaves a quarter of them for a decode point.
 
+use std::ops::Range;
 use std::sync::{Arc, Mutex};
 
 use anyhow::{ensure, Result};
@@ -28,6 +29,37 @@ pub struct PromptCache {
 impl PromptCache {
     pub fn n_p(&self) -> usize {
         self.n_p
+    }
+
+    /// Checks a continuation-only forward's call: one cached layer per layer of the model, a
+    /// continuation after the prompt, and `rows` inside it.
+    pub(super) fn check_call(&self, layers: usize, n: usize, rows: &Range<usize>) -> Result<()> {
+        ensure!(
+            self.layers.len() == layers
+                && self.n_p < n
+                && rows.start >= self.n_p
+                && rows.end <= n
+                && !rows.is_empty(),
+            "continuation_logits: a prompt of {} rows over {} layers, rows {rows:?} of {n} over {layers} layers",
+            self.n_p,
+            self.layers.len()
+        );
+        Ok(())
+    }
+
+    /// Layer `l`'s Q, K, V on the whole window: its cached prompt rows, then the continuation's
+    /// rows `(q, k, v)`.
+    pub(super) fn whole_window(
+        &self,
+        l: usize,
+        (q, k, v): (&Tensor, &Tensor, &Tensor),
+    ) -> Result<(Tensor, Tensor, Tensor)> {
+        let (qp, kp, vp) = &self.layers[l];
+        Ok((
+            Tensor::cat(&[qp, q], 1)?,
+            Tensor::cat(&[kp, k], 1)?,
+            Tensor::cat(&[vp, v], 1)?,
+        ))
     }
 }
 
@@ -78,7 +110,8 @@ impl AttentionHook for PromptRecorder<'_> {
     }
 
     /// The inner hook is handed the latent too (a recorder must not change what the run
-    /// measures); the continuation-only forward is the Llama-style decoders', which have none.
+    /// measures); the continuation-only forwards are those of layers without one (the
+    /// Llama-style decoders and the §7.7 families but MLA).
     fn attend_latent(
         &self,
         layer: usize,
@@ -114,32 +147,22 @@ pub fn continuation_logits(
     dtype: DType,
     hook: &dyn AttentionHook,
     prompt: &PromptCache,
-    rows: std::ops::Range<usize>,
+    rows: Range<usize>,
 ) -> Result<Tensor> {
     let (n, n_p) = (ids.len(), prompt.n_p);
     let head = weights
         .head
         .as_ref()
         .ok_or_else(|| anyhow::anyhow!("the logits need the whole model (models::Depth::Whole)"))?;
-    ensure!(
-        prompt.layers.len() == weights.layers.len()
-            && n_p < n
-            && rows.start >= n_p
-            && rows.end <= n
-            && !rows.is_empty(),
-        "continuation_logits: a prompt of {n_p} rows over {} layers, rows {rows:?} of {n}",
-        prompt.layers.len()
-    );
+    prompt.check_call(weights.layers.len(), n, &rows)?;
     let n_f = n - n_p;
     let (x, (cos, sin)) = embed(weights, cfg, ids, dtype)?;
     let mut x = x.narrow(0, n_p, n_f)?;
     let (cos, sin) = (cos.narrow(0, n_p, n_f)?, sin.narrow(0, n_p, n_f)?);
-    for (l, (qp, kp, vp)) in prompt.layers.iter().enumerate() {
+    for l in 0..weights.layers.len() {
         crate::interrupt::check()?;
         let (qc, kc, vc) = layer_qkv(&x, &weights.layers[l], cfg, &cos, &sin)?;
-        let q = Tensor::cat(&[qp, &qc], 1)?;
-        let k = Tensor::cat(&[kp, &kc], 1)?;
-        let v = Tensor::cat(&[vp, &vc], 1)?;
+        let (q, k, v) = prompt.whole_window(l, (&qc, &kc, &vc))?;
         let o = attend_checked(hook, l, cfg, &q, &k, &v)?;
         x = layer_output(&x, &o.narrow(1, n_p, n_f)?, l, weights, cfg)?;
     }

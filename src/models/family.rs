@@ -17,6 +17,7 @@ use candle_core::safetensors::MmapedSafetensors;
 use candle_core::{DType, Device, Tensor};
 use serde_json::{Map, Value};
 
+use super::continuation::PromptCache;
 use super::gguf::GgufFile;
 use super::llama::AttentionHook;
 use super::weights::Depth;
@@ -95,6 +96,24 @@ pub trait FamilyModel: Send + Sync {
             self.model_type(),
             super::SUPPORTED_FAMILIES
         ))
+    }
+    /// Whether [`Self::continuation_logits`] is there.
+    fn has_continuation(&self) -> bool {
+        false
+    }
+    /// Decode mode's continuation-only forward (docs/reference.md §10.1 [REC], as
+    /// [`super::continuation_logits`] for the Llama-style decoders): the logits of `rows` (in
+    /// n_p..n) with every layer's prompt rows from `prompt`; None where the family has none.
+    fn continuation_logits(
+        &self,
+        ids: &[u32],
+        dtype: DType,
+        hook: &dyn AttentionHook,
+        prompt: &PromptCache,
+        rows: Range<usize>,
+    ) -> Option<Result<Tensor>> {
+        let _ = (ids, dtype, hook, prompt, rows);
+        None
     }
 }
 

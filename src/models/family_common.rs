@@ -10,6 +10,7 @@ use anyhow::Result;
 use candle_core::{DType, Tensor};
 use serde_json::Value;
 
+use super::continuation::PromptCache;
 use super::family::NamedTensors;
 use super::llama::{linear, rms_norm, AttentionHook, Linear, OutputHead};
 use super::weights::Depth;
@@ -319,6 +320,32 @@ pub(super) fn head_logits(
     eps: f64,
 ) -> Result<Tensor> {
     lm_logits(&rms_norm(x, &head.norm, eps)?, head.lm_head.as_ref(), embed)
+}
+
+/// The continuation-only forward's layers (docs/reference.md §10.1 [REC]) for a family whose
+/// layer splits at its attention: `x` holds the continuation rows' X⁰ [n_f, hidden] (rows
+/// n_p..n), `qkv(x, l)` gives layer l's post-RoPE Q, K, V of those rows at their positions, and
+/// `finish(x, o, l)` the layer's output rows from their attention rows O [H, n_f, p_v]. Each
+/// layer's attention goes through `hook` on the whole window, the prompt's rows from `prompt`
+/// (the exact run's), under the layer's own spec. Returns the last layer's output rows.
+pub(super) fn continuation_layers(
+    prompt: &PromptCache,
+    hook: &dyn AttentionHook,
+    mut x: Tensor,
+    layers: usize,
+    spec: impl Fn(usize) -> AttentionSpec,
+    qkv: impl Fn(&Tensor, usize) -> Result<(Tensor, Tensor, Tensor)>,
+    finish: impl Fn(&Tensor, &Tensor, usize) -> Result<Tensor>,
+) -> Result<Tensor> {
+    let (n_p, n_f) = (prompt.n_p(), x.dim(0)?);
+    for l in 0..layers {
+        crate::interrupt::check()?;
+        let (qc, kc, vc) = qkv(&x, l)?;
+        let (q, k, v) = prompt.whole_window(l, (&qc, &kc, &vc))?;
+        let o = attend_checked(hook, l, &q, &k, &v, &spec(l))?;
+        x = finish(&x, &o.narrow(1, n_p, n_f)?, l)?;
+    }
+    Ok(x)
 }
 
 /// Layer `l`'s attention through `hook`: O [H, n, p_v] (Q's heads and rows, V's width; p_v ≠

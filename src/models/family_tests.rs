@@ -388,3 +388,64 @@ pub(crate) fn check_fixture_logits(
     }
     measured
 }
+
+/// Decode mode's continuation-only forward (docs/reference.md §10.1 [REC]) of every family that
+/// has one, on each route: with the exact run's prompt rows (a PromptRecorder over the full
+/// forward) and exact attention, the continuation rows' logits are the full forward's (1e-12
+/// relative in f64, 1e-5 in f32; the products differ only in their row blocking). Every layer's
+/// hook sees the whole window, prompt and continuation, under the layer's own spec; a hook
+/// answering zeros moves the logits (the forward uses the caller's hook); rows before the
+/// continuation are refused. DeepSeek's MLA layers have none (their hook reads the latent).
+#[test]
+fn the_continuation_forward_gives_the_full_forwards_rows() {
+    use crate::models::PromptRecorder;
+    let exact = |_: usize, q: &Tensor, k: &Tensor, v: &Tensor, s: &AttentionSpec| {
+        exact_attention(q, k, v, s).unwrap()
+    };
+    for name in ["gemma2", "gemma3", "phi3", "phi3-longrope", "gpt_oss"] {
+        let (ids, _) = fixture_logits(name);
+        let (n, n_p) = (ids.len(), ids.len() - 8);
+        for (route, model) in whole_models(name) {
+            let what = format!("{name} ({route})");
+            assert!(model.has_continuation(), "{what}");
+            let shape = model.shape();
+            for (dtype, bound) in [(DType::F64, 1e-12), (DType::F32, 1e-5)] {
+                let recorder = PromptRecorder::new(&ExactAttention, n_p, shape.layers);
+                let full = model
+                    .forward_logits(&ids, dtype, &recorder, n_p..n)
+                    .unwrap();
+                let prompt = recorder.into_cache().unwrap();
+                let hook = Recording::new(exact);
+                let got = model
+                    .continuation_logits(&ids, dtype, &hook, &prompt, n_p..n)
+                    .expect("has one")
+                    .unwrap();
+                let e = rel(&got, &full);
+                assert!(e <= bound, "{what} {dtype:?}: {e:e}");
+                let calls = hook.calls.into_inner().unwrap();
+                assert_eq!(calls.len(), shape.layers, "{what}");
+                for (l, spec, [q, k, _]) in &calls {
+                    assert_eq!(*spec, model.attention_spec(*l), "{what}: layer {l}");
+                    assert_eq!(q[1], n, "{what}: layer {l}'s Q rows");
+                    assert_eq!(k[1], n, "{what}: layer {l}'s K rows");
+                }
+                let zeros = Recording::new(
+                    |_: usize, q: &Tensor, _: &Tensor, v: &Tensor, _: &AttentionSpec| {
+                        let (h, n, _) = q.dims3().unwrap();
+                        Tensor::zeros((h, n, v.dim(2).unwrap()), q.dtype(), q.device()).unwrap()
+                    },
+                );
+                let moved = model
+                    .continuation_logits(&ids, dtype, &zeros, &prompt, n_p..n)
+                    .unwrap()
+                    .unwrap();
+                assert!(rel(&moved, &full) > 1e-3, "{what}: zeros changed nothing");
+                let early = model.continuation_logits(&ids, dtype, &ExactAttention, &prompt, 1..n);
+                assert!(early.unwrap().is_err(), "{what}: a prompt row was accepted");
+            }
+        }
+    }
+    for (_, model) in whole_models("deepseek_v3") {
+        assert!(!model.has_continuation());
+    }
+}

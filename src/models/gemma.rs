@@ -11,11 +11,12 @@ use anyhow::Result;
 use candle_core::{DType, Tensor};
 use serde_json::{json, Map, Value};
 
+use super::continuation::PromptCache;
 use super::decoder_config::{rope_config, RopeConfig, RopeScaling};
 use super::family::{FamilyModel, FamilyShape, LayerDump, NamedTensors};
 use super::family_common::{
-    attend_checked, attention_out, check_logits_call, embed_ids, linear_weight, lm_head_weight,
-    lm_logits, ConfigFields, LoadedLayers,
+    attend_checked, attention_out, check_logits_call, continuation_layers, embed_ids,
+    linear_weight, lm_head_weight, lm_logits, ConfigFields, LoadedLayers,
 };
 use super::llama::{
     linear, rms_norm, row_chunks, split_heads, AttentionHook, ExactAttention, Linear,
@@ -437,14 +438,20 @@ impl Gemma {
         tables: &Tables,
         hook: &dyn AttentionHook,
     ) -> Result<Tensor> {
-        let (cfg, lw) = (&self.cfg, &self.layers[l]);
-        let rest = lw
+        let (q, k, v) = self.qkv(x, l, tables)?;
+        let o = attend_checked(hook, l, &q, &k, &v, &self.cfg.spec(l))?;
+        self.finish(x, &o, l)
+    }
+
+    /// Layer `l`'s output rows from their input X [m, hidden] and attention O [H, m, p]: o_proj
+    /// and the four-norm residuals with the MLP.
+    fn finish(&self, x: &Tensor, o: &Tensor, l: usize) -> Result<Tensor> {
+        let cfg = &self.cfg;
+        let rest = self.layers[l]
             .rest
             .as_ref()
             .expect("layers before L carry o_proj and the MLP");
-        let (q, k, v) = self.qkv(x, l, tables)?;
-        let o = attend_checked(hook, l, &q, &k, &v, &cfg.spec(l))?;
-        let attn = attention_out(&o, &rest.o)?;
+        let attn = attention_out(o, &rest.o)?;
         let x = (x + gemma_norm(&attn, &rest.post_attn_norm, cfg.eps)?)?;
         let outs = row_chunks(x.dim(0)?, x.device(), |s, rows| {
             let xs = x.narrow(0, s, rows)?;
@@ -525,11 +532,51 @@ impl FamilyModel for Gemma {
             crate::interrupt::check()?;
             x = self.layer(&x, l, &tables, hook)?;
         }
-        let x = gemma_norm(
-            &x.narrow(0, rows.start, rows.len())?,
-            &head.norm,
-            self.cfg.eps,
-        )?;
+        self.logits(&x.narrow(0, rows.start, rows.len())?, head)
+    }
+
+    fn has_continuation(&self) -> bool {
+        true
+    }
+
+    fn continuation_logits(
+        &self,
+        ids: &[u32],
+        dtype: DType,
+        hook: &dyn AttentionHook,
+        prompt: &PromptCache,
+        rows: Range<usize>,
+    ) -> Option<Result<Tensor>> {
+        Some((|| {
+            let (n, layers) = (ids.len(), self.layers.len());
+            check_logits_call(self.model_type(), self.head.is_some(), layers, &rows, n)?;
+            prompt.check_call(layers, n, &rows)?;
+            let head = self.head.as_ref().expect("checked whole");
+            let (n_p, n_f) = (prompt.n_p(), n - prompt.n_p());
+            let (x, tables) = self.embed(ids, dtype)?;
+            let rows_of = |(c, s): &(Tensor, Tensor)| -> Result<(Tensor, Tensor)> {
+                Ok((c.narrow(0, n_p, n_f)?, s.narrow(0, n_p, n_f)?))
+            };
+            let tables = [rows_of(&tables[0])?, rows_of(&tables[1])?];
+            let x = continuation_layers(
+                prompt,
+                hook,
+                x.narrow(0, n_p, n_f)?,
+                layers,
+                |l| self.cfg.spec(l),
+                |x, l| self.qkv(x, l, &tables),
+                |x, o, l| self.finish(x, o, l),
+            )?;
+            self.logits(&x.narrow(0, rows.start - n_p, rows.len())?, head)
+        })())
+    }
+}
+
+impl Gemma {
+    /// The rows X [m, hidden] through the final (1 + w) norm, the LM head and gemma2's final
+    /// logit cap.
+    fn logits(&self, x: &Tensor, head: &GemmaHead) -> Result<Tensor> {
+        let x = gemma_norm(x, &head.norm, self.cfg.eps)?;
         let logits = lm_logits(&x, head.lm_head.as_ref(), &self.embed)?;
         match head.final_softcap {
             Some(c) => Ok(((logits / c)?.tanh()? * c)?),

@@ -9,10 +9,11 @@ use anyhow::Result;
 use candle_core::{DType, Tensor};
 use serde_json::{Map, Value};
 
+use super::continuation::PromptCache;
 use super::family::{FamilyModel, FamilyShape, LayerDump, NamedTensors};
 use super::family_common::{
-    attend_checked, embed_ids, head_logits, load_output_head, merge_heads, whole_head,
-    ConfigFields, LoadedLayers,
+    attend_checked, continuation_layers, embed_ids, head_logits, load_output_head, merge_heads,
+    whole_head, ConfigFields, LoadedLayers,
 };
 use super::llama::{
     linear, rms_norm, split_heads, AttentionHook, ExactAttention, Linear, OutputHead,
@@ -289,13 +290,19 @@ impl GptOss {
         rope_t: &(Tensor, Tensor),
         hook: &dyn AttentionHook,
     ) -> Result<Tensor> {
+        let (q, k, v) = self.qkv(x, l, rope_t)?;
+        let o = attend_checked(hook, l, &q, &k, &v, &self.attention_spec(l))?;
+        self.finish(x, &o, l)
+    }
+
+    /// Layer `l`'s output rows from their input X [m, hidden] and attention O [H, m, p]: o_proj,
+    /// the residual and the MoE.
+    fn finish(&self, x: &Tensor, o: &Tensor, l: usize) -> Result<Tensor> {
         let rest = self.layers[l]
             .rest
             .as_ref()
             .expect("layers before L carry o_proj and the MoE");
-        let (q, k, v) = self.qkv(x, l, rope_t)?;
-        let o = attend_checked(hook, l, &q, &k, &v, &self.attention_spec(l))?;
-        let x = (x + linear(&merge_heads(&o)?, &rest.o)?)?;
+        let x = (x + linear(&merge_heads(o)?, &rest.o)?)?;
         let h = rms_norm(&x, &rest.post_norm, self.cfg.eps)?;
         Ok((&x + self.moe(&h, rest)?)?)
     }
@@ -430,6 +437,44 @@ impl FamilyModel for GptOss {
             &self.embed,
             self.cfg.eps,
         )
+    }
+
+    fn has_continuation(&self) -> bool {
+        true
+    }
+
+    fn continuation_logits(
+        &self,
+        ids: &[u32],
+        dtype: DType,
+        hook: &dyn AttentionHook,
+        prompt: &PromptCache,
+        rows: Range<usize>,
+    ) -> Option<Result<Tensor>> {
+        Some((|| {
+            let (n, layers) = (ids.len(), self.layers.len());
+            let head = whole_head(self.head.as_ref(), "gpt_oss", layers, &rows, n)?;
+            prompt.check_call(layers, n, &rows)?;
+            let (n_p, n_f) = (prompt.n_p(), n - prompt.n_p());
+            let x = embed_ids(&self.embed, ids, dtype)?.narrow(0, n_p, n_f)?;
+            let (cos, sin) = self.cfg.rope.cos_sin(n, dtype, self.embed.device())?;
+            let rope_t = (cos.narrow(0, n_p, n_f)?, sin.narrow(0, n_p, n_f)?);
+            let x = continuation_layers(
+                prompt,
+                hook,
+                x,
+                layers,
+                |l| self.attention_spec(l),
+                |x, l| self.qkv(x, l, &rope_t),
+                |x, o, l| self.finish(x, o, l),
+            )?;
+            head_logits(
+                &x.narrow(0, rows.start - n_p, rows.len())?,
+                head,
+                &self.embed,
+                self.cfg.eps,
+            )
+        })())
     }
 }
 

@@ -10,10 +10,11 @@ use anyhow::Result;
 use candle_core::{DType, Tensor};
 use serde_json::{Map, Value};
 
+use super::continuation::PromptCache;
 use super::family::{FamilyModel, FamilyShape, GgufValues, LayerDump, NamedTensors};
 use super::family_common::{
-    attend_checked, attention_out, embed_ids, head_logits, linear_rows, linear_weight,
-    lm_head_weight, whole_head, ConfigFields, LoadedLayers,
+    attend_checked, attention_out, continuation_layers, embed_ids, head_logits, linear_rows,
+    linear_weight, lm_head_weight, whole_head, ConfigFields, LoadedLayers,
 };
 use super::gguf::{f32_decimal, GgufFile};
 use super::llama::{
@@ -357,14 +358,20 @@ impl Phi3 {
         (cos, sin): (&Tensor, &Tensor),
         hook: &dyn AttentionHook,
     ) -> Result<Tensor> {
-        let (cfg, lw) = (&self.cfg, &self.layers[l]);
-        let rest = lw
+        let (q, k, v) = self.qkv(x, l, cos, sin)?;
+        let o = attend_checked(hook, l, &q, &k, &v, &self.cfg.spec())?;
+        self.finish(x, &o, l)
+    }
+
+    /// Layer `l`'s output rows from their input X [m, hidden] and attention O [H, m, p]: o_proj,
+    /// the residual and the MLP.
+    fn finish(&self, x: &Tensor, o: &Tensor, l: usize) -> Result<Tensor> {
+        let cfg = &self.cfg;
+        let rest = self.layers[l]
             .rest
             .as_ref()
             .expect("layers before L carry o_proj and the MLP");
-        let (q, k, v) = self.qkv(x, l, cos, sin)?;
-        let o = attend_checked(hook, l, &q, &k, &v, &cfg.spec())?;
-        let x = (x + attention_out(&o, &rest.o)?)?;
+        let x = (x + attention_out(o, &rest.o)?)?;
         let outs = row_chunks(x.dim(0)?, x.device(), |s, rows| {
             let xs = x.narrow(0, s, rows)?;
             let h = rms_norm(&xs, &rest.post_norm, cfg.eps)?;
@@ -451,6 +458,46 @@ impl FamilyModel for Phi3 {
             &self.embed,
             self.cfg.eps,
         )
+    }
+
+    fn has_continuation(&self) -> bool {
+        true
+    }
+
+    /// Longrope's factors are the whole window's n, as in the full forward.
+    fn continuation_logits(
+        &self,
+        ids: &[u32],
+        dtype: DType,
+        hook: &dyn AttentionHook,
+        prompt: &PromptCache,
+        rows: Range<usize>,
+    ) -> Option<Result<Tensor>> {
+        Some((|| {
+            let (n, layers) = (ids.len(), self.layers.len());
+            let head = whole_head(self.head.as_ref(), "phi3", layers, &rows, n)?;
+            prompt.check_call(layers, n, &rows)?;
+            let (n_p, n_f) = (prompt.n_p(), n - prompt.n_p());
+            let x = embed_ids(&self.embed, ids, dtype)?.narrow(0, n_p, n_f)?;
+            let (inv, a, _) = self.cfg.rope.at(n);
+            let (cos, sin) = rope::cos_sin_of(&inv, n, a, dtype, self.embed.device())?;
+            let (cos, sin) = (cos.narrow(0, n_p, n_f)?, sin.narrow(0, n_p, n_f)?);
+            let x = continuation_layers(
+                prompt,
+                hook,
+                x,
+                layers,
+                |_| self.cfg.spec(),
+                |x, l| self.qkv(x, l, &cos, &sin),
+                |x, o, l| self.finish(x, o, l),
+            )?;
+            head_logits(
+                &x.narrow(0, rows.start - n_p, rows.len())?,
+                head,
+                &self.embed,
+                self.cfg.eps,
+            )
+        })())
     }
 }
 

@@ -144,4 +144,17 @@ impl WholeDecoder for FamilyDecoder<'_> {
     ) -> Result<Tensor> {
         self.0.forward_logits(ids, dtype, hook, rows)
     }
+    fn has_continuation(&self) -> bool {
+        self.0.has_continuation()
+    }
+    fn continuation_logits(
+        &self,
+        ids: &[u32],
+        dtype: DType,
+        hook: &dyn AttentionHook,
+        prompt: &PromptCache,
+        rows: Range<usize>,
+    ) -> Option<Result<Tensor>> {
+        self.0.continuation_logits(ids, dtype, hook, prompt, rows)
+    }
 }
