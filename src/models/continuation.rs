@@ -20,10 +20,20 @@ use super::llama::{
 use crate::attention::latent::LayerLatent;
 use crate::attention::spec::AttentionSpec;
 
-/// Every layer's post-RoPE Q [H, n_p, p], K and V [H_kv, n_p, p] on the prompt rows 0..n_p.
+/// Every layer's post-RoPE Q [H, n_p, p], K and V [H_kv, n_p, p] on the prompt rows 0..n_p,
+/// and on an MLA layer the latent rows [n_p, r + d_R] its hook was handed.
 pub struct PromptCache {
     n_p: usize,
-    layers: Vec<(Tensor, Tensor, Tensor)>,
+    layers: Vec<PromptLayer>,
+}
+
+/// One layer's prompt rows.
+#[derive(Clone)]
+struct PromptLayer {
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    latent: Option<Tensor>,
 }
 
 impl PromptCache {
@@ -54,12 +64,29 @@ impl PromptCache {
         l: usize,
         (q, k, v): (&Tensor, &Tensor, &Tensor),
     ) -> Result<(Tensor, Tensor, Tensor)> {
-        let (qp, kp, vp) = &self.layers[l];
+        let p = &self.layers[l];
         Ok((
-            Tensor::cat(&[qp, q], 1)?,
-            Tensor::cat(&[kp, k], 1)?,
-            Tensor::cat(&[vp, v], 1)?,
+            Tensor::cat(&[&p.q, q], 1)?,
+            Tensor::cat(&[&p.k, k], 1)?,
+            Tensor::cat(&[&p.v, v], 1)?,
         ))
+    }
+
+    /// Layer `l`'s latent view on the whole window (MLA): its cached prompt rows, then the
+    /// continuation's `rows` [n_f, r + d_R], with W_kvb `w_kv_b`.
+    pub(super) fn whole_latent(
+        &self,
+        l: usize,
+        rows: &Tensor,
+        w_kv_b: Tensor,
+    ) -> Result<Arc<LayerLatent>> {
+        let prompt = self.layers[l].latent.as_ref().ok_or_else(|| {
+            anyhow::anyhow!("layer {l}'s prompt latent was not kept (its hook had no latent)")
+        })?;
+        Ok(Arc::new(LayerLatent::new(
+            Tensor::cat(&[prompt, rows], 0)?,
+            w_kv_b,
+        )?))
     }
 }
 
@@ -67,7 +94,7 @@ impl PromptCache {
 pub struct PromptRecorder<'a> {
     inner: &'a dyn AttentionHook,
     n_p: usize,
-    kept: Mutex<Vec<Option<(Tensor, Tensor, Tensor)>>>,
+    kept: Mutex<Vec<Option<PromptLayer>>>,
 }
 
 impl<'a> PromptRecorder<'a> {
@@ -105,13 +132,12 @@ impl AttentionHook for PromptRecorder<'_> {
         v: &Tensor,
         spec: &AttentionSpec,
     ) -> Result<Tensor> {
-        self.keep(layer, q, k, v)?;
+        self.keep(layer, (q, k, v), None)?;
         self.inner.attend(layer, q, k, v, spec)
     }
 
     /// The inner hook is handed the latent too (a recorder must not change what the run
-    /// measures); the continuation-only forwards are those of layers without one (the
-    /// Llama-style decoders and the §7.7 families but MLA).
+    /// measures), and its prompt rows are kept with Q, K, V.
     fn attend_latent(
         &self,
         layer: usize,
@@ -121,17 +147,28 @@ impl AttentionHook for PromptRecorder<'_> {
         spec: &AttentionSpec,
         latent: &Arc<LayerLatent>,
     ) -> Result<Tensor> {
-        self.keep(layer, q, k, v)?;
+        self.keep(layer, (q, k, v), Some(&latent.latent))?;
         self.inner.attend_latent(layer, q, k, v, spec, latent)
     }
 }
 
 impl PromptRecorder<'_> {
-    /// Keeps layer `layer`'s prompt rows of Q, K, V.
-    fn keep(&self, layer: usize, q: &Tensor, k: &Tensor, v: &Tensor) -> Result<()> {
+    /// Keeps layer `layer`'s prompt rows of Q, K, V and of its latent rows where given.
+    fn keep(
+        &self,
+        layer: usize,
+        (q, k, v): (&Tensor, &Tensor, &Tensor),
+        latent: Option<&Tensor>,
+    ) -> Result<()> {
         // Copied out (contiguous), so that the cache holds n_p rows, not the window's storage.
-        let rows = |t: &Tensor| -> Result<Tensor> { Ok(t.narrow(1, 0, self.n_p)?.contiguous()?) };
-        let kept = (rows(q)?, rows(k)?, rows(v)?);
+        let rows =
+            |t: &Tensor, axis| -> Result<Tensor> { Ok(t.narrow(axis, 0, self.n_p)?.contiguous()?) };
+        let kept = PromptLayer {
+            q: rows(q, 1)?,
+            k: rows(k, 1)?,
+            v: rows(v, 1)?,
+            latent: latent.map(|t| rows(t, 0)).transpose()?,
+        };
         self.kept.lock().expect("prompt lock")[layer] = Some(kept);
         Ok(())
     }

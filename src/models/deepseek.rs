@@ -12,10 +12,11 @@ use anyhow::Result;
 use candle_core::{DType, Tensor};
 use serde_json::Value;
 
+use super::continuation::PromptCache;
 use super::family::{FamilyModel, FamilyShape, LayerDump, NamedTensors};
 use super::family_common::{
-    attend_checked_with, embed_ids, head_logits, load_output_head, merge_heads, whole_head,
-    ConfigFields, LoadedLayers,
+    attend_checked_with, continuation_layers, embed_ids, head_logits, load_output_head,
+    merge_heads, whole_head, ConfigFields, LoadedLayers, RowsAttentionInputs,
 };
 use super::llama::{linear, rms_norm, AttentionHook, ExactAttention, Linear, OutputHead};
 use super::mla::{load_linear, MlaDims, MlaWeights, RopeLayout};
@@ -199,27 +200,44 @@ impl Deepseek {
         rope_t: &(Tensor, Tensor),
         hook: &dyn AttentionHook,
     ) -> Result<Tensor> {
-        let lw = &self.layers[l];
-        let rest = lw
-            .rest
-            .as_ref()
-            .expect("layers before L carry o_proj and the MLP");
-        let h = rms_norm(x, &lw.input_norm, self.cfg.eps)?;
-        let m = lw.attn.forward(&h, &self.cfg.mla, &rope_t.0, &rope_t.1)?;
+        let (q, k, v, latent) = self.attention_inputs(x, l, rope_t)?;
         // The latent view (what layer_dump writes as kv_latent and w_kv_b): a §8 cache on this
         // layer quantizes the latent row, the materialised K/V being what nobody caches.
-        let latent = Arc::new(LayerLatent::new(
-            m.latent,
-            lw.attn.w_kv_b(&self.cfg.mla, h.dtype())?,
-        )?);
+        let (rows, w_kv_b) = latent.expect("MLA has a latent");
+        let latent = Arc::new(LayerLatent::new(rows, w_kv_b)?);
         let o = attend_checked_with(
             hook,
             l,
-            (&m.q, &m.k, &m.v),
+            (&q, &k, &v),
             &self.attention_spec(l),
             Some(&latent),
         )?;
-        let x = (x + linear(&merge_heads(&o)?, &rest.o)?)?;
+        self.finish(x, &o, l)
+    }
+
+    /// Layer `l`'s materialised Q, K, V of the rows X [m, hidden] at the positions of the RoPE
+    /// tables, and their latent rows with W_kvb.
+    fn attention_inputs(
+        &self,
+        x: &Tensor,
+        l: usize,
+        rope_t: &(Tensor, Tensor),
+    ) -> Result<RowsAttentionInputs> {
+        let lw = &self.layers[l];
+        let h = rms_norm(x, &lw.input_norm, self.cfg.eps)?;
+        let m = lw.attn.forward(&h, &self.cfg.mla, &rope_t.0, &rope_t.1)?;
+        let w_kv_b = lw.attn.w_kv_b(&self.cfg.mla, h.dtype())?;
+        Ok((m.q, m.k, m.v, Some((m.latent, w_kv_b))))
+    }
+
+    /// Layer `l`'s output rows from their input X [m, hidden] and attention O [H, m, p_v]:
+    /// o_proj, the residual and the dense or MoE MLP.
+    fn finish(&self, x: &Tensor, o: &Tensor, l: usize) -> Result<Tensor> {
+        let rest = self.layers[l]
+            .rest
+            .as_ref()
+            .expect("layers before L carry o_proj and the MLP");
+        let x = (x + linear(&merge_heads(o)?, &rest.o)?)?;
         let h = rms_norm(&x, &rest.post_norm, self.cfg.eps)?;
         let y = match &rest.mlp {
             Mlp::Dense(mlp) => mlp.forward(&h)?,
@@ -341,6 +359,46 @@ impl FamilyModel for Deepseek {
             &self.embed,
             self.cfg.eps,
         )
+    }
+
+    fn has_continuation(&self) -> bool {
+        true
+    }
+
+    /// Each layer's hook is handed the whole window's latent: the exact run's prompt rows, then
+    /// the continuation's.
+    fn continuation_logits(
+        &self,
+        ids: &[u32],
+        dtype: DType,
+        hook: &dyn AttentionHook,
+        prompt: &PromptCache,
+        rows: Range<usize>,
+    ) -> Option<Result<Tensor>> {
+        Some((|| {
+            let (n, layers) = (ids.len(), self.layers.len());
+            let head = whole_head(self.head.as_ref(), self.model_type(), layers, &rows, n)?;
+            prompt.check_call(layers, n, &rows)?;
+            let (n_p, n_f) = (prompt.n_p(), n - prompt.n_p());
+            let x = embed_ids(&self.embed, ids, dtype)?.narrow(0, n_p, n_f)?;
+            let (cos, sin) = self.cfg.rope.cos_sin(n, dtype, self.embed.device())?;
+            let rope_t = (cos.narrow(0, n_p, n_f)?, sin.narrow(0, n_p, n_f)?);
+            let x = continuation_layers(
+                prompt,
+                hook,
+                x,
+                layers,
+                |l| self.attention_spec(l),
+                |x, l| self.attention_inputs(x, l, &rope_t),
+                |x, o, l| self.finish(x, o, l),
+            )?;
+            head_logits(
+                &x.narrow(0, rows.start - n_p, rows.len())?,
+                head,
+                &self.embed,
+                self.cfg.eps,
+            )
+        })())
     }
 }
 

@@ -322,27 +322,36 @@ pub(super) fn head_logits(
     lm_logits(&rms_norm(x, &head.norm, eps)?, head.lm_head.as_ref(), embed)
 }
 
+/// A layer's post-RoPE Q, K, V of some rows, and on MLA those rows' latent [m, r + d_R] with the
+/// layer's W_kvb (what its hook is handed, [`attend_checked_with`]).
+pub(super) type RowsAttentionInputs = (Tensor, Tensor, Tensor, Option<(Tensor, Tensor)>);
+
 /// The continuation-only forward's layers (docs/reference.md §10.1 [REC]) for a family whose
 /// layer splits at its attention: `x` holds the continuation rows' X⁰ [n_f, hidden] (rows
-/// n_p..n), `qkv(x, l)` gives layer l's post-RoPE Q, K, V of those rows at their positions, and
-/// `finish(x, o, l)` the layer's output rows from their attention rows O [H, n_f, p_v]. Each
-/// layer's attention goes through `hook` on the whole window, the prompt's rows from `prompt`
-/// (the exact run's), under the layer's own spec. Returns the last layer's output rows.
+/// n_p..n), `inputs(x, l)` gives layer l's attention inputs of those rows at their positions,
+/// and `finish(x, o, l)` the layer's output rows from their attention rows O [H, n_f, p_v]. Each
+/// layer's attention goes through `hook` on the whole window, the prompt's rows (and latent
+/// rows) from `prompt` (the exact run's), under the layer's own spec. Returns the last layer's
+/// output rows.
 pub(super) fn continuation_layers(
     prompt: &PromptCache,
     hook: &dyn AttentionHook,
     mut x: Tensor,
     layers: usize,
     spec: impl Fn(usize) -> AttentionSpec,
-    qkv: impl Fn(&Tensor, usize) -> Result<(Tensor, Tensor, Tensor)>,
+    inputs: impl Fn(&Tensor, usize) -> Result<RowsAttentionInputs>,
     finish: impl Fn(&Tensor, &Tensor, usize) -> Result<Tensor>,
 ) -> Result<Tensor> {
     let (n_p, n_f) = (prompt.n_p(), x.dim(0)?);
     for l in 0..layers {
         crate::interrupt::check()?;
-        let (qc, kc, vc) = qkv(&x, l)?;
-        let (q, k, v) = prompt.whole_window(l, (&qc, &kc, &vc))?;
-        let o = attend_checked(hook, l, &q, &k, &v, &spec(l))?;
+        let (qc, kc, vc, latent) = inputs(&x, l)?;
+        let qkv = prompt.whole_window(l, (&qc, &kc, &vc))?;
+        let latent = latent
+            .map(|(rows, w_kv_b)| prompt.whole_latent(l, &rows, w_kv_b))
+            .transpose()?;
+        let qkv = (&qkv.0, &qkv.1, &qkv.2);
+        let o = attend_checked_with(hook, l, qkv, &spec(l), latent.as_ref())?;
         x = finish(&x, &o.narrow(1, n_p, n_f)?, l)?;
     }
     Ok(x)

@@ -395,14 +395,17 @@ pub(crate) fn check_fixture_logits(
 /// relative in f64, 1e-5 in f32; the products differ only in their row blocking). Every layer's
 /// hook sees the whole window, prompt and continuation, under the layer's own spec; a hook
 /// answering zeros moves the logits (the forward uses the caller's hook); rows before the
-/// continuation are refused. DeepSeek's MLA layers have none (their hook reads the latent).
+/// continuation are refused. On MLA (DeepSeek) the hook is handed the whole window's latent,
+/// the prompt's rows the exact run's.
 #[test]
 fn the_continuation_forward_gives_the_full_forwards_rows() {
     use crate::models::PromptRecorder;
     let exact = |_: usize, q: &Tensor, k: &Tensor, v: &Tensor, s: &AttentionSpec| {
         exact_attention(q, k, v, s).unwrap()
     };
-    for name in ["gemma2", "gemma3", "phi3", "phi3-longrope", "gpt_oss"] {
+    let names = ["gemma2", "gemma3", "phi3", "phi3-longrope", "gpt_oss"];
+    let mla = ["deepseek_v2", "deepseek_v3", "deepseek_v3-noqlora"];
+    for name in names.into_iter().chain(mla) {
         let (ids, _) = fixture_logits(name);
         let (n, n_p) = (ids.len(), ids.len() - 8);
         for (route, model) in whole_models(name) {
@@ -442,10 +445,61 @@ fn the_continuation_forward_gives_the_full_forwards_rows() {
                 assert!(rel(&moved, &full) > 1e-3, "{what}: zeros changed nothing");
                 let early = model.continuation_logits(&ids, dtype, &ExactAttention, &prompt, 1..n);
                 assert!(early.unwrap().is_err(), "{what}: a prompt row was accepted");
+                if model.is_mla() {
+                    // The latent each layer's hook is handed: the full forward's, every row.
+                    let (full, cont) = (Latents::default(), Latents::default());
+                    let recorder = PromptRecorder::new(&full, n_p, shape.layers);
+                    model
+                        .forward_logits(&ids, dtype, &recorder, n_p..n)
+                        .unwrap();
+                    let prompt = recorder.into_cache().unwrap();
+                    model
+                        .continuation_logits(&ids, dtype, &cont, &prompt, n_p..n)
+                        .unwrap()
+                        .unwrap();
+                    let (full, cont) = (full.0.into_inner().unwrap(), cont.0.into_inner().unwrap());
+                    assert_eq!(full.len(), shape.layers, "{what}");
+                    assert_eq!(cont.len(), shape.layers, "{what}");
+                    for (l, (a, b)) in full.iter().zip(&cont).enumerate() {
+                        assert_eq!(a.0.dims(), b.0.dims(), "{what}: layer {l}'s latent");
+                        let e = rel(&b.0, &a.0).max(rel(&b.1, &a.1));
+                        assert!(e <= bound, "{what}: layer {l}'s latent off by {e:e}");
+                    }
+                }
             }
         }
     }
-    for (_, model) in whole_models("deepseek_v3") {
-        assert!(!model.has_continuation());
+}
+
+/// A hook that keeps the latent view (rows and W_kvb) each MLA layer is handed, answering with
+/// exact attention.
+#[derive(Default)]
+struct Latents(Mutex<Vec<(Tensor, Tensor)>>);
+
+impl AttentionHook for Latents {
+    fn attend(
+        &self,
+        _: usize,
+        q: &Tensor,
+        k: &Tensor,
+        v: &Tensor,
+        spec: &AttentionSpec,
+    ) -> Result<Tensor> {
+        exact_attention(q, k, v, spec)
+    }
+
+    fn attend_latent(
+        &self,
+        layer: usize,
+        q: &Tensor,
+        k: &Tensor,
+        v: &Tensor,
+        spec: &AttentionSpec,
+        latent: &std::sync::Arc<crate::attention::latent::LayerLatent>,
+    ) -> Result<Tensor> {
+        let mut kept = self.0.lock().unwrap();
+        assert_eq!(kept.len(), layer, "one call per layer, in order");
+        kept.push((latent.latent.clone(), latent.w_kv_b.clone()));
+        exact_attention(q, k, v, spec)
     }
 }

@@ -564,7 +564,10 @@ impl FamilyModel for Gemma {
                 x.narrow(0, n_p, n_f)?,
                 layers,
                 |l| self.cfg.spec(l),
-                |x, l| self.qkv(x, l, &tables),
+                |x, l| {
+                    let (q, k, v) = self.qkv(x, l, &tables)?;
+                    Ok((q, k, v, None))
+                },
                 |x, o, l| self.finish(x, o, l),
             )?;
             self.logits(&x.narrow(0, rows.start - n_p, rows.len())?, head)

@@ -465,7 +465,10 @@ impl FamilyModel for GptOss {
                 x,
                 layers,
                 |l| self.attention_spec(l),
-                |x, l| self.qkv(x, l, &rope_t),
+                |x, l| {
+                    let (q, k, v) = self.qkv(x, l, &rope_t)?;
+                    Ok((q, k, v, None))
+                },
                 |x, o, l| self.finish(x, o, l),
             )?;
             head_logits(

@@ -488,7 +488,10 @@ impl FamilyModel for Phi3 {
                 x,
                 layers,
                 |_| self.cfg.spec(),
-                |x, l| self.qkv(x, l, &cos, &sin),
+                |x, l| {
+                    let (q, k, v) = self.qkv(x, l, &cos, &sin)?;
+                    Ok((q, k, v, None))
+                },
                 |x, o, l| self.finish(x, o, l),
             )?;
             head_logits(
