@@ -322,6 +322,47 @@ pub(super) fn head_logits(
     lm_logits(&rms_norm(x, &head.norm, eps)?, head.lm_head.as_ref(), embed)
 }
 
+/// One call of a family's continuation-only forward (docs/reference.md §10.1 [REC]), checked: a
+/// whole model, a prompt cache of its layers, and `rows` inside the continuation n_p..n.
+pub(super) struct ContinuationCall<'a, H> {
+    /// The model's final norm and LM head.
+    pub head: &'a H,
+    n_p: usize,
+    n_f: usize,
+    rows: Range<usize>,
+}
+
+impl<'a, H> ContinuationCall<'a, H> {
+    pub fn new(
+        head: Option<&'a H>,
+        model_type: &str,
+        layers: usize,
+        prompt: &PromptCache,
+        n: usize,
+        rows: &Range<usize>,
+    ) -> Result<Self> {
+        check_logits_call(model_type, head.is_some(), layers, rows, n)?;
+        prompt.check_call(layers, n, rows)?;
+        let head = head.expect("checked: loaded whole");
+        Ok(Self {
+            head,
+            n_p: prompt.n_p(),
+            n_f: n - prompt.n_p(),
+            rows: rows.clone(),
+        })
+    }
+
+    /// The continuation's rows n_p..n of a whole-window tensor's first axis (X⁰, a RoPE table).
+    pub fn rows_of(&self, t: &Tensor) -> Result<Tensor> {
+        Ok(t.narrow(0, self.n_p, self.n_f)?)
+    }
+
+    /// The scored rows among the continuation's output rows X [n_f, hidden].
+    pub fn scored(&self, x: &Tensor) -> Result<Tensor> {
+        Ok(x.narrow(0, self.rows.start - self.n_p, self.rows.len())?)
+    }
+}
+
 /// A layer's post-RoPE Q, K, V of some rows, and on MLA those rows' latent [m, r + d_R] with the
 /// layer's W_kvb (what its hook is handed, [`attend_checked_with`]).
 pub(super) type RowsAttentionInputs = (Tensor, Tensor, Tensor, Option<(Tensor, Tensor)>);

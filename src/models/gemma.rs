@@ -16,7 +16,7 @@ use super::decoder_config::{rope_config, RopeConfig, RopeScaling};
 use super::family::{FamilyModel, FamilyShape, LayerDump, NamedTensors};
 use super::family_common::{
     attend_checked, attention_out, check_logits_call, continuation_layers, embed_ids,
-    linear_weight, lm_head_weight, lm_logits, ConfigFields, LoadedLayers,
+    linear_weight, lm_head_weight, lm_logits, ConfigFields, ContinuationCall, LoadedLayers,
 };
 use super::llama::{
     linear, rms_norm, row_chunks, split_heads, AttentionHook, ExactAttention, Linear,
@@ -549,19 +549,17 @@ impl FamilyModel for Gemma {
     ) -> Option<Result<Tensor>> {
         Some((|| {
             let (n, layers) = (ids.len(), self.layers.len());
-            check_logits_call(self.model_type(), self.head.is_some(), layers, &rows, n)?;
-            prompt.check_call(layers, n, &rows)?;
-            let head = self.head.as_ref().expect("checked whole");
-            let (n_p, n_f) = (prompt.n_p(), n - prompt.n_p());
+            let (head, name) = (self.head.as_ref(), self.model_type());
+            let call = ContinuationCall::new(head, name, layers, prompt, n, &rows)?;
             let (x, tables) = self.embed(ids, dtype)?;
             let rows_of = |(c, s): &(Tensor, Tensor)| -> Result<(Tensor, Tensor)> {
-                Ok((c.narrow(0, n_p, n_f)?, s.narrow(0, n_p, n_f)?))
+                Ok((call.rows_of(c)?, call.rows_of(s)?))
             };
             let tables = [rows_of(&tables[0])?, rows_of(&tables[1])?];
             let x = continuation_layers(
                 prompt,
                 hook,
-                x.narrow(0, n_p, n_f)?,
+                call.rows_of(&x)?,
                 layers,
                 |l| self.cfg.spec(l),
                 |x, l| {
@@ -570,7 +568,7 @@ impl FamilyModel for Gemma {
                 },
                 |x, o, l| self.finish(x, o, l),
             )?;
-            self.logits(&x.narrow(0, rows.start - n_p, rows.len())?, head)
+            self.logits(&call.scored(&x)?, call.head)
         })())
     }
 }

@@ -13,7 +13,7 @@ use super::continuation::PromptCache;
 use super::family::{FamilyModel, FamilyShape, LayerDump, NamedTensors};
 use super::family_common::{
     attend_checked, continuation_layers, embed_ids, head_logits, load_output_head, merge_heads,
-    whole_head, ConfigFields, LoadedLayers,
+    whole_head, ConfigFields, ContinuationCall, LoadedLayers,
 };
 use super::llama::{
     linear, rms_norm, split_heads, AttentionHook, ExactAttention, Linear, OutputHead,
@@ -453,12 +453,11 @@ impl FamilyModel for GptOss {
     ) -> Option<Result<Tensor>> {
         Some((|| {
             let (n, layers) = (ids.len(), self.layers.len());
-            let head = whole_head(self.head.as_ref(), "gpt_oss", layers, &rows, n)?;
-            prompt.check_call(layers, n, &rows)?;
-            let (n_p, n_f) = (prompt.n_p(), n - prompt.n_p());
-            let x = embed_ids(&self.embed, ids, dtype)?.narrow(0, n_p, n_f)?;
+            let head = self.head.as_ref();
+            let call = ContinuationCall::new(head, "gpt_oss", layers, prompt, n, &rows)?;
+            let x = call.rows_of(&embed_ids(&self.embed, ids, dtype)?)?;
             let (cos, sin) = self.cfg.rope.cos_sin(n, dtype, self.embed.device())?;
-            let rope_t = (cos.narrow(0, n_p, n_f)?, sin.narrow(0, n_p, n_f)?);
+            let rope_t = (call.rows_of(&cos)?, call.rows_of(&sin)?);
             let x = continuation_layers(
                 prompt,
                 hook,
@@ -471,12 +470,7 @@ impl FamilyModel for GptOss {
                 },
                 |x, o, l| self.finish(x, o, l),
             )?;
-            head_logits(
-                &x.narrow(0, rows.start - n_p, rows.len())?,
-                head,
-                &self.embed,
-                self.cfg.eps,
-            )
+            head_logits(&call.scored(&x)?, call.head, &self.embed, self.cfg.eps)
         })())
     }
 }

@@ -14,7 +14,7 @@ use super::continuation::PromptCache;
 use super::family::{FamilyModel, FamilyShape, GgufValues, LayerDump, NamedTensors};
 use super::family_common::{
     attend_checked, attention_out, continuation_layers, embed_ids, head_logits, linear_rows,
-    linear_weight, lm_head_weight, whole_head, ConfigFields, LoadedLayers,
+    linear_weight, lm_head_weight, whole_head, ConfigFields, ContinuationCall, LoadedLayers,
 };
 use super::gguf::{f32_decimal, GgufFile};
 use super::llama::{
@@ -475,13 +475,11 @@ impl FamilyModel for Phi3 {
     ) -> Option<Result<Tensor>> {
         Some((|| {
             let (n, layers) = (ids.len(), self.layers.len());
-            let head = whole_head(self.head.as_ref(), "phi3", layers, &rows, n)?;
-            prompt.check_call(layers, n, &rows)?;
-            let (n_p, n_f) = (prompt.n_p(), n - prompt.n_p());
-            let x = embed_ids(&self.embed, ids, dtype)?.narrow(0, n_p, n_f)?;
+            let call = ContinuationCall::new(self.head.as_ref(), "phi3", layers, prompt, n, &rows)?;
+            let x = call.rows_of(&embed_ids(&self.embed, ids, dtype)?)?;
             let (inv, a, _) = self.cfg.rope.at(n);
             let (cos, sin) = rope::cos_sin_of(&inv, n, a, dtype, self.embed.device())?;
-            let (cos, sin) = (cos.narrow(0, n_p, n_f)?, sin.narrow(0, n_p, n_f)?);
+            let (cos, sin) = (call.rows_of(&cos)?, call.rows_of(&sin)?);
             let x = continuation_layers(
                 prompt,
                 hook,
@@ -494,12 +492,7 @@ impl FamilyModel for Phi3 {
                 },
                 |x, o, l| self.finish(x, o, l),
             )?;
-            head_logits(
-                &x.narrow(0, rows.start - n_p, rows.len())?,
-                head,
-                &self.embed,
-                self.cfg.eps,
-            )
+            head_logits(&call.scored(&x)?, call.head, &self.embed, self.cfg.eps)
         })())
     }
 }
