@@ -111,21 +111,22 @@ fn a_gpt_oss_gguf_dumps_the_same_layers_and_sinks_as_its_safetensors() {
     assert_eq!(sides[1]["sliding_window"], Value::Null);
 }
 
-/// gpt-oss as the hub ships it (fixtures/families/gpt_oss-mxfp4): its MXFP4 GGUF (ggml type 39,
+/// gpt-oss as the hub ships it (fixtures/gpt_oss-mxfp4): its MXFP4 GGUF (ggml type 39,
 /// the converter's layout) and its MXFP4 checkpoint give the same end-to-end run through the CLI,
 /// every number of e2e.csv and e2e_layers.csv but the timing, so every layer's experts, the final
 /// norm and the LM head read the same on both routes.
 #[test]
 fn an_mxfp4_gpt_oss_gguf_runs_end_to_end_as_its_mxfp4_checkpoint() {
     let tmp = tempfile::tempdir().unwrap();
-    let name = "gpt_oss-mxfp4";
+    let fixture = Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures/gpt_oss-mxfp4");
     let st = tmp.path().join("checkpoint");
     std::fs::create_dir_all(&st).unwrap();
     for f in ["config.json", "model.safetensors", "tokenizer.json"] {
-        std::fs::copy(family_fixture(name).join(f), st.join(f)).unwrap();
+        std::fs::copy(fixture.join(f), st.join(f)).unwrap();
     }
-    let gguf = gguf_dir(tmp.path(), name, None);
-    let corpus = family_fixture(name).join("corpus.txt");
+    // gpt_oss's tokenizer, which the fixture's is a copy of.
+    let gguf = gguf_dir(tmp.path(), "gpt_oss", Some(&fixture.join("model.gguf")));
+    let corpus = fixture.join("corpus.txt");
     let run = |dir: &Path, out: &str| {
         let out = tmp.path().join(out);
         let flags = format!(

@@ -135,12 +135,21 @@ fn mxfp4_tensors_are_read_beside_candles_types() {
 }
 
 /// The table as candle read it before (a GGUF without MXFP4): the same metadata, tensor infos
-/// and data offset, on the project's fixture.
+/// and data offset, on the project's fixture and, where `../shared/data` is there (`.ci/run`),
+/// on SmolLM2's Q4_1 GGUF (a 49k-token vocabulary in its metadata, quantized tensors).
 #[test]
 fn a_file_without_mxfp4_reads_as_candle_reads_it() {
-    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("fixtures/families/gpt_oss/model.gguf");
-    let mut r = std::io::BufReader::new(std::fs::File::open(&path).unwrap());
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+    let shared =
+        root.join("../shared/data/SmolLM2-135M-Instruct-Q4_1/SmolLM2-135M-Instruct.Q4_1.gguf");
+    let fixture = root.join("fixtures/families/gpt_oss/model.gguf");
+    for path in [fixture, shared].into_iter().filter(|p| p.is_file()) {
+        same_header_as_candle(&path);
+    }
+}
+
+fn same_header_as_candle(path: &std::path::Path) {
+    let mut r = std::io::BufReader::new(std::fs::File::open(path).unwrap());
     let ours = read_header(&mut r).unwrap();
     r.seek(SeekFrom::Start(0)).unwrap();
     let theirs = Content::read(&mut r).unwrap();

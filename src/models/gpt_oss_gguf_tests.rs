@@ -4,7 +4,6 @@ use candle_core::quantized::gguf_file::Value as GgufValue;
 use candle_core::{DType, Device};
 
 use super::*;
-use crate::models::family::tests::fixture_config;
 use crate::models::gpt_oss::load;
 use crate::models::Depth;
 
@@ -20,25 +19,24 @@ fn fixture() -> PathBuf {
 /// and sinks in f32 and f64 (the layers before L run the MoE on the rebuilt experts).
 #[test]
 fn the_gguf_route_reads_the_same_model_as_safetensors() {
-    routes_agree("gpt_oss");
+    routes_agree(&fixture());
 }
 
-/// The same with the experts in MXFP4 as the hub ships them (fixtures/families/gpt_oss-mxfp4):
+/// The same with the experts in MXFP4 as the hub ships them (fixtures/gpt_oss-mxfp4):
 /// the checkpoint's `*_blocks`/`*_scales` on one side, the converter's ggml MXFP4 (type 39, the
 /// nibbles reordered behind each scale byte) on the other. The layers before L run the MoE on
 /// the decoded experts, so a wrong nibble order or scale moves Q, K and V.
 #[test]
 fn the_mxfp4_gguf_route_reads_the_same_model_as_the_mxfp4_checkpoint() {
-    routes_agree("gpt_oss-mxfp4");
+    routes_agree(&Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures/gpt_oss-mxfp4"));
 }
 
-fn routes_agree(name: &str) {
+/// The checkpoint in `dir` (config.json, model.safetensors) and its model.gguf.
+fn routes_agree(dir: &Path) {
     let dev = Device::Cpu;
-    let dir = Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("fixtures/families")
-        .join(name);
     let (config, _) = from_gguf(GgufFile::open(&dir.join("model.gguf")).unwrap(), &dev).unwrap();
-    let want = fixture_config(name);
+    let text = std::fs::read_to_string(dir.join("config.json")).unwrap();
+    let want: serde_json::Value = serde_json::from_str(&text).unwrap();
     for field in [
         "rope_parameters",
         "layer_types",

@@ -11,9 +11,10 @@ the bit in f32):
   ``phi3.rope.scaling.attn_factor``;
 * ``fixtures/families/gemma2/model.gguf`` (``Gemma2Model``) and ``gemma3/model.gguf`` (``Gemma3Model``);
 * ``fixtures/families/gpt_oss/model.gguf`` (``GptOssModel``, experts unquantized; see ``write_gpt_oss``);
-* ``fixtures/families/gpt_oss-mxfp4/``: gpt-oss as the hub ships it, experts in MXFP4, as a checkpoint
-  (``config.json``, ``model.safetensors``; ``write_gpt_oss_mxfp4_checkpoint``) and as its GGUF (ggml type 39,
-  the converter's ``repack_mxfp4``);
+* ``fixtures/gpt_oss-mxfp4/``: gpt-oss as the hub ships it, experts in MXFP4, as a checkpoint (``config.json``,
+  ``model.safetensors``; ``write_gpt_oss_mxfp4_checkpoint``) and as its GGUF (ggml type 39, the converter's
+  ``repack_mxfp4``). It lies outside ``fixtures/families/``, whose every directory the fixture scripts read as
+  a transformers fixture with float64 references (this one has none);
 * ``fixtures/families/deepseek_v2/model.gguf`` and ``deepseek_v3/model.gguf`` (``DeepseekV2Model``, arch
   ``deepseek2``). Not deepseek_v3-noqlora: its mscale (1.0) differs from its mscale_all_dim (0.8), and GGUF
   carries only the latter (``rope.scaling.yarn_log_multiplier``); llama.cpp runs such a file as if they were
@@ -63,6 +64,7 @@ import numpy as np
 
 ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..")
 FIXTURES = os.path.join(ROOT, "fixtures", "families")
+MXFP4_DIR = os.path.join(ROOT, "fixtures", "gpt_oss-mxfp4")
 
 LAYER_NAMES = {
     "input_layernorm": "attn_norm",
@@ -499,29 +501,23 @@ WRITERS = {
     "gemma2": write_gemma,
     "gemma3": write_gemma,
     "gpt_oss": write_gpt_oss,
-    "gpt_oss-mxfp4": write_gpt_oss,
     "deepseek_v2": write_deepseek,
     "deepseek_v3": write_deepseek,
 }
-
-
-CHECKPOINTS = {"gpt_oss-mxfp4": write_gpt_oss_mxfp4_checkpoint}
 
 
 def main():
     check = "--check" in sys.argv
     with tempfile.TemporaryDirectory() as tmp:
         bad = []
-        for name, write in CHECKPOINTS.items():
-            target = os.path.join(FIXTURES, name)
-            out = os.path.join(tmp, name) if check else target
-            write(out)
-            for f in sorted(os.listdir(out)):
-                if check and not filecmp.cmp(os.path.join(out, f), os.path.join(target, f), shallow=False):
-                    bad.append(f"{name}/{f}")
-            print(f"{name}: {'checked' if check else 'wrote'} the checkpoint in {os.path.relpath(target, ROOT)}")
-        for name, write in WRITERS.items():
-            fixture_dir = os.path.join(FIXTURES, name)
+        out_dir = os.path.join(tmp, "gpt_oss-mxfp4") if check else MXFP4_DIR
+        write_gpt_oss_mxfp4_checkpoint(out_dir)
+        for f in sorted(os.listdir(out_dir)):
+            if check and not filecmp.cmp(os.path.join(out_dir, f), os.path.join(MXFP4_DIR, f), shallow=False):
+                bad.append(f"gpt_oss-mxfp4/{f}")
+        print(f"gpt_oss-mxfp4: {'checked' if check else 'wrote'} the checkpoint in {os.path.relpath(MXFP4_DIR, ROOT)}")
+        ggufs = [(name, os.path.join(FIXTURES, name), write) for name, write in WRITERS.items()]
+        for name, fixture_dir, write in ggufs + [("gpt_oss-mxfp4", MXFP4_DIR, write_gpt_oss)]:
             target = os.path.join(fixture_dir, "model.gguf")
             out = os.path.join(tmp, f"{name}.gguf") if check else target
             write(fixture_dir, out)
