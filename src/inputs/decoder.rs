@@ -18,9 +18,27 @@ use crate::usage;
 pub struct DecoderFiles {
     /// config.json, or a GGUF file whose metadata is the configuration.
     pub config: PathBuf,
-    pub tokenizer: PathBuf,
+    pub tokenizer: TokenizerFile,
     pub tokenizer_config: Option<PathBuf>,
     pub weights: Option<Weights>,
+}
+
+/// Where a decoder's tokenizer comes from (docs/reference.md §7.1 "Tokens").
+#[derive(Clone, Debug, PartialEq)]
+pub enum TokenizerFile {
+    /// The model's tokenizer.json (preferred where it is there: the checkpoint's own).
+    Json(PathBuf),
+    /// A GGUF's `tokenizer.ggml.*` metadata ([`super::gguf_tokenizer`]), when no tokenizer.json is beside it.
+    Gguf(PathBuf),
+}
+
+impl TokenizerFile {
+    /// The file the manifest records under the role `tokenizer`.
+    pub fn path(&self) -> &Path {
+        match self {
+            TokenizerFile::Json(p) | TokenizerFile::Gguf(p) => p,
+        }
+    }
 }
 
 /// Pretrained weights of a decoder.
@@ -120,7 +138,8 @@ pub fn resolve(
             let dir = path.parent().unwrap_or(Path::new("."));
             Ok(Some(DecoderFiles {
                 config: path.clone(),
-                tokenizer: beside_tokenizer(dir, path)?,
+                tokenizer: beside_tokenizer(dir, Some(path))
+                    .unwrap_or_else(|| TokenizerFile::Gguf(path.clone())),
                 tokenizer_config: Some(dir.join("tokenizer_config.json")).filter(|p| p.is_file()),
                 weights: need_weights.then(|| Weights::Gguf(path.clone())),
             }))
@@ -178,7 +197,10 @@ pub fn resolve(
             };
             Ok(Some(DecoderFiles {
                 config,
-                tokenizer: beside_tokenizer(dir, dir)?,
+                tokenizer: match beside_tokenizer(dir, gguf.as_deref()) {
+                    Some(t) => t,
+                    None => return Err(no_tokenizer(dir)),
+                },
                 tokenizer_config: Some(dir.join("tokenizer_config.json")).filter(|p| p.is_file()),
                 weights,
             }))
@@ -192,7 +214,7 @@ pub fn resolve(
             if !names_decoder(&text) {
                 return Ok(None);
             }
-            let tokenizer = hub.file(&repo, "tokenizer.json")?;
+            let tokenizer = TokenizerFile::Json(hub.file(&repo, "tokenizer.json")?);
             // Optional: without it the tokenizer's own post-processor decides the BOS policy.
             let tokenizer_config = hub.file(&repo, "tokenizer_config.json").ok();
             let weights = if !need_weights {
@@ -231,19 +253,23 @@ pub fn resolve(
     }
 }
 
-/// tokenizer.json in `dir` (the GGUF's own `tokenizer.ggml.*` vocabulary is not read).
-fn beside_tokenizer(dir: &Path, model: &Path) -> Result<PathBuf> {
-    let t = dir.join("tokenizer.json");
-    if t.is_file() {
-        Ok(t)
+/// tokenizer.json in `dir` where it is there, else the GGUF's own tokenizer; None with neither.
+/// A GGUF given alone is enough: llama.cpp and transformers build the tokenizer from its metadata.
+fn beside_tokenizer(dir: &Path, gguf: Option<&Path>) -> Option<TokenizerFile> {
+    let json = dir.join("tokenizer.json");
+    if json.is_file() {
+        Some(TokenizerFile::Json(json))
     } else {
-        Err(usage!(
-            "{}: no tokenizer.json beside it; put the model's tokenizer.json in {} (building the tokenizer \
-             from a GGUF's own vocabulary is not supported)",
-            model.display(),
-            dir.display()
-        ))
+        gguf.map(|g| TokenizerFile::Gguf(g.to_path_buf()))
     }
+}
+
+fn no_tokenizer(dir: &Path) -> anyhow::Error {
+    usage!(
+        "--model-dir {}: no tokenizer.json and no .gguf (whose own tokenizer would do); put the model's \
+         tokenizer.json in it",
+        dir.display()
+    )
 }
 
 /// The decoder's configuration and weights of embeddings and layers 0..=L.

@@ -6,6 +6,7 @@
 pub mod corpus;
 pub mod decoder;
 pub mod dump;
+pub mod gguf_tokenizer;
 pub mod hub;
 pub mod model;
 // The model room moved to `crate::models`; `inputs::models::…` paths keep working.
@@ -350,15 +351,14 @@ pub fn prepare_depth(
             Model::Family { model } => model.shape().vocab_size,
             Model::Bert { .. } => unreachable!("a decoder's files load a decoder"),
         };
-        let tokenizer = corpus::load_tokenizer(&files.tokenizer)?;
-        let bos = models::bos_token(&files.tokenizer, files.tokenizer_config.as_deref())?;
+        let (tokenizer, bos) = decoder_tokenizer(&files)?;
         let corpus_path = corpus_path()?;
         let mut corpus =
             corpus::tokenize_prefix(&corpus_path, &tokenizer, vocab_size, need_tokens)?;
         corpus.bos = bos;
         let mut list = vec![
             ("config".to_string(), files.config.clone()),
-            ("tokenizer".to_string(), files.tokenizer.clone()),
+            ("tokenizer".to_string(), files.tokenizer.path().to_path_buf()),
         ];
         if let Some(t) = &files.tokenizer_config {
             list.push(("tokenizer_config".to_string(), t.clone()));
@@ -435,4 +435,29 @@ pub fn prepare_depth(
         files: list,
         qkv_cache: None,
     })
+}
+
+/// A decoder's tokenizer and its BOS policy (docs/reference.md §7.1 "Tokens"), from its tokenizer.json
+/// or from its GGUF's own metadata; one line on stderr says which when a GGUF is involved.
+fn decoder_tokenizer(files: &decoder::DecoderFiles) -> Result<(tokenizers::Tokenizer, Option<u32>)> {
+    match &files.tokenizer {
+        decoder::TokenizerFile::Json(path) => {
+            if let Some(decoder::Weights::Gguf(g)) = &files.weights {
+                if path.parent() == g.parent() {
+                    eprintln!(
+                        "tokenizer: {} (beside the GGUF; its own tokenizer.ggml.* vocabulary is not used)",
+                        path.display()
+                    );
+                }
+            }
+            let tokenizer = corpus::load_tokenizer(path)?;
+            let bos = models::bos_token(path, files.tokenizer_config.as_deref())?;
+            Ok((tokenizer, bos))
+        }
+        decoder::TokenizerFile::Gguf(path) => {
+            let g = gguf_tokenizer::load(path)?;
+            eprintln!("tokenizer: {} of {}", g.describe, path.display());
+            Ok((g.tokenizer, g.bos))
+        }
+    }
 }
