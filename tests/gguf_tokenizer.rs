@@ -34,7 +34,12 @@ fn check_edge_cases(tok: &gguf_tokenizer::GgufTokenizer, cases: &Value, what: &s
     let mut bad = Vec::new();
     for case in cases.as_array().unwrap() {
         let text = case["text"].as_str().unwrap();
-        let got = tok.tokenizer.encode(text, false).unwrap().get_ids().to_vec();
+        let got = tok
+            .tokenizer
+            .encode(text, false)
+            .unwrap()
+            .get_ids()
+            .to_vec();
         let want = ids(&case["ids"]);
         if got != want {
             bad.push(format!("{text:?}: ours {got:?}, llama.cpp {want:?}"));
@@ -48,7 +53,11 @@ fn small_vocabularies_give_llamacpp_ids() {
     let mini = fixture("fixtures/tokenizers/mini.json");
     for (name, v) in mini["vocabularies"].as_object().unwrap() {
         let tok = gguf_tokenizer::load(&root(&format!("fixtures/tokenizers/{name}"))).unwrap();
-        assert_eq!(tok.bos, v["bos"].as_u64().map(|b| b as u32), "{name}: BOS policy");
+        assert_eq!(
+            tok.bos,
+            v["bos"].as_u64().map(|b| b as u32),
+            "{name}: BOS policy"
+        );
         assert_eq!(
             tok.tokenizer.get_vocab_size(true),
             v["tokens"].as_u64().unwrap() as usize,
@@ -62,9 +71,21 @@ fn small_vocabularies_give_llamacpp_ids() {
 #[test]
 fn the_bos_follows_add_bos_token() {
     let spm = gguf_tokenizer::load(&root("fixtures/tokenizers/spm-mini.gguf")).unwrap();
-    let bos = spm.bos.expect("the SentencePiece mini vocabulary adds a BOS");
-    let plain = spm.tokenizer.encode("Hello", false).unwrap().get_ids().to_vec();
-    let special = spm.tokenizer.encode("Hello", true).unwrap().get_ids().to_vec();
+    let bos = spm
+        .bos
+        .expect("the SentencePiece mini vocabulary adds a BOS");
+    let plain = spm
+        .tokenizer
+        .encode("Hello", false)
+        .unwrap()
+        .get_ids()
+        .to_vec();
+    let special = spm
+        .tokenizer
+        .encode("Hello", true)
+        .unwrap()
+        .get_ids()
+        .to_vec();
     assert_eq!(special[0], bos);
     assert_eq!(&special[1..], plain.as_slice());
     let bpe = gguf_tokenizer::load(&root("fixtures/tokenizers/bpe-mini.gguf")).unwrap();
@@ -79,7 +100,11 @@ fn the_bos_follows_add_bos_token() {
 fn check_corpus(gguf: &Path, fixture_rel: &str) {
     let want = fixture(fixture_rel);
     let tok = gguf_tokenizer::load(gguf).unwrap();
-    assert_eq!(tok.bos, want["bos"].as_u64().map(|b| b as u32), "BOS policy");
+    assert_eq!(
+        tok.bos,
+        want["bos"].as_u64().map(|b| b as u32),
+        "BOS policy"
+    );
     check_edge_cases(&tok, &want["edge_cases"], fixture_rel);
     let wiki = root("../shared/data/wikitext-2/wiki.test.raw");
     let vocab = tok.tokenizer.get_vocab_size(true);
@@ -155,5 +180,96 @@ fn gemma3_gguf_gives_llamacpp_ids_on_every_wikitext_window() {
     check_corpus(
         Path::new(&gguf),
         "fixtures/tokenizers/llamacpp-gemma3-270m.json",
+    );
+}
+
+fn cli(args: &[&str]) -> std::process::Output {
+    std::process::Command::new(env!("CARGO_BIN_EXE_approx-bench"))
+        .args(args)
+        .output()
+        .unwrap()
+}
+
+/// A directory holding only SmolLM2's .gguf (what a GGUF user has) runs `dump-qkv` and `e2e`; the GGUF's
+/// own tokenizer gives the window the tokenizer.json route gives (window 0 of n = 256 holds no "½"),
+/// the same Q, K, V bit for bit, and the manifest and stderr name the tokenizer used.
+#[test]
+#[ignore = "needs ../shared/data (run by .ci/run)"]
+fn a_gguf_alone_runs_dump_and_e2e() {
+    let tmp = tempfile::tempdir().unwrap();
+    let src = root("../shared/data/SmolLM2-135M-Instruct-Q4_1");
+    let alone = tmp.path().join("smollm2-gguf-only");
+    std::fs::create_dir(&alone).unwrap();
+    std::os::unix::fs::symlink(
+        src.join("SmolLM2-135M-Instruct.Q4_1.gguf"),
+        alone.join("SmolLM2-135M-Instruct.Q4_1.gguf"),
+    )
+    .unwrap();
+    let wiki = root("../shared/data/wikitext-2/wiki.test.raw");
+    let wiki = wiki.to_str().unwrap();
+    let dump = |dir: &Path, name: &str| {
+        let out = tmp.path().join(name);
+        let o = cli(&[
+            "dump-qkv",
+            "--model",
+            "pretrained",
+            "--model-dir",
+            dir.to_str().unwrap(),
+            "--corpus",
+            wiki,
+            "--layer",
+            "3",
+            "--length",
+            "256",
+            "--window",
+            "0",
+            "--out",
+            out.to_str().unwrap(),
+        ]);
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+        (
+            std::fs::read(&out).unwrap(),
+            String::from_utf8_lossy(&o.stderr).to_string(),
+        )
+    };
+    let (gguf_only, said) = dump(&alone, "alone.safetensors");
+    assert!(said.contains("the GGUF's own tokenizer (gpt2"), "{said}");
+    let (with_json, said) = dump(&src, "json.safetensors");
+    assert!(said.contains("tokenizer.json (beside the GGUF"), "{said}");
+    assert!(gguf_only == with_json, "the two dumps differ");
+
+    let out = tmp.path().join("e2e");
+    let o = cli(&[
+        "e2e",
+        "--model-dir",
+        alone.to_str().unwrap(),
+        "--corpus",
+        wiki,
+        "--lengths",
+        "256",
+        "--windows",
+        "1",
+        "--n-f",
+        "64",
+        "--methods",
+        "window",
+        "--features",
+        "64",
+        "--quiet",
+        "--out",
+        out.to_str().unwrap(),
+    ]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let manifest: Value =
+        serde_json::from_str(&std::fs::read_to_string(out.join("manifest.json")).unwrap()).unwrap();
+    let tokenizer = manifest["inputs"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|i| i["role"] == "tokenizer")
+        .expect("the manifest records the tokenizer");
+    assert!(
+        tokenizer["path"].as_str().unwrap().ends_with(".gguf"),
+        "{tokenizer}"
     );
 }

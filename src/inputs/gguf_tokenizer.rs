@@ -42,8 +42,7 @@ const TYPE_CONTROL: i64 = 3;
 const TYPE_USER_DEFINED: i64 = 4;
 
 /// GPT-2's regex as llama.cpp writes it (no trailing `\s+`: the text between matches is kept).
-const GPT2_REGEX: &str =
-    r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)";
+const GPT2_REGEX: &str = r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)";
 /// Llama 3's regex, in llama.cpp's case-expanded form of `(?i:'s|…)`.
 const LLAMA3_REGEX: &str = r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
 const QWEN2_REGEX: &str = r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
@@ -117,17 +116,18 @@ pub fn from_file(file: &GgufFile) -> Result<GgufTokenizer> {
         )
     })?;
     if tokens.is_empty() {
-        return Err(usage!("GGUF {}: tokenizer.ggml.tokens is empty", file.path()));
+        return Err(usage!(
+            "GGUF {}: tokenizer.ggml.tokens is empty",
+            file.path()
+        ));
     }
     let types = match integers(file, "tokenizer.ggml.token_type")? {
-        Some(t) if t.len() != tokens.len() => {
-            return Err(usage!(
-                "GGUF {}: tokenizer.ggml.token_type has {} entries for {} tokens; the file is corrupt",
-                file.path(),
-                t.len(),
-                tokens.len()
-            ))
-        }
+        Some(t) if t.len() != tokens.len() => return Err(usage!(
+            "GGUF {}: tokenizer.ggml.token_type has {} entries for {} tokens; the file is corrupt",
+            file.path(),
+            t.len(),
+            tokens.len()
+        )),
         Some(t) => t,
         None => vec![1; tokens.len()],
     };
@@ -288,8 +288,9 @@ impl GgufVocab<'_> {
     /// Returns the tokenizer and whether `pre` is one of Llama 3's names (whose BOS llama.cpp adds
     /// by default).
     fn byte_level(&self, pre: &str) -> Result<(Tokenizer, bool)> {
-        let Some((names, regexes, ignore_merges)) =
-            PRE_TOKENIZERS.iter().find(|(names, ..)| names.contains(&pre))
+        let Some((names, regexes, ignore_merges)) = PRE_TOKENIZERS
+            .iter()
+            .find(|(names, ..)| names.contains(&pre))
         else {
             let known: Vec<&str> = PRE_TOKENIZERS
                 .iter()
@@ -439,7 +440,10 @@ fn string(file: &GgufFile, key: &str) -> Result<Option<String>> {
     match file.meta(key) {
         None => Ok(None),
         Some(Value::String(s)) => Ok(Some(s.clone())),
-        Some(_) => Err(usage!("GGUF {}: metadata {key} is not a string", file.path())),
+        Some(_) => Err(usage!(
+            "GGUF {}: metadata {key} is not a string",
+            file.path()
+        )),
     }
 }
 
@@ -447,7 +451,10 @@ fn boolean(file: &GgufFile, key: &str) -> Result<Option<bool>> {
     match file.meta(key) {
         None => Ok(None),
         Some(Value::Bool(b)) => Ok(Some(*b)),
-        Some(_) => Err(usage!("GGUF {}: metadata {key} is not a boolean", file.path())),
+        Some(_) => Err(usage!(
+            "GGUF {}: metadata {key} is not a boolean",
+            file.path()
+        )),
     }
 }
 
@@ -455,7 +462,10 @@ fn array<'a>(file: &'a GgufFile, key: &str) -> Result<Option<&'a [Value]>> {
     match file.meta(key) {
         None => Ok(None),
         Some(Value::Array(a)) => Ok(Some(a.as_slice())),
-        Some(_) => Err(usage!("GGUF {}: metadata {key} is not an array", file.path())),
+        Some(_) => Err(usage!(
+            "GGUF {}: metadata {key} is not an array",
+            file.path()
+        )),
     }
 }
 
@@ -516,3 +526,7 @@ fn floats(file: &GgufFile, key: &str) -> Result<Option<Vec<f32>>> {
         .collect::<Result<Vec<_>>>()
         .map(Some)
 }
+
+#[cfg(test)]
+#[path = "gguf_tokenizer_tests.rs"]
+mod tests;

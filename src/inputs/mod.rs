@@ -358,7 +358,10 @@ pub fn prepare_depth(
         corpus.bos = bos;
         let mut list = vec![
             ("config".to_string(), files.config.clone()),
-            ("tokenizer".to_string(), files.tokenizer.path().to_path_buf()),
+            (
+                "tokenizer".to_string(),
+                files.tokenizer.path().to_path_buf(),
+            ),
         ];
         if let Some(t) = &files.tokenizer_config {
             list.push(("tokenizer_config".to_string(), t.clone()));
@@ -439,7 +442,9 @@ pub fn prepare_depth(
 
 /// A decoder's tokenizer and its BOS policy (docs/reference.md §7.1 "Tokens"), from its tokenizer.json
 /// or from its GGUF's own metadata; one line on stderr says which when a GGUF is involved.
-fn decoder_tokenizer(files: &decoder::DecoderFiles) -> Result<(tokenizers::Tokenizer, Option<u32>)> {
+fn decoder_tokenizer(
+    files: &decoder::DecoderFiles,
+) -> Result<(tokenizers::Tokenizer, Option<u32>)> {
     match &files.tokenizer {
         decoder::TokenizerFile::Json(path) => {
             if let Some(decoder::Weights::Gguf(g)) = &files.weights {

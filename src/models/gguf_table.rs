@@ -239,4 +239,4 @@ impl<R: Seek> Seek for NoTensors<'_, R> {
 
 #[cfg(test)]
 #[path = "gguf_table_tests.rs"]
-mod tests;
+pub(crate) mod tests;

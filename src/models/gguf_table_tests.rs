@@ -8,7 +8,10 @@ use super::*;
 /// A GGUF v3 file: `meta` as (key, type code, value bytes), then the tensors as (name, dims
 /// innermost first, ggml type, data); offsets and the data's 32-byte alignment as the writers lay
 /// them out.
-fn gguf(meta: &[(&str, u32, Vec<u8>)], tensors: &[(&str, &[u64], u32, Vec<u8>)]) -> Vec<u8> {
+pub(crate) fn gguf(
+    meta: &[(&str, u32, Vec<u8>)],
+    tensors: &[(&str, &[u64], u32, Vec<u8>)],
+) -> Vec<u8> {
     let mut b: Vec<u8> = b"GGUF".to_vec();
     b.extend(3u32.to_le_bytes());
     b.extend((tensors.len() as u64).to_le_bytes());

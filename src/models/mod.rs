@@ -28,7 +28,7 @@ mod family_gguf;
 pub mod gemma;
 pub mod gemma_gguf;
 pub mod gguf;
-mod gguf_table;
+pub(crate) mod gguf_table;
 pub mod gpt_oss;
 pub mod gpt_oss_gguf;
 pub mod llama;
