@@ -338,6 +338,46 @@ fn a_sliding_window_is_each_layers_own_target_and_d_at_least_w_is_exact() {
     );
 }
 
+/// The sweep and dump-qkv score a sliding layer against its windowed target too (issue 54: they
+/// used the plain causal one while e2e used the window). On the Mistral fixture at n = 32 > W = 16,
+/// layer 1: `window` at d = W is the layer's own attention (error at f64 rounding), below W it is not;
+/// the manifest records the window. transformers' own output is pinned in src/models/llama_tests.rs.
+#[test]
+fn the_sweep_scores_a_sliding_layer_against_its_window() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = dir.path().join("mistral");
+    std::fs::create_dir_all(&model).unwrap();
+    for f in ["config.json", "model.safetensors"] {
+        std::fs::copy(fixtures().join("mistral").join(f), model.join(f)).unwrap();
+    }
+    std::fs::copy(
+        fixtures().join("tokenizers/with_bos/tokenizer.json"),
+        model.join("tokenizer.json"),
+    )
+    .unwrap();
+    let corpus = corpus(dir.path());
+    let out = dir.path().join("sweep");
+    let o = decoder_run(
+        &model,
+        &corpus,
+        &out,
+        "--model pretrained --layer 1 --lengths 32 --windows 1 --dtype f64 --methods window --features 8,16",
+    );
+    assert!(o.status.success(), "{}", stderr(&o));
+    let rows = csv_records(&out.join("trials.csv"));
+    assert_eq!(rows.len(), 8, "4 heads × 2 budgets");
+    for r in &rows {
+        let e: f64 = r["rel_error"].parse().unwrap();
+        match r["d"].as_str() {
+            "16" => assert!(e < 1e-12, "head {} at d = W: rel_error {e}", r["head"]),
+            _ => assert!(e > 1e-4, "head {} at d = 8 < W: rel_error {e}", r["head"]),
+        }
+    }
+    let manifest: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(out.join("manifest.json")).unwrap()).unwrap();
+    assert_eq!(manifest["sliding_window"], 16);
+}
+
 /// SIGINT stops the run between points (or between a forward's layers): exit 130 saying how far
 /// it got, the manifest `interrupted`, every written point kept, and the rerun completes exactly
 /// the rows of an uninterrupted run.

@@ -39,12 +39,14 @@ pub fn dump_qkv(
         DType::F64 => DType::F64,
         _ => DType::F32,
     };
-    // The layer's spec: a §7.7 family's own, else the model's mask with τ = 1/√p.
+    // The layer's spec: the model's own (a §7.7 family's, a sliding window's), else its mask with τ = 1/√p.
     let spec = match &family {
         Some(d) => d.spec.clone(),
-        None => {
-            crate::attention::AttentionSpec::of_mask(prepared.native_mask(), prepared.head_dim())
-        }
+        None => prepared.layer_spec(
+            inputs_cfg.layer,
+            prepared.native_mask(),
+            prepared.head_dim(),
+        ),
     };
     let (mut extra, spec_tensors) =
         crate::attention::spec::spec_sidecar(&spec, prepared.head_dim_v())?;

@@ -122,12 +122,14 @@ pub fn from_file(file: &GgufFile) -> Result<GgufTokenizer> {
         ));
     }
     let types = match integers(file, "tokenizer.ggml.token_type")? {
-        Some(t) if t.len() != tokens.len() => return Err(usage!(
+        Some(t) if t.len() != tokens.len() => {
+            return Err(usage!(
             "GGUF {}: tokenizer.ggml.token_type has {} entries for {} tokens; the file is corrupt",
             file.path(),
             t.len(),
             tokens.len()
-        )),
+        ))
+        }
         Some(t) => t,
         None => vec![1; tokens.len()],
     };

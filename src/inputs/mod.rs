@@ -119,6 +119,12 @@ impl Prepared {
     ) -> crate::attention::AttentionSpec {
         match &self.model {
             Model::Family { model } => model.attention_spec(layer),
+            // The model's own attention (issue 54): a Mistral/Qwen sliding layer's target is
+            // windowed, as transformers computes it and as e2e's hook sees it; `--mask none`
+            // keeps its bidirectional diagnostic.
+            Model::Decoder { config, .. } if mask == crate::attention::Mask::Causal => {
+                config.attention_spec(layer)
+            }
             _ => crate::attention::AttentionSpec::of_mask(mask, p),
         }
     }

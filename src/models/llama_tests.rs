@@ -316,3 +316,36 @@ fn out_of_vocabulary_ids_and_layers_beyond_the_model_are_usage_errors() {
         "--layer 2 is beyond the model: it has 2 layers (0..=1)"
     );
 }
+
+/// The Mistral window question (issue 54): transformers' own attention at sliding layer 1 (n = 40 >
+/// W = 16; tests/reference/mistral_window_output.py) is the layer's spec with its window, and not the
+/// plain causal target. The sweep's and dump's target (`Prepared::layer_spec`) is this spec.
+#[test]
+fn a_sliding_layers_own_attention_is_the_windowed_target() {
+    let (cfg, w) = from_dir("mistral", "model.safetensors");
+    let e = expected("mistral");
+    let (q, k, v) = window_qkv(&w, &cfg, &ids(&e), DType::F32).unwrap();
+    let theirs = candle_core::safetensors::load(
+        fixtures().join("mistral/attention_output.safetensors"),
+        &candle_core::Device::Cpu,
+    )
+    .unwrap()
+    .remove("attention_output")
+    .unwrap();
+    let spec = cfg.attention_spec(1);
+    assert_eq!(spec.window, Some(16));
+    let windowed = crate::attention::spec::exact_attention(&q, &k, &v, &spec).unwrap();
+    assert!(
+        rel(&windowed, &theirs) < 1e-5,
+        "{}",
+        rel(&windowed, &theirs)
+    );
+    let plain = crate::attention::spec::exact_attention(
+        &q,
+        &k,
+        &v,
+        &crate::attention::AttentionSpec::causal(cfg.head_dim, None),
+    )
+    .unwrap();
+    assert!(rel(&plain, &theirs) > 1e-3, "{}", rel(&plain, &theirs));
+}
