@@ -220,7 +220,7 @@ fn timed(cfg: &RunConfig, reps: usize, prepared: &inputs::Prepared) -> Result<()
         }
         if cfg.target == attention::Target::Kernelized {
             let t_target = time(dev, reps, || {
-                attention::target::kernelized_output(&qh, &kh, &vh, candle_core::DType::F64)
+                attention::exact::kernelized_output(&qh, &kh, &vh, candle_core::DType::F64)
             })?;
             println!(
                 "  the kernelized target C·V per head (f64, the reference of every error) {:.2} ms",

@@ -14,10 +14,12 @@ use crate::numerics::shifted_exp::shifted_exp_rows_in_place;
 mod batched;
 #[cfg(test)]
 mod generic_tests;
+mod kernelized;
 mod under_spec;
 pub mod verify;
 
 pub use batched::batched_block_rows;
+pub use kernelized::kernelized_output;
 
 /// Rows per block: about 1 M score entries (4 MB in f32, a few blocks in flight at once), but
 /// at least 256 rows, below which the block products run well under the matmul's speed (n = 16384:

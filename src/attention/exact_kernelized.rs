@@ -5,7 +5,7 @@
 
 use anyhow::Result;
 
-use super::{target, Approximation, Family, HeadInputs, Method, MethodInfo};
+use super::{Approximation, Family, HeadInputs, Method, MethodInfo};
 use crate::numerics::sampling::TrialRng;
 
 pub struct ExactKernelized;
@@ -23,7 +23,7 @@ const EXACT_KERNELIZED: MethodInfo = MethodInfo {
 
 impl Method for ExactKernelized {
     fn approximate(&self, head: &HeadInputs, _: usize, _: &mut TrialRng) -> Result<Approximation> {
-        Ok(Approximation::plain(target::kernelized_output(
+        Ok(Approximation::plain(super::exact::kernelized_output(
             &head.q,
             &head.k,
             &head.v,

@@ -8,9 +8,7 @@ use std::sync::{Arc, Mutex, OnceLock};
 use anyhow::Result;
 use candle_core::{DType, Device, Tensor};
 
-use super::{
-    exact, latent, refuse_unimplemented_spec, spec, target, Mask, Method, SpecFeatures, Target,
-};
+use super::{exact, latent, refuse_unimplemented_spec, spec, Mask, Method, SpecFeatures, Target};
 
 /// One head's inputs and the products every method and d may share (computed once per head).
 pub struct HeadInputs {
@@ -193,7 +191,7 @@ impl HeadInputs {
         if let Some(t) = self.kernelized.get() {
             return Ok(t);
         }
-        let t = target::kernelized_output(&self.q, &self.k, &self.v, DType::F64)?;
+        let t = exact::kernelized_output(&self.q, &self.k, &self.v, DType::F64)?;
         Ok(self.kernelized.get_or_init(|| t))
     }
 

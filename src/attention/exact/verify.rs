@@ -420,7 +420,7 @@ mod tests {
                 let out = match target {
                     Target::Softmax => ExactAttention::compute(&q, &k, &v).unwrap().output,
                     Target::Kernelized => {
-                        crate::attention::target::kernelized_output(&q, &k, &v, DType::F64).unwrap()
+                        crate::attention::exact::kernelized_output(&q, &k, &v, DType::F64).unwrap()
                     }
                 };
                 check_target_rows(target, &AttentionSpec::bidirectional(p), &q, &k, &v, &out)

@@ -7,8 +7,9 @@
 
 use super::axis::{Axis, Scale, TickFormat};
 use super::draw::Figure;
-use super::field::{field_style, shown_lengths};
+use super::field::shown_lengths;
 use super::figs::{model_rows, SideColumn, Tally, XOf};
+use super::style::field_style;
 use super::{models, Statistic};
 use crate::attention::Mask;
 use crate::report::summary::SummaryRow;

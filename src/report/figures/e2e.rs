@@ -11,7 +11,7 @@ use anyhow::Result;
 
 use super::axis::{Axis, Scale, TickFormat};
 use super::draw::{Figure, LegendItem, Panel, Point, Series};
-use super::field::field_style;
+use super::style::field_style;
 use super::style::GREY;
 use crate::numerics::next_token::spearman;
 

@@ -8,12 +8,10 @@
 //! * `kernelized.png`: the same layout for a `--target kernelized` run, on ‖C·V − Ô‖₂/‖C·V‖₂,
 //!   so that lengths and heads (‖C·V‖ grows with n) share one scale; `zero` is the line at 1.
 
-use plotters::style::RGBColor;
-
 use super::axis::{Axis, Scale, TickFormat};
 use super::draw::Figure;
 use super::figs::{ds_of, panel, Tally, XOf, X_FEATURES};
-use super::style::{self, Marker, SeriesStyle};
+use super::style::{field_style, is_oracle, ordered_methods};
 use super::{lengths_of, models, Statistic};
 use crate::attention::{self, Family, Target};
 use crate::report::summary::SummaryRow;
@@ -40,152 +38,6 @@ pub(super) fn shown_lengths(
     } else {
         kept
     }
-}
-
-/// A method's family and whether it is drawn as a reference (grey): V-Mean, `zero` and the
-/// oracles. A user's method is `(User, false)`.
-fn family_of(method: &str) -> (Family, bool) {
-    attention::describe(method).map_or((Family::User, false), |(family, oracle)| {
-        (family, family == Family::Reference || oracle)
-    })
-}
-
-/// Whether `method` is a registered oracle (`svd_optimal`, `topk`, `exact_kernelized`).
-fn is_oracle(method: &str) -> bool {
-    attention::describe(method).is_some_and(|(_, oracle)| oracle)
-}
-
-/// One hue per family, shades and markers for its members; references grey; a user's method
-/// black (it is what the figure is about).
-pub(super) fn field_style(method: &str, methods: &[String]) -> SeriesStyle {
-    const MARKS: [Marker; 6] = [
-        Marker::Dot,
-        Marker::Square,
-        Marker::TriUp,
-        Marker::Diamond,
-        Marker::TriDown,
-        Marker::Cross,
-    ];
-    let palette = |f: Family| -> &'static [RGBColor] {
-        match f {
-            Family::LowRank => &[
-                RGBColor(214, 39, 40),
-                RGBColor(160, 20, 30),
-                RGBColor(255, 110, 100),
-                RGBColor(120, 0, 0),
-            ],
-            Family::Features => &[
-                RGBColor(31, 90, 200),
-                RGBColor(90, 150, 240),
-                RGBColor(10, 40, 120),
-            ],
-            Family::Sampling => &[
-                RGBColor(44, 160, 44),
-                RGBColor(0, 100, 0),
-                RGBColor(120, 200, 90),
-                RGBColor(20, 130, 100),
-            ],
-            Family::Sparse => &[
-                RGBColor(148, 60, 190),
-                RGBColor(90, 20, 140),
-                RGBColor(200, 130, 230),
-            ],
-            Family::Hybrid => &[RGBColor(230, 130, 0), RGBColor(170, 90, 0)],
-            Family::Prefill => &[
-                RGBColor(23, 190, 207),
-                RGBColor(0, 120, 140),
-                RGBColor(140, 86, 75),
-                RGBColor(188, 189, 34),
-            ],
-            // The decode family (§9): blues and greens, the oracles grey elsewhere.
-            Family::Decode => &[
-                RGBColor(31, 119, 180),
-                RGBColor(255, 127, 14),
-                RGBColor(60, 180, 75),
-                RGBColor(170, 220, 120),
-                RGBColor(230, 25, 75),
-                RGBColor(145, 30, 180),
-                RGBColor(70, 70, 200),
-                RGBColor(240, 50, 230),
-                RGBColor(0, 128, 128),
-            ],
-            // The quantized family (one colour each, registry order): the float caches in
-            // browns, llama.cpp's blocks from orange (8 bits) to deep red (4), KIVI in olive,
-            // SageAttention in magentas.
-            Family::Quantized => &[
-                RGBColor(140, 86, 75),
-                RGBColor(196, 156, 148),
-                RGBColor(90, 50, 30),
-                RGBColor(255, 170, 60),
-                RGBColor(250, 120, 30),
-                RGBColor(230, 85, 13),
-                RGBColor(200, 40, 20),
-                RGBColor(150, 0, 0),
-                RGBColor(150, 150, 0),
-                RGBColor(90, 100, 0),
-                RGBColor(230, 90, 200),
-                RGBColor(180, 0, 140),
-                RGBColor(110, 0, 90),
-            ],
-            // Two greys: the references differ by marker, and past six markers by shade.
-            Family::Reference => &[RGBColor(150, 150, 150), RGBColor(70, 70, 70)],
-            Family::User => &[RGBColor(0, 0, 0)],
-        }
-    };
-    let (family, reference) = family_of(method);
-    if method == "svd_optimal" || method == "exact_kernelized" {
-        return style::floor_style();
-    }
-    // The method's index among the drawn methods of its family, for shade, dash and marker; a
-    // reference's among the references, which all share one grey (so V-Mean and an oracle of
-    // another family, `h2o` beside `vmean`, never share a marker too).
-    let same: Vec<&String> = methods
-        .iter()
-        .filter(|m| {
-            let (f, r) = family_of(m);
-            if reference {
-                r
-            } else {
-                f == family
-            }
-        })
-        .collect();
-    let i = same.iter().position(|m| *m == method).unwrap_or(0);
-    let colors = if reference {
-        palette(Family::Reference)
-    } else {
-        palette(family)
-    };
-    let shade = if reference { i / MARKS.len() } else { i };
-    SeriesStyle {
-        color: colors[shade % colors.len()],
-        dashed: reference || (i / colors.len()) % 2 == 1,
-        width: if reference { 2 } else { 3 },
-        marker: MARKS[i % MARKS.len()],
-    }
-}
-
-/// The methods present for `model`, ordered by family then registry order, references last
-/// in the legend (drawn first, under the others).
-pub(super) fn ordered_methods(rows: &[SummaryRow], model: &str) -> (Vec<String>, Vec<String>) {
-    let mut ms: Vec<(bool, Family, usize, String)> = vec![];
-    for r in rows.iter().filter(|r| r.model == model) {
-        if ms.iter().any(|m| m.3 == r.method) {
-            continue;
-        }
-        let (family, reference) = family_of(&r.method);
-        ms.push((
-            reference,
-            family,
-            style::method_rank(&r.method).0,
-            r.method.clone(),
-        ));
-    }
-    ms.sort();
-    let legend: Vec<String> = ms.iter().map(|m| m.3.clone()).collect();
-    let mut draw = legend.clone();
-    draw.sort_by_key(|m| !ms.iter().any(|x| x.3 == *m && x.0)); // references first
-    (legend, draw)
 }
 
 /// What the y axis shows.

@@ -530,13 +530,13 @@ pub(super) fn model_rows(
 ) -> (Vec<Option<Panel>>, Vec<String>) {
     let (mut cells, mut legend_order) = (vec![], Vec::<String>::new());
     for model in &super::models(rows) {
-        let (legend, draw) = super::field::ordered_methods(rows, model);
+        let (legend, draw) = super::style::ordered_methods(rows, model);
         for m in &legend {
             if !legend_order.contains(m) {
                 legend_order.push(m.clone());
             }
         }
-        let style_of = |m: &str| super::field::field_style(m, &legend);
+        let style_of = |m: &str| super::style::field_style(m, &legend);
         for &n in ns {
             let p = panel(
                 rows,

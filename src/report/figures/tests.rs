@@ -529,7 +529,7 @@ fn no_two_methods_of_a_figure_share_a_style() {
         .collect();
     assert_eq!(decoder.len(), 12, "{decoder:?}"); // the seven prefill methods are found
     for drawn in [&all, &decoder] {
-        let styles: Vec<_> = drawn.iter().map(|m| field::field_style(m, drawn)).collect();
+        let styles: Vec<_> = drawn.iter().map(|m| style::field_style(m, drawn)).collect();
         for (a, sa) in drawn.iter().zip(&styles) {
             for (b, sb) in drawn.iter().zip(&styles) {
                 assert!(a == b || sa != sb, "{a} and {b} share a style: {sa:?}");
