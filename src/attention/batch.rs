@@ -41,7 +41,10 @@ impl HeadBatch {
         );
         let (h, hkv) = (q.dim(0)?, k.dim(0)?);
         let dev = q.device();
-        let kv_index: Vec<usize> = index.iter().map(|&i| i * hkv / h).collect();
+        let kv_index: Vec<usize> = index
+            .iter()
+            .map(|&i| crate::numerics::gqa::kv_head(i, h, hkv))
+            .collect();
         let all_q = index.iter().copied().eq(0..h);
         let pick = |t: &Tensor, idx: &[usize], whole: bool| -> Result<Tensor> {
             if whole {

@@ -506,7 +506,7 @@ pub fn exact_attention_reference(
     let (heads, kv_heads, n, p, pv) = dims;
     let mut out = vec![0.0; heads * n * pv];
     for h in 0..heads {
-        let g = h * kv_heads / heads;
+        let g = crate::numerics::gqa::kv_head(h, heads, kv_heads);
         for i in 0..n {
             let qi = &q[(h * n + i) * p..][..p];
             let s: Vec<(usize, f64)> = (0..n)

@@ -84,9 +84,9 @@ fn single_gguf(dir: &Path) -> Result<Option<PathBuf>> {
 }
 
 /// The §7.7 family (docs/reference.md §7.7) a config.json text names, if any.
-fn family_of(text: &str) -> Option<&'static models::family::FamilyEntry> {
+fn family_of(text: &str) -> Option<&'static models::registry::FamilyEntry> {
     let v: serde_json::Value = serde_json::from_str(text).ok()?;
-    models::family::family_entry(v.get("model_type")?.as_str()?)
+    models::registry::family_entry(v.get("model_type")?.as_str()?)
 }
 
 /// Whether a config.json text names a decoder: a Llama-style family or a §7.7 one.
@@ -103,7 +103,7 @@ fn check_model_type(text: &str, file: &Path) -> Result<()> {
     };
     match v.get("model_type").and_then(|t| t.as_str()) {
         Some(t) if t != "bert" && !names_decoder(text) => {
-            let families: Vec<&str> = models::family::FAMILIES
+            let families: Vec<&str> = models::registry::FAMILIES
                 .iter()
                 .flat_map(|f| f.model_types.iter().copied())
                 .collect();
@@ -342,7 +342,7 @@ pub fn load_family(
         }
     };
     let mut weights =
-        models::family::NamedTensors::open(shards, &path.display().to_string(), device)?;
+        models::named_tensors::NamedTensors::open(shards, &path.display().to_string(), device)?;
     Ok(Some((entry.load)(&config, &mut weights, depth)?))
 }
 
@@ -356,7 +356,7 @@ fn load_family_gguf(
 ) -> Result<Option<Box<dyn models::family::FamilyModel>>> {
     let file = models::GgufFile::open(path)?;
     let arch = file.architecture()?;
-    let Some((entry, from_gguf)) = models::family::gguf_family_entry(&arch) else {
+    let Some((entry, from_gguf)) = models::registry::gguf_family_entry(&arch) else {
         return Ok(None);
     };
     check_family_inputs(inputs)?;
@@ -462,7 +462,8 @@ mod tests {
         let entry = family_of(&text).unwrap();
         let dev = candle_core::Device::Cpu;
         let mut w =
-            models::family::NamedTensors::open_file(&dir.join("model.safetensors"), &dev).unwrap();
+            models::named_tensors::NamedTensors::open_file(&dir.join("model.safetensors"), &dev)
+                .unwrap();
         (entry.load)(
             &serde_json::from_str(&text).unwrap(),
             &mut w,

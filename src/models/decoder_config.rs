@@ -131,7 +131,7 @@ impl DecoderConfig {
     /// The K/V head that query head `h` reads: ⌊h·H_kv/H⌋ (docs/reference.md §7.1 "GQA"; HF `repeat_kv`
     /// repeats each K/V head over a contiguous group of H/H_kv query heads).
     pub fn kv_head(&self, h: usize) -> usize {
-        h * self.num_key_value_heads / self.num_attention_heads
+        crate::numerics::gqa::kv_head(h, self.num_attention_heads, self.num_key_value_heads)
     }
 
     /// Reads and validates a `config.json` file.

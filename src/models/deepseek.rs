@@ -13,7 +13,7 @@ use candle_core::{DType, Tensor};
 use serde_json::Value;
 
 use super::continuation::PromptCache;
-use super::family::{FamilyModel, FamilyShape, LayerDump, NamedTensors};
+use super::family::{FamilyModel, FamilyShape, LayerDump};
 use super::family_common::{
     attend_checked_with, continuation_layers, embed_ids, head_logits, load_output_head,
     merge_heads, whole_head, ConfigFields, ContinuationCall, LoadedLayers, RowsAttentionInputs,
@@ -21,6 +21,7 @@ use super::family_common::{
 use super::llama::{linear, rms_norm, AttentionHook, ExactAttention, Linear, OutputHead};
 use super::mla::{load_linear, MlaDims, MlaWeights, RopeLayout};
 use super::moe::{dispatch, host_rows, top_k, Routing};
+use super::named_tensors::NamedTensors;
 use super::rope::{yarn_mscale, FamilyRope};
 use super::weights::Depth;
 use crate::attention::latent::LayerLatent;
@@ -92,7 +93,7 @@ pub struct Deepseek {
     head: Option<OutputHead>,
 }
 
-/// The [`super::family::Loader`] of deepseek_v2 and deepseek_v3.
+/// The [`super::registry::Loader`] of deepseek_v2 and deepseek_v3.
 pub fn load(
     config: &Value,
     weights: &mut NamedTensors,

@@ -14,8 +14,8 @@ use candle_core::quantized::gguf_file::Value as GgufValue;
 use candle_core::Device;
 use serde_json::{json, Value};
 
-use super::family::{GgufValues, NamedTensors};
 use super::gguf::{f32_decimal, GgufFile};
+use super::named_tensors::{GgufValues, NamedTensors};
 use crate::usage;
 
 const ARCH: &str = "deepseek2";

@@ -11,8 +11,8 @@ use candle_core::{DType, Tensor};
 use serde_json::Value;
 
 use super::continuation::PromptCache;
-use super::family::NamedTensors;
 use super::llama::{linear, rms_norm, AttentionHook, Linear, OutputHead};
+use super::named_tensors::NamedTensors;
 use super::weights::Depth;
 use crate::attention::latent::LayerLatent;
 use crate::attention::spec::{AttentionSpec, LayerType};

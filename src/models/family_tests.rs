@@ -2,7 +2,8 @@
 //! tests/reference/generate_family_fixtures.py; docs/reference.md §7.7.7). Each family's file
 //! calls [`check_fixture`] on its fixtures.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
+use std::sync::Mutex;
 
 use candle_core::{DType, Device, Tensor};
 use serde_json::Value;
@@ -10,6 +11,8 @@ use serde_json::Value;
 use super::*;
 use crate::attention::spec::exact_attention;
 use crate::models::llama::ExactAttention;
+use crate::models::named_tensors::NamedTensors;
+use crate::models::registry::{family_entry, gguf_family_entry};
 use crate::models::Depth;
 
 fn fixture_dir(name: &str) -> PathBuf {

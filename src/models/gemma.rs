@@ -13,7 +13,7 @@ use serde_json::{json, Map, Value};
 
 use super::continuation::PromptCache;
 use super::decoder_config::{rope_config, RopeConfig, RopeScaling};
-use super::family::{FamilyModel, FamilyShape, LayerDump, NamedTensors};
+use super::family::{FamilyModel, FamilyShape, LayerDump};
 use super::family_common::{
     attend_checked, attention_out, check_logits_call, continuation_layers, embed_ids,
     linear_weight, lm_head_weight, lm_logits, ConfigFields, ContinuationCall, LoadedLayers,
@@ -21,6 +21,7 @@ use super::family_common::{
 use super::llama::{
     linear, rms_norm, row_chunks, split_heads, AttentionHook, ExactAttention, Linear,
 };
+use super::named_tensors::NamedTensors;
 use super::rope;
 use super::weights::Depth;
 use crate::attention::spec::{AttentionSpec, LayerType};

@@ -11,8 +11,8 @@ use candle_core::quantized::gguf_file::Value as GgufValue;
 use candle_core::Device;
 use serde_json::{json, Value};
 
-use super::family::{GgufValues, NamedTensors};
 use super::gguf::{f32_decimal, GgufFile};
+use super::named_tensors::{GgufValues, NamedTensors};
 use crate::usage;
 
 /// The config.json of a `gemma2` or `gemma3` GGUF, and its tensors under Hugging Face names.

@@ -244,7 +244,7 @@ impl GgufFile {
             "qwen2" => DecoderFamily::Qwen2,
             "qwen3" => DecoderFamily::Qwen3,
             other => {
-                let families: Vec<&str> = super::family::FAMILIES
+                let families: Vec<&str> = super::registry::FAMILIES
                     .iter()
                     .flat_map(|f| f.gguf.iter().map(|(a, _)| *a))
                     .collect();

@@ -10,7 +10,7 @@ use candle_core::{DType, Tensor};
 use serde_json::{Map, Value};
 
 use super::continuation::PromptCache;
-use super::family::{FamilyModel, FamilyShape, LayerDump, NamedTensors};
+use super::family::{FamilyModel, FamilyShape, LayerDump};
 use super::family_common::{
     attend_checked, continuation_layers, embed_ids, head_logits, load_output_head, merge_heads,
     whole_head, ConfigFields, ContinuationCall, LoadedLayers,
@@ -19,6 +19,7 @@ use super::llama::{
     linear, rms_norm, split_heads, AttentionHook, ExactAttention, Linear, OutputHead,
 };
 use super::moe::{dispatch, host_rows, sigmoid, top_k, Routing};
+use super::named_tensors::NamedTensors;
 use super::quantized_weights::mxfp4_or_plain;
 use super::rope::{self, FamilyRope};
 use super::weights::Depth;
@@ -179,7 +180,7 @@ pub struct GptOss {
     head: Option<OutputHead>,
 }
 
-/// The [`super::family::Loader`] of gpt-oss.
+/// The [`super::registry::Loader`] of gpt-oss.
 pub fn load(
     config: &Value,
     weights: &mut NamedTensors,

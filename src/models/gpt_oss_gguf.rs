@@ -15,9 +15,9 @@ use anyhow::Result;
 use candle_core::Device;
 use serde_json::{json, Value};
 
-use super::family::{GgufValues, NamedTensors};
 use super::gemma_gguf::layer_types;
 use super::gguf::GgufFile;
+use super::named_tensors::{GgufValues, NamedTensors};
 use crate::usage;
 
 const ARCH: &str = "gpt-oss";

@@ -8,8 +8,9 @@
 //!   layer L (the dump), or the whole model's logits;
 //! - `continuation`: decode mode's forward of the continuation rows only, on the exact run's
 //!   prompt rows of every layer;
-//! - `family`: the §7.7 families' interface (a loader per `model_type`, layer L's dump with its
-//!   attention spec) and the named-tensor reader (safetensors or a family's GGUF); `gemma`
+//! - `family`: the §7.7 families' interface (layer L's dump with its attention spec, the forward);
+//!   `registry` the one list of families (their `model_type`s, GGUF architectures and loaders);
+//!   `named_tensors` the tensor reader every family reads (safetensors or a family's GGUF); `gemma`
 //!   (gemma2, gemma3), `phi3`, `gpt_oss` and `deepseek` (with `deepseek_config` and `mla`)
 //!   implement it, and `gemma_gguf`, `gpt_oss_gguf`, `deepseek_gguf` (phi3's in `phi3`) read
 //!   each family's GGUF as llama.cpp's converter writes it; `family_common` holds what they
@@ -34,8 +35,10 @@ pub mod gpt_oss_gguf;
 pub mod llama;
 pub mod mla;
 pub mod moe;
+pub mod named_tensors;
 pub mod phi3;
 pub mod quantized_weights;
+pub mod registry;
 pub mod rope;
 pub mod tokens;
 pub mod weights;

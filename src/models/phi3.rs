@@ -11,7 +11,7 @@ use candle_core::{DType, Tensor};
 use serde_json::{Map, Value};
 
 use super::continuation::PromptCache;
-use super::family::{FamilyModel, FamilyShape, GgufValues, LayerDump, NamedTensors};
+use super::family::{FamilyModel, FamilyShape, LayerDump};
 use super::family_common::{
     attend_checked, attention_out, continuation_layers, embed_ids, head_logits, linear_rows,
     linear_weight, lm_head_weight, whole_head, ConfigFields, ContinuationCall, LoadedLayers,
@@ -20,6 +20,7 @@ use super::gguf::{f32_decimal, GgufFile};
 use super::llama::{
     linear, rms_norm, row_chunks, split_heads, AttentionHook, ExactAttention, Linear, OutputHead,
 };
+use super::named_tensors::{GgufValues, NamedTensors};
 use super::rope;
 use super::weights::Depth;
 use crate::attention::spec::AttentionSpec;

@@ -70,7 +70,7 @@ fn longrope_reads_the_long_factors_past_n0_and_scales_cos_and_sin() {
 /// decimals, `gguf::f32_decimal`).
 #[test]
 fn the_gguf_route_reads_the_same_model_as_safetensors() {
-    use crate::models::family::NamedTensors;
+    use crate::models::named_tensors::NamedTensors;
     let dev = candle_core::Device::Cpu;
     for (name, lengths) in [("phi3", &[40usize][..]), ("phi3-longrope", &[20, 40][..])] {
         let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))

@@ -6,7 +6,7 @@
 use anyhow::Result;
 use candle_core::{DType, Device, Storage, Tensor};
 
-use super::family::NamedTensors;
+use super::named_tensors::NamedTensors;
 use crate::numerics::formats::{fp8_block_dequantize, mxfp4_decode, MXFP4_BLOCK};
 use crate::usage;
 

@@ -9,6 +9,7 @@ pub mod agreement;
 pub mod cuda;
 pub mod flash;
 pub mod formats;
+pub mod gqa;
 pub mod inverse;
 pub mod key_sets;
 pub mod lsh;

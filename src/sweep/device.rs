@@ -95,7 +95,7 @@ impl TrialContext<'_> {
         let (h_all, hkv) = (q.dim(0)?, k.dim(0)?);
         let mut heads = Vec::with_capacity(jobs.len());
         for &h in jobs {
-            let kv = h * hkv / h_all;
+            let kv = crate::numerics::gqa::kv_head(h, h_all, hkv);
             let (qh, kh, vh) = (q.get(h)?, k.get(kv)?, v.get(kv)?);
             heads.push(match &exacts {
                 Some(e) => HeadInputs::with_exact(qh, kh, vh, e[h].clone())?,
@@ -224,7 +224,8 @@ impl TrialContext<'_> {
                         flagged[b],
                     )?;
                     let h = jobs[b];
-                    let at = self.row_at(h, h * hkv / h_all, m.id(), d);
+                    let at =
+                        self.row_at(h, crate::numerics::gqa::kv_head(h, h_all, hkv), m.id(), d);
                     rows.push(((b, mi, di), at.row(&measured)));
                     self.bar.inc(1);
                 }

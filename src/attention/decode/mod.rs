@@ -131,7 +131,7 @@ impl LayerContext {
     }
     /// The K/V head query head `g` reads, ⌊g·H_kv/H⌋ (§7.1).
     pub fn kv_head(&self, g: usize) -> usize {
-        g * self.k.dims()[0] / self.heads()
+        crate::numerics::gqa::kv_head(g, self.heads(), self.k.dims()[0])
     }
     /// The query heads that share `g`'s K/V head (its GQA group), in order.
     pub fn group(&self, g: usize) -> Vec<usize> {

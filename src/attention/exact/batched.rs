@@ -45,7 +45,7 @@ impl ExactAttention {
     ) -> Result<Vec<ExactAttention>> {
         let (h, _, p) = q.dims3()?;
         let (hkv, nk, pk) = k.dims3()?;
-        if v.dims3()? != (hkv, nk, pk) || pk != p || hkv == 0 || h % hkv != 0 {
+        if v.dims3()? != (hkv, nk, pk) || pk != p || !crate::numerics::gqa::groups_fit(h, hkv) {
             bail!(
                 "exact attention over heads: q {:?}, k {:?}, v {:?} do not fit (K/V heads must divide the query heads)",
                 q.dims(),

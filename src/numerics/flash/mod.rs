@@ -389,7 +389,7 @@ pub fn attention_with<T: FlashFloat>(
     jobs.into_par_iter().for_each_init(
         || Scratch::new(pv),
         |sc, (h, r0, o, d)| {
-            let g = h * kv_heads / heads;
+            let g = super::gqa::kv_head(h, heads, kv_heads);
             let kv = HeadKv {
                 k: &k[g * nk * p..(g + 1) * nk * p],
                 v: &v[g * nk * pv..(g + 1) * nk * pv],
@@ -444,8 +444,7 @@ pub fn on_host(
     if k.dim(0)? != v.dim(0)?
         || k.dim(1)? != v.dim(1)?
         || k.dim(2)? != p
-        || hkv == 0
-        || !h.is_multiple_of(hkv)
+        || !super::gqa::groups_fit(h, hkv)
     {
         anyhow::bail!(
             "exact attention: q {:?}, k {:?}, v {:?} do not fit (K/V heads must divide the query heads)",
