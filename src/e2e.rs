@@ -82,7 +82,11 @@ pub fn run_with(req: &E2eRequest, extra: Vec<E2eMethod>) -> Result<E2eOutcome> {
     if methods.is_empty() {
         return Err(usage!("--methods: name at least one method"));
     }
-    let need = req.lengths.iter().max().copied().unwrap_or(0) * (req.windows + 1) * 2;
+    // The windows of an --ids run are the file's: no corpus is tokenized, or downloaded (issue 57).
+    let need = match req.ids_file {
+        Some(_) => 0,
+        None => req.lengths.iter().max().copied().unwrap_or(0) * (req.windows + 1) * 2,
+    };
     let prepared = inputs::prepare_depth(&req.inputs, need, Depth::Whole)?;
     let model = prepared
         .whole_decoder()

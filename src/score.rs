@@ -319,8 +319,10 @@ pub fn score(req: &ScoreRequest) -> Result<SweepOutcome> {
     // Every Ô file's header is checked before anything is written: a refused score leaves --out
     // as it was.
     for (&(n, w, _), path) in &approx {
-        let info = &by_unit[&(n, w)].info;
-        check_header(path, "o_hat", &[info.heads, scored(n), info.head_dim])?;
+        let dump = by_unit[&(n, w)];
+        let info = &dump.info;
+        let pv = info.head_dim_v(&dump.path.display().to_string())?;
+        check_header(path, "o_hat", &[info.heads, scored(n), pv])?;
     }
     let files = dumps
         .iter()
@@ -385,10 +387,13 @@ pub fn score(req: &ScoreRequest) -> Result<SweepOutcome> {
     for &n in &lengths {
         for w in 0..windows {
             let dump = by_unit[&(n, w)];
+            // MLA's V (and O) are d_v wide, Q and K p wide (issue 57): V is checked at its own width.
+            let pv = dump.info.head_dim_v(&dump.path.display().to_string())?;
             let shape = [dump.info.heads, n, dump.info.head_dim];
             let kv_shape = [dump.info.kv_heads(), n, dump.info.head_dim];
             let q = load_tensor(&dump.path, "q", &shape);
-            let [k, v] = ["k", "v"].map(|key| load_tensor(&dump.path, key, &kv_shape));
+            let k = load_tensor(&dump.path, "k", &kv_shape);
+            let v = load_tensor(&dump.path, "v", &[dump.info.kv_heads(), n, pv]);
             let (q, k, v) = (q?, k?, v?);
             let spec = dump_spec(dump)?;
             // A non-finite input would surface as a failed exact target (the device message).
@@ -400,7 +405,7 @@ pub fn score(req: &ScoreRequest) -> Result<SweepOutcome> {
             let q = q.to_dtype(cfg.inputs.candle_dtype())?;
             let k = k.to_dtype(cfg.inputs.candle_dtype())?;
             let v = v.to_dtype(cfg.inputs.candle_dtype())?;
-            let o_shape = [dump.info.heads, scored(n), dump.info.head_dim];
+            let o_shape = [dump.info.heads, scored(n), pv];
             let outs: Vec<Tensor> = features
                 .iter()
                 .map(|d| load_tensor(&approx[&(n, w, *d)], "o_hat", &o_shape))

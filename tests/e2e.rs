@@ -152,6 +152,38 @@ fn ids_from_a_file_are_the_windows_and_ids_txt_gives_them_back() {
         rows_without_seconds(&a.join("e2e.csv")),
         rows_without_seconds(&b.join("e2e.csv"))
     );
+    // The ids decide the windows: without --corpus nothing is tokenized or fetched (issue 57: the
+    // default corpus is Wikitext-2 from the hub, which an offline run cannot reach), same rows.
+    let c = dir.path().join("c");
+    let ids = a.join("ids.txt");
+    let args = [
+        "e2e",
+        "--features",
+        "8,16",
+        "--quiet",
+        "--n-f",
+        "16",
+        "--methods",
+        "window,streaming,snapkv,topk_dec",
+        "--model-dir",
+        model.to_str().unwrap(),
+        "--ids",
+        ids.to_str().unwrap(),
+        "--out",
+        c.to_str().unwrap(),
+    ];
+    let o = run(
+        &args,
+        &[
+            ("HF_HUB_OFFLINE", "1"),
+            ("HF_ENDPOINT", "http://127.0.0.1:9"),
+        ],
+    );
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert_eq!(
+        rows_without_seconds(&a.join("e2e.csv")),
+        rows_without_seconds(&c.join("e2e.csv"))
+    );
 }
 
 #[test]
@@ -222,6 +254,35 @@ fn shards_merged_are_the_unsharded_run() {
     }
     let manifest = std::fs::read_to_string(merged.join("manifest.json")).unwrap();
     assert!(manifest.contains("\"status\": \"complete\""), "{manifest}");
+    // The same merge again is allowed (in any order); a merge into another run is refused and
+    // leaves that run's manifest as it was (issue 57).
+    let o = merge(&[&shards[1], &shards[0]], &merged);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let before = std::fs::read_to_string(whole.join("manifest.json")).unwrap();
+    let o = merge(&[&shards[0], &shards[1]], &whole);
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    assert!(stderr(&o).contains("another run"), "{}", stderr(&o));
+    assert_eq!(
+        std::fs::read_to_string(whole.join("manifest.json")).unwrap(),
+        before
+    );
+    // A point of shard 1 copied into shard 2 would be counted twice: refused, naming it.
+    let row = std::fs::read_to_string(shards[0].join("e2e.csv"))
+        .unwrap()
+        .lines()
+        .nth(1)
+        .unwrap()
+        .to_string();
+    let mut second = std::fs::read_to_string(shards[1].join("e2e.csv")).unwrap();
+    second += &format!("{row}\n");
+    std::fs::write(shards[1].join("e2e.csv"), second).unwrap();
+    let o = merge(&[&shards[0], &shards[1]], &dir.path().join("dup"));
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    assert!(
+        stderr(&o).contains("also in another shard"),
+        "{}",
+        stderr(&o)
+    );
     // A shard given twice, an unsharded run and a shard of another command are refused.
     for (dirs, want) in [
         (vec![&shards[0], &shards[0]], "given twice"),
@@ -442,4 +503,63 @@ fn a_signal_stops_between_points_and_the_rerun_completes_the_same_rows() {
             "{f}"
         );
     }
+}
+
+/// A resumed run with other initialized weights is refused (issue 57): two `--model initialized`
+/// runs share every file, so the seed and the scheme are recorded and compared. The same seed resumes.
+#[test]
+fn a_resume_with_another_initialized_model_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = llama_dir(&dir.path().join("m"), true);
+    let corpus = corpus(dir.path());
+    let out = dir.path().join("a");
+    let flags = "--model initialized --methods window";
+    let o = e2e(
+        &model,
+        &corpus,
+        &out,
+        &format!("{flags} --windows 1 --model-seed 1"),
+    );
+    assert!(o.status.success(), "{}", stderr(&o));
+    let o = e2e(
+        &model,
+        &corpus,
+        &out,
+        &format!("{flags} --windows 2 --model-seed 2"),
+    );
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    assert!(stderr(&o).contains("weights"), "{}", stderr(&o));
+    let o = e2e(
+        &model,
+        &corpus,
+        &out,
+        &format!("{flags} --windows 2 --model-seed 1 --init pytorch"),
+    );
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    let o = e2e(
+        &model,
+        &corpus,
+        &out,
+        &format!("{flags} --windows 2 --model-seed 1"),
+    );
+    assert!(o.status.success(), "{}", stderr(&o));
+}
+
+/// A row of a window the run does not have is refused on resume (issue 57), not counted as a point.
+#[test]
+fn a_resume_refuses_rows_of_windows_beyond_the_run() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = llama_dir(&dir.path().join("m"), true);
+    let corpus = corpus(dir.path());
+    let out = dir.path().join("a");
+    let o = e2e(&model, &corpus, &out, "--windows 1 --methods window");
+    assert!(o.status.success(), "{}", stderr(&o));
+    let path = out.join("e2e.csv");
+    let text = std::fs::read_to_string(&path).unwrap();
+    let row = text.lines().nth(1).unwrap();
+    let stray = format!("7{}", &row[row.find(',').unwrap()..]);
+    std::fs::write(&path, format!("{text}{stray}\n")).unwrap();
+    let o = e2e(&model, &corpus, &out, "--windows 1 --methods window");
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    assert!(stderr(&o).contains("window 7"), "{}", stderr(&o));
 }

@@ -136,6 +136,12 @@ fn a_family_sweep_refuses_what_its_methods_lack_and_bad_configs_name_their_field
             "",
             "query_pre_attn_scalar",
         ),
+        // Finite, but beyond f32 (issue 57): it overflowed the f32 forward, blamed on the device.
+        (
+            r#""attn_logit_softcapping": 8.0"#,
+            r#""attn_logit_softcapping": 1e39"#,
+            "attn_logit_softcapping",
+        ),
     ] {
         assert!(original.contains(from), "{from}");
         std::fs::write(&config, original.replacen(from, to, 1)).unwrap();

@@ -522,3 +522,63 @@ fn score_computes_the_target_under_the_dumps_spec() {
         }
     }
 }
+
+/// `score` on the tool's own DeepSeek (MLA) dump (issue 57): V and Ô are d_v = 16 wide while Q and K
+/// are p = 24 wide. Ô = the float64 definition's O under the dump's spec scores to rounding, Ô = 0
+/// scores relative error 1, and an Ô of Q's width is refused naming the shape.
+#[test]
+fn score_takes_an_mla_dump_with_its_own_value_width() {
+    use approx_bench::attention::spec::exact_attention_reference;
+    use common::families::{dump as family_dump, family_dir};
+    let tmp = tempfile::tempdir().unwrap();
+    let (dir, corpus, _) = family_dir(tmp.path(), "deepseek_v2");
+    let (qkv, approx) = (tmp.path().join("qkv"), tmp.path().join("approx"));
+    std::fs::create_dir_all(&qkv).unwrap();
+    std::fs::create_dir_all(&approx).unwrap();
+    let file = qkv.join("mla-n40-w0.safetensors");
+    let (t, side, _) = family_dump(&dir, &corpus, &file, "--layer 2");
+    assert_eq!(side["head_dim_v"], 16);
+    let (heads, n, p) = t["q"].dims3().unwrap();
+    let (kv_heads, _, pv) = t["v"].dims3().unwrap();
+    assert_eq!((p, pv), (24, 16));
+    let info: approx_bench::inputs::dump::DumpInfo = serde_json::from_value(side).unwrap();
+    let spec = info.spec(t.get("sinks"), "sidecar").unwrap();
+    let f64s = |x: &Tensor| -> Vec<f64> {
+        x.to_dtype(candle_core::DType::F64)
+            .unwrap()
+            .flatten_all()
+            .unwrap()
+            .to_vec1()
+            .unwrap()
+    };
+    let o = exact_attention_reference(
+        &f64s(&t["q"]),
+        &f64s(&t["k"]),
+        &f64s(&t["v"]),
+        (heads, kv_heads, n, p, pv),
+        &spec,
+    );
+    let exact = Tensor::from_vec(o, (heads, n, pv), &Device::Cpu).unwrap();
+    let zero = exact.zeros_like().unwrap();
+    let wide = Tensor::zeros((heads, n, p), candle_core::DType::F64, &Device::Cpu).unwrap();
+    for (name, o) in [("exact", &exact), ("zero", &zero), ("wide", &wide)] {
+        let map = HashMap::from([("o_hat".to_string(), o.clone())]);
+        candle_core::safetensors::save(&map, approx.join(format!("{name}-n{n}-w0-d1.safetensors")))
+            .unwrap();
+        let out = tmp.path().join(format!("out-{name}"));
+        let o = score(&qkv, &approx, name, &out, &[]);
+        if name == "wide" {
+            assert_usage_error(&o, "o_hat");
+            continue;
+        }
+        assert!(o.status.success(), "{name}: {}", stderr(&o));
+        let rows = read_rows(&out.join("trials.csv")).unwrap();
+        assert_eq!(rows.len(), heads);
+        for r in &rows {
+            match name {
+                "exact" => assert!(r.rel_error < 1e-5, "{name}: {}", r.rel_error),
+                _ => assert!((r.rel_error - 1.0).abs() < 1e-12, "{name}: {}", r.rel_error),
+            }
+        }
+    }
+}

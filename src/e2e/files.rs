@@ -140,6 +140,17 @@ impl Store {
             "shard": req.shard.map(|s| format!("{}/{}", s.index, s.count)),
             "positions": req.positions,
             "per_head": req.per_head,
+            // Which weights (issue 57): two initialized models share every file, so their seed
+            // and scheme are what tells them apart.
+            "weights": match req.inputs.model {
+                crate::config::ModelKind::Pretrained => serde_json::json!("pretrained"),
+                crate::config::ModelKind::Initialized => serde_json::json!({
+                    "initialized": {
+                        "model_seed": req.inputs.model_seed,
+                        "init": format!("{:?}", req.inputs.init).to_lowercase(),
+                    }
+                }),
+            },
             // One hash per window: a rerun with more windows extends the run (the old windows
             // must be its first ones), one with other windows is refused.
             "window_sha256": windows
@@ -151,6 +162,15 @@ impl Store {
         crate::atomic_file::write(&out.join("ids.txt"), ids_text.as_bytes())?;
         let header = e2e_header(one_layer);
         let done = keep_complete_rows(&out.join("e2e.csv"), &header, None)?;
+        // A row of a window this run does not have is no point of it (issue 57): it would be
+        // counted and summarised as one.
+        if let Some((w, mode, method, d)) = done.iter().find(|(w, ..)| *w >= windows.len()) {
+            return Err(usage!(
+                "{}: holds a row of window {w} ({mode} {method} at d = {d}), beyond this run's {} windows; the file was edited or belongs to another run: give another --out",
+                out.join("e2e.csv").display(),
+                windows.len()
+            ));
+        }
         let strs = |c: &[&str]| c.iter().map(|s| s.to_string()).collect::<Vec<_>>();
         keep_complete_rows(
             &out.join("e2e_layers.csv"),
@@ -376,7 +396,7 @@ fn check_same_run(out: &Path, manifest: &serde_json::Value) -> Result<()> {
     }
     // The optional files must cover every point or none (a run from before they were recorded
     // has no such keys and resumes as before).
-    let optional = ["positions", "per_head"]
+    let optional = ["positions", "per_head", "weights"]
         .into_iter()
         .filter(|k| old.get(*k).is_some());
     let keys = [
@@ -471,7 +491,8 @@ fn write_rows(f: &mut File, text: &str, path: &Path) -> Result<()> {
     f.write_all(text.as_bytes())
         .and_then(|_| f.flush())
         .map_err(|e| {
-            usage!(
+            // A runtime failure (exit 1), as the sweep's full disk is (issue 57), not a usage error.
+            anyhow::anyhow!(
                 "{}: cannot write rows ({e}); free space or fix permissions, then rerun to resume",
                 path.display()
             )
@@ -516,4 +537,27 @@ fn sha256_hex(bytes: &[u8]) -> String {
         .iter()
         .map(|b| format!("{b:02x}"))
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A full disk while rows are written is a runtime failure (exit 1), naming the file and
+    /// saying that a rerun resumes; never a usage error (exit 2).
+    #[test]
+    fn a_full_disk_is_a_runtime_failure() {
+        let full = Path::new("/dev/full");
+        if !full.exists() {
+            return;
+        }
+        let mut f = OpenOptions::new().append(true).open(full).unwrap();
+        let e = write_rows(&mut f, "0,window\n", full).unwrap_err();
+        assert!(e.downcast_ref::<crate::UsageError>().is_none(), "{e}");
+        let msg = e.to_string();
+        assert!(
+            msg.contains("/dev/full") && msg.contains("rerun to resume"),
+            "{msg}"
+        );
+    }
 }

@@ -41,6 +41,20 @@ pub fn merge(dirs: &[PathBuf], out: &Path) -> Result<MergedE2e> {
         ));
     }
     let _lock = crate::report::run_lock::create_and_lock(out)?;
+    let merged_from = serde_json::json!(dirs
+        .iter()
+        .map(|d| d.display().to_string())
+        .collect::<Vec<_>>());
+    refuse_occupied(out, &merged_from)?;
+    // Said first, so that an interrupted merge is recognised as this one and rerun.
+    let mut manifest = manifests[0].clone();
+    manifest["shard"] = serde_json::Value::Null;
+    manifest["status"] = serde_json::json!("merging");
+    manifest["merged_from"] = merged_from;
+    crate::atomic_file::write(
+        &out.join("manifest.json"),
+        serde_json::to_string_pretty(&manifest)?.as_bytes(),
+    )?;
     let mut points = 0;
     for file in [
         "e2e.csv",
@@ -74,13 +88,7 @@ pub fn merge(dirs: &[PathBuf], out: &Path) -> Result<MergedE2e> {
     } else {
         "partial"
     };
-    let mut manifest = manifests[0].clone();
-    manifest["shard"] = serde_json::Value::Null;
     manifest["status"] = serde_json::json!(status);
-    manifest["merged_from"] = serde_json::json!(dirs
-        .iter()
-        .map(|d| d.display().to_string())
-        .collect::<Vec<_>>());
     let text = serde_json::to_string_pretty(&manifest)?;
     crate::atomic_file::write(&out.join("manifest.json"), text.as_bytes())?;
     Ok(MergedE2e {
@@ -88,6 +96,47 @@ pub fn merge(dirs: &[PathBuf], out: &Path) -> Result<MergedE2e> {
         shards: shards.len(),
         status: status.into(),
     })
+}
+
+/// A merge writes only into an empty directory, or over a merge of the same shards (an interrupted
+/// one, or one done before): never over another run, whose manifest it would replace (issue 57).
+fn refuse_occupied(out: &Path, merged_from: &serde_json::Value) -> Result<()> {
+    let entries: Vec<String> = std::fs::read_dir(out)
+        .map_err(|e| usage!("--out {}: cannot read it ({e})", out.display()))?
+        .filter_map(|e| e.ok())
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .filter(|name| name != crate::report::run_lock::LOCK_FILE)
+        .collect();
+    if entries.is_empty() {
+        return Ok(());
+    }
+    let old: Option<serde_json::Value> = std::fs::read_to_string(out.join("manifest.json"))
+        .ok()
+        .and_then(|t| serde_json::from_str(&t).ok());
+    let same_merge = old
+        .as_ref()
+        .is_some_and(|m| m["kind"] == "e2e" && sorted(&m["merged_from"]) == sorted(merged_from));
+    if same_merge {
+        return Ok(());
+    }
+    let holds = match old {
+        Some(_) => "a run's manifest.json".to_string(),
+        None => format!("{} files", entries.len()),
+    };
+    Err(usage!(
+        "--out {}: holds {holds} (another run, not a merge of these shards); merge into an empty or new directory",
+        out.display()
+    ))
+}
+
+fn sorted(v: &serde_json::Value) -> Option<Vec<String>> {
+    let mut list: Vec<String> = v
+        .as_array()?
+        .iter()
+        .map(|x| x.as_str().map(str::to_string))
+        .collect::<Option<_>>()?;
+    list.sort();
+    Some(list)
 }
 
 fn read_manifest(dir: &Path) -> Result<serde_json::Value> {
@@ -170,6 +219,7 @@ fn check_shards(dirs: &[PathBuf], manifests: &[serde_json::Value]) -> Result<Vec
 fn join_rows(dirs: &[PathBuf], file: &str, texts: &[Option<String>]) -> Result<String> {
     let mut header: Option<&str> = None;
     let mut out = String::new();
+    let mut points = std::collections::HashSet::new();
     for (dir, text) in dirs.iter().zip(texts) {
         let Some(text) = text else {
             return Err(usage!(
@@ -195,6 +245,21 @@ fn join_rows(dirs: &[PathBuf], file: &str, texts: &[Option<String>]) -> Result<S
         let width = head.split(',').count();
         for line in text.split_inclusive('\n').skip(1) {
             if line.ends_with('\n') && line.trim_end().split(',').count() == width {
+                // A point (window, mode, method, d) is one shard's: the same point in two shards
+                // would be counted twice (issue 57).
+                if file == "e2e.csv" {
+                    let key: Vec<&str> = line.split(',').take(4).collect();
+                    if !points.insert(key.join(",")) {
+                        return Err(usage!(
+                            "{}: the point (window {}, {} {} at d = {}) is also in another shard; each point must come from one shard (run every shard with the same flags)",
+                            dir.join(file).display(),
+                            key[0],
+                            key[1],
+                            key[2],
+                            key.get(3).unwrap_or(&"?")
+                        ));
+                    }
+                }
                 out += line;
             }
         }

@@ -145,6 +145,23 @@ impl DumpInfo {
     pub fn kv_heads(&self) -> usize {
         self.kv_heads.unwrap_or(self.heads)
     }
+
+    /// V's (and so O's) head width: the sidecar's `head_dim_v` (MLA's d_v differs from the
+    /// query/key width p), else p. A value that is no positive integer is refused naming `what`.
+    pub fn head_dim_v(&self, what: &str) -> Result<usize> {
+        match self.extra.get("head_dim_v") {
+            None | Some(serde_json::Value::Null) => Ok(self.head_dim),
+            Some(v) => v
+                .as_u64()
+                .filter(|&d| d > 0)
+                .map(|d| d as usize)
+                .ok_or_else(|| {
+                    usage!(
+                        "{what}: head_dim_v is {v}, not a positive integer; dump the layer again with dump-qkv"
+                    )
+                }),
+        }
+    }
 }
 
 /// The sidecar's path for a dump file.

@@ -358,9 +358,17 @@ pub fn prepare_depth(
             Model::Bert { .. } => unreachable!("a decoder's files load a decoder"),
         };
         let (tokenizer, bos) = decoder_tokenizer(&files)?;
-        let corpus_path = corpus_path()?;
-        let mut corpus =
-            corpus::tokenize_prefix(&corpus_path, &tokenizer, vocab_size, need_tokens)?;
+        // No token needed (an e2e run whose windows are --ids): no corpus is read or fetched.
+        let corpus_path = (need_tokens > 0).then(corpus_path).transpose()?;
+        let mut corpus = match &corpus_path {
+            Some(path) => corpus::tokenize_prefix(path, &tokenizer, vocab_size, need_tokens)?,
+            None => corpus::Corpus {
+                path: PathBuf::new(),
+                ids: Vec::new(),
+                bos: None,
+                complete: true,
+            },
+        };
         corpus.bos = bos;
         let mut list = vec![
             ("config".to_string(), files.config.clone()),
@@ -384,7 +392,9 @@ pub fn prepare_depth(
             }
             _ => {}
         }
-        list.push(("corpus".to_string(), corpus_path));
+        if let Some(path) = corpus_path {
+            list.push(("corpus".to_string(), path));
+        }
         return Ok(Prepared {
             model,
             corpus,

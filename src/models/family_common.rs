@@ -72,12 +72,21 @@ impl<'a> ConfigFields<'a> {
     pub fn f64_opt(&self, name: &str) -> Result<Option<f64>> {
         self.get(name)
             .map(|x| {
-                x.as_f64().ok_or_else(|| {
+                let v = x.as_f64().ok_or_else(|| {
                     usage!(
                         "{}: field \"{name}\" must be a number, found {x}",
                         self.what
                     )
-                })
+                })?;
+                // A finite value beyond f32's range overflows an f32 run (issue 57): named here,
+                // not found later as a non-finite forward blamed on the device.
+                if v.abs() > f64::from(f32::MAX) {
+                    return Err(usage!(
+                        "{}: field \"{name}\" is {x}, beyond the range of f32 (±3.4e38); the config is corrupt",
+                        self.what
+                    ));
+                }
+                Ok(v)
             })
             .transpose()
     }
