@@ -14,6 +14,9 @@
 //! - `models/` never imports `protocol`, `sweep`, `report`, `inputs` or a face: a forward does not
 //!   know it is being measured.
 //! - `inputs/` never imports `score`, `sweep`, `report`, `check` or `bench`: they read its outputs.
+//! - `protocol/` never imports `config`, `inputs`, `sweep`, `score`, `check`, `bench` or `e2e`: it
+//!   measures a model's layers through the methods; the runs around it are its callers'.
+//! - `e2e/` never imports `sweep`, `score`, `check` or `bench`: a face of its own over the protocol.
 //! - The ground floor (`tensor_util`, `file_hash`, `runtime`, `choice`, `device`, `interrupt`,
 //!   `atomic_file`) imports nothing of the house.
 //! - The library never sees clap (only `main.rs` and `cli.rs`, the binary, do) and never PyO3.
@@ -169,6 +172,32 @@ fn the_inputs_know_nothing_of_their_readers() {
     assert_none(
         "inputs/ never imports score, sweep, report, check or bench (the dump's sidecar format lives with its writer)",
         violations("inputs", &["score", "sweep", "report", "check", "bench"]),
+    );
+}
+
+/// protocol/ measures a model's layers through the methods (one trial, one point); the runs around
+/// it (files, flags, resumes) are its callers' (issue 54).
+#[test]
+fn a_protocol_knows_no_run_around_it() {
+    assert_none(
+        "protocol/ never imports config, inputs, sweep, score, check, bench or e2e",
+        violations(
+            "protocol",
+            &["config", "inputs", "sweep", "score", "check", "bench", "e2e"],
+        ),
+    );
+}
+
+/// e2e/ is a face of its own: it reads the protocol, not the sweep's or score's runs (issue 54).
+#[test]
+fn the_end_to_end_run_is_not_built_on_the_sweep() {
+    assert_none(
+        "e2e/ (and e2e.rs) never imports sweep, score, check or bench",
+        [
+            violations("e2e", &["sweep", "score", "check", "bench"]),
+            violations("e2e.rs", &["sweep", "score", "check", "bench"]),
+        ]
+        .concat(),
     );
 }
 
