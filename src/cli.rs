@@ -441,6 +441,25 @@ impl InputArgs {
 }
 
 impl SweepArgs {
+    /// Where and how the sweep writes: `--out`, `--force`, `--quiet`, the cache and the shard.
+    pub fn sweep_options(
+        &self,
+        command: Vec<String>,
+    ) -> anyhow::Result<approx_bench::sweep::SweepOptions> {
+        Ok(approx_bench::sweep::SweepOptions {
+            out: self.out.clone(),
+            force: self.force,
+            quiet: self.quiet,
+            command,
+            qkv_cache: self.inputs.qkv_cache(),
+            shard: self
+                .shard
+                .as_deref()
+                .map(approx_bench::config::Shard::parse)
+                .transpose()?,
+        })
+    }
+
     /// The library's sweep options (validated by `RunConfig::new`).
     pub fn options(&self) -> RunOptions {
         RunOptions {
@@ -455,6 +474,22 @@ impl SweepArgs {
             heads: self.heads.clone(),
             seed: self.seed,
             user_methods: Default::default(),
+            decode: self.decode,
+        }
+    }
+}
+
+impl ScoreArgs {
+    /// The score request of these flags, for `command` (recorded in the manifest).
+    pub fn request(self, command: Vec<String>) -> approx_bench::score::ScoreRequest {
+        approx_bench::score::ScoreRequest {
+            qkv: self.qkv,
+            approx: self.approx,
+            name: self.name,
+            target: self.target,
+            out: self.out,
+            force: self.force,
+            command,
             decode: self.decode,
         }
     }

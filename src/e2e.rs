@@ -62,6 +62,27 @@ pub struct E2eOutcome {
 /// One (mode, method, d) point's key in the files.
 pub type PointKey = (usize, String, String, usize);
 
+/// `approx-bench e2e`: runs the request and says what it did on stderr (each method's report unless
+/// `quiet`, the predictor table on stdout with `summary`, then where the points are).
+pub fn run_and_report(req: &E2eRequest, summary: bool) -> Result<()> {
+    let outcome = run(req)?;
+    if !req.quiet {
+        for (name, r) in &outcome.reports {
+            eprintln!("{}", format_report(name, r));
+        }
+    }
+    if summary {
+        print!("{}", summary::table(&outcome.out)?);
+    }
+    eprintln!(
+        "{}: {} new points, {} in all (e2e.csv, e2e_layers.csv, summary.csv)",
+        outcome.out.display(),
+        outcome.new_points,
+        outcome.total_points
+    );
+    Ok(())
+}
+
 /// Runs the request; see the module doc.
 pub fn run(req: &E2eRequest) -> Result<E2eOutcome> {
     run_with(req, Vec::new())

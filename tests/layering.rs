@@ -183,7 +183,9 @@ fn a_protocol_knows_no_run_around_it() {
         "protocol/ never imports config, inputs, sweep, score, check, bench or e2e",
         violations(
             "protocol",
-            &["config", "inputs", "sweep", "score", "check", "bench", "e2e"],
+            &[
+                "config", "inputs", "sweep", "score", "check", "bench", "e2e",
+            ],
         ),
     );
 }

@@ -561,13 +561,17 @@ fn score_takes_an_mla_dump_with_its_own_value_width() {
     let exact = Tensor::from_vec(o, (heads, n, pv), &Device::Cpu).unwrap();
     let zero = exact.zeros_like().unwrap();
     let wide = Tensor::zeros((heads, n, p), candle_core::DType::F64, &Device::Cpu).unwrap();
-    for (name, o) in [("exact", &exact), ("zero", &zero), ("wide", &wide)] {
+    for (name, o) in [
+        ("mine_exact", &exact),
+        ("mine_zero", &zero),
+        ("mine_wide", &wide),
+    ] {
         let map = HashMap::from([("o_hat".to_string(), o.clone())]);
         candle_core::safetensors::save(&map, approx.join(format!("{name}-n{n}-w0-d1.safetensors")))
             .unwrap();
         let out = tmp.path().join(format!("out-{name}"));
         let o = score(&qkv, &approx, name, &out, &[]);
-        if name == "wide" {
+        if name == "mine_wide" {
             assert_usage_error(&o, "o_hat");
             continue;
         }
@@ -576,7 +580,7 @@ fn score_takes_an_mla_dump_with_its_own_value_width() {
         assert_eq!(rows.len(), heads);
         for r in &rows {
             match name {
-                "exact" => assert!(r.rel_error < 1e-5, "{name}: {}", r.rel_error),
+                "mine_exact" => assert!(r.rel_error < 1e-5, "{name}: {}", r.rel_error),
                 _ => assert!((r.rel_error - 1.0).abs() < 1e-12, "{name}: {}", r.rel_error),
             }
         }

@@ -274,3 +274,21 @@ fn same_dir(a: &Path, b: &Path) -> bool {
         _ => a == b,
     }
 }
+
+/// `approx-bench merge`: e2e shards merged here, a sweep's or score's by `report::merge` (its
+/// console summary printed); the line to say for an e2e merge, None for the others.
+pub fn merge_runs(dirs: &[PathBuf], out: &Path) -> Result<Option<String>> {
+    if dirs.first().is_some_and(|d| is_e2e_run(d)) {
+        let m = merge(dirs, out)?;
+        return Ok(Some(format!(
+            "{}: {} points from {} shard(s), {}; summary.csv and e2e.png recomputed over every window",
+            out.display(),
+            m.points,
+            m.shards,
+            m.status
+        )));
+    }
+    let merged = crate::report::merge::merge(dirs, out)?;
+    crate::report::console::print_summary(out, &merged.summary, 0, merged.trials);
+    Ok(None)
+}

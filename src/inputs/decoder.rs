@@ -527,3 +527,20 @@ mod tests {
         assert_eq!(models::shards_needed(&index, 1).unwrap(), ["a", "b", "d"]);
     }
 }
+
+/// The run's options with the defaults that read the model: the layer when `--layer` was not given
+/// (`layer` None: a family's global layer), and, without `--mask`, the model's own (causal for a
+/// decoder, none for BERT; docs/reference.md §7.2). Under `--decode` the protocol's (causal), and the
+/// sweep refuses an encoder with the reason.
+pub fn with_model_defaults(
+    mut o: crate::config::RunOptions,
+    layer: Option<usize>,
+) -> Result<crate::config::RunOptions> {
+    if layer.is_none() {
+        o.inputs.layer = default_layer(&InputConfig::new(&o.inputs)?, "approx-bench")?;
+    }
+    if o.mask.is_none() && o.decode.is_none() {
+        o.mask = Some(native_mask(&InputConfig::new(&o.inputs)?)?);
+    }
+    Ok(o)
+}

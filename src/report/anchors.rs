@@ -2,6 +2,7 @@
 //! rasters: about ±0.01–0.02 on linear panels, ±1–2 % on log panels, ±0.05 where marked
 //! approximate), and the comparison of a run against them.
 
+use crate::config::Choice;
 use crate::report::summary::SummaryRow;
 
 /// One published point.
@@ -459,4 +460,30 @@ mod tests {
         );
         assert!((a - 2f64.ln()).abs() < 1e-12 && (b - 2f64.ln()).abs() < 1e-12);
     }
+}
+
+/// `approx-bench anchors`: the markdown table of every point of the runs in `from` (of `model` only,
+/// if given) that matches a published anchor, and the calibration score; a usage error when none does.
+pub fn report(
+    from: &[std::path::PathBuf],
+    model: Option<crate::config::ModelKind>,
+) -> anyhow::Result<String> {
+    let mut rows = Vec::new();
+    for d in from {
+        rows.extend(crate::report::figures::load_run(d)?.rows);
+    }
+    if let Some(kind) = model {
+        rows.retain(|r| r.model == kind.name());
+    }
+    let cmp = compare(&rows);
+    if cmp.is_empty() {
+        return Err(crate::usage!("no point of the runs matches a published anchor (initialized/pretrained, n ∈ 512..4096, d ∈ 16..256)"));
+    }
+    let score = calibration_score(&cmp).unwrap_or(f64::NAN);
+    Ok(format!(
+        "{}\n{} matched points; calibration score (weighted median |ln(mean/anchor)|, Informer and V-Mean ×3): {score:.3} (ratio ×{:.2})\n",
+        markdown_table(&cmp),
+        cmp.len(),
+        score.exp()
+    ))
 }

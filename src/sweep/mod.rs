@@ -106,6 +106,32 @@ pub fn refuse_decode_of_encoder(cfg: &RunConfig, prepared: &inputs::Prepared) ->
     Ok(())
 }
 
+/// The sweep as the command line runs it: the run, then its figures redrawn from summary.csv and,
+/// unless quiet, the console summary and where the figures went. A drawing failure leaves the run's
+/// CSV files complete and says how to retry.
+pub fn run_and_report(cfg: &RunConfig, opts: &SweepOptions) -> Result<()> {
+    let outcome = run(cfg, opts)?;
+    let figures = crate::report::figures::draw_after_sweep(&outcome.out);
+    if !opts.quiet {
+        crate::report::console::print_summary(
+            &outcome.out,
+            &outcome.summary,
+            outcome.new_trials,
+            outcome.total_trials,
+        );
+        if let Ok(paths) = &figures {
+            if !paths.is_empty() {
+                let list: Vec<String> = paths.iter().map(|p| p.display().to_string()).collect();
+                eprintln!("figures: {}", list.join(", "));
+            }
+        }
+    }
+    figures.map_err(|e| {
+        e.context("drawing the figures (the run's CSV files are complete; retry with `approx-bench plot`)")
+    })?;
+    Ok(())
+}
+
 /// Runs (or resumes) a sweep into `opts.out`.
 pub fn run(cfg: &RunConfig, opts: &SweepOptions) -> Result<SweepOutcome> {
     run_with(cfg, opts, Vec::new())

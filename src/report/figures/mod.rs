@@ -178,6 +178,32 @@ impl Statistic {
 /// Draws every figure there is data for into `out_dir` (created if missing); returns the paths.
 /// Rows of several runs are combined; where two runs hold the same (model, n, method, d) the
 /// earlier run wins. `stat` picks what the points show (median figures get a `-median` suffix).
+/// `approx-bench plot`: the figures of the runs in `from`, into `out` or else beside the first run
+/// (its directory, or the directory of a summary.csv given); a usage error when nothing is finite.
+pub fn plot(from: &[PathBuf], out: Option<&Path>, stat: Statistic) -> Result<Vec<PathBuf>> {
+    let runs = from
+        .iter()
+        .map(|d| load_run(d))
+        .collect::<Result<Vec<_>>>()?;
+    let first = &from[0];
+    let out = match out {
+        Some(o) => o.to_path_buf(),
+        None if first.is_file() => first.parent().map(|p| p.to_path_buf()).unwrap_or_default(),
+        None => first.clone(),
+    };
+    let written = draw_all(&runs, &out, stat)?;
+    if written.is_empty() {
+        return Err(crate::usage!(
+            "nothing to draw: no finite mean in {}",
+            from.iter()
+                .map(|p| p.display().to_string())
+                .collect::<Vec<_>>()
+                .join(", ")
+        ));
+    }
+    Ok(written)
+}
+
 pub fn draw_all(runs: &[RunData], out_dir: &Path, stat: Statistic) -> Result<Vec<PathBuf>> {
     // Causal rows (decoder attention) belong to no encoder figure; the decoder figure is their own.
     let all = combine(runs);
