@@ -139,6 +139,18 @@ pub struct E2eArgs {
 
 impl E2eArgs {
     pub fn request(&self, command: Vec<String>) -> anyhow::Result<approx_bench::e2e::E2eRequest> {
+        // Flags of the sweep that an e2e run has no use for are refused, not ignored (issue 57).
+        if let Some(l) = self.inputs.layer {
+            return Err(approx_bench::usage!(
+                "--layer {l}: e2e puts the method in every layer; drop --layer (--one-layer L,… names the layers whose one-layer error is reported)"
+            ));
+        }
+        if self.inputs.embedding_dropout != 0.0 {
+            return Err(approx_bench::usage!(
+                "--embedding-dropout {}: e2e runs the model in eval mode; drop the flag",
+                self.inputs.embedding_dropout
+            ));
+        }
         Ok(approx_bench::e2e::E2eRequest {
             inputs: approx_bench::config::InputConfig::new(&self.inputs.options())?,
             lengths: self.lengths.clone(),

@@ -91,6 +91,7 @@ pub fn run(req: &E2eRequest) -> Result<E2eOutcome> {
 /// [`run`] with methods defined outside the registry (a user's Python callable): a name in
 /// `req.methods` that one of `extra` bears is that method, in the mode it was given.
 pub fn run_with(req: &E2eRequest, extra: Vec<E2eMethod>) -> Result<E2eOutcome> {
+    check_request(req)?;
     let mut extra = extra;
     let methods = req
         .methods
@@ -260,6 +261,31 @@ pub fn run_with(req: &E2eRequest, extra: Vec<E2eMethod>) -> Result<E2eOutcome> {
         new_points,
         total_points,
     })
+}
+
+/// What the request must hold before anything is read or written (issue 57): a refused run leaves
+/// no directory that blocks the corrected command.
+fn check_request(req: &E2eRequest) -> Result<()> {
+    if req.n_f == 0 {
+        return Err(usage!(
+            "--n-f 0: no position would be scored; give the continuation's length (e.g. --n-f 256)"
+        ));
+    }
+    let mut seen = std::collections::BTreeSet::new();
+    if let Some(n) = req.lengths.iter().find(|&&n| !seen.insert(n)) {
+        return Err(usage!(
+            "--lengths: {n} is named twice; its windows would run twice. Name each length once"
+        ));
+    }
+    if let Some(one) = &req.one_layer {
+        let mut seen = std::collections::BTreeSet::new();
+        if let Some(l) = one.iter().find(|&&l| !seen.insert(l)) {
+            return Err(usage!(
+                "--one-layer: layer {l} is named twice; name each layer once"
+            ));
+        }
+    }
+    Ok(())
 }
 
 /// The method list with the presets expanded (§10.2), duplicates dropped, order kept.

@@ -563,3 +563,47 @@ fn a_resume_refuses_rows_of_windows_beyond_the_run() {
     assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
     assert!(stderr(&o).contains("window 7"), "{}", stderr(&o));
 }
+
+/// Bad e2e requests are refused before anything is written, so the corrected command runs (issue 57):
+/// `--n-f 0`, a length or a one-layer named twice, and the sweep's `--layer` and
+/// `--embedding-dropout`, which e2e has no use for. A refused resume names another --out, not the
+/// sweep's --force; the same files in a renamed directory resume.
+#[test]
+fn bad_requests_are_refused_before_writing_and_a_renamed_model_resumes() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = llama_dir(&dir.path().join("m"), true);
+    let corpus = corpus(dir.path());
+    let out = dir.path().join("a");
+    for (flags, needle) in [
+        ("--n-f 0", "--n-f 0"),
+        ("--lengths 64,64", "named twice"),
+        ("--one-layer 0,0", "named twice"),
+        ("--layer 1", "--layer 1"),
+        ("--embedding-dropout 0.1", "--embedding-dropout"),
+    ] {
+        let o = e2e(
+            &model,
+            &corpus,
+            &out,
+            &format!("--windows 1 --methods window {flags}"),
+        );
+        assert_eq!(o.status.code(), Some(2), "{flags}: {}", stderr(&o));
+        assert!(stderr(&o).contains(needle), "{flags}: {}", stderr(&o));
+        assert!(
+            !out.join("manifest.json").exists(),
+            "{flags} wrote a manifest"
+        );
+    }
+    let o = e2e(&model, &corpus, &out, "--windows 1 --methods window");
+    assert!(o.status.success(), "{}", stderr(&o));
+    // The same files under another directory name: the same model, resumed (and extended).
+    let renamed = dir.path().join("renamed");
+    std::fs::rename(&model, &renamed).unwrap();
+    let o = e2e(&renamed, &corpus, &out, "--windows 2 --methods window");
+    assert!(o.status.success(), "{}", stderr(&o));
+    // Another checkpoint under the run: refused without pointing at a --force that e2e lacks.
+    let other = llama_dir(&dir.path().join("other"), false);
+    let o = e2e(&other, &corpus, &out, "--windows 2 --methods window");
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    assert!(!stderr(&o).contains("--force"), "{}", stderr(&o));
+}

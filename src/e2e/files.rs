@@ -392,23 +392,24 @@ fn check_same_run(out: &Path, manifest: &serde_json::Value) -> Result<()> {
                 )
             })
         };
-        check_same_inputs(&parse(was)?, &parse(&manifest["inputs"])?, out)?;
+        // e2e has no --force: another --out is the way to start over (issue 57).
+        check_same_inputs(
+            &parse(was)?,
+            &parse(&manifest["inputs"])?,
+            out,
+            "use another --out",
+        )?;
     }
     // The optional files must cover every point or none (a run from before they were recorded
     // has no such keys and resumes as before).
     let optional = ["positions", "per_head", "weights"]
         .into_iter()
         .filter(|k| old.get(*k).is_some());
-    let keys = [
-        "kind",
-        "model_id",
-        "dtype",
-        "n_f",
-        "seed",
-        "one_layer",
-        "shard",
-    ];
-    for key in keys.into_iter().chain(optional) {
+    // With the inputs recorded, the files are compared by content above: the same files in a
+    // directory of another name (another `model_id`) are the same model (issue 57).
+    let model_id = (old.get("inputs").is_none()).then_some("model_id");
+    let keys = ["kind", "dtype", "n_f", "seed", "one_layer", "shard"];
+    for key in keys.into_iter().chain(model_id).chain(optional) {
         if old[key] != manifest[key] {
             return Err(usage!(
                 "{}: holds a run with {key} = {} where this command has {}; rerun the same command to resume it, or give another --out",

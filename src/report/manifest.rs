@@ -237,6 +237,7 @@ pub fn check_same_inputs(
     old: &[InputFile],
     new: &[InputFile],
     out: &std::path::Path,
+    fix: &str,
 ) -> Result<()> {
     let hashes = |files: &[InputFile], role: &str| -> Vec<String> {
         let mut h: Vec<String> = files
@@ -279,7 +280,7 @@ pub fn check_same_inputs(
             })
             .unwrap_or_else(|| format!("the {role} files differ"));
         return Err(crate::usage!(
-            "--out {}: {changed}; its rows would mix two inputs. Restore the file, use another --out, or --force to start over",
+            "--out {}: {changed}; its rows would mix two inputs. Restore the file, or {fix}",
             out.display()
         ));
     }

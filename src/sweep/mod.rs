@@ -217,7 +217,12 @@ pub fn run_with(
         .map(|(role, path)| InputFile::hashed(role, path))
         .collect::<Result<Vec<_>>>()?;
     if let Some(old) = &resumed {
-        manifest::check_same_inputs(&old.inputs, &inputs_list, &opts.out)?;
+        manifest::check_same_inputs(
+            &old.inputs,
+            &inputs_list,
+            &opts.out,
+            "use another --out, or --force to start over",
+        )?;
     }
     let model_name = cfg.inputs.model.name().to_string();
     let trials_path = opts.out.join("trials.csv");
