@@ -348,15 +348,9 @@ fn per_head_rows_average_to_the_layer_rows_and_a_resume_keeps_the_optional_files
     assert_eq!(read("e2e_heads.csv").len(), 192);
 }
 
-/// Mistral's sliding window (16 keys on the fixture) changes every layer's exact target at
-/// n = 32, and each method follows its rules there (docs/reference.md §7.7.6): at d ≥ W every
-/// method reproduces the exact run (the window holds at most W keys, so it keeps them all), below
-/// it the output moves; a method without a windowed form (KIVI's decode cache) is refused before
-/// any window runs, naming the layer and the window.
-#[test]
-fn a_sliding_window_is_each_layers_own_target_and_d_at_least_w_is_exact() {
-    let dir = tempfile::tempdir().unwrap();
-    let model = dir.path().join("mistral");
+/// The Mistral fixture (sliding window 16) with the BOS tokenizer, in a directory of its own.
+fn mistral_dir(tmp: &Path) -> std::path::PathBuf {
+    let model = tmp.join("mistral");
     std::fs::create_dir_all(&model).unwrap();
     for f in ["config.json", "model.safetensors"] {
         std::fs::copy(fixtures().join("mistral").join(f), model.join(f)).unwrap();
@@ -366,6 +360,18 @@ fn a_sliding_window_is_each_layers_own_target_and_d_at_least_w_is_exact() {
         model.join("tokenizer.json"),
     )
     .unwrap();
+    model
+}
+
+/// Mistral's sliding window (16 keys on the fixture) changes every layer's exact target at
+/// n = 32, and each method follows its rules there (docs/reference.md §7.7.6): at d ≥ W every
+/// method reproduces the exact run (the window holds at most W keys, so it keeps them all), below
+/// it the output moves; a method without a windowed form (KIVI's decode cache) is refused before
+/// any window runs, naming the layer and the window.
+#[test]
+fn a_sliding_window_is_each_layers_own_target_and_d_at_least_w_is_exact() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = mistral_dir(dir.path());
     let corpus = corpus(dir.path());
     let out = dir.path().join("a");
     let o = e2e(
@@ -406,16 +412,7 @@ fn a_sliding_window_is_each_layers_own_target_and_d_at_least_w_is_exact() {
 #[test]
 fn the_sweep_scores_a_sliding_layer_against_its_window() {
     let dir = tempfile::tempdir().unwrap();
-    let model = dir.path().join("mistral");
-    std::fs::create_dir_all(&model).unwrap();
-    for f in ["config.json", "model.safetensors"] {
-        std::fs::copy(fixtures().join("mistral").join(f), model.join(f)).unwrap();
-    }
-    std::fs::copy(
-        fixtures().join("tokenizers/with_bos/tokenizer.json"),
-        model.join("tokenizer.json"),
-    )
-    .unwrap();
+    let model = mistral_dir(dir.path());
     let corpus = corpus(dir.path());
     let out = dir.path().join("sweep");
     let o = decoder_run(

@@ -471,62 +471,51 @@ fn array<'a>(file: &'a GgufFile, key: &str) -> Result<Option<&'a [Value]>> {
     }
 }
 
-fn strings(file: &GgufFile, key: &str) -> Result<Option<Vec<String>>> {
+/// The elements of array `key`, each read by `read` (None: not of the kind `kind`).
+fn elements<T>(
+    file: &GgufFile,
+    key: &str,
+    kind: &str,
+    read: impl Fn(&Value) -> Option<T>,
+) -> Result<Option<Vec<T>>> {
     let Some(a) = array(file, key)? else {
         return Ok(None);
     };
     a.iter()
         .enumerate()
-        .map(|(i, v)| match v {
-            Value::String(s) => Ok(s.clone()),
-            _ => Err(usage!(
-                "GGUF {}: metadata {key}[{i}] is not a string",
-                file.path()
-            )),
+        .map(|(i, v)| {
+            read(v).ok_or_else(|| usage!("GGUF {}: metadata {key}[{i}] is not {kind}", file.path()))
         })
         .collect::<Result<Vec<_>>>()
         .map(Some)
+}
+
+fn strings(file: &GgufFile, key: &str) -> Result<Option<Vec<String>>> {
+    elements(file, key, "a string", |v| match v {
+        Value::String(s) => Some(s.clone()),
+        _ => None,
+    })
 }
 
 fn integers(file: &GgufFile, key: &str) -> Result<Option<Vec<i64>>> {
-    let Some(a) = array(file, key)? else {
-        return Ok(None);
-    };
-    a.iter()
-        .enumerate()
-        .map(|(i, v)| match v {
-            Value::I32(x) => Ok(i64::from(*x)),
-            Value::U32(x) => Ok(i64::from(*x)),
-            Value::I8(x) => Ok(i64::from(*x)),
-            Value::U8(x) => Ok(i64::from(*x)),
-            Value::I16(x) => Ok(i64::from(*x)),
-            Value::U16(x) => Ok(i64::from(*x)),
-            Value::I64(x) => Ok(*x),
-            _ => Err(usage!(
-                "GGUF {}: metadata {key}[{i}] is not an integer",
-                file.path()
-            )),
-        })
-        .collect::<Result<Vec<_>>>()
-        .map(Some)
+    elements(file, key, "an integer", |v| match v {
+        Value::I32(x) => Some(i64::from(*x)),
+        Value::U32(x) => Some(i64::from(*x)),
+        Value::I8(x) => Some(i64::from(*x)),
+        Value::U8(x) => Some(i64::from(*x)),
+        Value::I16(x) => Some(i64::from(*x)),
+        Value::U16(x) => Some(i64::from(*x)),
+        Value::I64(x) => Some(*x),
+        _ => None,
+    })
 }
 
 fn floats(file: &GgufFile, key: &str) -> Result<Option<Vec<f32>>> {
-    let Some(a) = array(file, key)? else {
-        return Ok(None);
-    };
-    a.iter()
-        .enumerate()
-        .map(|(i, v)| match v {
-            Value::F32(x) => Ok(*x),
-            Value::F64(x) => Ok(*x as f32),
-            _ => Err(usage!(
-                "GGUF {}: metadata {key}[{i}] is not a float",
-                file.path()
-            )),
-        })
-        .collect::<Result<Vec<_>>>()
-        .map(Some)
+    elements(file, key, "a float", |v| match v {
+        Value::F32(x) => Some(*x),
+        Value::F64(x) => Some(*x as f32),
+        _ => None,
+    })
 }
 
 #[cfg(test)]
