@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""The PyTorch peer of one `approx-bench e2e` point (issue 43, BENCHMARKS.md): SmolLM2 from the GGUF in
+"""The PyTorch peer of one `approx-bench e2e` point (issues 43, 55; BENCHMARKS.md): a model from its GGUF in
 transformers (float32), every layer's attention replaced through transformers' `AttentionInterface` by the
 same method, the causal sliding window of d keys (`window`, docs/reference.md §7.4: query i reads keys i − d < j ≤ i),
 one forward over one window of token ids, on the same thread count.
@@ -43,10 +43,12 @@ def window_attention(d):
 
 
 def scored_logp(model, ids, n_f):
+    # Only the rows that predict the scored positions go through the LM head (`logits_to_keep`), as
+    # in the tool: with Gemma 3's 262,144-token vocabulary the head over every row would cost more
+    # than the rest of the forward.
     with torch.no_grad():
-        out = model(torch.tensor([ids]), use_cache=False).logits[0]
-    n = len(ids)
-    return torch.log_softmax(out[n - n_f - 1:n - 1].double(), dim=-1)
+        out = model(torch.tensor([ids]), use_cache=False, logits_to_keep=n_f + 1).logits[0]
+    return torch.log_softmax(out[:n_f].double(), dim=-1)
 
 
 def main():
