@@ -604,3 +604,42 @@ fn bad_requests_are_refused_before_writing_and_a_renamed_model_resumes() {
     assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
     assert!(!stderr(&o).contains("--force"), "{}", stderr(&o));
 }
+
+/// An e2e run's directory given to plot, anchors or check, or as a sweep's --out (even with
+/// --force), is named as an e2e run (issue 57), and the run is left as it was.
+#[test]
+fn an_e2e_directory_is_named_as_one_by_the_sweeps_tools() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = llama_dir(&dir.path().join("m"), true);
+    let corpus = corpus(dir.path());
+    let out = dir.path().join("a");
+    let o = e2e(&model, &corpus, &out, "--windows 1 --methods window");
+    assert!(o.status.success(), "{}", stderr(&o));
+    let before = std::fs::read_to_string(out.join("e2e.csv")).unwrap();
+    let d = out.to_str().unwrap();
+    for args in [
+        vec!["plot", "--from", d],
+        vec!["anchors", "--from", d],
+        vec!["check", "--baseline", d, "--current", d],
+    ] {
+        let o = run(&args, &[]);
+        assert_eq!(o.status.code(), Some(2), "{args:?}: {}", stderr(&o));
+        assert!(
+            stderr(&o).contains("this is an e2e run"),
+            "{args:?}: {}",
+            stderr(&o)
+        );
+    }
+    let o = decoder_run(
+        &model,
+        &corpus,
+        &out,
+        "--lengths 32 --windows 1 --methods window --features 8 --force",
+    );
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    assert!(stderr(&o).contains("this is an e2e run"), "{}", stderr(&o));
+    assert_eq!(
+        std::fs::read_to_string(out.join("e2e.csv")).unwrap(),
+        before
+    );
+}

@@ -155,11 +155,29 @@ impl Manifest {
     }
 
     pub fn read(dir: &Path) -> Result<Self> {
+        refuse_e2e_run(dir)?;
         let p = dir.join("manifest.json");
         let s = std::fs::read_to_string(&p).with_context(|| format!("reading {}", p.display()))?;
         serde_json::from_str(&s)
             .map_err(|e| crate::usage!("{}: not a valid approx-bench manifest ({e})", p.display()))
     }
+}
+
+/// An `approx-bench e2e` run's directory is no sweep (issue 57): plot, anchors, check and a sweep
+/// into it say so, where they would otherwise fail on its other files.
+pub fn refuse_e2e_run(dir: &Path) -> Result<()> {
+    let e2e = dir.join("e2e.csv").is_file()
+        || std::fs::read_to_string(dir.join("manifest.json"))
+            .ok()
+            .and_then(|t| serde_json::from_str::<serde_json::Value>(&t).ok())
+            .is_some_and(|m| m["kind"] == "e2e");
+    if e2e {
+        return Err(crate::usage!(
+            "{}: this is an e2e run (e2e.csv, e2e_layers.csv), not a sweep: plot, anchors, check and the sweep read sweep runs. Its figure e2e.png and summary.csv are redrawn by rerunning its e2e command; a sweep needs another --out",
+            dir.display()
+        ));
+    }
+    Ok(())
 }
 
 /// Whether two runs' `--methods` are the same methods, in any order.

@@ -62,6 +62,8 @@ fn prepare_out(cfg: &RunConfig, opts: &SweepOptions) -> Result<(RunLock, Option<
 /// the same configuration only, whose manifest is returned.
 fn check_out(cfg: &RunConfig, opts: &SweepOptions) -> Result<Option<Manifest>> {
     crate::report::run_lock::probe_writable(&opts.out)?;
+    // Not even --force clears an e2e run: its points took hours.
+    manifest::refuse_e2e_run(&opts.out)?;
     if opts.force {
         // --force always starts over, whatever the directory holds.
         crate::report::remove_run_outputs(&opts.out)?;

@@ -62,6 +62,9 @@ impl RunData {
 /// Loads a run: `dir/summary.csv` and `dir/manifest.json`. `dir` may also be a summary.csv file;
 /// a manifest.json beside it is used when present, otherwise the model is `unknown`.
 pub fn load_run(dir: &Path) -> Result<RunData> {
+    if dir.is_dir() {
+        super::manifest::refuse_e2e_run(dir)?;
+    }
     let (summary_path, run_dir) = if dir.is_file() {
         (
             dir.to_path_buf(),
