@@ -357,6 +357,18 @@ fn load_family_gguf(
     let file = models::GgufFile::open(path)?;
     let arch = file.architecture()?;
     let Some((entry, from_gguf)) = models::registry::gguf_family_entry(&arch) else {
+        if !models::gguf::LLAMA_ARCHS.contains(&arch.as_str()) {
+            let families: Vec<&str> = models::registry::FAMILIES
+                .iter()
+                .flat_map(|f| f.gguf.iter().map(|(a, _)| *a))
+                .collect();
+            return Err(usage!(
+                "GGUF {}: architecture \"{arch}\" is not supported; supported: {}; §7.7 families (a layer's dump and sweep): {}",
+                path.display(),
+                models::gguf::LLAMA_ARCHS.join(", "),
+                families.join(", ")
+            ));
+        }
         return Ok(None);
     };
     check_family_inputs(inputs)?;
@@ -453,6 +465,36 @@ pub fn native_mask(inputs: &InputConfig) -> Result<crate::attention::Mask> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A GGUF of an architecture neither path reads is refused naming it, the Llama-style
+    /// architectures and every family's (the registry's list, read here: models/gguf.rs does not
+    /// import the registry, so no import circle runs through it).
+    #[test]
+    fn an_unknown_gguf_architecture_names_every_supported_one() {
+        let mut arch = 5u64.to_le_bytes().to_vec();
+        arch.extend(b"mamba");
+        let bytes =
+            crate::models::gguf_table::tests::gguf(&[("general.architecture", 8, arch)], &[]);
+        let f = tempfile::Builder::new().suffix(".gguf").tempfile().unwrap();
+        std::fs::write(f.path(), bytes).unwrap();
+        let inputs = InputConfig::new(&crate::config::InputOptions::default()).unwrap();
+        let e = match load_family_gguf(
+            f.path(),
+            &inputs,
+            models::Depth::Whole,
+            &candle_core::Device::Cpu,
+        ) {
+            Ok(_) => panic!("accepted"),
+            Err(e) => e.to_string(),
+        };
+        assert!(
+            e.contains("\"mamba\"")
+                && e.contains("qwen3")
+                && e.contains("gemma3")
+                && e.contains("deepseek2"),
+            "{e}"
+        );
+    }
 
     fn fixture_model(name: &str, layer: usize) -> Box<dyn models::family::FamilyModel> {
         let dir = Path::new(env!("CARGO_MANIFEST_DIR"))
