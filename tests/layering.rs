@@ -19,6 +19,7 @@
 //! - `e2e/` never imports `sweep`, `score`, `check` or `bench`: a face of its own over the protocol.
 //! - The ground floor (`tensor_util`, `file_hash`, `runtime`, `choice`, `device`, `interrupt`,
 //!   `atomic_file`) imports nothing of the house.
+//! - No import circle: the graph of files (A names a path into B) has none (issue 54).
 //! - The library never sees clap (only `main.rs` and `cli.rs`, the binary, do) and never PyO3.
 
 use std::path::{Path, PathBuf};
@@ -311,5 +312,184 @@ fn the_scanner_finds_what_the_rules_forbid() {
     assert_eq!(
         crate_uses("use clap::Parser;\n// clap::x\n", "clap").len(),
         1
+    );
+}
+
+/// The module of each source file (`src/a/b.rs` and `src/a/b/mod.rs` are `a::b`), test files and
+/// the binary left out.
+fn modules() -> std::collections::BTreeMap<Vec<String>, PathBuf> {
+    let mut out = std::collections::BTreeMap::new();
+    for file in rust_files(&src()) {
+        let rel = file.strip_prefix(src()).unwrap().with_extension("");
+        let mut parts: Vec<String> = rel
+            .iter()
+            .map(|p| p.to_string_lossy().into_owned())
+            .collect();
+        let last = parts.last().cloned().unwrap_or_default();
+        if last.ends_with("_tests")
+            || last == "tests"
+            || last == "test_util"
+            || last == "main"
+            || last == "cli"
+        {
+            continue;
+        }
+        if last == "mod" || last == "lib" {
+            parts.pop();
+        }
+        out.insert(parts, file);
+    }
+    out
+}
+
+/// Every path a file's code names from `crate::`, `super::` or `self::`, with grouped imports
+/// (`use super::{a::{b, c}, d}`) expanded, as segments; its `#[cfg(test)] mod tests` is left out.
+fn named_paths(text: &str) -> Vec<Vec<String>> {
+    let code: String = match text.find("#[cfg(test)]\nmod tests {") {
+        Some(i) => &text[..i],
+        None => text,
+    }
+    .lines()
+    .filter(|l| !l.trim_start().starts_with("//"))
+    .collect::<Vec<_>>()
+    .join("\n");
+    let chars: Vec<char> = code.chars().collect();
+    let mut out = Vec::new();
+    let mut i = 0;
+    while i < chars.len() {
+        let at_word = i == 0
+            || !(chars[i - 1].is_alphanumeric() || chars[i - 1] == '_' || chars[i - 1] == '$');
+        let rest: String = chars[i..chars.len().min(i + 7)].iter().collect();
+        if at_word
+            && (rest.starts_with("crate::")
+                || rest.starts_with("super::")
+                || rest.starts_with("self::"))
+        {
+            i = path_at(&chars, i, Vec::new(), &mut out);
+        } else {
+            i += 1;
+        }
+    }
+    out
+}
+
+/// Reads the path starting at `i` (after `prefix`), pushing each full path into `out`; returns
+/// where it ends.
+fn path_at(chars: &[char], mut i: usize, prefix: Vec<String>, out: &mut Vec<Vec<String>>) -> usize {
+    let mut segs = prefix;
+    loop {
+        let start = i;
+        while i < chars.len() && (chars[i].is_alphanumeric() || chars[i] == '_') {
+            i += 1;
+        }
+        if i > start {
+            segs.push(chars[start..i].iter().collect());
+        }
+        if i + 2 < chars.len() && chars[i] == ':' && chars[i + 1] == ':' {
+            i += 2;
+            if chars[i] == '{' {
+                i += 1;
+                loop {
+                    while i < chars.len() && (chars[i].is_whitespace() || chars[i] == ',') {
+                        i += 1;
+                    }
+                    if i >= chars.len() || chars[i] == '}' {
+                        out.push(segs.clone());
+                        return i + 1;
+                    }
+                    i = path_at(chars, i, segs.clone(), out);
+                    // `name as alias`, or a glob: skip to the next item.
+                    while i < chars.len() && chars[i] != ',' && chars[i] != '}' {
+                        i += 1;
+                    }
+                }
+            }
+            continue;
+        }
+        out.push(segs);
+        return i.max(start + 1);
+    }
+}
+
+/// The import graph of src/ (file A names a path into file B) has no circle (issue 54): every
+/// strongly connected component is one file.
+#[test]
+fn no_import_circle_runs_through_src() {
+    let mods = modules();
+    let resolve = |path: &[String]| -> Option<Vec<String>> {
+        (1..=path.len())
+            .rev()
+            .map(|k| path[..k].to_vec())
+            .find(|p| mods.contains_key(p))
+    };
+    let mut edges: std::collections::BTreeMap<
+        Vec<String>,
+        std::collections::BTreeSet<Vec<String>>,
+    > = Default::default();
+    for (module, file) in &mods {
+        let text = std::fs::read_to_string(file).unwrap();
+        for path in named_paths(&text) {
+            let mut base: Vec<String> = Vec::new();
+            let mut segs = path.as_slice();
+            if segs.first().is_some_and(|s| s == "crate") {
+                segs = &segs[1..];
+            } else {
+                base = module.clone();
+                while let Some(s) = segs.first() {
+                    match s.as_str() {
+                        "super" => {
+                            base.pop();
+                        }
+                        "self" => {}
+                        _ => break,
+                    }
+                    segs = &segs[1..];
+                }
+            }
+            base.extend(segs.iter().cloned());
+            if let Some(target) = resolve(&base) {
+                if &target != module && !target.is_empty() {
+                    edges.entry(module.clone()).or_default().insert(target);
+                }
+            }
+        }
+    }
+    // A circle: a module that reaches itself through the edges.
+    let mut circles = Vec::new();
+    for start in mods.keys() {
+        let mut seen = std::collections::BTreeSet::new();
+        let mut stack: Vec<Vec<String>> = edges.get(start).into_iter().flatten().cloned().collect();
+        while let Some(m) = stack.pop() {
+            if &m == start {
+                circles.push(start.join("/"));
+                break;
+            }
+            if seen.insert(m.clone()) {
+                stack.extend(edges.get(&m).into_iter().flatten().cloned());
+            }
+        }
+    }
+    assert!(
+        circles.is_empty(),
+        "these files import themselves through others: {circles:?}"
+    );
+}
+
+/// The path scanner expands grouped imports and resolves nothing in comments.
+#[test]
+fn the_path_scanner_reads_grouped_imports() {
+    let paths =
+        named_paths("use super::{a::{b, c as d}, e};\n// crate::x\nfn f() { crate::y::z(1) }\n");
+    let s = |p: &[&str]| p.iter().map(|x| x.to_string()).collect::<Vec<_>>();
+    assert_eq!(
+        paths,
+        vec![
+            s(&["super", "a", "b"]),
+            s(&["super", "a", "c"]),
+            s(&["super", "a"]),
+            s(&["super", "e"]),
+            s(&["super"]),
+            s(&["crate", "y", "z"])
+        ]
     );
 }
