@@ -136,6 +136,12 @@ fn a_family_sweep_refuses_what_its_methods_lack_and_bad_configs_name_their_field
             "",
             "query_pre_attn_scalar",
         ),
+        // 2^32 − 1 layers (issue 57): refused before the allocator aborts.
+        (
+            r#""num_hidden_layers": 4"#,
+            r#""num_hidden_layers": 4294967295"#,
+            "num_hidden_layers",
+        ),
         // Finite, but beyond f32 (issue 57): it overflowed the f32 forward, blamed on the device.
         (
             r#""attn_logit_softcapping": 8.0"#,

@@ -271,3 +271,36 @@ fn bad_gemma_gguf_metadata_is_a_usage_error_naming_the_key() {
         Some(V::String("yarn".into())),
     );
 }
+
+/// A GGUF whose `block_count` is 2^32 − 1 (issue 57: the allocator aborted, exit 134) is a usage
+/// error naming the key, before anything is sized by it. The value is patched in place: the u32
+/// after the key's name and its type code (4).
+#[test]
+fn an_impossible_block_count_is_refused_before_allocating() {
+    let tmp = tempfile::tempdir().unwrap();
+    let mut bytes = std::fs::read(family_fixture("gemma2").join("model.gguf")).unwrap();
+    let key = b"gemma2.block_count";
+    let at = bytes
+        .windows(key.len())
+        .position(|w| w == key)
+        .expect("the key")
+        + key.len();
+    assert_eq!(bytes[at..at + 4], 4u32.to_le_bytes(), "a u32 value");
+    bytes[at + 4..at + 8].copy_from_slice(&u32::MAX.to_le_bytes());
+    let patched = tmp.path().join("patched.gguf");
+    std::fs::write(&patched, bytes).unwrap();
+    let dir = gguf_dir(tmp.path(), "gemma2", Some(&patched));
+    let corpus = family_fixture("gemma2").join("corpus.txt");
+    let out = tmp.path().join("d.safetensors");
+    let o = decoder_cli(
+        &dir,
+        &corpus,
+        &format!("dump-qkv --length 40 --layer 1 --out {}", out.display()),
+    );
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    assert!(
+        stderr(&o).contains("block_count") && stderr(&o).contains("4294967295"),
+        "{}",
+        stderr(&o)
+    );
+}

@@ -117,6 +117,21 @@ pub struct DecoderConfig {
     pub sliding_window: Vec<Option<usize>>,
 }
 
+/// The most layers a config may declare. The deepest published decoders have ~128; a count far
+/// beyond is a corrupt file, refused before anything is sized by it (issue 57: a GGUF's
+/// `block_count` of 2^32 − 1 aborted the allocator).
+pub const MAX_LAYERS: usize = 4096;
+
+/// `n`, the layer count that `what` declares, if it is one a model can have (1 ..= [`MAX_LAYERS`]).
+pub fn declared_layers(n: usize, what: &str) -> Result<usize> {
+    if n == 0 || n > MAX_LAYERS {
+        return Err(usage!(
+            "{what} declares {n} layers; a model has 1 to {MAX_LAYERS}: the file is corrupt (download it again, or fix the field)"
+        ));
+    }
+    Ok(n)
+}
+
 impl DecoderConfig {
     /// Layer `l`'s exact attention: causal, τ = 1/√p, and the layer's sliding window if any.
     pub fn attention_spec(&self, l: usize) -> crate::attention::spec::AttentionSpec {
@@ -164,7 +179,10 @@ impl DecoderConfig {
             None if heads > 0 => hidden_size / heads,
             None => 0,
         };
-        let layers = f.usize_req("num_hidden_layers")?;
+        let layers = declared_layers(
+            f.usize_req("num_hidden_layers")?,
+            &format!("config {file}: num_hidden_layers"),
+        )?;
         if let Some(act) = v.get("hidden_act").and_then(Value::as_str) {
             if act != "silu" {
                 return Err(usage!("config {file}: hidden_act \"{act}\" is not supported; these families use silu (SwiGLU MLP)"));

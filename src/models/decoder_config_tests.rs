@@ -133,3 +133,18 @@ fn qwen_biases_norms_and_sliding_windows() {
         vec![Some(4096); 2]
     );
 }
+
+/// A layer count no model has (2^40; issue 57: it aborted the allocator) is refused naming the
+/// field before anything is sized by it, as is 0.
+#[test]
+fn an_impossible_layer_count_is_refused_before_allocating() {
+    for n in ["1099511627776", "0"] {
+        let text = base("").replace(
+            r#""num_hidden_layers": 2"#,
+            &format!(r#""num_hidden_layers": {n}"#),
+        );
+        let e = DecoderConfig::from_json(&text, "c.json").unwrap_err();
+        assert!(e.downcast_ref::<crate::UsageError>().is_some(), "{e}");
+        assert!(e.to_string().contains("num_hidden_layers"), "{e}");
+    }
+}

@@ -78,7 +78,7 @@ impl DeepseekConfig {
         };
         let cfg = Self {
             hidden: f.positive("hidden_size")?,
-            layers: f.positive("num_hidden_layers")?,
+            layers: f.layers(None)?,
             vocab: f.positive("vocab_size")?,
             max_position_embeddings: f.usize_opt("max_position_embeddings")?.unwrap_or(4096),
             eps: f.f64_opt("rms_norm_eps")?.unwrap_or(1e-6),

@@ -26,7 +26,10 @@ pub fn from_gguf(file: GgufFile, device: &Device) -> Result<(Value, NamedTensors
     let path = file.path().to_string();
     let bad = |k: &str, why: String| usage!("GGUF {path}: metadata {} {why}", key(k));
     let heads = file.req(&key("attention.head_count"))?;
-    let layers = file.req(&key("block_count"))?;
+    let layers = super::decoder_config::declared_layers(
+        file.req(&key("block_count"))?,
+        &format!("GGUF {path}: {}", key("block_count")),
+    )?;
     let r = file.req(&key("attention.kv_lora_rank"))?;
     let d_rope = file.req(&key("rope.dimension_count"))?;
     // MLA-mode files (the converter's since the absorbed kernel): key/value_length are the

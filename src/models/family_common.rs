@@ -60,6 +60,15 @@ impl<'a> ConfigFields<'a> {
         Ok(x)
     }
 
+    /// `num_hidden_layers` (`default` when absent and given), within the layers a model can have.
+    pub fn layers(&self, default: Option<usize>) -> Result<usize> {
+        let n = match default {
+            Some(d) => self.usize_or("num_hidden_layers", d)?,
+            None => self.usize_req("num_hidden_layers")?,
+        };
+        super::decoder_config::declared_layers(n, &format!("{}: num_hidden_layers", self.what))
+    }
+
     /// A positive integer, `default` when absent (transformers' config-class default).
     pub fn usize_or(&self, name: &str, default: usize) -> Result<usize> {
         match self.usize_opt(name)? {

@@ -21,7 +21,10 @@ pub(crate) fn attention_sizes(
     let key = |k: &str| format!("{arch}.{k}");
     let hidden = file.req(&key("embedding_length"))?;
     let heads = file.req(&key("attention.head_count"))?;
-    let layers = file.req(&key("block_count"))?;
+    let layers = super::decoder_config::declared_layers(
+        file.req(&key("block_count"))?,
+        &format!("GGUF {}: {}", file.path(), key("block_count")),
+    )?;
     let head_dim = file
         .meta_usize(&key("attention.key_length"))?
         .unwrap_or(hidden / heads.max(1));

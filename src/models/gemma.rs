@@ -75,7 +75,7 @@ impl GemmaConfig {
         // neither its heads nor head_dim nor query_pre_attn_scalar).
         let (layers, heads, p, sizes) = match variant {
             Variant::Gemma2 => (
-                f.usize_req("num_hidden_layers")?,
+                f.layers(None)?,
                 f.usize_req("num_attention_heads")?,
                 f.usize_req("head_dim")?,
                 [
@@ -85,7 +85,7 @@ impl GemmaConfig {
                 ],
             ),
             Variant::Gemma3 => (
-                f.usize_or("num_hidden_layers", 26)?,
+                f.layers(Some(26))?,
                 f.usize_or("num_attention_heads", 8)?,
                 f.usize_or("head_dim", 256)?,
                 [

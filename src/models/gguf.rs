@@ -274,7 +274,10 @@ impl GgufFile {
                 ));
             }
         }
-        let layers = self.req(&k("block_count"))?;
+        let layers = super::decoder_config::declared_layers(
+            self.req(&k("block_count"))?,
+            &format!("GGUF {}: {arch}.block_count", self.path),
+        )?;
         let embd = self
             .content
             .tensor_infos

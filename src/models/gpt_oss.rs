@@ -71,7 +71,7 @@ impl GptOssConfig {
                 "config {what}: head_dim {head_dim} must be even and positive (RoPE rotates pairs)"
             ));
         }
-        let layers = f.positive("num_hidden_layers")?;
+        let layers = f.layers(None)?;
         let experts = f.positive("num_local_experts")?;
         let experts_per_token = f.positive("num_experts_per_tok")?;
         if experts_per_token > experts {

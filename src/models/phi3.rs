@@ -114,7 +114,7 @@ impl Phi3Config {
             heads,
             kv_heads,
             head_dim,
-            layers: f.usize_req("num_hidden_layers")?,
+            layers: f.layers(None)?,
             intermediate: f.usize_req("intermediate_size")?,
             eps: f.f64_opt("rms_norm_eps")?.unwrap_or(1e-5),
             vocab: f.usize_req("vocab_size")?,
