@@ -643,3 +643,22 @@ fn an_e2e_directory_is_named_as_one_by_the_sweeps_tools() {
         before
     );
 }
+
+/// A --model-dir that does not exist is named as missing (it was called "not a BERT encoder").
+#[test]
+fn a_missing_model_directory_is_named_as_missing() {
+    let dir = tempfile::tempdir().unwrap();
+    let corpus = corpus(dir.path());
+    let o = e2e(
+        &dir.path().join("nowhere"),
+        &corpus,
+        &dir.path().join("a"),
+        "--windows 1",
+    );
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    assert!(
+        stderr(&o).contains("no such file or directory"),
+        "{}",
+        stderr(&o)
+    );
+}

@@ -405,6 +405,14 @@ pub fn prepare_depth(
         });
     }
     if depth == models::Depth::Whole {
+        if let crate::config::ModelSource::Dir(dir) = &source {
+            if !dir.exists() {
+                return Err(crate::usage!(
+                    "--model-dir {}: no such file or directory; give a decoder's directory (config.json and weights, or a .gguf) or a .gguf file",
+                    dir.display()
+                ));
+            }
+        }
         return Err(crate::usage!(
             "{}: an end-to-end run needs a decoder LLM (Llama, Mistral, Qwen; safetensors or GGUF), not a BERT encoder",
             hub::source_name(&source)
