@@ -230,11 +230,10 @@ fn other_architectures_are_refused_by_name() {
     .unwrap();
     drop(f);
     let m = load_gguf(&path, 0, &Device::Cpu).unwrap_err().to_string();
+    // The Llama-style path names its own architectures; the families' are named where the
+    // registry is read (inputs::decoder's an_unknown_gguf_architecture_names_every_supported_one).
     assert!(
-        m.contains("\"gpt2\"") && m.contains("gpt2.gguf") && m.contains("llama"),
+        m.contains("\"gpt2\"") && m.contains("gpt2.gguf") && m.contains("llama, qwen2, qwen3"),
         "{m}"
     );
-    for arch in ["phi3", "gemma2", "gemma3", "gpt-oss", "deepseek2"] {
-        assert!(m.contains(arch), "{arch}: {m}");
-    }
 }
