@@ -162,32 +162,12 @@ pub fn from_file(file: &GgufFile) -> Result<GgufTokenizer> {
         }
     };
     vocab.add_special_tokens(&mut tokenizer)?;
-    let bos = vocab.special_id("bos")?;
-    let eos = vocab.special_id("eos")?;
     let add_bos = boolean(file, "tokenizer.ggml.add_bos_token")?.unwrap_or(default_bos);
-    let add_eos = boolean(file, "tokenizer.ggml.add_eos_token")?.unwrap_or(false);
-    let bos = match (add_bos, bos) {
-        (false, _) => None,
-        (true, Some(id)) => Some(id),
-        (true, None) => {
-            return Err(usage!(
-                "GGUF {}: the tokenizer adds a BOS but tokenizer.ggml.bos_token_id is missing; the file is corrupt",
-                file.path()
-            ))
-        }
-    };
+    let bos = vocab.added_token("bos", add_bos)?;
     // add_eos_token is honoured where special tokens are added (the post-processor); the corpus
     // stream is tokenized without them and a window holds no EOS (§7.1), as on the tokenizer.json route.
-    let eos = match (add_eos, eos) {
-        (false, _) => None,
-        (true, Some(id)) => Some(id),
-        (true, None) => {
-            return Err(usage!(
-                "GGUF {}: the tokenizer adds an EOS but tokenizer.ggml.eos_token_id is missing; the file is corrupt",
-                file.path()
-            ))
-        }
-    };
+    let add_eos = boolean(file, "tokenizer.ggml.add_eos_token")?.unwrap_or(false);
+    let eos = vocab.added_token("eos", add_eos)?;
     vocab.post_processor(&mut tokenizer, bos, eos)?;
     Ok(GgufTokenizer {
         tokenizer,
@@ -226,6 +206,20 @@ impl GgufVocab<'_> {
                 self.tokens.len()
             )),
             other => Ok(other.map(|id| id as u32)),
+        }
+    }
+
+    /// The `name` token's id when the tokenizer adds it (`added`), else None; a file that adds a
+    /// token it does not name is corrupt.
+    fn added_token(&self, name: &str, added: bool) -> Result<Option<u32>> {
+        match (added, self.special_id(name)?) {
+            (false, _) => Ok(None),
+            (true, Some(id)) => Ok(Some(id)),
+            (true, None) => Err(usage!(
+                "GGUF {}: the tokenizer adds its {} token but tokenizer.ggml.{name}_token_id is missing; the file is corrupt",
+                self.path(),
+                name.to_uppercase()
+            )),
         }
     }
 

@@ -122,6 +122,17 @@ pub struct DecoderConfig {
 /// `block_count` of 2^32 − 1 aborted the allocator).
 pub const MAX_LAYERS: usize = 4096;
 
+/// `v`, the value of `what`, if an f32 run can hold it (issue 57): a finite value beyond f32's
+/// range would overflow the forward and be found later as a non-finite result blamed on the device.
+pub fn within_f32(v: f64, what: &str) -> Result<f64> {
+    if v.abs() > f64::from(f32::MAX) {
+        return Err(usage!(
+            "{what} is {v}, beyond the range of f32 (±3.4e38); the config is corrupt"
+        ));
+    }
+    Ok(v)
+}
+
 /// `n`, the layer count that `what` declares, if it is one a model can have (1 ..= [`MAX_LAYERS`]).
 pub fn declared_layers(n: usize, what: &str) -> Result<usize> {
     if n == 0 || n > MAX_LAYERS {
@@ -301,15 +312,7 @@ impl Fields<'_> {
                         self.file
                     )
                 })?;
-                // A finite value beyond f32's range overflows an f32 run (issue 57): named here,
-                // not found later as a non-finite forward blamed on the device.
-                if v.abs() > f64::from(f32::MAX) {
-                    return Err(usage!(
-                        "config {}: field \"{name}\" is {x}, beyond the range of f32 (±3.4e38); the config is corrupt",
-                        self.file
-                    ));
-                }
-                Ok(v)
+                within_f32(v, &format!("config {}: field \"{name}\"", self.file))
             })
             .transpose()
     }

@@ -87,15 +87,7 @@ impl<'a> ConfigFields<'a> {
                         self.what
                     )
                 })?;
-                // A finite value beyond f32's range overflows an f32 run (issue 57): named here,
-                // not found later as a non-finite forward blamed on the device.
-                if v.abs() > f64::from(f32::MAX) {
-                    return Err(usage!(
-                        "{}: field \"{name}\" is {x}, beyond the range of f32 (±3.4e38); the config is corrupt",
-                        self.what
-                    ));
-                }
-                Ok(v)
+                super::decoder_config::within_f32(v, &format!("{}: field \"{name}\"", self.what))
             })
             .transpose()
     }
