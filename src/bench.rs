@@ -94,7 +94,8 @@ fn cached_qkv_seconds(
     n: usize,
     reps: usize,
 ) -> Result<Option<f64>> {
-    if !matches!(prepared.model, inputs::Model::Decoder { .. }) {
+    // The Q/K/V cache keeps the Llama-style decoders' dumps only.
+    if prepared.model.decoder().is_none() || prepared.model.family().is_some() {
         return Ok(None);
     }
     let dir = tempfile_dir()?;

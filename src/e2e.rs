@@ -113,9 +113,8 @@ pub fn run_with(req: &E2eRequest, extra: Vec<E2eMethod>) -> Result<E2eOutcome> {
     let model = prepared
         .whole_decoder()
         .expect("prepare_depth refuses an encoder at Depth::Whole");
-    let model = model.as_ref();
     let windows = match &req.ids_file {
-        Some(f) => read_ids(f, model.vocab_size())?,
+        Some(f) => read_ids(f, model.shape().vocab_size)?,
         None => corpus_windows(&prepared, req)?,
     };
     let n_max = windows.iter().map(Vec::len).max().unwrap_or(0);
@@ -123,12 +122,12 @@ pub fn run_with(req: &E2eRequest, extra: Vec<E2eMethod>) -> Result<E2eOutcome> {
     let one_layer = req
         .one_layer
         .clone()
-        .unwrap_or_else(|| default_one_layer(model.num_layers()));
-    if let Some(&l) = one_layer.iter().find(|&&l| l >= model.num_layers()) {
+        .unwrap_or_else(|| default_one_layer(model.shape().layers));
+    if let Some(&l) = one_layer.iter().find(|&&l| l >= model.shape().layers) {
         return Err(usage!(
             "--one-layer {l}: the model has {} layers (0..={})",
-            model.num_layers(),
-            model.num_layers() - 1
+            model.shape().layers,
+            model.shape().layers - 1
         ));
     }
     for (m, d) in methods
@@ -174,7 +173,7 @@ pub fn run_with(req: &E2eRequest, extra: Vec<E2eMethod>) -> Result<E2eOutcome> {
     let mut new_points = 0;
     // Decode points run on the exact run's prompt rows (models::continuation) where the model
     // has that forward; a family's run the whole window, whose prompt rows are exact.
-    let keep_prompt = model.has_continuation() && methods.iter().any(|m| m.decode);
+    let keep_prompt = methods.iter().any(|m| m.decode);
     let points: Vec<(&E2eMethod, usize)> = methods
         .iter()
         .flat_map(|m| m.budgets(&req.features).into_iter().map(move |d| (m, d)))

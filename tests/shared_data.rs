@@ -436,7 +436,12 @@ fn smollm2_gguf_attention_matches_transformers() {
         // The config.json that transformers exported beside the GGUF says the same.
         let json = DecoderConfig::load(&dir.join("config.json")).unwrap();
         assert_eq!(cfg, json);
-        let (q, k, v) = models::window_qkv(&w, &cfg, &ids, DType::F32).unwrap();
+        let model = models::Llama {
+            cfg: cfg.clone(),
+            weights: w,
+        };
+        let dump = models::Decoder::layer_dump(&model, &ids, DType::F32).unwrap();
+        let (q, k, v) = (dump.q, dump.k, dump.v);
         let p = cfg.head_dim as f64;
         let logits: Vec<Tensor> = (0..cfg.num_attention_heads)
             .map(|h| {

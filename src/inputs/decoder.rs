@@ -311,6 +311,21 @@ pub fn load(
     Ok((cfg, weights))
 }
 
+/// The decoder of `files` loaded to `depth`: a §7.7 family where config.json or the GGUF's
+/// architecture names one, else a Llama-style decoder.
+pub fn load_decoder(
+    files: &DecoderFiles,
+    inputs: &InputConfig,
+    depth: models::Depth,
+    device: &candle_core::Device,
+) -> Result<Box<dyn models::Decoder>> {
+    if let Some(model) = load_family(files, inputs, depth, device)? {
+        return Ok(model);
+    }
+    let (cfg, weights) = load(files, inputs, depth, device)?;
+    Ok(Box::new(models::Llama { cfg, weights }))
+}
+
 /// A §7.7 family model (docs/reference.md §7.7) loaded through layer L from its safetensors
 /// (one file, or only the shards of layers 0..=L), when config.json names a family; None for
 /// anything else (the Llama-style path).
@@ -319,7 +334,7 @@ pub fn load_family(
     inputs: &InputConfig,
     depth: models::Depth,
     device: &candle_core::Device,
-) -> Result<Option<Box<dyn models::family::FamilyModel>>> {
+) -> Result<Option<Box<dyn models::Decoder>>> {
     if let Some(Weights::Gguf(g)) = &files.weights {
         return load_family_gguf(g, inputs, depth, device);
     }
@@ -353,7 +368,7 @@ fn load_family_gguf(
     inputs: &InputConfig,
     depth: models::Depth,
     device: &candle_core::Device,
-) -> Result<Option<Box<dyn models::family::FamilyModel>>> {
+) -> Result<Option<Box<dyn models::Decoder>>> {
     let file = models::GgufFile::open(path)?;
     let arch = file.architecture()?;
     let Some((entry, from_gguf)) = models::registry::gguf_family_entry(&arch) else {
@@ -415,7 +430,7 @@ pub fn default_layer(inputs: &InputConfig, command: &str) -> Result<usize> {
 /// The last full-attention layer ≤ `rule` (the default rule's layer); when none is (the rule
 /// gives 0, and gemma2/gemma3's layer 0 slides), the first full-attention layer above it; when
 /// the model has none (phi3's window on every layer), `rule` itself.
-fn default_family_layer(model: &dyn models::family::FamilyModel, rule: usize) -> usize {
+fn default_family_layer(model: &dyn models::Decoder, rule: usize) -> usize {
     let layers = model.shape().layers;
     let full = |l: &usize| model.window(*l).is_none();
     (0..=rule.min(layers - 1))
@@ -496,7 +511,7 @@ mod tests {
         );
     }
 
-    fn fixture_model(name: &str, layer: usize) -> Box<dyn models::family::FamilyModel> {
+    fn fixture_model(name: &str, layer: usize) -> Box<dyn models::Decoder> {
         let dir = Path::new(env!("CARGO_MANIFEST_DIR"))
             .join("fixtures/families")
             .join(name);

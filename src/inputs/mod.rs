@@ -28,17 +28,32 @@ pub enum Model {
         config: candle_transformers::models::bert::Config,
         weights: model::BertWeights,
     },
-    /// A decoder LLM (docs/reference.md §7.1): Llama, Mistral, Qwen2, Qwen3.
-    Decoder {
-        config: models::DecoderConfig,
-        weights: models::DecoderWeights,
-    },
-    /// A decoder of a §7.7 family (gemma2/3, phi3, …; docs/reference.md §7.7), loaded through
-    /// layer L: its layer L has its own attention spec (scale, cap, window, sinks), which
-    /// `dump-qkv` writes and the sweep's methods do not read yet.
-    Family {
-        model: Box<dyn models::family::FamilyModel>,
-    },
+    /// A decoder LLM (docs/reference.md §7.1, §7.7): Llama, Mistral, Qwen2/3 or a §7.7 family,
+    /// loaded through layer L (or whole for an end-to-end run); its layer L has its own
+    /// attention spec (scale, cap, window, sinks).
+    Decoder(Box<dyn models::Decoder>),
+}
+
+impl Model {
+    /// The decoder, None for BERT.
+    pub fn decoder(&self) -> Option<&dyn models::Decoder> {
+        match self {
+            Model::Decoder(d) => Some(d.as_ref()),
+            Model::Bert { .. } => None,
+        }
+    }
+
+    /// A §7.7 family's decoder (not a Llama-style one), None otherwise: its dump is more than
+    /// Q, K, V, and its layer's spec is its own.
+    pub fn family(&self) -> Option<&dyn models::Decoder> {
+        self.decoder().filter(|d| !is_llama_style(*d))
+    }
+}
+
+/// Whether a decoder is one of the Llama-style families (llama, mistral, qwen2, qwen3), whose
+/// dump is Q, K, V alone (the Q/K/V cache keeps it) and whose sweep may also run `--mask none`.
+fn is_llama_style(d: &dyn models::Decoder) -> bool {
+    models::DecoderFamily::from_model_type(d.model_type()).is_some()
 }
 
 /// Everything a sweep or a dump needs, resolved and loaded once.
@@ -55,113 +70,95 @@ pub struct Prepared {
 }
 
 impl Prepared {
+    /// The decoder's shape, None for BERT.
+    fn decoder_shape(&self) -> Option<models::DecoderShape> {
+        self.model.decoder().map(|d| d.shape())
+    }
     /// Query heads H.
     pub fn heads(&self) -> usize {
         match &self.model {
             Model::Bert { config, .. } => config.num_attention_heads,
-            Model::Decoder { config, .. } => config.num_attention_heads,
-            Model::Family { model } => model.shape().heads,
+            Model::Decoder(d) => d.shape().heads,
         }
     }
     /// K/V heads H_kv (= H without grouped-query heads).
     pub fn kv_heads(&self) -> usize {
-        match &self.model {
-            Model::Bert { config, .. } => config.num_attention_heads,
-            Model::Decoder { config, .. } => config.num_key_value_heads,
-            Model::Family { model } => model.shape().kv_heads,
-        }
+        self.decoder_shape()
+            .map_or_else(|| self.heads(), |s| s.kv_heads)
     }
     pub fn head_dim(&self) -> usize {
         match &self.model {
             Model::Bert { config, .. } => config.hidden_size / config.num_attention_heads,
-            Model::Decoder { config, .. } => config.head_dim,
-            Model::Family { model } => model.shape().head_dim,
+            Model::Decoder(d) => d.shape().head_dim,
         }
     }
     /// p_v, the value head dim (≠ p_qk for MLA).
     pub fn head_dim_v(&self) -> usize {
-        match &self.model {
-            Model::Family { model } => model.shape().head_dim_v,
-            _ => self.head_dim(),
-        }
+        self.decoder_shape()
+            .map_or_else(|| self.head_dim(), |s| s.head_dim_v)
     }
     /// The model's layer count L.
     pub fn layers(&self) -> usize {
         match &self.model {
             Model::Bert { config, .. } => config.num_hidden_layers,
-            Model::Decoder { config, .. } => config.num_hidden_layers,
-            Model::Family { model } => model.shape().layers,
+            Model::Decoder(d) => d.shape().layers,
         }
     }
     /// The positions the model was trained on.
     pub fn max_positions(&self) -> usize {
         match &self.model {
             Model::Bert { config, .. } => config.max_position_embeddings,
-            Model::Decoder { config, .. } => config.max_position_embeddings,
-            Model::Family { model } => model.shape().max_position_embeddings,
+            Model::Decoder(d) => d.shape().max_position_embeddings,
         }
     }
     /// The mask of the model's own attention: causal for decoders, none for BERT (§7.2).
     pub fn native_mask(&self) -> crate::attention::Mask {
         match &self.model {
             Model::Bert { .. } => crate::attention::Mask::None,
-            Model::Decoder { .. } | Model::Family { .. } => crate::attention::Mask::Causal,
+            Model::Decoder(_) => crate::attention::Mask::Causal,
         }
     }
 
-    /// Layer `layer`'s exact attention for heads of size `p` under the run's `mask`: a §7.7
-    /// family's own (its scale, cap, window and sinks, from its config), else the mask's plain one.
+    /// Layer `layer`'s exact attention for heads of size `p` under the run's `mask`: a decoder's
+    /// own under its causal mask (its scale, cap, window and sinks, from its config; a
+    /// Mistral/Qwen sliding layer's target is windowed, as transformers computes it and as
+    /// e2e's hook sees it, issue 54), else the mask's plain one (`--mask none`, the Llama-style
+    /// decoders' bidirectional diagnostic, and BERT).
     pub fn layer_spec(
         &self,
         layer: usize,
         mask: crate::attention::Mask,
         p: usize,
     ) -> crate::attention::AttentionSpec {
-        match &self.model {
-            Model::Family { model } => model.attention_spec(layer),
-            // The model's own attention (issue 54): a Mistral/Qwen sliding layer's target is
-            // windowed, as transformers computes it and as e2e's hook sees it; `--mask none`
-            // keeps its bidirectional diagnostic.
-            Model::Decoder { config, .. } if mask == crate::attention::Mask::Causal => {
-                config.attention_spec(layer)
-            }
+        match self.model.decoder() {
+            Some(d) if mask == crate::attention::Mask::Causal => d.attention_spec(layer),
             _ => crate::attention::AttentionSpec::of_mask(mask, p),
         }
     }
 
     /// The decoder as the end-to-end protocol runs it (docs/reference.md §10.1); None for BERT.
-    pub fn whole_decoder(&self) -> Option<Box<dyn models::WholeDecoder + '_>> {
-        match &self.model {
-            Model::Decoder { config, weights } => Some(Box::new(models::LlamaDecoder {
-                weights,
-                cfg: config,
-            })),
-            Model::Family { model } => Some(Box::new(models::FamilyDecoder(model.as_ref()))),
-            Model::Bert { .. } => None,
-        }
+    pub fn whole_decoder(&self) -> Option<&dyn models::Decoder> {
+        self.model.decoder()
     }
 
-    /// The `model_type` of a §7.7 family whose layers are Multi-head Latent Attention
+    /// The `model_type` of a decoder whose layers are Multi-head Latent Attention
     /// (deepseek_v2/v3), else None.
     pub fn mla_model_type(&self) -> Option<&'static str> {
-        match &self.model {
-            Model::Family { model } if model.is_mla() => Some(model.model_type()),
-            _ => None,
-        }
+        self.model
+            .decoder()
+            .filter(|d| d.is_mla())
+            .map(|d| d.model_type())
     }
 
     /// The values of an MLA layer's latent row, r + d_R (None for other models).
     pub fn mla_latent_width(&self) -> Option<usize> {
-        match &self.model {
-            Model::Family { model } => model.mla_latent_width(),
-            _ => None,
-        }
+        self.model.decoder().and_then(|d| d.mla_latent_width())
     }
 
     /// Refuses a sweep a §7.7 family's layer cannot have: a mask other than its own causal one
     /// (the spec is the layer's).
     pub fn check_family_sweep(&self, mask: crate::attention::Mask) -> Result<()> {
-        let Model::Family { model } = &self.model else {
+        let Some(model) = self.model.family() else {
             return Ok(());
         };
         let name = model.model_type();
@@ -179,9 +176,9 @@ impl Prepared {
         setting: &qkv_cache::CacheSetting,
         inputs: &InputConfig,
     ) -> Result<()> {
-        let decoder = matches!(self.model, Model::Decoder { .. });
+        let decoder = self.model.decoder().is_some();
         // A family's dump is more than Q, K, V (its spec, sinks, MLA's latent): not cached.
-        let family = matches!(self.model, Model::Family { .. });
+        let family = self.model.family().is_some();
         self.qkv_cache = match setting.resolve(decoder).filter(|_| !family) {
             Some(dir) => Some(qkv_cache::QkvCache::open(&dir, inputs, &self.files)?),
             None => None,
@@ -223,13 +220,13 @@ impl Prepared {
                 inputs.candle_dtype(),
                 inputs.dropout_for(n, window),
             ),
-            Model::Decoder { config, weights } => {
-                models::window_qkv(weights, config, &ids, inputs.candle_dtype())
+            Model::Decoder(d) => {
+                let dump = d.layer_dump(&ids, inputs.candle_dtype())?;
+                Ok((dump.q, dump.k, dump.v))
             }
-            Model::Family { .. } => unreachable!("a family's dump is not cached"),
         };
-        let (q, k, v, latent) = match (&self.model, &self.qkv_cache) {
-            (Model::Family { model }, _) => {
+        let (q, k, v, latent) = match (self.model.family(), &self.qkv_cache) {
+            (Some(model), _) => {
                 let dump = model.layer_dump(&ids, inputs.candle_dtype())?;
                 let latent = if model.is_mla() {
                     Some(std::sync::Arc::new(mla_latent(&dump)?))
@@ -258,8 +255,8 @@ impl Prepared {
         inputs: &InputConfig,
         n: usize,
         window: usize,
-    ) -> Result<Option<models::family::LayerDump>> {
-        let Model::Family { model } = &self.model else {
+    ) -> Result<Option<models::LayerDump>> {
+        let Some(model) = self.model.family() else {
             return Ok(None);
         };
         let ids = self.corpus.window(n, window)?;
@@ -283,7 +280,7 @@ pub type WindowQkv = (
 );
 
 /// The latent view of an MLA layer's dump: its `kv_latent` and `w_kv_b` extras.
-fn mla_latent(dump: &models::family::LayerDump) -> Result<crate::attention::latent::LayerLatent> {
+fn mla_latent(dump: &models::LayerDump) -> Result<crate::attention::latent::LayerLatent> {
     let get = |name: &str| {
         dump.extra
             .iter()
@@ -345,18 +342,9 @@ pub fn prepare_depth(
         })
     };
     if let Some(files) = decoder::resolve(&source, inputs, depth, hub::Hub::from_env)? {
-        let model = match decoder::load_family(&files, inputs, depth, &device)? {
-            Some(model) => Model::Family { model },
-            None => {
-                let (config, weights) = decoder::load(&files, inputs, depth, &device)?;
-                Model::Decoder { config, weights }
-            }
-        };
-        let vocab_size = match &model {
-            Model::Decoder { config, .. } => config.vocab_size,
-            Model::Family { model } => model.shape().vocab_size,
-            Model::Bert { .. } => unreachable!("a decoder's files load a decoder"),
-        };
+        let model = decoder::load_decoder(&files, inputs, depth, &device)?;
+        let vocab_size = model.shape().vocab_size;
+        let model = Model::Decoder(model);
         let (tokenizer, bos) = decoder_tokenizer(&files)?;
         // No token needed (an e2e run whose windows are --ids): no corpus is read or fetched.
         let corpus_path = (need_tokens > 0).then(corpus_path).transpose()?;

@@ -1,4 +1,5 @@
-//! The continuation-only forward of decode mode (docs/reference.md §10.1): when every layer's
+//! The prompt rows of decode mode's continuation-only forward (docs/reference.md §10.1,
+//! [`super::Decoder::continuation_logits`]): when every layer's
 //! prompt rows are exact, the prompt's hidden states, and so its post-RoPE Q, K, V in every
 //! layer, are the exact run's (causal attention: a prompt row never reads a continuation row).
 //! So a decode-mode run takes them from the exact run ([`PromptRecorder`]) and sends only the n_f
@@ -11,12 +12,9 @@ use std::ops::Range;
 use std::sync::{Arc, Mutex};
 
 use anyhow::{ensure, Result};
-use candle_core::{DType, Tensor};
+use candle_core::Tensor;
 
-use super::decoder_config::DecoderConfig;
-use super::llama::{
-    attend_checked, embed, layer_output, layer_qkv, output_logits, AttentionHook, DecoderWeights,
-};
+use super::hook::AttentionHook;
 use crate::attention::latent::LayerLatent;
 use crate::attention::spec::AttentionSpec;
 
@@ -172,41 +170,4 @@ impl PromptRecorder<'_> {
         self.kept.lock().expect("prompt lock")[layer] = Some(kept);
         Ok(())
     }
-}
-
-/// The logits ([rows, vocab], in `dtype`) of the rows `rows` (all in the continuation
-/// n_p..n) of the window `ids`, every layer's prompt rows those of `prompt` and its attention
-/// through `hook`, which sees the whole window's Q, K, V and must return the prompt rows exact.
-pub fn continuation_logits(
-    weights: &DecoderWeights,
-    cfg: &DecoderConfig,
-    ids: &[u32],
-    dtype: DType,
-    hook: &dyn AttentionHook,
-    prompt: &PromptCache,
-    rows: Range<usize>,
-) -> Result<Tensor> {
-    let (n, n_p) = (ids.len(), prompt.n_p);
-    let head = weights
-        .head
-        .as_ref()
-        .ok_or_else(|| anyhow::anyhow!("the logits need the whole model (models::Depth::Whole)"))?;
-    prompt.check_call(weights.layers.len(), n, &rows)?;
-    let n_f = n - n_p;
-    let (x, (cos, sin)) = embed(weights, cfg, ids, dtype)?;
-    let mut x = x.narrow(0, n_p, n_f)?;
-    let (cos, sin) = (cos.narrow(0, n_p, n_f)?, sin.narrow(0, n_p, n_f)?);
-    for l in 0..weights.layers.len() {
-        crate::interrupt::check()?;
-        let (qc, kc, vc) = layer_qkv(&x, &weights.layers[l], cfg, &cos, &sin)?;
-        let (q, k, v) = prompt.whole_window(l, (&qc, &kc, &vc))?;
-        let o = attend_checked(hook, l, cfg, &q, &k, &v)?;
-        x = layer_output(&x, &o.narrow(1, n_p, n_f)?, l, weights, cfg)?;
-    }
-    output_logits(
-        weights,
-        head,
-        cfg,
-        &x.narrow(0, rows.start - n_p, rows.len())?,
-    )
 }

@@ -5,26 +5,20 @@
 //! group top-k and normalised weights; both × `routed_scaling_factor`. FP8 weights with block
 //! scales (V3's hub checkpoints) are dequantized on load.
 
-use std::ops::Range;
-use std::sync::Arc;
-
 use anyhow::Result;
 use candle_core::{DType, Tensor};
-use serde_json::Value;
+use serde_json::{Map, Value};
 
-use super::continuation::PromptCache;
-use super::family::{FamilyModel, FamilyShape, LayerDump};
-use super::family_common::{
-    attend_checked_with, continuation_layers, embed_ids, head_logits, load_output_head,
-    merge_heads, whole_head, ConfigFields, ContinuationCall, LoadedLayers, RowsAttentionInputs,
+use super::blocks::{
+    embed_ids, head_logits, linear, loaded_head, merge_heads, rms_norm, Linear, OutputHead,
 };
-use super::llama::{linear, rms_norm, AttentionHook, ExactAttention, Linear, OutputHead};
+use super::decoder::{Decoder, DecoderShape, LayerInputs, Positions};
+use super::family_common::{load_output_head, ConfigFields, LoadedLayers};
 use super::mla::{load_linear, MlaDims, MlaWeights, RopeLayout};
 use super::moe::{dispatch, host_rows, top_k, Routing};
 use super::named_tensors::NamedTensors;
 use super::rope::{yarn_mscale, FamilyRope};
 use super::weights::Depth;
-use crate::attention::latent::LayerLatent;
 use crate::attention::spec::AttentionSpec;
 use crate::usage;
 
@@ -94,11 +88,7 @@ pub struct Deepseek {
 }
 
 /// The [`super::registry::Loader`] of deepseek_v2 and deepseek_v3.
-pub fn load(
-    config: &Value,
-    weights: &mut NamedTensors,
-    depth: Depth,
-) -> Result<Box<dyn FamilyModel>> {
+pub fn load(config: &Value, weights: &mut NamedTensors, depth: Depth) -> Result<Box<dyn Decoder>> {
     let what = weights.what().to_string();
     let cfg = DeepseekConfig::parse(config, &what)?;
     let loaded = LoadedLayers::of(depth, cfg.layers)?;
@@ -192,82 +182,6 @@ fn load_moe(w: &NamedTensors, cfg: &DeepseekConfig, p: &str) -> Result<Moe> {
 }
 
 impl Deepseek {
-    /// One whole layer (transformers' `DeepseekV{2,3}DecoderLayer.forward`, eval), its attention
-    /// through `hook` on the materialised Q, K, V (the MLA module's eager call).
-    fn decoder_layer(
-        &self,
-        x: &Tensor,
-        l: usize,
-        rope_t: &(Tensor, Tensor),
-        hook: &dyn AttentionHook,
-    ) -> Result<Tensor> {
-        let (q, k, v, latent) = self.attention_inputs(x, l, rope_t)?;
-        // The latent view (what layer_dump writes as kv_latent and w_kv_b): a §8 cache on this
-        // layer quantizes the latent row, the materialised K/V being what nobody caches.
-        let (rows, w_kv_b) = latent.expect("MLA has a latent");
-        let latent = Arc::new(LayerLatent::new(rows, w_kv_b)?);
-        let o = attend_checked_with(
-            hook,
-            l,
-            (&q, &k, &v),
-            &self.attention_spec(l),
-            Some(&latent),
-        )?;
-        self.finish(x, &o, l)
-    }
-
-    /// Layer `l`'s materialised Q, K, V of the rows X [m, hidden] at the positions of the RoPE
-    /// tables, and their latent rows with W_kvb.
-    fn attention_inputs(
-        &self,
-        x: &Tensor,
-        l: usize,
-        rope_t: &(Tensor, Tensor),
-    ) -> Result<RowsAttentionInputs> {
-        let lw = &self.layers[l];
-        let h = rms_norm(x, &lw.input_norm, self.cfg.eps)?;
-        let m = lw.attn.forward(&h, &self.cfg.mla, &rope_t.0, &rope_t.1)?;
-        let w_kv_b = lw.attn.w_kv_b(&self.cfg.mla, h.dtype())?;
-        Ok((m.q, m.k, m.v, Some((m.latent, w_kv_b))))
-    }
-
-    /// Layer `l`'s output rows from their input X [m, hidden] and attention O [H, m, p_v]:
-    /// o_proj, the residual and the dense or MoE MLP.
-    fn finish(&self, x: &Tensor, o: &Tensor, l: usize) -> Result<Tensor> {
-        let rest = self.layers[l]
-            .rest
-            .as_ref()
-            .expect("layers before L carry o_proj and the MLP");
-        let x = (x + linear(&merge_heads(o)?, &rest.o)?)?;
-        let h = rms_norm(&x, &rest.post_norm, self.cfg.eps)?;
-        let y = match &rest.mlp {
-            Mlp::Dense(mlp) => mlp.forward(&h)?,
-            Mlp::Moe(moe) => self.moe(&h, moe)?,
-        };
-        Ok((x + y)?)
-    }
-
-    /// The embedded window `ids` (in `dtype`) after layers 0..`upto`, with the RoPE tables.
-    fn run_layers(
-        &self,
-        ids: &[u32],
-        dtype: DType,
-        upto: usize,
-        hook: &dyn AttentionHook,
-    ) -> Result<(Tensor, (Tensor, Tensor))> {
-        let mut x = embed_ids(&self.embed, ids, dtype)?;
-        let rope_t = self
-            .cfg
-            .rope
-            .cos_sin(ids.len(), dtype, self.embed.device())?;
-        for l in 0..upto {
-            // A layer of a long window takes seconds: a signal stops the forward here.
-            crate::interrupt::check()?;
-            x = self.decoder_layer(&x, l, &rope_t, hook)?;
-        }
-        Ok((x, rope_t))
-    }
-
     /// The routed experts (weighted by the router) plus the shared experts.
     fn moe(&self, h: &Tensor, moe: &Moe) -> Result<Tensor> {
         let logits = host_rows(&h.matmul(&moe.gate.to_dtype(h.dtype())?.t()?)?)?;
@@ -285,7 +199,7 @@ impl Deepseek {
     }
 }
 
-impl FamilyModel for Deepseek {
+impl Decoder for Deepseek {
     fn is_mla(&self) -> bool {
         true
     }
@@ -299,9 +213,9 @@ impl FamilyModel for Deepseek {
         }
     }
 
-    fn shape(&self) -> FamilyShape {
+    fn shape(&self) -> DecoderShape {
         let c = &self.cfg;
-        FamilyShape {
+        DecoderShape {
             heads: c.mla.heads,
             kv_heads: c.mla.heads,
             head_dim: c.mla.qk_head_dim(),
@@ -317,83 +231,66 @@ impl FamilyModel for Deepseek {
         AttentionSpec::causal(p, None).with_scale(self.cfg.scale())
     }
 
-    fn layer_dump(&self, ids: &[u32], dtype: DType) -> Result<LayerDump> {
-        let last = self.layers.len() - 1;
-        let (x, rope_t) = self.run_layers(ids, dtype, last, &ExactAttention)?;
-        let lw = &self.layers[last];
-        let h = rms_norm(&x, &lw.input_norm, self.cfg.eps)?;
-        let m = lw.attn.forward(&h, &self.cfg.mla, &rope_t.0, &rope_t.1)?;
-        Ok(LayerDump {
+    fn loaded_layers(&self) -> usize {
+        self.layers.len()
+    }
+
+    fn has_head(&self) -> bool {
+        self.head.is_some()
+    }
+
+    fn embed(&self, ids: &[u32], dtype: DType) -> Result<(Tensor, Positions)> {
+        let x = embed_ids(&self.embed, ids, dtype)?;
+        let rope = self
+            .cfg
+            .rope
+            .cos_sin(ids.len(), dtype, self.embed.device())?;
+        Ok((x, Positions(vec![rope])))
+    }
+
+    /// Layer `l`'s materialised Q, K, V of the rows X [m, hidden] (the MLA module's eager call),
+    /// and their latent rows with W_kvb: what a §8 cache on this layer quantizes (the
+    /// materialised K/V being what nobody caches), and what a dump writes as `kv_latent` and
+    /// `w_kv_b`.
+    fn attention_inputs(&self, x: &Tensor, l: usize, pos: &Positions) -> Result<LayerInputs> {
+        let lw = &self.layers[l];
+        let (cos, sin) = pos.single();
+        let h = rms_norm(x, &lw.input_norm, self.cfg.eps)?;
+        let m = lw.attn.forward(&h, &self.cfg.mla, cos, sin)?;
+        let w_kv_b = lw.attn.w_kv_b(&self.cfg.mla, h.dtype())?;
+        Ok(LayerInputs {
             q: m.q,
             k: m.k,
             v: m.v,
-            spec: self.attention_spec(last),
-            extra: vec![
-                ("kv_latent".into(), m.latent),
-                ("w_kv_b".into(), lw.attn.w_kv_b(&self.cfg.mla, dtype)?),
-            ],
-            sidecar: self.cfg.mla.sidecar(self.cfg.rope.attention_factor()),
+            latent: Some((m.latent, w_kv_b)),
         })
     }
 
-    /// transformers' `DeepseekV{2,3}ForCausalLM.forward`: the layers, then `lm_head(norm(x))` on
-    /// `rows`.
-    fn forward_logits(
-        &self,
-        ids: &[u32],
-        dtype: DType,
-        hook: &dyn AttentionHook,
-        rows: Range<usize>,
-    ) -> Result<Tensor> {
-        let loaded = self.layers.len();
-        let head = whole_head(
-            self.head.as_ref(),
-            self.model_type(),
-            loaded,
-            &rows,
-            ids.len(),
-        )?;
-        let (x, _) = self.run_layers(ids, dtype, loaded, hook)?;
-        head_logits(
-            &x.narrow(0, rows.start, rows.len())?,
-            head,
-            &self.embed,
-            self.cfg.eps,
-        )
+    /// o_proj, the residual and the dense or MoE MLP (transformers'
+    /// `DeepseekV{2,3}DecoderLayer.forward`, eval).
+    fn finish(&self, x: &Tensor, o: &Tensor, l: usize) -> Result<Tensor> {
+        let rest = self.layers[l]
+            .rest
+            .as_ref()
+            .expect("layers before L carry o_proj and the MLP");
+        let x = (x + linear(&merge_heads(o)?, &rest.o)?)?;
+        let h = rms_norm(&x, &rest.post_norm, self.cfg.eps)?;
+        let y = match &rest.mlp {
+            Mlp::Dense(mlp) => mlp.forward(&h)?,
+            Mlp::Moe(moe) => self.moe(&h, moe)?,
+        };
+        Ok((x + y)?)
     }
 
-    fn has_continuation(&self) -> bool {
-        true
+    /// transformers' `DeepseekV{2,3}ForCausalLM`: `lm_head(norm(x))`.
+    fn head_logits(&self, x: &Tensor) -> Result<Tensor> {
+        let head = loaded_head(&self.head)?;
+        head_logits(x, head, &self.embed, self.cfg.eps)
     }
 
-    /// Each layer's hook is handed the whole window's latent: the exact run's prompt rows, then
-    /// the continuation's.
-    fn continuation_logits(
-        &self,
-        ids: &[u32],
-        dtype: DType,
-        hook: &dyn AttentionHook,
-        prompt: &PromptCache,
-        rows: Range<usize>,
-    ) -> Option<Result<Tensor>> {
-        Some((|| {
-            let (n, layers) = (ids.len(), self.layers.len());
-            let (head, name) = (self.head.as_ref(), self.model_type());
-            let call = ContinuationCall::new(head, name, layers, prompt, n, &rows)?;
-            let x = call.rows_of(&embed_ids(&self.embed, ids, dtype)?)?;
-            let (cos, sin) = self.cfg.rope.cos_sin(n, dtype, self.embed.device())?;
-            let rope_t = (call.rows_of(&cos)?, call.rows_of(&sin)?);
-            let x = continuation_layers(
-                prompt,
-                hook,
-                x,
-                layers,
-                |l| self.attention_spec(l),
-                |x, l| self.attention_inputs(x, l, &rope_t),
-                |x, o, l| self.finish(x, o, l),
-            )?;
-            head_logits(&call.scored(&x)?, call.head, &self.embed, self.cfg.eps)
-        })())
+    /// The MLA dimensions and the RoPE's attention factor.
+    fn dump_sidecar(&self, _n: usize) -> Map<String, Value> {
+        self.cfg.mla.sidecar(self.cfg.rope.attention_factor())
     }
 }
 

@@ -4,8 +4,8 @@ use candle_core::quantized::gguf_file::Value as GgufValue;
 use candle_core::{DType, Device};
 
 use super::*;
+use crate::models::decoder::tests::fixture_config;
 use crate::models::deepseek::load;
-use crate::models::family::tests::fixture_config;
 use crate::models::Depth;
 
 fn fixture(name: &str) -> PathBuf {

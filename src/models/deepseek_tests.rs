@@ -3,17 +3,17 @@ use crate::models::Depth;
 
 #[test]
 fn deepseek_v2_fixture_matches_transformers() {
-    crate::models::family::tests::check_fixture("deepseek_v2");
+    crate::models::decoder::tests::check_fixture("deepseek_v2");
 }
 
 #[test]
 fn deepseek_v3_fixture_matches_transformers() {
-    crate::models::family::tests::check_fixture("deepseek_v3");
+    crate::models::decoder::tests::check_fixture("deepseek_v3");
 }
 
 #[test]
 fn deepseek_v3_without_q_lora_matches_transformers() {
-    crate::models::family::tests::check_fixture("deepseek_v3-noqlora");
+    crate::models::decoder::tests::check_fixture("deepseek_v3-noqlora");
 }
 
 fn fixture_config(name: &str) -> Value {
@@ -220,7 +220,7 @@ fn rope_interleave_false_on_deinterleaved_weights_equals_the_default() {
 #[test]
 fn deepseek_whole_model_logits_match_transformers() {
     for name in ["deepseek_v2", "deepseek_v3", "deepseek_v3-noqlora"] {
-        crate::models::family::tests::check_fixture_logits(name, |_| (1e-10, 1e-5));
+        crate::models::decoder::tests::check_fixture_logits(name, |_| (1e-10, 1e-5));
     }
 }
 
@@ -230,7 +230,7 @@ fn deepseek_whole_model_logits_match_transformers() {
 #[test]
 fn deepseek_hook_sees_every_layer_with_the_materialised_view() {
     for name in ["deepseek_v2", "deepseek_v3", "deepseek_v3-noqlora"] {
-        let calls = crate::models::family::tests::check_logits_hook(name, |q, _, _| q.clone());
+        let calls = crate::models::decoder::tests::check_logits_hook(name, |q, _, _| q.clone());
         let cfg = DeepseekConfig::parse(&fixture_config(name), "cfg").unwrap();
         for (l, spec, [q, _, v]) in &calls {
             assert_eq!((q[2], v[2]), (24, 16), "{name} layer {l}");

@@ -5,22 +5,17 @@
 //! `query_pre_attn_scalar`^(−1/2), gemma2's soft-cap, sliding and global layers, and gemma3's two
 //! RoPEs (local θ on sliding layers, global θ with its scaling on full ones).
 
-use std::ops::Range;
-
 use anyhow::Result;
 use candle_core::{DType, Tensor};
-use serde_json::{json, Map, Value};
+use serde_json::{json, Value};
 
-use super::continuation::PromptCache;
+use super::blocks::{
+    attention_out, embed_ids, linear, lm_logits, loaded_head, rms_norm, row_chunks, split_heads,
+    Linear,
+};
+use super::decoder::{Decoder, DecoderShape, LayerInputs, Positions};
 use super::decoder_config::{rope_config, RopeConfig, RopeScaling};
-use super::family::{FamilyModel, FamilyShape, LayerDump};
-use super::family_common::{
-    attend_checked, attention_out, check_logits_call, continuation_layers, embed_ids,
-    linear_weight, lm_head_weight, lm_logits, ConfigFields, ContinuationCall, LoadedLayers,
-};
-use super::llama::{
-    linear, rms_norm, row_chunks, split_heads, AttentionHook, ExactAttention, Linear,
-};
+use super::family_common::{linear_weight, lm_head_weight, ConfigFields, LoadedLayers};
 use super::named_tensors::NamedTensors;
 use super::rope;
 use super::weights::Depth;
@@ -263,11 +258,7 @@ pub struct Gemma {
 }
 
 /// The family loader for `gemma2`, `gemma3_text` and the `gemma3` wrapper.
-pub fn load(
-    config: &Value,
-    weights: &mut NamedTensors,
-    depth: Depth,
-) -> Result<Box<dyn FamilyModel>> {
+pub fn load(config: &Value, weights: &mut NamedTensors, depth: Depth) -> Result<Box<dyn Decoder>> {
     let model_type = config
         .get("model_type")
         .and_then(Value::as_str)
@@ -408,12 +399,10 @@ fn load_layer(w: &NamedTensors, cfg: &GemmaConfig, pre: &str, full: bool) -> Res
     })
 }
 
-/// RoPE tables of both kinds for positions 0..n−1: (global, local).
-type Tables = [(Tensor, Tensor); 2];
-
 impl Gemma {
-    /// Post-RoPE Q [H, n, p], K, V [H_kv, n, p] of layer `l` from its input X [n, hidden].
-    fn qkv(&self, x: &Tensor, l: usize, tables: &Tables) -> Result<(Tensor, Tensor, Tensor)> {
+    /// Post-RoPE Q [H, n, p], K, V [H_kv, n, p] of layer `l` from its input X [n, hidden]; the
+    /// tables are (global, local).
+    fn qkv(&self, x: &Tensor, l: usize, tables: &Positions) -> Result<(Tensor, Tensor, Tensor)> {
         let (cfg, lw) = (&self.cfg, &self.layers[l]);
         let h = gemma_norm(x, &lw.input_norm, cfg.eps)?;
         let mut q = split_heads(&linear(&h, &lw.q)?, cfg.heads, cfg.head_dim)?;
@@ -424,28 +413,74 @@ impl Gemma {
             k = gemma_norm(&k, kn, cfg.eps)?;
         }
         let (cos, sin) = match cfg.layer_types[l] {
-            LayerType::Full => &tables[0],
-            LayerType::Sliding => &tables[1],
+            LayerType::Full => &tables.0[0],
+            LayerType::Sliding => &tables.0[1],
         };
         Ok((rope::apply(&q, cos, sin)?, rope::apply(&k, cos, sin)?, v))
     }
+}
 
-    /// Layer `l` (before L, or any of a whole model) whole: attention through `hook` with the
-    /// layer's own spec, then the four-norm residuals.
-    fn layer(
-        &self,
-        x: &Tensor,
-        l: usize,
-        tables: &Tables,
-        hook: &dyn AttentionHook,
-    ) -> Result<Tensor> {
-        let (q, k, v) = self.qkv(x, l, tables)?;
-        let o = attend_checked(hook, l, &q, &k, &v, &self.cfg.spec(l))?;
-        self.finish(x, &o, l)
+impl Decoder for Gemma {
+    fn model_type(&self) -> &'static str {
+        match self.cfg.variant {
+            Variant::Gemma2 => "gemma2",
+            Variant::Gemma3 => "gemma3_text",
+        }
     }
 
-    /// Layer `l`'s output rows from their input X [m, hidden] and attention O [H, m, p]: o_proj
-    /// and the four-norm residuals with the MLP.
+    fn shape(&self) -> DecoderShape {
+        let c = &self.cfg;
+        DecoderShape {
+            heads: c.heads,
+            kv_heads: c.kv_heads,
+            head_dim: c.head_dim,
+            head_dim_v: c.head_dim,
+            layers: c.layers,
+            max_position_embeddings: c.max_positions,
+            vocab_size: c.vocab,
+        }
+    }
+
+    fn attention_spec(&self, layer: usize) -> AttentionSpec {
+        self.cfg.spec(layer)
+    }
+
+    fn loaded_layers(&self) -> usize {
+        self.layers.len()
+    }
+
+    fn has_head(&self) -> bool {
+        self.head.is_some()
+    }
+
+    /// X⁰ = embed[ids]·√hidden, and both RoPE tables: (global, local).
+    fn embed(&self, ids: &[u32], dtype: DType) -> Result<(Tensor, Positions)> {
+        let cfg = &self.cfg;
+        let n = ids.len();
+        // The factor rounded to the model's dtype: gemma2's `normalizer =
+        // torch.tensor(hidden**0.5, dtype=hidden.dtype)`. gemma3 keeps it in a buffer made by
+        // `torch.tensor(hidden**0.5)`, float32 (torch's default dtype) before any cast, so
+        // transformers multiplies by f32(√hidden) even in float64: followed here (METHODS §7.7.1
+        // says "a tensor of the model's dtype"; the two differ by ≤ 3e-8 relative in f64, and
+        // only where √hidden is not an f32 number).
+        let normalizer = match (dtype, cfg.variant) {
+            (DType::F64, Variant::Gemma2) => (cfg.hidden as f64).sqrt(),
+            _ => (cfg.hidden as f64).sqrt() as f32 as f64,
+        };
+        let x = (embed_ids(&self.embed, ids, dtype)? * normalizer)?;
+        let dev = self.embed.device();
+        let tables = vec![
+            rope::cos_sin(&cfg.rope_global, cfg.head_dim, n, dtype, dev)?,
+            rope::cos_sin(&cfg.rope_local, cfg.head_dim, n, dtype, dev)?,
+        ];
+        Ok((x, Positions(tables)))
+    }
+
+    fn attention_inputs(&self, x: &Tensor, l: usize, pos: &Positions) -> Result<LayerInputs> {
+        Ok(LayerInputs::qkv(self.qkv(x, l, pos)?))
+    }
+
+    /// o_proj and the four-norm residuals with the MLP.
     fn finish(&self, x: &Tensor, o: &Tensor, l: usize) -> Result<Tensor> {
         let cfg = &self.cfg;
         let rest = self.layers[l]
@@ -463,152 +498,17 @@ impl Gemma {
         })?;
         Ok(Tensor::cat(&outs, 0)?)
     }
-}
 
-impl FamilyModel for Gemma {
-    fn model_type(&self) -> &'static str {
-        match self.cfg.variant {
-            Variant::Gemma2 => "gemma2",
-            Variant::Gemma3 => "gemma3_text",
-        }
-    }
-
-    fn shape(&self) -> FamilyShape {
-        let c = &self.cfg;
-        FamilyShape {
-            heads: c.heads,
-            kv_heads: c.kv_heads,
-            head_dim: c.head_dim,
-            head_dim_v: c.head_dim,
-            layers: c.layers,
-            max_position_embeddings: c.max_positions,
-            vocab_size: c.vocab,
-        }
-    }
-
-    fn attention_spec(&self, layer: usize) -> AttentionSpec {
-        self.cfg.spec(layer)
-    }
-
-    fn layer_dump(&self, ids: &[u32], dtype: DType) -> Result<LayerDump> {
-        let cfg = &self.cfg;
-        let (mut x, tables) = self.embed(ids, dtype)?;
-        let last = self.layers.len() - 1;
-        for l in 0..last {
-            crate::interrupt::check()?;
-            x = self.layer(&x, l, &tables, &ExactAttention)?;
-        }
-        let (q, k, v) = self.qkv(&x, last, &tables)?;
-        Ok(LayerDump {
-            q,
-            k,
-            v,
-            spec: cfg.spec(last),
-            extra: Vec::new(),
-            sidecar: Map::new(),
-        })
-    }
-
-    /// transformers' `Gemma2ForCausalLM` / `Gemma3ForCausalLM` head on the rows `rows`: the
-    /// final (1 + w) norm, the LM head, then c·tanh(logits/c) when `final_logit_softcapping` is
-    /// set, in `dtype` like the layers.
-    fn forward_logits(
-        &self,
-        ids: &[u32],
-        dtype: DType,
-        hook: &dyn AttentionHook,
-        rows: Range<usize>,
-    ) -> Result<Tensor> {
-        let whole = self.head.is_some();
-        check_logits_call(
-            self.model_type(),
-            whole,
-            self.layers.len(),
-            &rows,
-            ids.len(),
-        )?;
-        let head = self.head.as_ref().expect("checked whole");
-        let (mut x, tables) = self.embed(ids, dtype)?;
-        for l in 0..self.layers.len() {
-            crate::interrupt::check()?;
-            x = self.layer(&x, l, &tables, hook)?;
-        }
-        self.logits(&x.narrow(0, rows.start, rows.len())?, head)
-    }
-
-    fn has_continuation(&self) -> bool {
-        true
-    }
-
-    fn continuation_logits(
-        &self,
-        ids: &[u32],
-        dtype: DType,
-        hook: &dyn AttentionHook,
-        prompt: &PromptCache,
-        rows: Range<usize>,
-    ) -> Option<Result<Tensor>> {
-        Some((|| {
-            let (n, layers) = (ids.len(), self.layers.len());
-            let (head, name) = (self.head.as_ref(), self.model_type());
-            let call = ContinuationCall::new(head, name, layers, prompt, n, &rows)?;
-            let (x, tables) = self.embed(ids, dtype)?;
-            let rows_of = |(c, s): &(Tensor, Tensor)| -> Result<(Tensor, Tensor)> {
-                Ok((call.rows_of(c)?, call.rows_of(s)?))
-            };
-            let tables = [rows_of(&tables[0])?, rows_of(&tables[1])?];
-            let x = continuation_layers(
-                prompt,
-                hook,
-                call.rows_of(&x)?,
-                layers,
-                |l| self.cfg.spec(l),
-                |x, l| {
-                    let (q, k, v) = self.qkv(x, l, &tables)?;
-                    Ok((q, k, v, None))
-                },
-                |x, o, l| self.finish(x, o, l),
-            )?;
-            self.logits(&call.scored(&x)?, call.head)
-        })())
-    }
-}
-
-impl Gemma {
-    /// The rows X [m, hidden] through the final (1 + w) norm, the LM head and gemma2's final
-    /// logit cap.
-    fn logits(&self, x: &Tensor, head: &GemmaHead) -> Result<Tensor> {
+    /// transformers' `Gemma2ForCausalLM` / `Gemma3ForCausalLM` head: the final (1 + w) norm,
+    /// the LM head, then c·tanh(logits/c) when `final_logit_softcapping` is set, in X's dtype.
+    fn head_logits(&self, x: &Tensor) -> Result<Tensor> {
+        let head = loaded_head(&self.head)?;
         let x = gemma_norm(x, &head.norm, self.cfg.eps)?;
         let logits = lm_logits(&x, head.lm_head.as_ref(), &self.embed)?;
         match head.final_softcap {
             Some(c) => Ok(((logits / c)?.tanh()? * c)?),
             None => Ok(logits),
         }
-    }
-}
-
-impl Gemma {
-    /// X⁰ [n, hidden] of the window `ids` in `dtype`, and both RoPE tables for positions 0..n−1.
-    fn embed(&self, ids: &[u32], dtype: DType) -> Result<(Tensor, Tables)> {
-        let cfg = &self.cfg;
-        let n = ids.len();
-        // X⁰ = embed[ids]·√hidden, the factor rounded to the model's dtype: gemma2's
-        // `normalizer = torch.tensor(hidden**0.5, dtype=hidden.dtype)`. gemma3 keeps it in a
-        // buffer made by `torch.tensor(hidden**0.5)`, float32 (torch's default dtype) before any
-        // cast, so transformers multiplies by f32(√hidden) even in float64: followed here
-        // (METHODS §7.7.1 says "a tensor of the model's dtype"; the two differ by ≤ 3e-8
-        // relative in f64, and only where √hidden is not an f32 number).
-        let normalizer = match (dtype, cfg.variant) {
-            (DType::F64, Variant::Gemma2) => (cfg.hidden as f64).sqrt(),
-            _ => (cfg.hidden as f64).sqrt() as f32 as f64,
-        };
-        let x = (embed_ids(&self.embed, ids, dtype)? * normalizer)?;
-        let dev = self.embed.device();
-        let tables = [
-            rope::cos_sin(&cfg.rope_global, cfg.head_dim, n, dtype, dev)?,
-            rope::cos_sin(&cfg.rope_local, cfg.head_dim, n, dtype, dev)?,
-        ];
-        Ok((x, tables))
     }
 }
 

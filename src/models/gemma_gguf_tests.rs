@@ -4,7 +4,7 @@ use candle_core::quantized::gguf_file::Value as GgufValue;
 use candle_core::{DType, Device};
 
 use super::*;
-use crate::models::family::tests::fixture_config;
+use crate::models::decoder::tests::fixture_config;
 use crate::models::gemma::load;
 use crate::models::Depth;
 

@@ -4,7 +4,7 @@
 use serde_json::Value;
 
 use super::*;
-use crate::models::family::tests::{
+use crate::models::decoder::tests::{
     check_fixture, check_fixture_logits, check_logits_hook, fixture_config, one_short, whole_models,
 };
 use crate::models::Depth;
@@ -212,7 +212,7 @@ fn the_gguf_logits_differ_only_by_the_stored_norms() {
         let (route, gguf) = whole_models(name).pop().unwrap();
         assert_eq!(route, "gguf");
         let ids: Vec<u32> = (0..40u32).map(|i| (i * 29 + 3) % 128).collect();
-        let exact = crate::models::llama::ExactAttention;
+        let exact = crate::models::ExactAttention;
         for dtype in [DType::F64, DType::F32] {
             let a = st.forward_logits(&ids, dtype, &exact, 0..40).unwrap();
             let b = gguf.forward_logits(&ids, dtype, &exact, 0..40).unwrap();

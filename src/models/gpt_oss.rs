@@ -3,21 +3,16 @@
 //! plain RMSNorms, and a top-k MoE of clamped SwiGLU experts with biases (gate/up interleaved).
 //! Experts stored in MXFP4 on the hub are decoded on load (`quantized_weights`).
 
-use std::ops::Range;
-
 use anyhow::Result;
 use candle_core::{DType, Tensor};
-use serde_json::{Map, Value};
+use serde_json::Value;
 
-use super::continuation::PromptCache;
-use super::family::{FamilyModel, FamilyShape, LayerDump};
-use super::family_common::{
-    attend_checked, continuation_layers, embed_ids, head_logits, load_output_head, merge_heads,
-    whole_head, ConfigFields, ContinuationCall, LoadedLayers,
+use super::blocks::{
+    embed_ids, head_logits, linear, loaded_head, merge_heads, rms_norm, split_heads, Linear,
+    OutputHead,
 };
-use super::llama::{
-    linear, rms_norm, split_heads, AttentionHook, ExactAttention, Linear, OutputHead,
-};
+use super::decoder::{Decoder, DecoderShape, LayerInputs, Positions};
+use super::family_common::{load_output_head, ConfigFields, LoadedLayers};
 use super::moe::{dispatch, host_rows, sigmoid, top_k, Routing};
 use super::named_tensors::NamedTensors;
 use super::quantized_weights::mxfp4_or_plain;
@@ -181,11 +176,7 @@ pub struct GptOss {
 }
 
 /// The [`super::registry::Loader`] of gpt-oss.
-pub fn load(
-    config: &Value,
-    weights: &mut NamedTensors,
-    depth: Depth,
-) -> Result<Box<dyn FamilyModel>> {
+pub fn load(config: &Value, weights: &mut NamedTensors, depth: Depth) -> Result<Box<dyn Decoder>> {
     let what = weights.what().to_string();
     let cfg = GptOssConfig::parse(config, &what)?;
     let loaded = LoadedLayers::of(depth, cfg.layers)?;
@@ -263,72 +254,6 @@ fn load_layer(
 }
 
 impl GptOss {
-    /// Post-RoPE Q [H, n, p], K and V [H_kv, n, p] of layer `l` from its input X [n, hidden].
-    fn qkv(
-        &self,
-        x: &Tensor,
-        l: usize,
-        rope_t: &(Tensor, Tensor),
-    ) -> Result<(Tensor, Tensor, Tensor)> {
-        let (lw, c) = (&self.layers[l], &self.cfg);
-        let h = rms_norm(x, &lw.input_norm, c.eps)?;
-        let q = split_heads(&linear(&h, &lw.q)?, c.heads, c.head_dim)?;
-        let k = split_heads(&linear(&h, &lw.k)?, c.kv_heads, c.head_dim)?;
-        let v = split_heads(&linear(&h, &lw.v)?, c.kv_heads, c.head_dim)?;
-        Ok((
-            rope::apply(&q, &rope_t.0, &rope_t.1)?,
-            rope::apply(&k, &rope_t.0, &rope_t.1)?,
-            v,
-        ))
-    }
-
-    /// One whole layer (transformers' `GptOssDecoderLayer.forward`, eval), its attention through
-    /// `hook` with the layer's spec (sinks included).
-    fn decoder_layer(
-        &self,
-        x: &Tensor,
-        l: usize,
-        rope_t: &(Tensor, Tensor),
-        hook: &dyn AttentionHook,
-    ) -> Result<Tensor> {
-        let (q, k, v) = self.qkv(x, l, rope_t)?;
-        let o = attend_checked(hook, l, &q, &k, &v, &self.attention_spec(l))?;
-        self.finish(x, &o, l)
-    }
-
-    /// Layer `l`'s output rows from their input X [m, hidden] and attention O [H, m, p]: o_proj,
-    /// the residual and the MoE.
-    fn finish(&self, x: &Tensor, o: &Tensor, l: usize) -> Result<Tensor> {
-        let rest = self.layers[l]
-            .rest
-            .as_ref()
-            .expect("layers before L carry o_proj and the MoE");
-        let x = (x + linear(&merge_heads(o)?, &rest.o)?)?;
-        let h = rms_norm(&x, &rest.post_norm, self.cfg.eps)?;
-        Ok((&x + self.moe(&h, rest)?)?)
-    }
-
-    /// The embedded window `ids` (in `dtype`) after layers 0..`upto`, with the RoPE tables.
-    fn run_layers(
-        &self,
-        ids: &[u32],
-        dtype: DType,
-        upto: usize,
-        hook: &dyn AttentionHook,
-    ) -> Result<(Tensor, (Tensor, Tensor))> {
-        let mut x = embed_ids(&self.embed, ids, dtype)?;
-        let rope_t = self
-            .cfg
-            .rope
-            .cos_sin(ids.len(), dtype, self.embed.device())?;
-        for l in 0..upto {
-            // A layer of a long window takes seconds: a signal stops the forward here.
-            crate::interrupt::check()?;
-            x = self.decoder_layer(&x, l, &rope_t, hook)?;
-        }
-        Ok((x, rope_t))
-    }
-
     /// The MoE: router logits (linear + bias), top-k, softmax over the k chosen; each chosen
     /// expert's clamped SwiGLU, weighted and summed.
     fn moe(&self, h: &Tensor, rest: &LayerRest) -> Result<Tensor> {
@@ -367,14 +292,14 @@ impl GptOss {
     }
 }
 
-impl FamilyModel for GptOss {
+impl Decoder for GptOss {
     fn model_type(&self) -> &'static str {
         "gpt_oss"
     }
 
-    fn shape(&self) -> FamilyShape {
+    fn shape(&self) -> DecoderShape {
         let c = &self.cfg;
-        FamilyShape {
+        DecoderShape {
             heads: c.heads,
             kv_heads: c.kv_heads,
             head_dim: c.head_dim,
@@ -406,73 +331,53 @@ impl FamilyModel for GptOss {
         self.cfg.spec_without_sinks(layer).with_sinks(Some(sinks))
     }
 
-    fn layer_dump(&self, ids: &[u32], dtype: DType) -> Result<LayerDump> {
-        let last = self.layers.len() - 1;
-        let (x, rope_t) = self.run_layers(ids, dtype, last, &ExactAttention)?;
-        let (q, k, v) = self.qkv(&x, last, &rope_t)?;
-        Ok(LayerDump {
-            q,
-            k,
+    fn loaded_layers(&self) -> usize {
+        self.layers.len()
+    }
+
+    fn has_head(&self) -> bool {
+        self.head.is_some()
+    }
+
+    fn embed(&self, ids: &[u32], dtype: DType) -> Result<(Tensor, Positions)> {
+        let x = embed_ids(&self.embed, ids, dtype)?;
+        let rope = self
+            .cfg
+            .rope
+            .cos_sin(ids.len(), dtype, self.embed.device())?;
+        Ok((x, Positions(vec![rope])))
+    }
+
+    /// Post-RoPE Q [H, n, p], K and V [H_kv, n, p] of layer `l` (the sinks travel in its spec).
+    fn attention_inputs(&self, x: &Tensor, l: usize, pos: &Positions) -> Result<LayerInputs> {
+        let (lw, c) = (&self.layers[l], &self.cfg);
+        let (cos, sin) = pos.single();
+        let h = rms_norm(x, &lw.input_norm, c.eps)?;
+        let q = split_heads(&linear(&h, &lw.q)?, c.heads, c.head_dim)?;
+        let k = split_heads(&linear(&h, &lw.k)?, c.kv_heads, c.head_dim)?;
+        let v = split_heads(&linear(&h, &lw.v)?, c.kv_heads, c.head_dim)?;
+        Ok(LayerInputs::qkv((
+            rope::apply(&q, cos, sin)?,
+            rope::apply(&k, cos, sin)?,
             v,
-            // The sinks travel in the spec (the dump writes them as an f32 tensor).
-            spec: self.attention_spec(last),
-            extra: Vec::new(),
-            sidecar: Map::new(),
-        })
+        )))
     }
 
-    /// transformers' `GptOssForCausalLM.forward`: the layers, then `lm_head(norm(x))` on `rows`.
-    fn forward_logits(
-        &self,
-        ids: &[u32],
-        dtype: DType,
-        hook: &dyn AttentionHook,
-        rows: Range<usize>,
-    ) -> Result<Tensor> {
-        let loaded = self.layers.len();
-        let head = whole_head(self.head.as_ref(), "gpt_oss", loaded, &rows, ids.len())?;
-        let (x, _) = self.run_layers(ids, dtype, loaded, hook)?;
-        head_logits(
-            &x.narrow(0, rows.start, rows.len())?,
-            head,
-            &self.embed,
-            self.cfg.eps,
-        )
+    /// o_proj, the residual and the MoE (transformers' `GptOssDecoderLayer.forward`, eval).
+    fn finish(&self, x: &Tensor, o: &Tensor, l: usize) -> Result<Tensor> {
+        let rest = self.layers[l]
+            .rest
+            .as_ref()
+            .expect("layers before L carry o_proj and the MoE");
+        let x = (x + linear(&merge_heads(o)?, &rest.o)?)?;
+        let h = rms_norm(&x, &rest.post_norm, self.cfg.eps)?;
+        Ok((&x + self.moe(&h, rest)?)?)
     }
 
-    fn has_continuation(&self) -> bool {
-        true
-    }
-
-    fn continuation_logits(
-        &self,
-        ids: &[u32],
-        dtype: DType,
-        hook: &dyn AttentionHook,
-        prompt: &PromptCache,
-        rows: Range<usize>,
-    ) -> Option<Result<Tensor>> {
-        Some((|| {
-            let (n, layers) = (ids.len(), self.layers.len());
-            let head = self.head.as_ref();
-            let call = ContinuationCall::new(head, "gpt_oss", layers, prompt, n, &rows)?;
-            let x = call.rows_of(&embed_ids(&self.embed, ids, dtype)?)?;
-            let (cos, sin) = self.cfg.rope.cos_sin(n, dtype, self.embed.device())?;
-            let rope_t = (call.rows_of(&cos)?, call.rows_of(&sin)?);
-            let x = continuation_layers(
-                prompt,
-                hook,
-                x,
-                layers,
-                |l| self.attention_spec(l),
-                |x, l| {
-                    let (q, k, v) = self.qkv(x, l, &rope_t)?;
-                    Ok((q, k, v, None))
-                },
-                |x, o, l| self.finish(x, o, l),
-            )?;
-            head_logits(&call.scored(&x)?, call.head, &self.embed, self.cfg.eps)
-        })())
+    /// transformers' `GptOssForCausalLM`: `lm_head(norm(x))`.
+    fn head_logits(&self, x: &Tensor) -> Result<Tensor> {
+        let head = loaded_head(&self.head)?;
+        head_logits(x, head, &self.embed, self.cfg.eps)
     }
 }
 

@@ -1,9 +1,10 @@
 use super::*;
 use crate::models::Depth;
+use serde_json::Map;
 
 #[test]
 fn gpt_oss_fixture_matches_transformers() {
-    crate::models::family::tests::check_fixture("gpt_oss");
+    crate::models::decoder::tests::check_fixture("gpt_oss");
 }
 
 fn fixture_config() -> Value {
@@ -110,7 +111,7 @@ fn a_layer_past_the_model_or_a_missing_tensor_is_a_usage_error() {
 /// router choice flips in f32 on this window (a flipped top-2 expert moves the logits by far more).
 #[test]
 fn gpt_oss_whole_model_logits_match_transformers() {
-    crate::models::family::tests::check_fixture_logits("gpt_oss", |_| (1e-10, 1e-5));
+    crate::models::decoder::tests::check_fixture_logits("gpt_oss", |_| (1e-10, 1e-5));
 }
 
 /// Every layer reaches the hook once, in order, with its own spec: the sliding (even, W = 16) and
@@ -118,7 +119,7 @@ fn gpt_oss_whole_model_logits_match_transformers() {
 /// of H (K's shape) is refused, as are logits of a partial model.
 #[test]
 fn gpt_oss_hook_sees_every_layer_with_its_own_spec() {
-    let calls = crate::models::family::tests::check_logits_hook("gpt_oss", |_, k, _| k.clone());
+    let calls = crate::models::decoder::tests::check_logits_hook("gpt_oss", |_, k, _| k.clone());
     let windows: Vec<Option<usize>> = calls.iter().map(|c| c.1.window).collect();
     assert_eq!(windows, [Some(16), None, Some(16), None]);
     let sinks: Vec<Vec<f64>> = calls.iter().map(|c| c.1.sinks.clone().unwrap()).collect();

@@ -1,29 +1,23 @@
-//! The Llama-style decoder forward (llama, mistral, qwen2, qwen3 share it; docs/reference.md §7.1 "Layers
-//! before L", "Layer L"; §10.1 "Model"): embeddings → layers → final norm → LM head, each layer's
-//! attention called through one [`AttentionHook`] (exact, a method, or a user's callable). The
-//! Q/K/V dump is this forward stopped at layer L ([`window_qkv`]); the whole model gives logits
-//! ([`forward_logits`]).
+//! The Llama-style decoders (llama, mistral, qwen2, qwen3; docs/reference.md §7.1 "Layers before
+//! L", "Layer L"; §10.1 "Model") as a [`Decoder`]: embeddings, RMSNorm, q/k/v (qwen3's per-head
+//! norms), rotate-half RoPE with default, linear or llama3 frequencies, a window on Mistral's and
+//! Qwen's sliding layers, the SwiGLU MLP, the final norm and the LM head (tied or not), step for
+//! step as transformers' eager implementation runs them.
 //!
 //! candle-transformers' llama/mistral/qwen2/qwen3 models compute attention inside their forward
-//! and expose no layer's post-RoPE Q/K/V (nor an f64 path), so the forward is written here, step
-//! for step as transformers' eager implementation runs it.
-
-use std::sync::Arc;
+//! and expose no layer's post-RoPE Q/K/V (nor an f64 path), so the layer is written here.
 
 use anyhow::Result;
-use candle_core::{DType, Tensor, D};
+use candle_core::{DType, Tensor};
 
+use super::blocks::{
+    embed_ids, head_logits, linear, loaded_head, rms_norm, row_chunks, split_heads,
+};
+pub use super::blocks::{Linear, OutputHead};
+use super::decoder::{Decoder, DecoderShape, LayerInputs, Positions};
 use super::decoder_config::DecoderConfig;
 use super::rope;
-use crate::attention::latent::LayerLatent;
 use crate::attention::spec::{exact_attention, AttentionSpec};
-
-/// A Linear layer: y = x·Wᵀ (+ b), W [out, in], f32.
-#[derive(Debug, Clone)]
-pub struct Linear {
-    pub weight: Tensor,
-    pub bias: Option<Tensor>,
-}
 
 /// What layer L needs (every layer has it): the input RMSNorm, the q/k/v projections and qwen3's
 /// per-head norms. Layers before L also carry [`LayerRest`].
@@ -50,14 +44,6 @@ pub struct LayerRest {
     pub down: Linear,
 }
 
-/// The final RMSNorm and the LM head of a whole model.
-#[derive(Debug, Clone)]
-pub struct OutputHead {
-    pub norm: Tensor,
-    /// [vocab, hidden]; None when tied to the token embeddings.
-    pub lm_head: Option<Tensor>,
-}
-
 /// The token embeddings and layers 0..=L (f32, on the run's device), and for a whole model
 /// (`models::Depth::Whole`) every layer and the output head.
 #[derive(Debug, Clone)]
@@ -69,74 +55,11 @@ pub struct DecoderWeights {
     pub head: Option<OutputHead>,
 }
 
-/// The one seam every layer's attention passes through: layer `layer`'s post-RoPE Q [H, n, p],
-/// K [H_kv, n, p] and V [H_kv, n, p_v], and the layer's exact attention (its window, scale, cap
-/// and sinks) in; O [H, n, p_v] out, in Q's dtype.
-pub trait AttentionHook: Sync {
-    fn attend(
-        &self,
-        layer: usize,
-        q: &Tensor,
-        k: &Tensor,
-        v: &Tensor,
-        spec: &AttentionSpec,
-    ) -> Result<Tensor>;
-
-    /// [`Self::attend`] on a Multi-head Latent Attention layer (docs/reference.md §7.7.5), which
-    /// also hands the layer's latent rows [c; k_pe] and W_kvb: what its deployed cache holds, and
-    /// so what a §8 cache quantizes there (§7.7.6). Q, K, V are the materialised view, O the
-    /// same. A hook that has no use for the latent is its `attend`.
-    fn attend_latent(
-        &self,
-        layer: usize,
-        q: &Tensor,
-        k: &Tensor,
-        v: &Tensor,
-        spec: &AttentionSpec,
-        latent: &Arc<LayerLatent>,
-    ) -> Result<Tensor> {
-        let _ = latent;
-        self.attend(layer, q, k, v, spec)
-    }
-}
-
-/// The model's own attention: the layer's exact target (docs/reference.md §7.7.0).
-pub struct ExactAttention;
-
-impl AttentionHook for ExactAttention {
-    fn attend(
-        &self,
-        _layer: usize,
-        q: &Tensor,
-        k: &Tensor,
-        v: &Tensor,
-        spec: &AttentionSpec,
-    ) -> Result<Tensor> {
-        exact_attention(q, k, v, spec)
-    }
-}
-
 impl DecoderWeights {
     /// L, the measured layer.
     pub fn layer(&self) -> usize {
         self.layers.len() - 1
     }
-}
-
-pub(super) fn linear(x: &Tensor, l: &Linear) -> Result<Tensor> {
-    let y = x.matmul(&l.weight.to_dtype(x.dtype())?.t()?)?;
-    Ok(match &l.bias {
-        Some(b) => y.broadcast_add(&b.to_dtype(x.dtype())?)?,
-        None => y,
-    })
-}
-
-/// RMSNorm over the last dimension: weight·x/√(mean(x²)+ε), in x's dtype (f32 as transformers
-/// computes it, or f64).
-pub(super) fn rms_norm(x: &Tensor, weight: &Tensor, eps: f64) -> Result<Tensor> {
-    let ms = x.sqr()?.mean_keepdim(D::Minus1)?;
-    let normed = x.broadcast_mul(&(ms + eps)?.sqrt()?.recip()?)?;
-    Ok(normed.broadcast_mul(&weight.to_dtype(x.dtype())?)?)
 }
 
 /// Exact causal attention with τ = 1/√p and, if given, a sliding window W (docs/reference.md
@@ -152,41 +75,9 @@ pub fn causal_attention(
     exact_attention(q, k, v, &AttentionSpec::causal(p, window))
 }
 
-/// [n, H·p] → [H, n, p].
-pub(super) fn split_heads(x: &Tensor, heads: usize, p: usize) -> Result<Tensor> {
-    let n = x.dim(0)?;
-    Ok(x.reshape((n, heads, p))?.transpose(0, 1)?.contiguous()?)
-}
-
-/// Rows per chunk of the forward's row-wise work (RMSNorm, the projections, RoPE, the MLP).
-/// The chunks run in parallel on the host's threads: candle's element-wise ops run on the calling
-/// thread only (runtime.rs), so unchunked they left one of two cores idle for a fifth of a
-/// forward. A fixed size, so the bits do not depend on the thread count.
-const FORWARD_CHUNK_ROWS: usize = 512;
-
-/// `f` on consecutive row chunks [s, s + rows) of 0..n, in parallel on the host (in order on
-/// other devices, whose kernels are asynchronous anyway), results in chunk order.
-pub(super) fn row_chunks<R: Send>(
-    n: usize,
-    dev: &candle_core::Device,
-    f: impl Fn(usize, usize) -> Result<R> + Sync + Send,
-) -> Result<Vec<R>> {
-    use rayon::prelude::*;
-    let starts: Vec<usize> = (0..n).step_by(FORWARD_CHUNK_ROWS).collect();
-    let run = |&s: &usize| f(s, FORWARD_CHUNK_ROWS.min(n - s));
-    if dev.is_cpu() {
-        // The first error in chunk order, whatever the scheduling (rayon's Result collect returns
-        // whichever failed first).
-        let results: Vec<Result<R>> = starts.par_iter().map(run).collect();
-        results.into_iter().collect()
-    } else {
-        starts.iter().map(run).collect()
-    }
-}
-
 /// Post-RoPE Q [H, n, p], K and V [H_kv, n, p] of one layer from its input X [n, hidden], in
 /// row chunks ([`row_chunks`]).
-pub(super) fn layer_qkv(
+fn layer_qkv(
     x: &Tensor,
     lw: &DecoderLayerWeights,
     cfg: &DecoderConfig,
@@ -194,7 +85,7 @@ pub(super) fn layer_qkv(
     sin: &Tensor,
 ) -> Result<(Tensor, Tensor, Tensor)> {
     let n = x.dim(0)?;
-    if n <= FORWARD_CHUNK_ROWS {
+    if n <= super::blocks::FORWARD_CHUNK_ROWS {
         return layer_qkv_rows(x, lw, cfg, cos, sin);
     }
     let parts = row_chunks(n, x.device(), |s, rows| {
@@ -240,44 +131,9 @@ fn layer_qkv_rows(
     Ok((rope::apply(&q, cos, sin)?, rope::apply(&k, cos, sin)?, v))
 }
 
-/// One whole decoder layer `l` (eval mode), as transformers' `LlamaDecoderLayer.forward`, its
-/// attention through `hook`.
-fn decoder_layer(
-    x: &Tensor,
-    l: usize,
-    w: &DecoderWeights,
-    cfg: &DecoderConfig,
-    rope: &(Tensor, Tensor),
-    hook: &dyn AttentionHook,
-) -> Result<Tensor> {
-    let (q, k, v) = layer_qkv(x, &w.layers[l], cfg, &rope.0, &rope.1)?;
-    let o = attend_checked(hook, l, cfg, &q, &k, &v)?;
-    layer_output(x, &o, l, w, cfg)
-}
-
-/// The hook's O for layer `l`, refused unless it is shaped like Q.
-pub(super) fn attend_checked(
-    hook: &dyn AttentionHook,
-    l: usize,
-    cfg: &DecoderConfig,
-    q: &Tensor,
-    k: &Tensor,
-    v: &Tensor,
-) -> Result<Tensor> {
-    let o = hook.attend(l, q, k, v, &cfg.attention_spec(l))?;
-    if o.dims() != q.dims() {
-        return Err(crate::usage!(
-            "the attention of layer {l} returned shape {:?}; it must return O shaped like Q, {:?}",
-            o.dims(),
-            q.dims()
-        ));
-    }
-    Ok(o)
-}
-
 /// Layer `l`'s output for the rows X [m, hidden] from their attention O [H, m, p]: the output
 /// projection, the residual and the SwiGLU MLP.
-pub(super) fn layer_output(
+fn layer_output(
     x: &Tensor,
     o: &Tensor,
     l: usize,
@@ -305,109 +161,65 @@ pub(super) fn layer_output(
     Ok(Tensor::cat(&outs, 0)?)
 }
 
-/// The embedded window `ids` ([n, hidden], in `dtype`) and the RoPE tables of positions 0..n−1.
-pub(super) fn embed(
-    w: &DecoderWeights,
-    cfg: &DecoderConfig,
-    ids: &[u32],
-    dtype: DType,
-) -> Result<(Tensor, (Tensor, Tensor))> {
-    if !matches!(dtype, DType::F32 | DType::F64) {
-        return Err(crate::usage!(
-            "a decoder forward runs in f32 or f64, not {dtype:?}"
-        ));
-    }
-    if ids.is_empty() {
-        return Err(crate::usage!("an empty token window has no forward"));
-    }
-    let dev = w.embed.device();
-    let n = ids.len();
-    let vocab = w.embed.dim(0)?;
-    if let Some(&bad) = ids.iter().find(|&&i| i as usize >= vocab) {
-        return Err(crate::usage!(
-            "token id {bad} is outside the model's vocabulary of {vocab} (the tokenizer or the ids do not fit the model)"
-        ));
-    }
-    let ids_t = Tensor::from_vec(ids.to_vec(), n, dev)?;
-    let x = w.embed.index_select(&ids_t, 0)?.to_dtype(dtype)?;
-    let rope = rope::cos_sin(&cfg.rope, cfg.head_dim, n, dtype, dev)?;
-    Ok((x, rope))
+/// A Llama-style decoder (llama, mistral, qwen2, qwen3): its config and weights, loaded through
+/// layer L or whole.
+pub struct Llama {
+    pub cfg: DecoderConfig,
+    pub weights: DecoderWeights,
 }
 
-/// X after layers 0..`upto` (exclusive), each layer's attention through `hook`.
-pub(super) fn run_layers(
-    mut x: Tensor,
-    upto: usize,
-    w: &DecoderWeights,
-    cfg: &DecoderConfig,
-    rope: &(Tensor, Tensor),
-    hook: &dyn AttentionHook,
-) -> Result<Tensor> {
-    for l in 0..upto {
-        // A layer at n = 8192 takes seconds: a signal stops the forward here (nothing of it is kept).
-        crate::interrupt::check()?;
-        x = decoder_layer(&x, l, w, cfg, rope, hook)?;
+impl Decoder for Llama {
+    fn model_type(&self) -> &'static str {
+        self.cfg.family.model_type()
     }
-    Ok(x)
-}
 
-/// Post-RoPE Q [H, n, p], K [H_kv, n, p] and V [H_kv, n, p] of layer L (the last loaded layer) for
-/// the token window `ids` at positions 0..n−1, in `dtype` (f32 or f64): the forward with exact
-/// attention, stopped at layer L. Layers before L run exactly as transformers' eager
-/// implementation (docs/reference.md §7.1).
-pub fn window_qkv(
-    weights: &DecoderWeights,
-    cfg: &DecoderConfig,
-    ids: &[u32],
-    dtype: DType,
-) -> Result<(Tensor, Tensor, Tensor)> {
-    let (x, rope) = embed(weights, cfg, ids, dtype)?;
-    let last = weights.layers.len() - 1;
-    let x = run_layers(x, last, weights, cfg, &rope, &ExactAttention)?;
-    layer_qkv(&x, &weights.layers[last], cfg, &rope.0, &rope.1)
-}
-
-/// The logits ([rows, vocab], in `dtype`) of the whole model (docs/reference.md §10.1) on the window
-/// `ids`, every layer's attention through `hook`; only the rows `rows` go through the final norm
-/// and the LM head (the scored positions: n_f of n rows, and the head is the model's largest
-/// product).
-pub fn forward_logits(
-    weights: &DecoderWeights,
-    cfg: &DecoderConfig,
-    ids: &[u32],
-    dtype: DType,
-    hook: &dyn AttentionHook,
-    rows: std::ops::Range<usize>,
-) -> Result<Tensor> {
-    let head = weights.head.as_ref().ok_or_else(|| {
-        anyhow::anyhow!(
-            "the logits need the whole model (models::Depth::Whole); only layers 0..={} are loaded",
-            weights.layer()
-        )
-    })?;
-    if weights.layers.len() != cfg.num_hidden_layers || rows.end > ids.len() || rows.is_empty() {
-        return Err(anyhow::anyhow!(
-            "forward_logits: {} of {} layers loaded, rows {rows:?} of {}",
-            weights.layers.len(),
-            cfg.num_hidden_layers,
-            ids.len()
-        ));
+    fn shape(&self) -> DecoderShape {
+        let c = &self.cfg;
+        DecoderShape {
+            heads: c.num_attention_heads,
+            kv_heads: c.num_key_value_heads,
+            head_dim: c.head_dim,
+            head_dim_v: c.head_dim,
+            layers: c.num_hidden_layers,
+            max_position_embeddings: c.max_position_embeddings,
+            vocab_size: c.vocab_size,
+        }
     }
-    let (x, rope) = embed(weights, cfg, ids, dtype)?;
-    let x = run_layers(x, weights.layers.len(), weights, cfg, &rope, hook)?;
-    output_logits(weights, head, cfg, &x.narrow(0, rows.start, rows.len())?)
-}
 
-/// The final norm and the LM head (tied or not) of the rows X [m, hidden].
-pub(super) fn output_logits(
-    weights: &DecoderWeights,
-    head: &OutputHead,
-    cfg: &DecoderConfig,
-    x: &Tensor,
-) -> Result<Tensor> {
-    let x = rms_norm(x, &head.norm, cfg.rms_norm_eps)?;
-    let w = head.lm_head.as_ref().unwrap_or(&weights.embed);
-    Ok(x.matmul(&w.to_dtype(x.dtype())?.t()?)?)
+    /// Plain causal attention, windowed on a Mistral layer or a Qwen sliding layer.
+    fn attention_spec(&self, layer: usize) -> AttentionSpec {
+        self.cfg.attention_spec(layer)
+    }
+
+    fn loaded_layers(&self) -> usize {
+        self.weights.layers.len()
+    }
+
+    fn has_head(&self) -> bool {
+        self.weights.head.is_some()
+    }
+
+    fn embed(&self, ids: &[u32], dtype: DType) -> Result<(Tensor, Positions)> {
+        let x = embed_ids(&self.weights.embed, ids, dtype)?;
+        let dev = self.weights.embed.device();
+        let rope = rope::cos_sin(&self.cfg.rope, self.cfg.head_dim, ids.len(), dtype, dev)?;
+        Ok((x, Positions(vec![rope])))
+    }
+
+    fn attention_inputs(&self, x: &Tensor, l: usize, pos: &Positions) -> Result<LayerInputs> {
+        let (cos, sin) = pos.single();
+        let qkv = layer_qkv(x, &self.weights.layers[l], &self.cfg, cos, sin)?;
+        Ok(LayerInputs::qkv(qkv))
+    }
+
+    fn finish(&self, x: &Tensor, o: &Tensor, l: usize) -> Result<Tensor> {
+        layer_output(x, o, l, &self.weights, &self.cfg)
+    }
+
+    fn head_logits(&self, x: &Tensor) -> Result<Tensor> {
+        let head = loaded_head(&self.weights.head)?;
+        head_logits(x, head, &self.weights.embed, self.cfg.rms_norm_eps)
+    }
 }
 
 #[cfg(test)]

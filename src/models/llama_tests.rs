@@ -11,6 +11,21 @@ use crate::models::{
 };
 use crate::tensor_util::{test_device, to_vec_f64};
 
+/// Layer L's Q, K, V of the window `ids`: the forward stopped at the last loaded layer.
+fn window_qkv(
+    w: &DecoderWeights,
+    cfg: &DecoderConfig,
+    ids: &[u32],
+    dtype: DType,
+) -> Result<(Tensor, Tensor, Tensor)> {
+    let model = Llama {
+        cfg: cfg.clone(),
+        weights: w.clone(),
+    };
+    let dump = model.layer_dump(ids, dtype)?;
+    Ok((dump.q, dump.k, dump.v))
+}
+
 fn fixtures() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures/decoders")
 }

@@ -8,7 +8,7 @@ use anyhow::Result;
 use candle_core::{DType, Tensor};
 use serde_json::{json, Map, Value};
 
-use super::llama::{linear, rms_norm, split_heads, Linear};
+use super::blocks::{linear, rms_norm, split_heads, Linear};
 use super::named_tensors::NamedTensors;
 use super::quantized_weights::fp8_or_plain;
 use super::rope::{self, deinterleave, interleave};

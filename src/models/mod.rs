@@ -1,29 +1,30 @@
-//! The model room: decoder LLMs as Q/K/V sources (docs/reference.md §7.1) and as whole models (§10.1): Llama, Mistral, Qwen2 and Qwen3, from Hugging
-//! Face safetensors or a GGUF file, one file per concern:
-//! - `decoder_config`: config.json → [`DecoderConfig`] (families, head layout, RoPE parameters);
-//! - `rope`: rotate-half RoPE with default, linear and llama3 inverse frequencies;
-//! - `weights`: safetensors (single or only the needed shards) and transformers-style init;
-//! - `gguf`: GGUF metadata and dequantized tensors, llama.cpp's q/k row order undone;
-//! - `llama`: the forward, every layer's attention through one hook: the post-RoPE Q, K, V of
-//!   layer L (the dump), or the whole model's logits;
-//! - `continuation`: decode mode's forward of the continuation rows only, on the exact run's
-//!   prompt rows of every layer;
-//! - `family`: the §7.7 families' interface (layer L's dump with its attention spec, the forward);
-//!   `registry` the one list of families (their `model_type`s, GGUF architectures and loaders);
-//!   `named_tensors` the tensor reader every family reads (safetensors or a family's GGUF); `gemma`
-//!   (gemma2, gemma3), `phi3`, `gpt_oss` and `deepseek` (with `deepseek_config` and `mla`)
-//!   implement it, and `gemma_gguf`, `gpt_oss_gguf`, `deepseek_gguf` (phi3's in `phi3`) read
-//!   each family's GGUF as llama.cpp's converter writes it; `family_common` holds what they
-//!   share (`family_gguf` what their GGUF readers share), `moe` the experts' routing and dispatch, `quantized_weights` the MXFP4 and FP8
-//!   block-scaled weights dequantized on load;
-//! - `whole`: a decoder run whole for §10 ([`WholeDecoder`]), a Llama-style one or a family's;
+//! The model room: decoder LLMs as Q/K/V sources (docs/reference.md §7.1) and as whole models
+//! (§10.1), one file per concern:
+//! - `decoder`: the one [`Decoder`] interface every family implements (its shape, each layer's
+//!   spec, and its layer split at the attention), with the forward written once as its provided
+//!   methods (stopped at layer L, whole, continuation-only); `hook` the [`AttentionHook`] each
+//!   layer's attention goes through; `continuation` the prompt rows a continuation-only forward
+//!   reads; `blocks` the numerics every layer is built of (Linear, RMSNorm, heads, row chunks,
+//!   the LM head);
+//! - the families: `llama` (llama, mistral, qwen2, qwen3), `gemma` (gemma2, gemma3), `phi3`,
+//!   `gpt_oss` and `deepseek` (with `deepseek_config` and `mla`), `moe` the experts' routing
+//!   and dispatch; `registry` the one list of the §7.7 families (their `model_type`s, GGUF
+//!   architectures and loaders);
+//! - reading them: `decoder_config` (config.json → [`DecoderConfig`]), `weights`
+//!   (safetensors and transformers-style init of the Llama-style path), `gguf` (GGUF metadata and
+//!   tensors, llama.cpp's q/k row order undone), `named_tensors` (the tensor reader of the §7.7
+//!   families, safetensors or a family's GGUF as `gemma_gguf`, `gpt_oss_gguf`, `deepseek_gguf`
+//!   and `phi3` read it; `family_gguf` what they share), `family_common` (typed config fields),
+//!   `quantized_weights` (MXFP4 and FP8 block-scaled weights dequantized on load);
+//! - `rope`: RoPE tables (default, linear, llama3, yarn, longrope) and their application;
 //! - `tokens`: the BOS policy and the token windows.
 
+pub mod blocks;
 pub mod continuation;
+pub mod decoder;
 pub mod decoder_config;
 pub mod deepseek;
 pub mod deepseek_gguf;
-pub mod family;
 mod family_common;
 mod family_gguf;
 pub mod gemma;
@@ -32,6 +33,7 @@ pub mod gguf;
 pub(crate) mod gguf_table;
 pub mod gpt_oss;
 pub mod gpt_oss_gguf;
+pub mod hook;
 pub mod llama;
 pub mod mla;
 pub mod moe;
@@ -42,16 +44,13 @@ pub mod registry;
 pub mod rope;
 pub mod tokens;
 pub mod weights;
-pub mod whole;
 
-pub use continuation::{continuation_logits, PromptCache, PromptRecorder};
+pub use continuation::{PromptCache, PromptRecorder};
+pub use decoder::{AttentionHook, Decoder, DecoderShape, ExactAttention, LayerDump};
 pub use decoder_config::{
     decoder_family, DecoderConfig, DecoderFamily, RopeConfig, RopeScaling, SUPPORTED_FAMILIES,
 };
 pub use gguf::{load_gguf, GgufFile};
-pub use llama::{
-    causal_attention, forward_logits, window_qkv, AttentionHook, DecoderWeights, ExactAttention,
-};
+pub use llama::{causal_attention, DecoderWeights, Llama};
 pub use tokens::{bos_token, decoder_window, windows_available};
 pub use weights::{initialize, load_safetensors, shards_needed, Depth};
-pub use whole::{FamilyDecoder, LlamaDecoder, WholeDecoder};

@@ -4,22 +4,19 @@
 //! longrope (short or long factors by the window's length n against N₀, the attention factor on
 //! cos and sin).
 
-use std::ops::Range;
-
 use anyhow::Result;
 use candle_core::{DType, Tensor};
 use serde_json::{Map, Value};
 
-use super::continuation::PromptCache;
-use super::family::{FamilyModel, FamilyShape, LayerDump};
+use super::blocks::{
+    attention_out, embed_ids, head_logits, linear, loaded_head, rms_norm, row_chunks, split_heads,
+    Linear, OutputHead,
+};
+use super::decoder::{Decoder, DecoderShape, LayerInputs, Positions};
 use super::family_common::{
-    attend_checked, attention_out, continuation_layers, embed_ids, head_logits, linear_rows,
-    linear_weight, lm_head_weight, whole_head, ConfigFields, ContinuationCall, LoadedLayers,
+    linear_rows, linear_weight, lm_head_weight, ConfigFields, LoadedLayers,
 };
 use super::gguf::{f32_decimal, GgufFile};
-use super::llama::{
-    linear, rms_norm, row_chunks, split_heads, AttentionHook, ExactAttention, Linear, OutputHead,
-};
 use super::named_tensors::{GgufValues, NamedTensors};
 use super::rope;
 use super::weights::Depth;
@@ -267,11 +264,7 @@ pub struct Phi3 {
 }
 
 /// The family loader for `phi3`.
-pub fn load(
-    config: &Value,
-    weights: &mut NamedTensors,
-    depth: Depth,
-) -> Result<Box<dyn FamilyModel>> {
+pub fn load(config: &Value, weights: &mut NamedTensors, depth: Depth) -> Result<Box<dyn Decoder>> {
     let cfg = Phi3Config::from_json(config)?;
     let loaded = LoadedLayers::of(depth, cfg.layers)?;
     let embed = weights.get("model.embed_tokens.weight", &[cfg.vocab, cfg.hidden])?;
@@ -330,42 +323,61 @@ fn load_layer(w: &NamedTensors, cfg: &Phi3Config, pre: &str, full: bool) -> Resu
     })
 }
 
-impl Phi3 {
-    /// Post-RoPE Q [H, n, p], K, V [H_kv, n, p] of layer `l` from its input X [n, hidden].
-    fn qkv(
-        &self,
-        x: &Tensor,
-        l: usize,
-        cos: &Tensor,
-        sin: &Tensor,
-    ) -> Result<(Tensor, Tensor, Tensor)> {
+impl Decoder for Phi3 {
+    fn model_type(&self) -> &'static str {
+        "phi3"
+    }
+
+    fn shape(&self) -> DecoderShape {
+        let c = &self.cfg;
+        DecoderShape {
+            heads: c.heads,
+            kv_heads: c.kv_heads,
+            head_dim: c.head_dim,
+            head_dim_v: c.head_dim,
+            layers: c.layers,
+            max_position_embeddings: c.max_positions,
+            vocab_size: c.vocab,
+        }
+    }
+
+    fn attention_spec(&self, _layer: usize) -> AttentionSpec {
+        self.cfg.spec()
+    }
+
+    fn loaded_layers(&self) -> usize {
+        self.layers.len()
+    }
+
+    fn has_head(&self) -> bool {
+        self.head.is_some()
+    }
+
+    /// Longrope's factors are chosen by the whole window's n (also in a continuation-only
+    /// forward, whose rows are the window's last).
+    fn embed(&self, ids: &[u32], dtype: DType) -> Result<(Tensor, Positions)> {
+        let x = embed_ids(&self.embed, ids, dtype)?;
+        let (inv, a, _) = self.cfg.rope.at(ids.len());
+        let rope = rope::cos_sin_of(&inv, ids.len(), a, dtype, self.embed.device())?;
+        Ok((x, Positions(vec![rope])))
+    }
+
+    /// Post-RoPE Q [H, n, p], K, V [H_kv, n, p] of layer `l` (partial rotary).
+    fn attention_inputs(&self, x: &Tensor, l: usize, pos: &Positions) -> Result<LayerInputs> {
         let (cfg, lw) = (&self.cfg, &self.layers[l]);
+        let (cos, sin) = pos.single();
         let h = rms_norm(x, &lw.input_norm, cfg.eps)?;
         let q = split_heads(&linear(&h, &lw.q)?, cfg.heads, cfg.head_dim)?;
         let k = split_heads(&linear(&h, &lw.k)?, cfg.kv_heads, cfg.head_dim)?;
         let v = split_heads(&linear(&h, &lw.v)?, cfg.kv_heads, cfg.head_dim)?;
-        Ok((
+        Ok(LayerInputs::qkv((
             rope::apply_partial(&q, cos, sin)?,
             rope::apply_partial(&k, cos, sin)?,
             v,
-        ))
+        )))
     }
 
-    /// Layer `l` (before L, or any of a whole model) whole, its attention through `hook`.
-    fn layer(
-        &self,
-        x: &Tensor,
-        l: usize,
-        (cos, sin): (&Tensor, &Tensor),
-        hook: &dyn AttentionHook,
-    ) -> Result<Tensor> {
-        let (q, k, v) = self.qkv(x, l, cos, sin)?;
-        let o = attend_checked(hook, l, &q, &k, &v, &self.cfg.spec())?;
-        self.finish(x, &o, l)
-    }
-
-    /// Layer `l`'s output rows from their input X [m, hidden] and attention O [H, m, p]: o_proj,
-    /// the residual and the MLP.
+    /// o_proj, the residual and the MLP.
     fn finish(&self, x: &Tensor, o: &Tensor, l: usize) -> Result<Tensor> {
         let cfg = &self.cfg;
         let rest = self.layers[l]
@@ -381,120 +393,20 @@ impl Phi3 {
         })?;
         Ok(Tensor::cat(&outs, 0)?)
     }
-}
 
-impl FamilyModel for Phi3 {
-    fn model_type(&self) -> &'static str {
-        "phi3"
+    /// transformers' `Phi3ForCausalLM` head: the final RMSNorm, then the LM head (no cap).
+    fn head_logits(&self, x: &Tensor) -> Result<Tensor> {
+        let head = loaded_head(&self.head)?;
+        head_logits(x, head, &self.embed, self.cfg.eps)
     }
 
-    fn shape(&self) -> FamilyShape {
-        let c = &self.cfg;
-        FamilyShape {
-            heads: c.heads,
-            kv_heads: c.kv_heads,
-            head_dim: c.head_dim,
-            head_dim_v: c.head_dim,
-            layers: c.layers,
-            max_position_embeddings: c.max_positions,
-            vocab_size: c.vocab,
-        }
-    }
-
-    fn attention_spec(&self, _layer: usize) -> AttentionSpec {
-        self.cfg.spec()
-    }
-
-    fn layer_dump(&self, ids: &[u32], dtype: DType) -> Result<LayerDump> {
-        let mut x = embed_ids(&self.embed, ids, dtype)?;
-        let (inv, a, factors) = self.cfg.rope.at(ids.len());
-        let (cos, sin) = rope::cos_sin_of(&inv, ids.len(), a, dtype, self.embed.device())?;
-        let last = self.layers.len() - 1;
-        for l in 0..last {
-            crate::interrupt::check()?;
-            x = self.layer(&x, l, (&cos, &sin), &ExactAttention)?;
-        }
-        let (q, k, v) = self.qkv(&x, last, &cos, &sin)?;
+    /// Which longrope factors the window's n chose.
+    fn dump_sidecar(&self, n: usize) -> Map<String, Value> {
         let mut sidecar = Map::new();
-        if let Some(which) = factors {
+        if let (_, _, Some(which)) = self.cfg.rope.at(n) {
             sidecar.insert("rope_factors".into(), Value::String(which.into()));
         }
-        Ok(LayerDump {
-            q,
-            k,
-            v,
-            spec: self.cfg.spec(),
-            extra: Vec::new(),
-            sidecar,
-        })
-    }
-
-    /// transformers' `Phi3ForCausalLM` on the rows `rows`: the final RMSNorm, then the LM head
-    /// (no cap), in `dtype` like the layers; longrope's factors chosen by the window's n as in
-    /// the dump.
-    fn forward_logits(
-        &self,
-        ids: &[u32],
-        dtype: DType,
-        hook: &dyn AttentionHook,
-        rows: Range<usize>,
-    ) -> Result<Tensor> {
-        let head = whole_head(
-            self.head.as_ref(),
-            "phi3",
-            self.layers.len(),
-            &rows,
-            ids.len(),
-        )?;
-        let mut x = embed_ids(&self.embed, ids, dtype)?;
-        let (inv, a, _) = self.cfg.rope.at(ids.len());
-        let (cos, sin) = rope::cos_sin_of(&inv, ids.len(), a, dtype, self.embed.device())?;
-        for l in 0..self.layers.len() {
-            crate::interrupt::check()?;
-            x = self.layer(&x, l, (&cos, &sin), hook)?;
-        }
-        head_logits(
-            &x.narrow(0, rows.start, rows.len())?,
-            head,
-            &self.embed,
-            self.cfg.eps,
-        )
-    }
-
-    fn has_continuation(&self) -> bool {
-        true
-    }
-
-    /// Longrope's factors are the whole window's n, as in the full forward.
-    fn continuation_logits(
-        &self,
-        ids: &[u32],
-        dtype: DType,
-        hook: &dyn AttentionHook,
-        prompt: &PromptCache,
-        rows: Range<usize>,
-    ) -> Option<Result<Tensor>> {
-        Some((|| {
-            let (n, layers) = (ids.len(), self.layers.len());
-            let call = ContinuationCall::new(self.head.as_ref(), "phi3", layers, prompt, n, &rows)?;
-            let x = call.rows_of(&embed_ids(&self.embed, ids, dtype)?)?;
-            let (inv, a, _) = self.cfg.rope.at(n);
-            let (cos, sin) = rope::cos_sin_of(&inv, n, a, dtype, self.embed.device())?;
-            let (cos, sin) = (call.rows_of(&cos)?, call.rows_of(&sin)?);
-            let x = continuation_layers(
-                prompt,
-                hook,
-                x,
-                layers,
-                |_| self.cfg.spec(),
-                |x, l| {
-                    let (q, k, v) = self.qkv(x, l, &cos, &sin)?;
-                    Ok((q, k, v, None))
-                },
-                |x, o, l| self.finish(x, o, l),
-            )?;
-            head_logits(&call.scored(&x)?, call.head, &self.embed, self.cfg.eps)
-        })())
+        sidecar
     }
 }
 

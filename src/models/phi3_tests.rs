@@ -4,7 +4,7 @@
 use serde_json::Value;
 
 use super::*;
-use crate::models::family::tests::{
+use crate::models::decoder::tests::{
     check_fixture, check_fixture_logits, check_logits_hook, fixture_config, one_short,
 };
 use crate::models::Depth;
@@ -157,11 +157,6 @@ fn a_phi3_without_its_lm_head_loads_whole_only_when_tied() {
     config["tie_word_embeddings"] = true.into();
     let tied = load(&config, &mut w, Depth::Whole).unwrap();
     let ids: Vec<u32> = (0..8).collect();
-    let got = tied.forward_logits(
-        &ids,
-        DType::F64,
-        &crate::models::llama::ExactAttention,
-        0..8,
-    );
+    let got = tied.forward_logits(&ids, DType::F64, &crate::models::ExactAttention, 0..8);
     assert_eq!(got.unwrap().dims(), [8, 128]);
 }

@@ -6,7 +6,7 @@ use anyhow::Result;
 use candle_core::Device;
 use serde_json::Value;
 
-use super::family::FamilyModel;
+use super::decoder::Decoder;
 use super::gguf::GgufFile;
 use super::named_tensors::NamedTensors;
 use super::weights::Depth;
@@ -14,7 +14,7 @@ use super::weights::Depth;
 /// Loads a family model from its parsed config.json and its weights: through layer L for a dump,
 /// or whole for the end-to-end forward.
 pub type Loader =
-    fn(config: &Value, weights: &mut NamedTensors, depth: Depth) -> Result<Box<dyn FamilyModel>>;
+    fn(config: &Value, weights: &mut NamedTensors, depth: Depth) -> Result<Box<dyn Decoder>>;
 
 /// One family: the `model_type` values it answers to, and its loader.
 pub struct FamilyEntry {

@@ -12,8 +12,9 @@ use candle_core::safetensors::MmapedSafetensors;
 use candle_core::{DType, Device, Tensor};
 use rand::SeedableRng;
 
+use super::blocks::{Linear, OutputHead};
 use super::decoder_config::DecoderConfig;
-use super::llama::{DecoderLayerWeights, DecoderWeights, LayerRest, Linear, OutputHead};
+use super::llama::{DecoderLayerWeights, DecoderWeights, LayerRest};
 use crate::numerics::sampling::{derive_labeled_seed, normal_values, TrialRng};
 use crate::usage;
 

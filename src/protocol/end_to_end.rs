@@ -15,7 +15,7 @@ use candle_core::{DType, Tensor};
 use super::layer_hook::{KeptLayer, LayerError, MethodHook, RecordingExact};
 use super::pipeline::Protocol;
 use crate::attention::{self, Family, Mask, Method};
-use crate::models::{AttentionHook, PromptCache, PromptRecorder, WholeDecoder};
+use crate::models::{AttentionHook, Decoder, PromptCache, PromptRecorder};
 use crate::numerics::next_token::{log_softmax_rows, score_positions, PositionScores};
 use crate::usage;
 
@@ -78,7 +78,7 @@ impl E2eMethod {
 
 /// One window of an end-to-end run: the model, the token ids, the split and the dtype.
 pub struct Window<'a> {
-    pub model: &'a dyn WholeDecoder,
+    pub model: &'a dyn Decoder,
     pub ids: &'a [u32],
     pub n_f: usize,
     pub dtype: DType,
@@ -88,8 +88,8 @@ pub struct Window<'a> {
     /// The layers ℓ* of the one-layer view.
     pub one_layer: Vec<usize>,
     /// Whether decode-mode points will run on this window: the exact run then keeps every
-    /// layer's prompt rows of Q, K, V for their continuation-only forward (where the model has
-    /// one, [`WholeDecoder::continuation_logits`]).
+    /// layer's prompt rows of Q, K, V for their continuation-only forward
+    /// ([`Decoder::continuation_logits`]).
     pub keep_prompt: bool,
 }
 
@@ -172,7 +172,7 @@ impl Window<'_> {
             m.method.as_ref(),
             d,
             m.mode(self.n_f),
-            self.model.num_layers(),
+            self.model.shape().layers,
             self.seed,
             self.index,
         )
@@ -184,7 +184,7 @@ impl Window<'_> {
         let t0 = Instant::now();
         let hook = RecordingExact::new(self.one_layer.clone());
         let (logp, prompt) = if self.keep_prompt {
-            let recorder = PromptRecorder::new(&hook, self.n_p(), self.model.num_layers());
+            let recorder = PromptRecorder::new(&hook, self.n_p(), self.model.shape().layers);
             let logp = self.scored_logp(&recorder, "the exact run")?;
             (logp, Some(recorder.into_cache()?))
         } else {
@@ -200,24 +200,21 @@ impl Window<'_> {
 
     /// Decode mode's scored log-probabilities from the continuation-only forward: the first
     /// scored row (n_p − 1) is a prompt row, the exact run's own; rows n_p … n − 2 go through the
-    /// layers on the exact run's prompt rows ([`WholeDecoder::continuation_logits`]). None where
-    /// the model has no such forward.
+    /// layers on the exact run's prompt rows ([`Decoder::continuation_logits`]).
     fn continuation_logp(
         &self,
         exact: &ExactRun,
         prompt: &PromptCache,
         hook: &dyn AttentionHook,
         what: &str,
-    ) -> Option<Result<Vec<Vec<f64>>>> {
+    ) -> Result<Vec<Vec<f64>>> {
         let rows = self.n_p()..self.n() - 1;
         let logits = self
             .model
             .continuation_logits(self.ids, self.dtype, hook, prompt, rows)?;
-        Some(logits.and_then(|logits| {
-            let mut logp = vec![exact.logp[0].clone()];
-            logp.extend(self.checked_logp(&logits, what)?);
-            Ok(logp)
-        }))
+        let mut logp = vec![exact.logp[0].clone()];
+        logp.extend(self.checked_logp(&logits, what)?);
+        Ok(logp)
     }
 
     /// The method `m` at budget `d` in every layer, scored against `exact`.
@@ -226,13 +223,9 @@ impl Window<'_> {
         let t0 = Instant::now();
         let hook = self.hook(m, d);
         let what = format!("{} at d = {d}", m.name);
-        let continued = match (&exact.prompt, m.decode && self.n_f > 1) {
-            (Some(prompt), true) => self.continuation_logp(exact, prompt, &hook, &what),
-            _ => None,
-        };
-        let logp = match continued {
-            Some(logp) => logp?,
-            None => self.scored_logp(&hook, &what)?,
+        let logp = match (&exact.prompt, m.decode && self.n_f > 1) {
+            (Some(prompt), true) => self.continuation_logp(exact, prompt, &hook, &what)?,
+            _ => self.scored_logp(&hook, &what)?,
         };
         let errors = hook.layer_errors()?;
         let flagged: usize = errors.iter().map(|e| e.nonfinite_rows).sum();
@@ -248,7 +241,7 @@ impl Window<'_> {
         for kept in &exact.kept {
             let l = kept.layer;
             let qkv = (&kept.q, &kept.k, &kept.v);
-            let spec = self.model.layer_spec(l);
+            let spec = self.model.attention_spec(l);
             let error = self
                 .hook(m, d)
                 .layer(l, qkv, &spec, kept.latent.as_ref())?
@@ -268,13 +261,13 @@ impl Window<'_> {
 /// up to `n` tokens (docs/reference.md §7.7.6's rules, in every layer): a feature of the layer's
 /// spec the method's form (prefill, or its decode form) does not implement, and on Multi-head
 /// Latent Attention what the sweep refuses there ([`refuse_quantized_mla`]).
-pub fn refuse_unsupported(model: &dyn WholeDecoder, methods: &[E2eMethod], n: usize) -> Result<()> {
+pub fn refuse_unsupported(model: &dyn Decoder, methods: &[E2eMethod], n: usize) -> Result<()> {
     refuse_quantized_mla(model, methods)?;
-    let p = model.head_dim();
+    let p = model.shape().head_dim;
     for m in methods {
         let support = attention::spec_support_under(m.method.as_ref(), m.decode);
-        for l in 0..model.num_layers() {
-            let spec = model.layer_spec(l);
+        for l in 0..model.shape().layers {
+            let spec = model.attention_spec(l);
             if let Some(feature) = spec.features(p, n).first_missing(support) {
                 return Err(usage!(
                     "--methods {}: layer {l} has {feature} ({spec}) at n = {n}, which {} does not implement yet {}(docs/reference.md §7.7.6); a method runs end to end only where it runs in every layer",
@@ -293,7 +286,7 @@ pub fn refuse_unsupported(model: &dyn WholeDecoder, methods: &[E2eMethod], n: us
 /// per token, which the KV caches quantize in prefill (the hook hands it them); what KIVI's
 /// per-channel groups and SageAttention's kernels do on that row is not specified, and the
 /// latent cache has no decode form, so every §8 cache read under the decode protocol goes too.
-fn refuse_quantized_mla(model: &dyn WholeDecoder, methods: &[E2eMethod]) -> Result<()> {
+fn refuse_quantized_mla(model: &dyn Decoder, methods: &[E2eMethod]) -> Result<()> {
     if !model.is_mla() {
         return Ok(());
     }
@@ -327,10 +320,10 @@ fn refuse_quantized_mla(model: &dyn WholeDecoder, methods: &[E2eMethod]) -> Resu
 
 /// The head size a method's formats group on `model` (its [`Method::check_head_dim`]): on MLA
 /// the latent row's r + d_R for a method that reads it, as the sweep checks; else p_qk.
-pub fn checked_head_dim(model: &dyn WholeDecoder, m: &E2eMethod) -> usize {
+pub fn checked_head_dim(model: &dyn Decoder, m: &E2eMethod) -> usize {
     match model.mla_latent_width() {
         Some(width) if m.method.reads_mla_latent() => width,
-        _ => model.head_dim(),
+        _ => model.shape().head_dim,
     }
 }
 

@@ -10,21 +10,20 @@ use super::*;
 use crate::attention::latent::LayerLatent;
 use crate::attention::quantized::kv_cache::{CacheFormat, KvCache};
 use crate::attention::{AttentionSpec, Target};
-use crate::models::family::tests::{fixture_logits, whole_models};
-use crate::models::family::FamilyModel;
-use crate::models::{ExactAttention, FamilyDecoder};
+use crate::models::decoder::tests::{fixture_logits, whole_models};
+use crate::models::{Decoder, ExactAttention};
 use crate::protocol::pipeline::{layer_head, HeadTarget};
 use crate::tensor_util::to_vec_f64;
 
 const FIXTURE: &str = "deepseek_v3";
 
 /// The fixture loaded whole from its safetensors, and transformers' window (n = 40).
-fn model_and_ids() -> (Box<dyn FamilyModel>, Vec<u32>) {
+fn model_and_ids() -> (Box<dyn Decoder>, Vec<u32>) {
     let (_, model) = whole_models(FIXTURE).swap_remove(0);
     (model, fixture_logits(FIXTURE).0)
 }
 
-fn window<'a>(model: &'a FamilyDecoder<'a>, ids: &'a [u32], one_layer: Vec<usize>) -> Window<'a> {
+fn window<'a>(model: &'a dyn Decoder, ids: &'a [u32], one_layer: Vec<usize>) -> Window<'a> {
     Window {
         model,
         ids,
@@ -129,8 +128,7 @@ fn the_identity_latent_cache_end_to_end_is_the_exact_run() {
     for (l, err) in hook.layer_errors().unwrap().iter().enumerate() {
         assert!(err.rel_error() < 1e-12, "layer {l}: {}", err.rel_error());
     }
-    let decoder = FamilyDecoder(model.as_ref());
-    let win = window(&decoder, &ids, vec![0, layers - 1]);
+    let win = window(model.as_ref(), &ids, vec![0, layers - 1]);
     let run = win.exact().unwrap();
     assert!(run.kept.iter().all(|k| k.latent.is_some()));
     let m = E2eMethod {
@@ -146,7 +144,7 @@ fn the_identity_latent_cache_end_to_end_is_the_exact_run() {
 
 /// The sweep's measurement of layer `l` from the model's dump of it (the layer it measures is
 /// the last, `--layer L`): each head's (rel_error, kv_read) of `m` on the latent row.
-fn sweep_of_last_layer(model: &dyn FamilyModel, ids: &[u32], m: &dyn Method) -> Vec<(f64, f64)> {
+fn sweep_of_last_layer(model: &dyn Decoder, ids: &[u32], m: &dyn Method) -> Vec<(f64, f64)> {
     let dump = model.layer_dump(ids, DType::F64).unwrap();
     let extra = |name: &str| {
         dump.extra
@@ -185,13 +183,15 @@ fn sweep_of_last_layer(model: &dyn FamilyModel, ids: &[u32], m: &dyn Method) -> 
 fn the_ggml_latent_caches_run_end_to_end_and_their_one_layer_view_is_the_sweeps() {
     let (model, ids) = model_and_ids();
     let layers = model.shape().layers;
-    let decoder = FamilyDecoder(model.as_ref());
-    let win = window(&decoder, &ids, vec![0, layers - 1]);
+    let win = window(model.as_ref(), &ids, vec![0, layers - 1]);
     let run = win.exact().unwrap();
     for (id, bits) in [("kv_q8_0", 8.5), ("kv_q4_0", 4.5)] {
         let m = E2eMethod::resolve(id).unwrap();
-        assert!(m.method.check_head_dim(decoder.head_dim()).is_err(), "{id}");
-        assert_eq!(checked_head_dim(&decoder, &m), 64, "{id}");
+        assert!(
+            m.method.check_head_dim(model.shape().head_dim).is_err(),
+            "{id}"
+        );
+        assert_eq!(checked_head_dim(model.as_ref(), &m), 64, "{id}");
         let p = win.point(&run, &m, 0).unwrap();
         let kl = p.scores.metrics().kl_mean;
         assert!(kl.is_finite() && kl > 0.0, "{id}: KL {kl}");
@@ -224,14 +224,18 @@ fn the_ggml_latent_caches_run_end_to_end_and_their_one_layer_view_is_the_sweeps(
 #[test]
 fn on_mla_only_what_the_sweep_refuses_is_refused() {
     let (model, ids) = model_and_ids();
-    let decoder = FamilyDecoder(model.as_ref());
     let n = ids.len();
     let resolve = |list: &str| -> Vec<E2eMethod> {
         list.split(',')
             .map(|id| E2eMethod::resolve(id).unwrap())
             .collect()
     };
-    refuse_unsupported(&decoder, &resolve("kv_f16,kv_fp8,kv_q4_0,window,snapkv"), n).unwrap();
+    refuse_unsupported(
+        model.as_ref(),
+        &resolve("kv_f16,kv_fp8,kv_q4_0,window,snapkv"),
+        n,
+    )
+    .unwrap();
     for (list, refused, why) in [
         (
             "window,kivi2,kv_q8_0",
@@ -254,7 +258,7 @@ fn on_mla_only_what_the_sweep_refuses_is_refused() {
             "no decode form yet and what KIVI",
         ),
     ] {
-        let e = refuse_unsupported(&decoder, &resolve(list), n).unwrap_err();
+        let e = refuse_unsupported(model.as_ref(), &resolve(list), n).unwrap_err();
         assert!(
             e.downcast_ref::<crate::UsageError>().is_some(),
             "{list}: {e}"

@@ -3,19 +3,18 @@
 //! at a larger spread than transformers' 0.02, so that attention is far from uniform.
 
 use super::*;
-use crate::models::{initialize, DecoderConfig, Depth, LlamaDecoder};
+use crate::models::{initialize, DecoderConfig, Depth, Llama};
 use candle_core::Device;
 
 /// The model, leaked: a test's windows borrow it for the whole test.
-fn model() -> (&'static DecoderConfig, LlamaDecoder<'static>) {
+fn model() -> (&'static DecoderConfig, &'static Llama) {
     let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
         .join("fixtures/decoders/qwen3/config.json");
     let mut cfg = DecoderConfig::load(&path).unwrap();
     cfg.initializer_range = 0.3;
-    let w = initialize(&cfg, Depth::Whole, 11, &Device::Cpu).unwrap();
-    let cfg: &'static DecoderConfig = Box::leak(Box::new(cfg));
-    let weights = Box::leak(Box::new(w));
-    (cfg, LlamaDecoder { weights, cfg })
+    let weights = initialize(&cfg, Depth::Whole, 11, &Device::Cpu).unwrap();
+    let model: &'static Llama = Box::leak(Box::new(Llama { cfg, weights }));
+    (&model.cfg, model)
 }
 
 fn ids(n: usize) -> Vec<u32> {
@@ -24,7 +23,7 @@ fn ids(n: usize) -> Vec<u32> {
 
 fn window<'a>(
     cfg: &DecoderConfig,
-    w: &'a LlamaDecoder<'a>,
+    w: &'a Llama,
     ids: &'a [u32],
     n_f: usize,
     dtype: DType,
@@ -59,7 +58,7 @@ fn assert_reproduces_exact(id: &str, s: &PositionScores) {
 fn prefill_methods_at_a_covering_budget_reproduce_the_exact_logits() {
     let (cfg, w) = model();
     let ids = ids(48);
-    let win = window(cfg, &w, &ids, 16, DType::F64);
+    let win = window(cfg, w, &ids, 16, DType::F64);
     let exact = win.exact().unwrap();
     assert!(exact.logp.iter().flatten().all(|x| x.is_finite()));
     for id in ["window", "topk", "streaming"] {
@@ -81,7 +80,7 @@ fn prefill_methods_at_a_covering_budget_reproduce_the_exact_logits() {
 fn decode_methods_keeping_the_whole_prompt_reproduce_the_exact_logits() {
     let (cfg, w) = model();
     let ids = ids(48);
-    let win = window(cfg, &w, &ids, 16, DType::F64);
+    let win = window(cfg, w, &ids, 16, DType::F64);
     let exact = win.exact().unwrap();
     let decode: Vec<&str> = crate::attention::family_method_ids(Family::Decode);
     assert!(decode.len() >= 10, "{decode:?}");
@@ -109,10 +108,10 @@ fn the_continuation_only_forward_is_the_whole_window_forward() {
     let (cfg, w) = model();
     let ids = ids(64);
     for (dtype, tol) in [(DType::F64, 1e-12), (DType::F32, 2e-4)] {
-        let fast = window(cfg, &w, &ids, 24, dtype);
+        let fast = window(cfg, w, &ids, 24, dtype);
         let whole = Window {
             keep_prompt: false,
-            ..window(cfg, &w, &ids, 24, dtype)
+            ..window(cfg, w, &ids, 24, dtype)
         };
         let (exact_fast, exact_whole) = (fast.exact().unwrap(), whole.exact().unwrap());
         assert!(exact_fast.prompt.is_some() && exact_whole.prompt.is_none());
@@ -166,7 +165,7 @@ fn quantized_methods_with_identity_formats_reproduce_the_exact_logits() {
     use crate::attention::quantized::{kivi::Kivi, kv_cache, sage};
     let (cfg, w) = model();
     let ids = ids(200);
-    let win = window(cfg, &w, &ids, 16, DType::F64);
+    let win = window(cfg, w, &ids, 16, DType::F64);
     let exact = win.exact().unwrap();
     let cache = || -> Box<dyn Method> {
         Box::new(kv_cache::KvCache {
@@ -227,7 +226,7 @@ fn quantized_prefill_and_decode_cache_reads_run_every_layer() {
     let (cfg, w) = model();
     // Past KIVI's full-precision residual of 128 tokens, so that every method quantizes something.
     let ids = ids(200);
-    let win = window(cfg, &w, &ids, 16, DType::F32);
+    let win = window(cfg, w, &ids, 16, DType::F32);
     let exact = win.exact().unwrap();
     for id in ["kv_q4_0", "dkv_q4_0", "kivi2", "sage2_8b"] {
         let p = win
@@ -257,7 +256,7 @@ fn a_rerun_and_another_thread_count_give_identical_bits() {
             .build()
             .unwrap();
         pool.install(|| {
-            let win = window(cfg, &w, &ids, 16, DType::F32);
+            let win = window(cfg, w, &ids, 16, DType::F32);
             let exact = win.exact().unwrap();
             let mut out = Vec::new();
             for (id, d) in [("xattention", 16), ("snapkv", 16), ("kv_q4_0", 0)] {
@@ -278,7 +277,7 @@ fn a_rerun_and_another_thread_count_give_identical_bits() {
 fn a_continuation_as_long_as_the_window_is_a_usage_error() {
     let (cfg, w) = model();
     let ids = ids(16);
-    let win = window(cfg, &w, &ids, 16, DType::F32);
+    let win = window(cfg, w, &ids, 16, DType::F32);
     let e = win.exact().err().unwrap();
     assert!(e.downcast_ref::<crate::UsageError>().is_some(), "{e}");
     assert!(e.to_string().contains("--n-f 16"), "{e}");

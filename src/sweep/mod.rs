@@ -95,10 +95,7 @@ fn check_out(cfg: &RunConfig, opts: &SweepOptions) -> Result<Option<Manifest>> {
 /// The decode protocol (§9.1) needs a causal continuation: an encoder has none. Checked once the
 /// model is read (the sweep, `bench`).
 pub fn refuse_decode_of_encoder(cfg: &RunConfig, prepared: &inputs::Prepared) -> Result<()> {
-    let decoder = matches!(
-        prepared.model,
-        inputs::Model::Decoder { .. } | inputs::Model::Family { .. }
-    );
+    let decoder = prepared.model.decoder().is_some();
     if let (Some(n_f), false) = (cfg.decode, decoder) {
         return Err(usage!(
             "--decode {n_f}: {} is an encoder (BERT), which has no causal continuation to decode (docs/reference.md §9.1); use a decoder model (--model-dir with a Llama, Mistral or Qwen checkpoint or GGUF)",
@@ -169,7 +166,7 @@ pub fn run_with(
     prepared.check_family_sweep(cfg.mask)?;
     prepared.use_qkv_cache(&opts.qkv_cache, &cfg.inputs)?;
     // Decoders only: BERT's pipeline handles lengths past 512 by its embedding policy (§1.4).
-    let decoder = matches!(prepared.model, inputs::Model::Decoder { .. });
+    let decoder = prepared.model.decoder().is_some();
     if let Some(&n) = cfg.lengths.iter().find(|&&n| n > prepared.max_positions()) {
         if decoder && !opts.quiet {
             eprintln!(
@@ -310,7 +307,7 @@ pub fn run_with(
                 };
                 // The batched path builds the window's heads under the plain mask: a family's
                 // layer spec takes the per-head path (device-generic too).
-                let family = matches!(prepared.model, inputs::Model::Family { .. });
+                let family = prepared.model.family().is_some();
                 if device_path(&prepared.device) && cfg.decode.is_none() && !family {
                     // A device's work is issued from one host thread, batched over the window's
                     // heads (device.rs); the window's rows are written when it finishes.

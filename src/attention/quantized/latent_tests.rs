@@ -17,9 +17,9 @@ use crate::attention::exact::ExactAttention;
 use crate::attention::latent::{HeadLatent, LayerLatent};
 use crate::attention::test_util::run_seeded;
 use crate::attention::HeadInputs;
-use crate::models::family::LayerDump;
 use crate::models::named_tensors::NamedTensors;
 use crate::models::registry::family_entry;
+use crate::models::LayerDump;
 use crate::numerics::formats::{ggml_roundtrip, GgmlType, RunFloat};
 use crate::tensor_util::to_vec_f64;
 
