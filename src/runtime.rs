@@ -132,3 +132,20 @@ pub fn host_install<R: Send>(f: impl FnOnce() -> R + Send) -> R {
         })
         .install(f)
 }
+
+/// The memory available to a new allocation now, in bytes (Linux's `MemAvailable`, which counts
+/// reclaimable page cache), or None where it cannot be read.
+pub fn memory_available() -> Option<u64> {
+    let text = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let line = text.lines().find(|l| l.starts_with("MemAvailable:"))?;
+    let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kib * 1024)
+}
+
+/// This process's peak resident memory so far, in bytes (Linux's `VmHWM`), or None.
+pub fn peak_resident_bytes() -> Option<u64> {
+    let text = std::fs::read_to_string("/proc/self/status").ok()?;
+    let line = text.lines().find(|l| l.starts_with("VmHWM:"))?;
+    let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kib * 1024)
+}

@@ -272,6 +272,36 @@ fn no_tokenizer(dir: &Path) -> anyhow::Error {
     )
 }
 
+/// How the weight matrices of `files` are kept (issue 56): `APPROX_BENCH_WEIGHTS=stored` or
+/// `widened` where set; else widened to f32 at load (the fastest forward) when that takes at most
+/// half the memory available now, and as stored otherwise. Both give the same bits.
+pub fn weight_form(files: &DecoderFiles) -> Result<models::blocks::WeightForm> {
+    use models::blocks::WeightForm;
+    match std::env::var("APPROX_BENCH_WEIGHTS").as_deref() {
+        Ok("stored") => return Ok(WeightForm::Stored),
+        Ok("widened") => return Ok(WeightForm::Widened),
+        Ok("") | Ok("auto") | Err(_) => {}
+        Ok(other) => {
+            return Err(usage!(
+                "APPROX_BENCH_WEIGHTS={other}: give stored, widened or auto (the default)"
+            ))
+        }
+    }
+    let widened = match &files.weights {
+        Some(Weights::Gguf(g)) => models::GgufFile::open(g)?.widened_bytes(),
+        // bf16/f16 checkpoints double when widened; an f32 one stays the same, so this bounds it.
+        Some(Weights::Safetensors { shards, .. }) => shards
+            .iter()
+            .map(|s| std::fs::metadata(s).map(|m| 2 * m.len()).unwrap_or(0))
+            .sum(),
+        None => 0,
+    };
+    Ok(match crate::runtime::memory_available() {
+        Some(avail) if widened > avail / 2 => WeightForm::Stored,
+        _ => WeightForm::Widened,
+    })
+}
+
 /// The decoder's configuration and weights of embeddings and layers 0..=L.
 pub fn load(
     files: &DecoderFiles,
@@ -290,7 +320,9 @@ pub fn load(
         models::Depth::Whole => 0,
     };
     let (cfg, weights) = match &files.weights {
-        Some(Weights::Gguf(g)) => models::load_gguf(g, depth, device)?,
+        Some(Weights::Gguf(g)) => {
+            models::gguf::load_gguf_as(g, depth, device, weight_form(files)?)?
+        }
         weights => {
             let cfg = if is_gguf(&files.config) {
                 models::GgufFile::open(&files.config)?.config()?
@@ -300,7 +332,8 @@ pub fn load(
             check_layer(&cfg, layer)?;
             let w = match weights {
                 Some(Weights::Safetensors { path, .. }) => {
-                    models::load_safetensors(&cfg, depth, path, device)?
+                    let form = weight_form(files)?;
+                    models::weights::load_safetensors_as(&cfg, depth, path, device, form)?
                 }
                 _ => models::initialize(&cfg, depth, inputs.model_seed, device)?,
             };
@@ -336,7 +369,8 @@ pub fn load_family(
     device: &candle_core::Device,
 ) -> Result<Option<Box<dyn models::Decoder>>> {
     if let Some(Weights::Gguf(g)) = &files.weights {
-        return load_family_gguf(g, inputs, depth, device);
+        let stored = weight_form(files)? == models::blocks::WeightForm::Stored;
+        return load_family_gguf(g, inputs, depth, device, stored);
     }
     let Some(text) = read(&files.config).filter(|_| !is_gguf(&files.config)) else {
         return Ok(None);
@@ -356,8 +390,10 @@ pub fn load_family(
             ))
         }
     };
+    let stored = weight_form(files)? == models::blocks::WeightForm::Stored;
     let mut weights =
-        models::named_tensors::NamedTensors::open(shards, &path.display().to_string(), device)?;
+        models::named_tensors::NamedTensors::open(shards, &path.display().to_string(), device)?
+            .keep_stored(stored);
     Ok(Some((entry.load)(&config, &mut weights, depth)?))
 }
 
@@ -368,6 +404,7 @@ fn load_family_gguf(
     inputs: &InputConfig,
     depth: models::Depth,
     device: &candle_core::Device,
+    stored: bool,
 ) -> Result<Option<Box<dyn models::Decoder>>> {
     let file = models::GgufFile::open(path)?;
     let arch = file.architecture()?;
@@ -387,7 +424,8 @@ fn load_family_gguf(
         return Ok(None);
     };
     check_family_inputs(inputs)?;
-    let (config, mut weights) = from_gguf(file, device)?;
+    let (config, weights) = from_gguf(file, device)?;
+    let mut weights = weights.keep_stored(stored);
     Ok(Some((entry.load)(&config, &mut weights, depth)?))
 }
 
@@ -498,6 +536,7 @@ mod tests {
             &inputs,
             models::Depth::Whole,
             &candle_core::Device::Cpu,
+            false,
         ) {
             Ok(_) => panic!("accepted"),
             Err(e) => e.to_string(),

@@ -10,7 +10,7 @@ use candle_core::{DType, Tensor};
 use serde_json::{Map, Value};
 
 use super::blocks::{
-    embed_ids, head_logits, linear, loaded_head, merge_heads, rms_norm, Linear, OutputHead,
+    embed_ids, head_logits, linear, loaded_head, merge_heads, rms_norm, Linear, OutputHead, Weight,
 };
 use super::decoder::{Decoder, DecoderShape, LayerInputs, Positions};
 use super::family_common::{load_output_head, ConfigFields, LoadedLayers};
@@ -81,7 +81,7 @@ struct DeepseekLayer {
 /// A DeepSeek-V2/V3 model loaded through layer L, or whole.
 pub struct Deepseek {
     cfg: DeepseekConfig,
-    embed: Tensor,
+    embed: Weight,
     layers: Vec<DeepseekLayer>,
     /// The final norm and the LM head: only when loaded whole.
     head: Option<OutputHead>,
@@ -92,7 +92,7 @@ pub fn load(config: &Value, weights: &mut NamedTensors, depth: Depth) -> Result<
     let what = weights.what().to_string();
     let cfg = DeepseekConfig::parse(config, &what)?;
     let loaded = LoadedLayers::of(depth, cfg.layers)?;
-    let embed = weights.get("model.embed_tokens.weight", &[cfg.vocab, cfg.hidden])?;
+    let embed = weights.weight("model.embed_tokens.weight", &[cfg.vocab, cfg.hidden])?;
     let layers = (0..loaded.count)
         .map(|l| load_layer(weights, &cfg, l, loaded.full(l)))
         .collect::<Result<_>>()?;

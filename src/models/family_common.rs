@@ -3,10 +3,9 @@
 //! and the Linear layers and output head read from the checkpoint.
 
 use anyhow::Result;
-use candle_core::Tensor;
 use serde_json::Value;
 
-use super::blocks::{Linear, OutputHead};
+use super::blocks::{Linear, OutputHead, Weight};
 use super::named_tensors::NamedTensors;
 use super::weights::Depth;
 use crate::attention::spec::LayerType;
@@ -243,15 +242,15 @@ pub(super) fn linear_weight(
     inp: usize,
 ) -> Result<Linear> {
     Ok(Linear {
-        weight: w.get(name, &[out, inp])?,
+        weight: w.weight(name, &[out, inp])?,
         bias: None,
     })
 }
 
 /// Rows `start..start + len` of a fused projection as a Linear of its own.
-pub(super) fn linear_rows(fused: &Tensor, start: usize, len: usize) -> Result<Linear> {
+pub(super) fn linear_rows(fused: &Weight, start: usize, len: usize) -> Result<Linear> {
     Ok(Linear {
-        weight: fused.narrow(0, start, len)?.contiguous()?,
+        weight: fused.rows(start, len)?,
         bias: None,
     })
 }
@@ -282,9 +281,9 @@ pub(super) fn lm_head_weight(
     tied: bool,
     vocab: usize,
     hidden: usize,
-) -> Result<Option<Tensor>> {
+) -> Result<Option<Weight>> {
     if w.has(name) {
-        return Ok(Some(w.get(name, &[vocab, hidden])?));
+        return Ok(Some(w.weight(name, &[vocab, hidden])?));
     }
     if !tied {
         return Err(usage!(

@@ -11,7 +11,7 @@ use serde_json::{json, Value};
 
 use super::blocks::{
     attention_out, embed_ids, linear, lm_logits, loaded_head, rms_norm, row_chunks, split_heads,
-    Linear,
+    Linear, Weight,
 };
 use super::decoder::{Decoder, DecoderShape, LayerInputs, Positions};
 use super::decoder_config::{rope_config, RopeConfig, RopeScaling};
@@ -245,14 +245,14 @@ struct GemmaRest {
 /// embeddings) and the final logit soft-cap.
 struct GemmaHead {
     norm: Tensor,
-    lm_head: Option<Tensor>,
+    lm_head: Option<Weight>,
     final_softcap: Option<f64>,
 }
 
 /// A gemma model loaded through layer L, or whole (with its head).
 pub struct Gemma {
     cfg: GemmaConfig,
-    embed: Tensor,
+    embed: Weight,
     layers: Vec<GemmaLayer>,
     head: Option<GemmaHead>,
 }
@@ -276,7 +276,7 @@ pub fn load(config: &Value, weights: &mut NamedTensors, depth: Depth) -> Result<
     };
     let cfg = GemmaConfig::from_json(text, variant, model_type)?;
     let loaded = LoadedLayers::of(depth, cfg.layers)?;
-    let embed = weights.get(
+    let embed = weights.weight(
         &format!("{prefix}embed_tokens.weight"),
         &[cfg.vocab, cfg.hidden],
     )?;
@@ -487,13 +487,20 @@ impl Decoder for Gemma {
             .rest
             .as_ref()
             .expect("layers before L carry o_proj and the MLP");
+        // The MLP widened once for the row chunks (issue 56), dropped after the layer.
+        let dt = x.dtype();
+        let (gate, up, down) = (
+            rest.gate.widened(dt)?,
+            rest.up.widened(dt)?,
+            rest.down.widened(dt)?,
+        );
         let attn = attention_out(o, &rest.o)?;
         let x = (x + gemma_norm(&attn, &rest.post_attn_norm, cfg.eps)?)?;
         let outs = row_chunks(x.dim(0)?, x.device(), |s, rows| {
             let xs = x.narrow(0, s, rows)?;
             let h = gemma_norm(&xs, &rest.pre_ffw_norm, cfg.eps)?;
-            let act = (linear(&h, &rest.gate)?.gelu()? * linear(&h, &rest.up)?)?;
-            let mlp = gemma_norm(&linear(&act, &rest.down)?, &rest.post_ffw_norm, cfg.eps)?;
+            let act = (linear(&h, &gate)?.gelu()? * linear(&h, &up)?)?;
+            let mlp = gemma_norm(&linear(&act, &down)?, &rest.post_ffw_norm, cfg.eps)?;
             Ok((xs + mlp)?)
         })?;
         Ok(Tensor::cat(&outs, 0)?)

@@ -23,6 +23,7 @@ use anyhow::Result;
 use candle_core::quantized::gguf_file::{Content, Value};
 use candle_core::{DType, Device, Tensor};
 
+use super::blocks::{ggml_rows, Weight, WeightForm};
 use super::decoder_config::{
     DecoderConfig, DecoderFamily, RopeConfig, RopeScaling, SUPPORTED_ROPE_TYPES,
 };
@@ -177,6 +178,22 @@ impl GgufFile {
             .or_else(|| self.mxfp4.get(name).map(|t| t.dims.clone()))
     }
 
+    /// The bytes its tensors take widened to f32 (what loading it widened holds).
+    pub fn widened_bytes(&self) -> u64 {
+        let dense: u64 = self
+            .content
+            .tensor_infos
+            .values()
+            .map(|t| 4 * t.shape.elem_count() as u64)
+            .sum();
+        let mxfp4: u64 = self
+            .mxfp4
+            .values()
+            .map(|t| 4 * t.dims.iter().product::<usize>() as u64)
+            .sum();
+        dense + mxfp4
+    }
+
     pub(crate) fn has_tensor(&self, name: &str) -> bool {
         self.content.tensor_infos.contains_key(name) || self.mxfp4.contains_key(name)
     }
@@ -204,6 +221,32 @@ impl GgufFile {
             format!("GGUF {}: tensor '{name}' (dequantized)", self.path)
         })?;
         Ok(t)
+    }
+
+    /// A tensor's ggml blocks as stored (issue 56), checked finite through a transient
+    /// dequantization (as [`Self::dequantized`] checks them); None for the MXFP4 tensors, which
+    /// candle's block types do not hold.
+    pub(crate) fn quantized(
+        &mut self,
+        name: &str,
+    ) -> Result<Option<candle_core::quantized::QTensor>> {
+        if self.mxfp4.contains_key(name) {
+            return Ok(None);
+        }
+        let q = self
+            .content
+            .tensor(&mut self.reader, name, &Device::Cpu)
+            .map_err(|e| {
+                let em = crate::tensor_util::candle_message(&e);
+                usage!(
+                    "GGUF {}: cannot read tensor '{name}' ({em}); the file may be truncated",
+                    self.path
+                )
+            })?;
+        crate::tensor_util::check_finite(&q.dequantize(&Device::Cpu)?, || {
+            format!("GGUF {}: tensor '{name}' (dequantized)", self.path)
+        })?;
+        Ok(Some(q))
     }
 
     /// An MXFP4 tensor decoded to f32 (its extent was checked at open).
@@ -428,6 +471,8 @@ struct GgufSource<'a> {
     file: &'a mut GgufFile,
     cfg: DecoderConfig,
     device: Device,
+    /// Whether weight matrices keep their ggml blocks ([`TensorSource::weight`]).
+    keep_stored: bool,
 }
 
 impl TensorSource for GgufSource<'_> {
@@ -455,6 +500,44 @@ impl TensorSource for GgufSource<'_> {
         }
         Ok(t.to_device(&self.device)?)
     }
+
+    /// The ggml blocks as stored where asked (issue 56), llama.cpp's q/k row order undone on the
+    /// blocks' rows (each row is whole blocks, so its values are those of the dequantized row).
+    fn weight(&mut self, name: &str, shape: &[usize], init: Init) -> Result<Weight> {
+        let (g, heads) = gguf_name(name, &self.cfg)
+            .ok_or_else(|| usage!("GGUF {}: no GGUF name for tensor '{name}'", self.file.path))?;
+        let q = match self.keep_stored && self.file.has_tensor(&g) {
+            true => self.file.quantized(&g)?,
+            false => None,
+        };
+        let Some(mut q) = q else {
+            return Ok(Weight::Float(self.get(name, shape, init)?));
+        };
+        if q.shape().dims() != shape {
+            return Err(usage!(
+                "GGUF {}: tensor '{g}' has shape {:?} but the metadata implies {:?}",
+                self.file.path,
+                q.shape().dims(),
+                shape
+            ));
+        }
+        if let Some(h) = heads {
+            q = ggml_rows(&q, &unpermuted_rows(shape[0], h))?;
+        }
+        Ok(Weight::Ggml {
+            q: std::sync::Arc::new(q),
+            device: self.device.clone(),
+        })
+    }
+}
+
+/// The GGUF row each Hugging Face row of a q/k projection of `rows` rows over `heads` heads is
+/// ([`unpermute`] as a row order): row h·p + c·p/2 + j is GGUF row h·p + 2j + c.
+fn unpermuted_rows(rows: usize, heads: usize) -> Vec<usize> {
+    let p = rows / heads;
+    (0..heads)
+        .flat_map(|h| (0..2).flat_map(move |c| (0..p / 2).map(move |j| h * p + 2 * j + c)))
+        .collect()
 }
 
 /// The config and the embeddings and layers 0..=`layer` of a GGUF file (only those tensors are
@@ -464,12 +547,23 @@ pub fn load_gguf(
     depth: impl Into<super::weights::Depth>,
     device: &Device,
 ) -> Result<(DecoderConfig, DecoderWeights)> {
+    load_gguf_as(path, depth, device, WeightForm::Widened)
+}
+
+/// [`load_gguf`] with the weight matrices kept in `form`.
+pub fn load_gguf_as(
+    path: &Path,
+    depth: impl Into<super::weights::Depth>,
+    device: &Device,
+    form: WeightForm,
+) -> Result<(DecoderConfig, DecoderWeights)> {
     let mut file = GgufFile::open(path)?;
     let cfg = file.config()?;
     let mut src = GgufSource {
         file: &mut file,
         cfg: cfg.clone(),
         device: device.clone(),
+        keep_stored: form == WeightForm::Stored,
     };
     let w = build(&mut src, &cfg, depth.into())?;
     Ok((cfg, w))

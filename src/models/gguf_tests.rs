@@ -127,6 +127,32 @@ pub(crate) fn rewritten(
     keep: impl Fn(&str) -> bool,
     extra: &[(&str, Value)],
 ) {
+    rewritten_as(src, out, keep, extra, |_, _| None)
+}
+
+/// The GGUF file `src` written to `out` with every tensor `retype` returns another form of
+/// (name, stored tensor → Some(new)) in that form.
+pub(crate) fn rewritten_with(
+    src: &Path,
+    out: &Path,
+    retype: impl FnMut(
+        &str,
+        &candle_core::quantized::QTensor,
+    ) -> Option<candle_core::quantized::QTensor>,
+) {
+    rewritten_as(src, out, |_| true, &[], retype)
+}
+
+fn rewritten_as(
+    src: &Path,
+    out: &Path,
+    keep: impl Fn(&str) -> bool,
+    extra: &[(&str, Value)],
+    mut retype: impl FnMut(
+        &str,
+        &candle_core::quantized::QTensor,
+    ) -> Option<candle_core::quantized::QTensor>,
+) {
     let mut reader = std::io::BufReader::new(std::fs::File::open(src).unwrap());
     let content = Content::read(&mut reader).unwrap();
     let mut names: Vec<&String> = content.tensor_infos.keys().collect();
@@ -134,10 +160,8 @@ pub(crate) fn rewritten(
     let tensors: Vec<(String, candle_core::quantized::QTensor)> = names
         .iter()
         .map(|n| {
-            (
-                n.to_string(),
-                content.tensor(&mut reader, n, &Device::Cpu).unwrap(),
-            )
+            let q = content.tensor(&mut reader, n, &Device::Cpu).unwrap();
+            (n.to_string(), retype(n, &q).unwrap_or(q))
         })
         .collect();
     let mut meta: Vec<(&str, &Value)> = content

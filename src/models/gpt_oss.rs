@@ -9,7 +9,7 @@ use serde_json::Value;
 
 use super::blocks::{
     embed_ids, head_logits, linear, loaded_head, merge_heads, rms_norm, split_heads, Linear,
-    OutputHead,
+    OutputHead, Weight,
 };
 use super::decoder::{Decoder, DecoderShape, LayerInputs, Positions};
 use super::family_common::{load_output_head, ConfigFields, LoadedLayers};
@@ -169,7 +169,7 @@ struct GptOssLayer {
 /// gpt-oss loaded through layer L, or whole.
 pub struct GptOss {
     cfg: GptOssConfig,
-    embed: Tensor,
+    embed: Weight,
     layers: Vec<GptOssLayer>,
     /// The final norm and the LM head: only when loaded whole.
     head: Option<OutputHead>,
@@ -180,7 +180,7 @@ pub fn load(config: &Value, weights: &mut NamedTensors, depth: Depth) -> Result<
     let what = weights.what().to_string();
     let cfg = GptOssConfig::parse(config, &what)?;
     let loaded = LoadedLayers::of(depth, cfg.layers)?;
-    let embed = weights.get("model.embed_tokens.weight", &[cfg.vocab, cfg.hidden])?;
+    let embed = weights.weight("model.embed_tokens.weight", &[cfg.vocab, cfg.hidden])?;
     let layers = (0..loaded.count)
         .map(|l| load_layer(weights, &cfg, l, loaded.full(l)))
         .collect::<Result<_>>()?;
@@ -204,7 +204,7 @@ pub fn load(config: &Value, weights: &mut NamedTensors, depth: Depth) -> Result<
 
 fn load_linear(w: &NamedTensors, name: &str, out: usize, inp: usize, bias: bool) -> Result<Linear> {
     Ok(Linear {
-        weight: w.get(&format!("{name}.weight"), &[out, inp])?,
+        weight: w.weight(&format!("{name}.weight"), &[out, inp])?,
         bias: if bias {
             Some(w.get(&format!("{name}.bias"), &[out])?)
         } else {

@@ -13,7 +13,7 @@ use candle_core::{DType, Tensor};
 use super::blocks::{
     embed_ids, head_logits, linear, loaded_head, rms_norm, row_chunks, split_heads,
 };
-pub use super::blocks::{Linear, OutputHead};
+pub use super::blocks::{Linear, OutputHead, Weight};
 use super::decoder::{Decoder, DecoderShape, LayerInputs, Positions};
 use super::decoder_config::DecoderConfig;
 use super::rope;
@@ -49,10 +49,23 @@ pub struct LayerRest {
 #[derive(Debug, Clone)]
 pub struct DecoderWeights {
     /// [vocab, hidden].
-    pub embed: Tensor,
+    pub embed: Weight,
     pub layers: Vec<DecoderLayerWeights>,
     /// The final norm and LM head; None when loaded only through layer L.
     pub head: Option<OutputHead>,
+}
+
+impl LayerRest {
+    /// The projections widened to `dtype`, for the layer's row chunks (issue 56).
+    fn widened(&self, dtype: DType) -> Result<Self> {
+        Ok(Self {
+            o: self.o.widened(dtype)?,
+            post_norm: self.post_norm.clone(),
+            gate: self.gate.widened(dtype)?,
+            up: self.up.widened(dtype)?,
+            down: self.down.widened(dtype)?,
+        })
+    }
 }
 
 impl DecoderWeights {
@@ -85,6 +98,15 @@ fn layer_qkv(
     sin: &Tensor,
 ) -> Result<(Tensor, Tensor, Tensor)> {
     let n = x.dim(0)?;
+    // The projections widened once for the layer's row chunks (issue 56), dropped after it.
+    let dt = x.dtype();
+    let lw = &DecoderLayerWeights {
+        q: lw.q.widened(dt)?,
+        k: lw.k.widened(dt)?,
+        v: lw.v.widened(dt)?,
+        rest: None,
+        ..lw.clone()
+    };
     if n <= super::blocks::FORWARD_CHUNK_ROWS {
         return layer_qkv_rows(x, lw, cfg, cos, sin);
     }
@@ -143,7 +165,8 @@ fn layer_output(
     let rest = w.layers[l]
         .rest
         .as_ref()
-        .expect("layers before L carry o_proj and the MLP");
+        .expect("layers before L carry o_proj and the MLP")
+        .widened(x.dtype())?;
     let n = x.dim(0)?;
     let ctx = o
         .to_dtype(x.dtype())?

@@ -293,20 +293,20 @@ fn initialized_weights_follow_hf_init_weights() {
             && ones(l0.q_norm.as_ref().unwrap())
             && ones(&l0.rest.as_ref().unwrap().post_norm)
     );
-    let vals = to_vec_f64(&w.embed).unwrap();
+    let vals = to_vec_f64(&w.embed.widen(DType::F32).unwrap()).unwrap();
     let sd = (vals.iter().map(|x| x * x).sum::<f64>() / vals.len() as f64).sqrt();
     // 8192 draws of N(0, 0.02²): the sample sd is within 0.001 of 0.02 (≈ 3.5 standard errors).
     assert!((sd - 0.02).abs() < 1e-3, "{sd}");
     // Per-name seeds: the same tensor whatever else is built.
     let w0 = initialize(&cfg, 0, 5, &dev).unwrap();
     assert_eq!(
-        to_vec_f64(&w0.layers[0].k.weight).unwrap(),
-        to_vec_f64(&l0.k.weight).unwrap()
+        to_vec_f64(&w0.layers[0].k.weight.widen(DType::F32).unwrap()).unwrap(),
+        to_vec_f64(&l0.k.weight.widen(DType::F32).unwrap()).unwrap()
     );
     let other = initialize(&cfg, 0, 6, &dev).unwrap();
     assert_ne!(
-        to_vec_f64(&other.layers[0].k.weight).unwrap(),
-        to_vec_f64(&l0.k.weight).unwrap()
+        to_vec_f64(&other.layers[0].k.weight.widen(DType::F32).unwrap()).unwrap(),
+        to_vec_f64(&l0.k.weight.widen(DType::F32).unwrap()).unwrap()
     );
     let (q, k, _) = window_qkv(&w, &cfg, &[1, 2, 3, 4, 5], DType::F32).unwrap();
     assert_eq!((q.dims(), k.dims()), (&[4, 5, 32][..], &[2, 5, 32][..]));

@@ -123,7 +123,7 @@ pub fn load_linear(
     bias: bool,
 ) -> Result<Linear> {
     Ok(Linear {
-        weight: fp8_or_plain(w, name, [out, inp])?,
+        weight: fp8_or_plain(w, name, [out, inp])?.into(),
         bias: if bias {
             Some(w.get(&format!("{name}.bias"), &[out])?)
         } else {
@@ -187,8 +187,8 @@ impl MlaWeights {
         Ok(self
             .kv_b
             .weight
-            .reshape((d.heads, d.d_nope + d.d_v, d.kv_lora_rank))?
-            .to_dtype(dtype)?)
+            .widen(dtype)?
+            .reshape((d.heads, d.d_nope + d.d_v, d.kv_lora_rank))?)
     }
 
     /// The materialised Q, K, V and the latent from the normed rows X [n, hidden] and the RoPE

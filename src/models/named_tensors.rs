@@ -9,6 +9,7 @@ use anyhow::Result;
 use candle_core::safetensors::MmapedSafetensors;
 use candle_core::{DType, Device, Tensor};
 
+use super::blocks::Weight;
 use super::gguf::GgufFile;
 use crate::usage;
 
@@ -19,6 +20,8 @@ pub struct NamedTensors {
     store: Store,
     what: String,
     device: Device,
+    /// Whether [`Self::weight`] keeps matrices as stored (issue 56).
+    keep_stored: bool,
 }
 
 enum Store {
@@ -85,6 +88,7 @@ impl NamedTensors {
             store: Store::Safetensors { st, names },
             what: what.to_string(),
             device: device.clone(),
+            keep_stored: false,
         })
     }
 
@@ -103,6 +107,7 @@ impl NamedTensors {
                 stack: Mutex::new(None),
             },
             device: device.clone(),
+            keep_stored: false,
         }
     }
 
@@ -226,6 +231,56 @@ impl NamedTensors {
         let t = t.to_dtype(DType::F32)?;
         crate::tensor_util::check_finite(&t, || format!("weights {}: tensor '{name}'", self.what))?;
         Ok(t)
+    }
+
+    /// The weight matrix `name` ([`Weight`]), checked to have `shape` and finite values: as
+    /// stored when the checkpoint's weights are kept so ([`Self::keep_stored`]) and the stored
+    /// form is one a product widens (bf16/f16/f32 values, or a GGUF's ggml blocks whose values
+    /// are the checkpoint's), else widened to f32 now.
+    pub fn weight(&self, name: &str, shape: &[usize]) -> Result<Weight> {
+        if !self.keep_stored {
+            return Ok(Weight::Float(self.get(name, shape)?));
+        }
+        let stored = match &self.store {
+            Store::Safetensors { .. } => {
+                let t = self.raw(name)?;
+                matches!(t.dtype(), DType::F32 | DType::BF16 | DType::F16)
+                    .then_some(Weight::Float(t))
+            }
+            Store::Gguf { file, rename, .. } => match rename(name) {
+                Some((g, GgufValues::Same)) if self.has(name) => {
+                    let mut file = file.lock().expect("GGUF file lock");
+                    file.quantized(&g)?.map(|q| Weight::Ggml {
+                        q: std::sync::Arc::new(q),
+                        device: self.device.clone(),
+                    })
+                }
+                _ => None,
+            },
+        };
+        let Some(w) = stored else {
+            return Ok(Weight::Float(self.get(name, shape)?));
+        };
+        if w.dims() != shape {
+            return Err(usage!(
+                "weights {}: tensor '{name}' has shape {:?} but the config implies {shape:?}; the weights do not fit the config",
+                self.what,
+                w.dims()
+            ));
+        }
+        if let Weight::Float(t) = &w {
+            let wide = t.to_dtype(DType::F32)?;
+            crate::tensor_util::check_finite(&wide, || {
+                format!("weights {}: tensor '{name}'", self.what)
+            })?;
+        }
+        Ok(w)
+    }
+
+    /// Keeps the weight matrices as stored ([`Self::weight`]) rather than widened at load.
+    pub fn keep_stored(mut self, keep: bool) -> Self {
+        self.keep_stored = keep;
+        self
     }
 
     /// What errors name the checkpoint by.

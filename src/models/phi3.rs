@@ -10,7 +10,7 @@ use serde_json::{Map, Value};
 
 use super::blocks::{
     attention_out, embed_ids, head_logits, linear, loaded_head, rms_norm, row_chunks, split_heads,
-    Linear, OutputHead,
+    Linear, OutputHead, Weight,
 };
 use super::decoder::{Decoder, DecoderShape, LayerInputs, Positions};
 use super::family_common::{
@@ -258,7 +258,7 @@ struct Phi3Rest {
 /// A phi3 model loaded through layer L, or whole (with its final norm and LM head).
 pub struct Phi3 {
     cfg: Phi3Config,
-    embed: Tensor,
+    embed: Weight,
     layers: Vec<Phi3Layer>,
     head: Option<OutputHead>,
 }
@@ -267,7 +267,7 @@ pub struct Phi3 {
 pub fn load(config: &Value, weights: &mut NamedTensors, depth: Depth) -> Result<Box<dyn Decoder>> {
     let cfg = Phi3Config::from_json(config)?;
     let loaded = LoadedLayers::of(depth, cfg.layers)?;
-    let embed = weights.get("model.embed_tokens.weight", &[cfg.vocab, cfg.hidden])?;
+    let embed = weights.weight("model.embed_tokens.weight", &[cfg.vocab, cfg.hidden])?;
     let layers = (0..loaded.count)
         .map(|l| load_layer(weights, &cfg, &format!("model.layers.{l}"), loaded.full(l)))
         .collect::<Result<_>>()?;
@@ -300,11 +300,11 @@ fn load_layer(w: &NamedTensors, cfg: &Phi3Config, pre: &str, full: bool) -> Resu
     let (hid, inter) = (cfg.hidden, cfg.intermediate);
     let (qd, kvd) = (cfg.heads * cfg.head_dim, cfg.kv_heads * cfg.head_dim);
     let a = format!("{pre}.self_attn");
-    let qkv = w.get(&format!("{a}.qkv_proj.weight"), &[qd + 2 * kvd, hid])?;
+    let qkv = w.weight(&format!("{a}.qkv_proj.weight"), &[qd + 2 * kvd, hid])?;
     let rest = full
         .then(|| -> Result<Phi3Rest> {
             let m = format!("{pre}.mlp");
-            let gate_up = w.get(&format!("{m}.gate_up_proj.weight"), &[2 * inter, hid])?;
+            let gate_up = w.weight(&format!("{m}.gate_up_proj.weight"), &[2 * inter, hid])?;
             Ok(Phi3Rest {
                 o: linear_weight(w, &format!("{a}.o_proj.weight"), hid, qd)?,
                 post_norm: w.get(&format!("{pre}.post_attention_layernorm.weight"), &[hid])?,
@@ -384,12 +384,19 @@ impl Decoder for Phi3 {
             .rest
             .as_ref()
             .expect("layers before L carry o_proj and the MLP");
+        // The MLP widened once for the row chunks (issue 56), dropped after the layer.
+        let dt = x.dtype();
+        let (gate, up, down) = (
+            rest.gate.widened(dt)?,
+            rest.up.widened(dt)?,
+            rest.down.widened(dt)?,
+        );
         let x = (x + attention_out(o, &rest.o)?)?;
         let outs = row_chunks(x.dim(0)?, x.device(), |s, rows| {
             let xs = x.narrow(0, s, rows)?;
             let h = rms_norm(&xs, &rest.post_norm, cfg.eps)?;
-            let act = (linear(&h, &rest.gate)?.silu()? * linear(&h, &rest.up)?)?;
-            Ok((xs + linear(&act, &rest.down)?)?)
+            let act = (linear(&h, &gate)?.silu()? * linear(&h, &up)?)?;
+            Ok((xs + linear(&act, &down)?)?)
         })?;
         Ok(Tensor::cat(&outs, 0)?)
     }

@@ -12,7 +12,7 @@ use candle_core::safetensors::MmapedSafetensors;
 use candle_core::{DType, Device, Tensor};
 use rand::SeedableRng;
 
-use super::blocks::{Linear, OutputHead};
+use super::blocks::{Linear, OutputHead, Weight, WeightForm};
 use super::decoder_config::DecoderConfig;
 use super::llama::{DecoderLayerWeights, DecoderWeights, LayerRest};
 use crate::numerics::sampling::{derive_labeled_seed, normal_values, TrialRng};
@@ -35,6 +35,11 @@ pub(crate) enum Init {
 /// Named tensors (Hugging Face names, `model.` prefix) of known shapes, f32, on the device.
 pub(crate) trait TensorSource {
     fn get(&mut self, name: &str, shape: &[usize], init: Init) -> Result<Tensor>;
+    /// A weight matrix ([`Weight`]): widened to f32 like [`Self::get`], unless the source keeps
+    /// weights as stored (issue 56).
+    fn weight(&mut self, name: &str, shape: &[usize], init: Init) -> Result<Weight> {
+        Ok(Weight::Float(self.get(name, shape, init)?))
+    }
 }
 
 /// How much of a decoder to load: through the measured layer L (a Q/K/V dump: layers 0..=L,
@@ -82,14 +87,14 @@ pub(crate) fn build(
         cfg.num_key_value_heads * p,
         cfg.intermediate_size,
     );
-    let embed = src.get(
+    let embed = src.weight(
         "model.embed_tokens.weight",
         &[cfg.vocab_size, hid],
         Init::NormalPadRow(cfg.pad_token_id),
     )?;
     let lin = |src: &mut dyn TensorSource, name: &str, out: usize, inp: usize, bias: bool| {
         Ok::<_, anyhow::Error>(Linear {
-            weight: src.get(&format!("{name}.weight"), &[out, inp], Init::Normal)?,
+            weight: src.weight(&format!("{name}.weight"), &[out, inp], Init::Normal)?,
             bias: if bias {
                 Some(src.get(&format!("{name}.bias"), &[out], Init::Zeros)?)
             } else {
@@ -138,7 +143,7 @@ pub(crate) fn build(
         let lm_head = if cfg.tie_word_embeddings {
             None
         } else {
-            Some(src.get("lm_head.weight", &[cfg.vocab_size, hid], Init::Normal)?)
+            Some(src.weight("lm_head.weight", &[cfg.vocab_size, hid], Init::Normal)?)
         };
         Some(OutputHead { norm, lm_head })
     } else {
@@ -227,10 +232,28 @@ struct Safetensors {
     what: String,
     family: &'static str,
     device: Device,
+    /// Whether weight matrices are kept as stored ([`TensorSource::weight`]).
+    keep_stored: bool,
 }
 
 impl TensorSource for Safetensors {
     fn get(&mut self, name: &str, shape: &[usize], _init: Init) -> Result<Tensor> {
+        // bf16/f16 checkpoints are widened once on load (docs/reference.md §7.1 "Weights").
+        Ok(self.stored(name, shape)?.to_dtype(DType::F32)?)
+    }
+
+    /// bf16/f16 values kept as stored where asked (issue 56): widened where a product reads them.
+    fn weight(&mut self, name: &str, shape: &[usize], init: Init) -> Result<Weight> {
+        if !self.keep_stored {
+            return Ok(Weight::Float(self.get(name, shape, init)?));
+        }
+        Ok(Weight::Float(self.stored(name, shape)?))
+    }
+}
+
+impl Safetensors {
+    /// The tensor `name` in its stored dtype, checked to have `shape` and finite values.
+    fn stored(&mut self, name: &str, shape: &[usize]) -> Result<Tensor> {
         // Checkpoints of the bare base model (LlamaModel) have no `model.` prefix.
         let bare = name.strip_prefix("model.").unwrap_or(name);
         let found = [name, bare]
@@ -258,8 +281,7 @@ impl TensorSource for Safetensors {
         crate::tensor_util::check_finite(&t, || {
             format!("weights {}: tensor '{found}'", self.what)
         })?;
-        // bf16/f16 checkpoints are widened once on load (docs/reference.md §7.1 "Weights").
-        Ok(t.to_dtype(DType::F32)?)
+        Ok(t)
     }
 }
 
@@ -270,6 +292,17 @@ pub fn load_safetensors(
     depth: impl Into<Depth>,
     path: &Path,
     device: &Device,
+) -> Result<DecoderWeights> {
+    load_safetensors_as(cfg, depth, path, device, WeightForm::Widened)
+}
+
+/// [`load_safetensors`] with the weight matrices kept in `form`.
+pub fn load_safetensors_as(
+    cfg: &DecoderConfig,
+    depth: impl Into<Depth>,
+    path: &Path,
+    device: &Device,
+    form: WeightForm,
 ) -> Result<DecoderWeights> {
     let depth = depth.into();
     let is_index = path.extension().is_some_and(|e| e == "json");
@@ -304,6 +337,7 @@ pub fn load_safetensors(
         what: path.display().to_string(),
         family: cfg.family.model_type(),
         device: device.clone(),
+        keep_stored: form == WeightForm::Stored,
     };
     build(&mut src, cfg, depth)
 }
