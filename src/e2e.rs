@@ -168,6 +168,7 @@ pub fn run_with(req: &E2eRequest, extra: Vec<E2eMethod>) -> Result<E2eOutcome> {
         &inputs_list,
         &one_layer,
     )?;
+    store.record_weights(prepared.weight_plan);
     let dtype = req.inputs.candle_dtype();
     let mut reports = Vec::new();
     let mut new_points = 0;

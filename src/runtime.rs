@@ -133,13 +133,25 @@ pub fn host_install<R: Send>(f: impl FnOnce() -> R + Send) -> R {
         .install(f)
 }
 
-/// The memory available to a new allocation now, in bytes (Linux's `MemAvailable`, which counts
-/// reclaimable page cache), or None where it cannot be read.
-pub fn memory_available() -> Option<u64> {
-    let text = std::fs::read_to_string("/proc/meminfo").ok()?;
-    let line = text.lines().find(|l| l.starts_with("MemAvailable:"))?;
-    let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
-    Some(kib * 1024)
+/// The memory a run may take, in bytes: `APPROX_BENCH_MEMORY_GB` where set (a container's
+/// limit, or a share of a machine), else what is available to a new allocation now (Linux's
+/// `MemAvailable`, which counts reclaimable page cache); None where neither can be read.
+pub fn memory_available() -> Result<Option<u64>> {
+    if let Ok(v) = std::env::var("APPROX_BENCH_MEMORY_GB") {
+        return match v.trim().parse::<f64>() {
+            Ok(gb) if gb.is_finite() && gb > 0.0 => Ok(Some((gb * 1e9) as u64)),
+            _ => Err(crate::usage!(
+                "APPROX_BENCH_MEMORY_GB={v}: give the memory a run may take in GB, a positive number (e.g. 20), or unset it"
+            )),
+        };
+    }
+    let meminfo = || -> Option<u64> {
+        let text = std::fs::read_to_string("/proc/meminfo").ok()?;
+        let line = text.lines().find(|l| l.starts_with("MemAvailable:"))?;
+        let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+        Some(kib * 1024)
+    };
+    Ok(meminfo())
 }
 
 /// This process's peak resident memory so far, in bytes (Linux's `VmHWM`), or None.

@@ -304,3 +304,118 @@ fn an_impossible_block_count_is_refused_before_allocating() {
         stderr(&o)
     );
 }
+
+/// Weights kept as stored (issue 56): every family's GGUF dumps and runs end to end with its
+/// ggml blocks kept and widened a layer at a time, bit for bit as widened at load; the e2e
+/// manifest says which form ran and its memory; a model whose weights cannot fit the memory a
+/// run may take is refused before it loads, the estimate in the message.
+#[test]
+fn stored_weights_give_the_widened_bits_and_a_model_too_large_is_refused() {
+    let tmp = tempfile::tempdir().unwrap();
+    for name in ["gemma2", "gemma3", "phi3", "gpt_oss", "deepseek_v3"] {
+        let gguf = gguf_dir(tmp.path(), name, None);
+        let corpus = family_fixture(name).join("corpus.txt");
+        let mut outs = Vec::new();
+        for form in ["widened", "stored"] {
+            let d = tmp.path().join(format!("{name}-{form}.safetensors"));
+            let e = tmp.path().join(format!("{name}-{form}-e2e"));
+            let (m, c) = (gguf.to_str().unwrap(), corpus.to_str().unwrap());
+            let env = [("APPROX_BENCH_WEIGHTS", form)];
+            let o = run(
+                &[
+                    "dump-qkv",
+                    "--length",
+                    "24",
+                    "--layer",
+                    "1",
+                    "--model-dir",
+                    m,
+                    "--corpus",
+                    c,
+                    "--out",
+                    d.to_str().unwrap(),
+                ],
+                &env,
+            );
+            assert!(o.status.success(), "{name} {form}: {}", stderr(&o));
+            let flags = [
+                "e2e",
+                "--lengths",
+                "24",
+                "--windows",
+                "1",
+                "--n-f",
+                "8",
+                "--methods",
+                "window,snapkv",
+                "--features",
+                "8",
+                "--quiet",
+                "--model-dir",
+                m,
+                "--corpus",
+                c,
+                "--out",
+                e.to_str().unwrap(),
+            ];
+            let o = run(&flags, &env);
+            assert!(o.status.success(), "{name} {form}: {}", stderr(&o));
+            let manifest: Value =
+                serde_json::from_str(&std::fs::read_to_string(e.join("manifest.json")).unwrap())
+                    .unwrap();
+            assert_eq!(manifest["memory"]["weights"], form, "{name}");
+            assert!(
+                manifest["memory"]["peak_resident_bytes"].as_u64().unwrap() > 0,
+                "{name}"
+            );
+            assert!(
+                manifest["memory"]["weights_estimate_bytes"]
+                    .as_u64()
+                    .unwrap()
+                    > 0,
+                "{name}"
+            );
+            let rows: Vec<String> = std::fs::read_to_string(e.join("e2e.csv"))
+                .unwrap()
+                .lines()
+                .map(|l| l.rsplit_once(',').unwrap().0.to_string()) // all but `seconds`
+                .collect();
+            outs.push((std::fs::read(&d).unwrap(), rows));
+        }
+        assert!(
+            outs[0].0 == outs[1].0,
+            "{name}: the stored dump differs from the widened one"
+        );
+        assert_eq!(outs[0].1, outs[1].1, "{name}: e2e rows");
+    }
+    // 0.00001 GB is less than any fixture's weights: refused before loading, exit 2; a memory
+    // that is no number is refused by name.
+    let gguf = gguf_dir(tmp.path(), "gemma3", None);
+    let corpus = family_fixture("gemma3").join("corpus.txt");
+    let out = tmp.path().join("refused.safetensors");
+    let (m, c, d) = (
+        gguf.to_str().unwrap(),
+        corpus.to_str().unwrap(),
+        out.to_str().unwrap(),
+    );
+    for (memory, needle) in [
+        ("0.00001", "its weights need about"),
+        ("lots", "APPROX_BENCH_MEMORY_GB=lots"),
+    ] {
+        let args = [
+            "dump-qkv",
+            "--length",
+            "24",
+            "--model-dir",
+            m,
+            "--corpus",
+            c,
+            "--out",
+            d,
+        ];
+        let o = run(&args, &[("APPROX_BENCH_MEMORY_GB", memory)]);
+        assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+        assert!(stderr(&o).contains(needle), "{}", stderr(&o));
+        assert!(!out.exists());
+    }
+}

@@ -313,8 +313,24 @@ impl Store {
         let _ = self.write_manifest(status);
     }
 
+    /// Records how the model's weights are kept (issue 56); each manifest write then adds the
+    /// process's peak resident memory so far.
+    pub fn record_weights(&mut self, plan: Option<crate::models::blocks::WeightPlan>) {
+        if let Some(memory) = crate::report::manifest::memory_record(plan) {
+            self.manifest["memory"] = memory;
+        }
+    }
+
     fn write_manifest(&mut self, status: &str) -> Result<()> {
         self.manifest["status"] = serde_json::json!(status);
+        if let (Some(m), Some(peak)) = (
+            self.manifest
+                .get_mut("memory")
+                .and_then(|m| m.as_object_mut()),
+            crate::runtime::peak_resident_bytes(),
+        ) {
+            m.insert("peak_resident_bytes".into(), serde_json::json!(peak));
+        }
         let text = serde_json::to_string_pretty(&self.manifest)?;
         crate::atomic_file::write(&self.out.join("manifest.json"), text.as_bytes())
     }

@@ -287,19 +287,62 @@ pub fn weight_form(files: &DecoderFiles) -> Result<models::blocks::WeightForm> {
             ))
         }
     }
-    let widened = match &files.weights {
-        Some(Weights::Gguf(g)) => models::GgufFile::open(g)?.widened_bytes(),
-        // bf16/f16 checkpoints double when widened; an f32 one stays the same, so this bounds it.
-        Some(Weights::Safetensors { shards, .. }) => shards
-            .iter()
-            .map(|s| std::fs::metadata(s).map(|m| 2 * m.len()).unwrap_or(0))
-            .sum(),
-        None => 0,
-    };
-    Ok(match crate::runtime::memory_available() {
+    let widened = footprint(files)?.map_or(0, |f| f.widened);
+    Ok(match crate::runtime::memory_available()? {
         Some(avail) if widened > avail / 2 => WeightForm::Stored,
         _ => WeightForm::Widened,
     })
+}
+
+/// What the weights of `files` take in memory; None for an initialized model (no file).
+fn footprint(files: &DecoderFiles) -> Result<Option<models::gguf::Footprint>> {
+    Ok(match &files.weights {
+        Some(Weights::Gguf(g)) => Some(models::GgufFile::open(g)?.footprint()),
+        // From the file sizes: bf16/f16 values double when widened (an f32 checkpoint's do not,
+        // so this bounds it), and the largest matrix and layer are not read from the headers.
+        Some(Weights::Safetensors { shards, .. }) => {
+            let bytes: u64 = shards
+                .iter()
+                .map(|s| std::fs::metadata(s).map(|m| m.len()).unwrap_or(0))
+                .sum();
+            Some(models::gguf::Footprint {
+                stored: bytes,
+                widened: 2 * bytes,
+                largest: 0,
+                layer: 0,
+            })
+        }
+        None => None,
+    })
+}
+
+/// Refuses, before anything is loaded, a model whose weights alone would need more memory than
+/// is available (issue 56): kept in `form`, plus what a forward in `dtype_bytes` widens at a
+/// time. The activations come on top (the message says what lowers them).
+pub fn check_memory(
+    files: &DecoderFiles,
+    form: models::blocks::WeightForm,
+    dtype_bytes: u64,
+) -> Result<Option<u64>> {
+    let Some(f) = footprint(files)? else {
+        return Ok(None);
+    };
+    let need = f.peak(form, dtype_bytes);
+    if let Some(avail) = crate::runtime::memory_available()? {
+        if need > avail {
+            let gb = |b: u64| b as f64 / 1e9;
+            return Err(usage!(
+                "{}: its weights need about {:.1} GB in this run ({:.1} GB kept {}, and what a forward widens at a time in {}), but {:.1} GB of memory are available; free memory, use --dtype f32, or a smaller model (a shorter n and fewer --threads lower the activations on top)",
+                files.config.display(),
+                gb(need),
+                gb(if form == models::blocks::WeightForm::Stored { f.stored } else { f.widened }),
+                format!("{form:?}").to_lowercase(),
+                if dtype_bytes == 8 { "f64" } else { "f32" },
+                gb(avail)
+            ));
+        }
+    }
+    Ok(Some(need))
 }
 
 /// The decoder's configuration and weights of embeddings and layers 0..=L.
@@ -344,19 +387,28 @@ pub fn load(
     Ok((cfg, weights))
 }
 
+pub use models::blocks::WeightPlan;
+
 /// The decoder of `files` loaded to `depth`: a §7.7 family where config.json or the GGUF's
-/// architecture names one, else a Llama-style decoder.
+/// architecture names one, else a Llama-style decoder; and how its weights are kept. A model
+/// whose weights cannot fit the memory available is refused before it loads.
 pub fn load_decoder(
     files: &DecoderFiles,
     inputs: &InputConfig,
     depth: models::Depth,
     device: &candle_core::Device,
-) -> Result<Box<dyn models::Decoder>> {
+) -> Result<(Box<dyn models::Decoder>, WeightPlan)> {
+    let form = weight_form(files)?;
+    let estimate_bytes = check_memory(files, form, inputs.candle_dtype().size_in_bytes() as u64)?;
+    let plan = WeightPlan {
+        form,
+        estimate_bytes,
+    };
     if let Some(model) = load_family(files, inputs, depth, device)? {
-        return Ok(model);
+        return Ok((model, plan));
     }
     let (cfg, weights) = load(files, inputs, depth, device)?;
-    Ok(Box::new(models::Llama { cfg, weights }))
+    Ok((Box::new(models::Llama { cfg, weights }), plan))
 }
 
 /// A §7.7 family model (docs/reference.md §7.7) loaded through layer L from its safetensors

@@ -67,6 +67,9 @@ pub struct Prepared {
     pub files: Vec<(String, PathBuf)>,
     /// Where computed Q/K/V are kept and found again ([`Prepared::use_qkv_cache`]); None: none.
     pub qkv_cache: Option<qkv_cache::QkvCache>,
+    /// How a decoder's weight matrices are kept and their memory estimate (issue 56); None
+    /// for BERT.
+    pub weight_plan: Option<decoder::WeightPlan>,
 }
 
 impl Prepared {
@@ -342,7 +345,7 @@ pub fn prepare_depth(
         })
     };
     if let Some(files) = decoder::resolve(&source, inputs, depth, hub::Hub::from_env)? {
-        let model = decoder::load_decoder(&files, inputs, depth, &device)?;
+        let (model, weight_plan) = decoder::load_decoder(&files, inputs, depth, &device)?;
         let vocab_size = model.shape().vocab_size;
         let model = Model::Decoder(model);
         let (tokenizer, bos) = decoder_tokenizer(&files)?;
@@ -390,6 +393,7 @@ pub fn prepare_depth(
             model_id: hub::source_name(&source),
             files: list,
             qkv_cache: None,
+            weight_plan: Some(weight_plan),
         });
     }
     if depth == models::Depth::Whole {
@@ -449,6 +453,7 @@ pub fn prepare_depth(
         model_id: hub::source_name(&source),
         files: list,
         qkv_cache: None,
+        weight_plan: None,
     })
 }
 

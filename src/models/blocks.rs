@@ -163,6 +163,15 @@ pub enum WeightForm {
     Stored,
 }
 
+/// How a decoder's weights are kept, and the memory they were estimated to take before loading
+/// (issue 56).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct WeightPlan {
+    pub form: WeightForm,
+    /// The weights' estimated peak; None for an initialized model (no file).
+    pub estimate_bytes: Option<u64>,
+}
+
 /// A Linear layer: y = x·Wᵀ (+ b), W [out, in] as kept ([`Weight`]), the bias f32.
 #[derive(Debug, Clone)]
 pub struct Linear {
@@ -271,6 +280,9 @@ pub(super) fn embed_ids(embed: &Weight, ids: &[u32], dtype: DType) -> Result<Ten
 /// token embeddings.
 pub(super) fn lm_logits(x: &Tensor, lm_head: Option<&Weight>, embed: &Weight) -> Result<Tensor> {
     let w = lm_head.unwrap_or(embed);
+    // One product over the whole vocabulary, its weight widened whole for it (2.2 GB for a
+    // 152k × 3584 head in f32): a product over slices of the vocabulary is not bit for bit the
+    // whole one (gemm takes another path on a ragged slice; measured on a Q8_0 head, issue 56).
     Ok(x.matmul(&w.widen(x.dtype())?.t()?)?)
 }
 

@@ -178,6 +178,36 @@ impl GgufFile {
             .or_else(|| self.mxfp4.get(name).map(|t| t.dims.clone()))
     }
 
+    /// What its tensors take in memory (issue 56): as stored, widened to f32, and the values of
+    /// its largest matrix and of its largest block (a layer's tensors), which a forward of
+    /// stored weights widens at a time.
+    pub fn footprint(&self) -> Footprint {
+        let mut f = Footprint::default();
+        let mut blocks: HashMap<&str, u64> = HashMap::new();
+        for (name, t) in &self.content.tensor_infos {
+            let elems = t.shape.elem_count() as u64;
+            f.stored += elems / t.ggml_dtype.block_size() as u64 * t.ggml_dtype.type_size() as u64;
+            f.widened += 4 * elems;
+            f.largest = f.largest.max(elems);
+            if let Some(rest) = name.strip_prefix("blk.") {
+                let layer = rest.split('.').next().unwrap_or("");
+                *blocks.entry(layer).or_default() += elems;
+            }
+        }
+        for (name, t) in &self.mxfp4 {
+            let elems = t.dims.iter().product::<usize>() as u64;
+            f.stored += t.bytes().unwrap_or(0);
+            f.widened += 4 * elems;
+            if let Some(rest) = name.strip_prefix("blk.") {
+                *blocks
+                    .entry(rest.split('.').next().unwrap_or(""))
+                    .or_default() += elems;
+            }
+        }
+        f.layer = blocks.values().copied().max().unwrap_or(0);
+        f
+    }
+
     /// The bytes its tensors take widened to f32 (what loading it widened holds).
     pub fn widened_bytes(&self) -> u64 {
         let dense: u64 = self
@@ -459,6 +489,32 @@ fn unpermute(t: &Tensor, heads: usize) -> Result<Tensor> {
         .transpose(1, 2)?
         .contiguous()?
         .reshape(dims)?)
+}
+
+/// What a checkpoint's tensors take in memory ([`GgufFile::footprint`]).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Footprint {
+    /// Bytes as stored.
+    pub stored: u64,
+    /// Bytes widened to f32.
+    pub widened: u64,
+    /// Values of the largest tensor (the embeddings or the LM head).
+    pub largest: u64,
+    /// Values of the largest block of a layer's tensors.
+    pub layer: u64,
+}
+
+impl Footprint {
+    /// The peak the weights take in a forward in `dtype_bytes` (4 or 8) when kept in `form`:
+    /// what is kept, plus what is widened at a time (a layer's matrices, and the LM head when
+    /// the logits are taken; an f32 model in an f32 run widens nothing).
+    pub fn peak(&self, form: WeightForm, dtype_bytes: u64) -> u64 {
+        match (form, dtype_bytes) {
+            (WeightForm::Widened, 4) => self.widened,
+            (WeightForm::Widened, _) => self.widened + dtype_bytes * self.layer.max(self.largest),
+            (WeightForm::Stored, _) => self.stored + dtype_bytes * (self.layer + self.largest),
+        }
+    }
 }
 
 /// The shortest decimal that rounds to `x` as an f64 (see [`GgufFile::meta_decimal`]).

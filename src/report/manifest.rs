@@ -61,6 +61,23 @@ pub struct Manifest {
     /// grid at its first d ≥ W ([`crate::attention::layer_budgets`]). Absent without a window.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub sliding_window: Option<usize>,
+    /// A decoder's weights in memory (issue 56): kept `stored` or `widened`, the estimate the run
+    /// was admitted on, and the process's peak resident memory when the manifest was written.
+    /// Absent for BERT and from runs before it was recorded.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub memory: Option<serde_json::Value>,
+}
+
+/// The `memory` record of a run whose decoder's weights were kept as `plan` says, with the
+/// process's peak resident memory so far.
+pub fn memory_record(plan: Option<crate::models::blocks::WeightPlan>) -> Option<serde_json::Value> {
+    plan.map(|plan| {
+        serde_json::json!({
+            "weights": format!("{:?}", plan.form).to_lowercase(),
+            "weights_estimate_bytes": plan.estimate_bytes,
+            "peak_resident_bytes": crate::runtime::peak_resident_bytes(),
+        })
+    })
 }
 
 /// A decode run's protocol and the layer's place in the model.
@@ -144,6 +161,7 @@ impl Manifest {
             qkv_cache: None,
             decode: None,
             sliding_window: None,
+            memory: None,
         }
     }
 

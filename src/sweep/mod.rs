@@ -246,6 +246,7 @@ pub fn run_with(
         corpus_tokens: prepared.corpus.ids.len(),
         shard: opts.shard,
         sliding_window: layer_spec.window,
+        memory: manifest::memory_record(prepared.weight_plan),
         ..Manifest::starting(opts.command.clone(), cfg.clone(), inputs_list)
     };
     manifest.decode = cfg.decode.map(|n_f| manifest::DecodeInfo {
@@ -414,6 +415,7 @@ pub fn run_with(
         (None, None) => "complete".into(),
     };
     manifest.trials = rows.len();
+    manifest.memory = manifest::memory_record(prepared.weight_plan);
     manifest.qkv_cache = prepared.qkv_cache.as_ref().map(|c| {
         let u = c.usage();
         manifest::QkvCacheUse {

@@ -189,6 +189,7 @@ fn manifest(grid: &Grid, methods: &[&str], corpus_sha: &str, source: &str) -> Ma
         qkv_cache: None,
         decode: None,
         sliding_window: None,
+        memory: None,
     }
 }
 
