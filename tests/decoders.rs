@@ -587,3 +587,34 @@ fn a_second_decoder_sweep_reads_its_qkv_from_the_cache() {
         &tmp.path().join("plain").join("trials.csv"),
     );
 }
+
+/// A config.json that is not JSON — a `NaN` literal, as Python's json writes one — is named as
+/// such, not as "not a valid BERT config" (issue 57).
+#[test]
+fn a_nan_literal_in_config_json_is_named_as_not_json() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = llama_dir(&dir.path().join("m"), true);
+    let cfg = std::fs::read_to_string(model.join("config.json")).unwrap();
+    let edited = cfg.replacen("\"rms_norm_eps\":", "\"rms_norm_eps\": NaN, \"was\":", 1);
+    assert_ne!(cfg, edited);
+    std::fs::write(model.join("config.json"), edited).unwrap();
+    let corpus = dir.path().join("c.txt");
+    std::fs::write(
+        &corpus,
+        "a b c d e f g h i j k l m n o p q r s t u v w x y z ".repeat(20),
+    )
+    .unwrap();
+    let out = dir.path().join("d.safetensors");
+    let o = decoder_cli(
+        &model,
+        &corpus,
+        &format!("dump-qkv --length 16 --out {}", out.display()),
+    );
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    let err = stderr(&o);
+    assert!(
+        err.contains("not valid JSON") && err.contains("NaN"),
+        "{err}"
+    );
+    assert!(!err.contains("BERT"), "{err}");
+}

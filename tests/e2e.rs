@@ -301,6 +301,23 @@ fn shards_merged_are_the_unsharded_run() {
     let o = merge(&[&shards[0], &other], &dir.path().join("y"));
     assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
     assert!(stderr(&o).contains("seed differs"), "{}", stderr(&o));
+    // A shard of the same run but other --methods would leave holes: refused, naming the points.
+    let fewer = dir.path().join("fewer");
+    let o = e2e(
+        &model,
+        &corpus,
+        &fewer,
+        "--windows 3 --shard 2/2 --methods window,streaming,snapkv",
+    );
+    assert!(o.status.success(), "{}", stderr(&o));
+    let o = merge(&[&shards[0], &fewer], &dir.path().join("z"));
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    assert!(
+        stderr(&o).contains("ran other points") && stderr(&o).contains("topk_dec"),
+        "{}",
+        stderr(&o)
+    );
+    assert!(!dir.path().join("z").join("manifest.json").exists());
 }
 
 #[test]

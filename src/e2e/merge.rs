@@ -34,6 +34,7 @@ pub fn merge(dirs: &[PathBuf], out: &Path) -> Result<MergedE2e> {
         .map(|d| read_manifest(d))
         .collect::<Result<Vec<_>>>()?;
     let shards = check_shards(dirs, &manifests)?;
+    check_same_points(dirs)?;
     if dirs.iter().any(|d| same_dir(d, out)) {
         return Err(usage!(
             "--out {}: is one of the shards; give a new directory",
@@ -212,6 +213,45 @@ fn check_shards(dirs: &[PathBuf], manifests: &[serde_json::Value]) -> Result<Vec
         }
     }
     Ok(shards)
+}
+
+/// Refuses shards whose windows ran other points (mode, method, d): shards of commands with other
+/// `--methods` or `--features` would merge into a run with holes (issue 57). A shard with no
+/// window (more shards than windows) ran nothing and is no witness.
+fn check_same_points(dirs: &[PathBuf]) -> Result<()> {
+    type Points = std::collections::BTreeSet<String>;
+    let mut first: Option<(&PathBuf, Points)> = None;
+    for dir in dirs {
+        let text = std::fs::read_to_string(dir.join("e2e.csv")).unwrap_or_default();
+        let points: Points = text
+            .lines()
+            .skip(1)
+            .filter_map(|l| {
+                let f: Vec<&str> = l.splitn(5, ',').collect();
+                (f.len() == 5).then(|| format!("{} {} at d = {}", f[1], f[2], f[3]))
+            })
+            .collect();
+        if points.is_empty() {
+            continue;
+        }
+        match &first {
+            None => first = Some((dir, points)),
+            Some((d0, p0)) if *p0 != points => {
+                let only = |a: &Points, b: &Points| {
+                    a.difference(b).cloned().collect::<Vec<_>>().join(", ")
+                };
+                return Err(usage!(
+                    "{}: its windows ran other points than {}'s (only here: [{}]; only there: [{}]); the shards must come from one command (the same --methods and --features)",
+                    dir.display(),
+                    d0.display(),
+                    only(&points, p0),
+                    only(p0, &points)
+                ));
+            }
+            Some(_) => {}
+        }
+    }
+    Ok(())
 }
 
 /// The complete rows of `file` from every shard under one header (shards hold disjoint

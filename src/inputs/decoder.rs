@@ -97,10 +97,14 @@ fn names_decoder(text: &str) -> bool {
 /// A config.json's `model_type` that is neither BERT nor a decoder family: a usage error naming
 /// it and what is supported (instead of a BERT parse error about missing fields).
 fn check_model_type(text: &str, file: &Path) -> Result<()> {
-    let v: serde_json::Value = match serde_json::from_str(text) {
-        Ok(v) => v,
-        Err(_) => return Ok(()), // the loader reports a malformed config with its own error
-    };
+    // Not JSON (a `NaN` or `Infinity` literal, which Python's json writes, is a common cause):
+    // said here, before the encoder's reader would call it "not a valid BERT config" (issue 57).
+    let v: serde_json::Value = serde_json::from_str(text).map_err(|e| {
+        usage!(
+            "config {}: not valid JSON ({e}); NaN and Infinity are not JSON numbers: write a finite number (or null where the field may be absent)",
+            file.display()
+        )
+    })?;
     match v.get("model_type").and_then(|t| t.as_str()) {
         Some(t) if t != "bert" && !names_decoder(text) => {
             let families: Vec<&str> = models::registry::FAMILIES
