@@ -134,7 +134,7 @@ fn bad_files() {
     std::fs::write(bad.join("config.json"), "{ not json").unwrap();
     expect_usage_error(
         &with_tiny(bad.to_str().unwrap(), &c, o, &[]),
-        "not a valid BERT config.json",
+        "config.json: not valid JSON",
     );
     // Corrupt weights.
     let badw = tiny_model(&tmp.path().join("badw"), false);

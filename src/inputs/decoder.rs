@@ -100,10 +100,12 @@ fn check_model_type(text: &str, file: &Path) -> Result<()> {
     // Not JSON (a `NaN` or `Infinity` literal, which Python's json writes, is a common cause):
     // said here, before the encoder's reader would call it "not a valid BERT config" (issue 57).
     let v: serde_json::Value = serde_json::from_str(text).map_err(|e| {
-        usage!(
-            "config {}: not valid JSON ({e}); NaN and Infinity are not JSON numbers: write a finite number (or null where the field may be absent)",
-            file.display()
-        )
+        let hint = if text.contains("NaN") || text.contains("Infinity") {
+            "; NaN and Infinity are not JSON numbers: write a finite number (or null where the field may be absent)"
+        } else {
+            "; fix the file or download it again"
+        };
+        usage!("config {}: not valid JSON ({e}){hint}", file.display())
     })?;
     match v.get("model_type").and_then(|t| t.as_str()) {
         Some(t) if t != "bert" && !names_decoder(text) => {
