@@ -94,8 +94,35 @@ pub fn install() -> Result<()> {
     Ok(())
 }
 
+/// An embedding host's own check for a pending interruption (the Python face: its SIGINT
+/// handler only runs when the main thread asks, so a long run must ask it), returning the signal
+/// it stands for; set with [`set_host_check`].
+static HOST_CHECK: OnceLock<std::sync::Mutex<Option<fn() -> Option<i32>>>> = OnceLock::new();
+
+fn host_check() -> &'static std::sync::Mutex<Option<fn() -> Option<i32>>> {
+    HOST_CHECK.get_or_init(|| std::sync::Mutex::new(None))
+}
+
+/// Sets (or clears) the embedding host's check, which [`requested`] and [`check`] then consult
+/// at every poll: a signal it reports sets the flag as a handled signal does.
+pub fn set_host_check(check: Option<fn() -> Option<i32>>) {
+    *host_check().lock().expect("host check lock") = check;
+}
+
+/// Clears the flag: an embedding host starts each call of the library afresh (the CLI never
+/// does; a signal ends its one run).
+pub fn reset() {
+    flag().store(0, Ordering::SeqCst);
+}
+
 /// The signal received so far, if any.
 pub fn requested() -> Option<i32> {
+    if flag().load(Ordering::SeqCst) == 0 {
+        let host = *host_check().lock().expect("host check lock");
+        if let Some(signal) = host.and_then(|f| f()) {
+            flag().store(signal as usize, Ordering::SeqCst);
+        }
+    }
     match flag().load(Ordering::SeqCst) {
         0 => None,
         s => Some(s as i32),
@@ -113,6 +140,12 @@ pub fn check() -> Result<()> {
         }
         .into()),
     }
+}
+
+/// Marks the run as interrupted by `signal` where an embedding host saw it (a user's callable
+/// raised KeyboardInterrupt): the polling loops stop as at a handled signal.
+pub fn request(signal: i32) {
+    flag().store(signal as usize, Ordering::SeqCst);
 }
 
 /// Marks the process as interrupted without a signal: for tests of the polling loops.

@@ -28,6 +28,42 @@ fn err(e: anyhow::Error) -> PyErr {
     }
 }
 
+/// The KeyboardInterrupt (or other exception) a signal handler raised while a run polled Python's
+/// signals ([`python_signals`]), to be raised again once the run has stopped and kept its rows.
+static PENDING_SIGNAL: std::sync::Mutex<Option<PyErr>> = std::sync::Mutex::new(None);
+
+/// Python's pending signals, asked at every poll of a run (issue 57): Python runs its SIGINT
+/// handler only when the main thread asks, and a run released the GIL. A raised exception stops
+/// the run as SIGINT does the CLI's (every finished row kept, the manifest `interrupted`).
+fn python_signals() -> Option<i32> {
+    Python::attach(|py| match py.check_signals() {
+        Ok(()) => None,
+        Err(e) => {
+            *PENDING_SIGNAL.lock().expect("signal lock") = Some(e);
+            Some(2) // SIGINT
+        }
+    })
+}
+
+/// Runs `f` with the GIL released and Python's signals polled; a signal's exception is raised
+/// once `f` has stopped, any other error mapped as [`err`].
+fn interruptible<T: Send>(
+    py: Python<'_>,
+    f: impl FnOnce() -> anyhow::Result<T> + Send,
+) -> PyResult<T> {
+    approx_bench::interrupt::reset();
+    approx_bench::interrupt::set_host_check(Some(python_signals));
+    let out = py.detach(f);
+    approx_bench::interrupt::set_host_check(None);
+    approx_bench::interrupt::reset();
+    let pending = PENDING_SIGNAL.lock().expect("signal lock").take();
+    match (out, pending) {
+        (Ok(v), None) => Ok(v),
+        (_, Some(e)) => Err(e),
+        (Err(e), None) => Err(err(e)),
+    }
+}
+
 fn cerr(e: candle_core::Error) -> PyErr {
     PyRuntimeError::new_err(e.to_string())
 }
@@ -419,9 +455,9 @@ fn sweep(
     };
     approx_bench::inputs::hub::allow_progress(!quiet);
     // The GIL is released while the sweep runs; each user trial takes it back for its call.
-    let outcome = py
-        .detach(|| approx_bench::sweep::run_with(&cfg, &sweep_opts, extra))
-        .map_err(err)?;
+    let outcome = interruptible(py, || {
+        approx_bench::sweep::run_with(&cfg, &sweep_opts, extra)
+    })?;
     if !quiet {
         approx_bench::report::console::print_summary(
             &outcome.out,
@@ -489,9 +525,7 @@ fn e2e(
     };
     approx_bench::inputs::hub::allow_progress(!quiet);
     // The GIL is released while the forward runs; each user call takes it back.
-    let outcome = py
-        .detach(|| approx_bench::e2e::run_with(&req, extra))
-        .map_err(err)?;
+    let outcome = interruptible(py, || approx_bench::e2e::run_with(&req, extra))?;
     if !quiet {
         for (name, r) in &outcome.reports {
             eprintln!("{}", approx_bench::e2e::format_report(name, r));

@@ -78,6 +78,17 @@ fn head_array<'py>(py: Python<'py>, t: &Tensor) -> Result<Bound<'py, PyAny>> {
 
 /// "ValueError: message" with the Python traceback's last line, for the sweep's error context.
 fn py_error(py: Python<'_>, e: PyErr) -> anyhow::Error {
+    // Ctrl-C while the user's code ran (issue 57): the run stops as interrupted, its rows kept,
+    // and the KeyboardInterrupt is raised again when it has.
+    if e.is_instance_of::<pyo3::exceptions::PyKeyboardInterrupt>(py) {
+        *crate::PENDING_SIGNAL.lock().expect("signal lock") = Some(e);
+        approx_bench::interrupt::request(2);
+        return approx_bench::interrupt::Interrupted {
+            signal: 2,
+            progress: None,
+        }
+        .into();
+    }
     let tb = e
         .traceback(py)
         .and_then(|t| t.format().ok())

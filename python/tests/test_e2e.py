@@ -78,3 +78,37 @@ def test_a_callable_returning_a_wrong_shape_or_nan_is_a_value_error_naming_the_l
             ab.e2e(model, (f.__name__, f), out=out, methods=["window"], **o)
         # What was written before stays.
         assert (out / "e2e.csv").read_bytes().startswith(before)
+
+
+def test_ctrl_c_stops_a_run_keeps_its_rows_and_the_same_call_completes_it(tmp_path):
+    # Ctrl-C (issue 57): SIGINT to the main thread while the run is in Rust is seen at the next
+    # poll, between layers; the run stops, its finished rows kept and its manifest `interrupted`,
+    # and KeyboardInterrupt reaches the caller. The same call then completes it.
+    import _thread
+    import json
+
+    o = options(tmp_path)
+    model = o.pop("model_dir")
+    calls = {"n": 0, "after": 0}
+
+    def interrupting(q, k, v, d, rng, mask=None):
+        calls["n"] += 1
+        if calls["n"] == 40:
+            _thread.interrupt_main()
+        elif calls["n"] > 40:
+            calls["after"] += 1
+        return causal_window(q, k, v, d, rng, mask)
+
+    out = tmp_path / "run"
+    with pytest.raises(KeyboardInterrupt):
+        ab.e2e(model, ("mine", interrupting), out=out, methods=["window"], **o)
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["status"] == "interrupted"
+    # Within a layer's calls (two layers of four query heads each), not the rest of the run.
+    assert calls["after"] <= 8, calls
+    kept = (out / "e2e.csv").read_text().splitlines()[1:]
+    rows = ab.e2e(model, ("mine", causal_window), out=out, methods=["window"], **o)
+    assert len(rows) == 2 * 2 * 2
+    assert json.loads((out / "manifest.json").read_text())["status"] == "complete"
+    done = (out / "e2e.csv").read_text().splitlines()[1:]
+    assert all(r in done for r in kept)
