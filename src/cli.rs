@@ -157,6 +157,7 @@ impl E2eArgs {
             windows: self.windows,
             n_f: self.n_f,
             methods: approx_bench::e2e::expand_methods(&self.methods),
+            user_methods: Default::default(),
             features: self.features.clone(),
             ids_file: self.ids.clone(),
             out: self.out.clone(),

@@ -47,6 +47,9 @@ pub struct E2eRequest {
     pub quiet: bool,
     pub command: Vec<String>,
     /// Run only shard K of N: the windows w with w mod N = K − 1 (`merge` joins the shards).
+    /// Where each user's method (the Python face's callables) comes from: recorded in the
+    /// manifest, and a resume whose function of the same name changed is refused (issue 57).
+    pub user_methods: std::collections::BTreeMap<String, crate::config::UserMethod>,
     pub shard: Option<crate::config::Shard>,
 }
 

@@ -276,7 +276,7 @@ def e2e(
         if mode not in ("prefill", "decode"):
             raise ValueError(f"attention {name!r}: mode {mode!r} is neither 'prefill' nor 'decode'")
         names.append(name)
-        user.append((name, f, mode == "decode", _takes_spec(f)))
+        user.append((name, f, mode == "decode", _takes_spec(f), *_describe(f)))
     for key in ("corpus", "qkv_cache"):
         if options.get(key) is not None:
             options[key] = os.fspath(options[key])

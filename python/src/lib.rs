@@ -479,7 +479,7 @@ fn sweep(
 fn e2e(
     py: Python<'_>,
     methods: Vec<String>,
-    user: Vec<(String, Py<PyAny>, bool, bool)>,
+    user: Vec<(String, Py<PyAny>, bool, bool, String, String)>,
     out: PathBuf,
     quiet: bool,
     command: Vec<String>,
@@ -496,15 +496,26 @@ fn e2e(
     if let Some(k) = kw.keys().iter().next() {
         return Err(PyValueError::new_err(format!("e2e: unknown option {k}")));
     }
+    let user_methods = user
+        .iter()
+        .map(|(name, _, _, _, origin, sha256)| {
+            let m = UserMethod {
+                kind: "python function".into(),
+                origin: origin.clone(),
+                sha256: sha256.clone(),
+            };
+            (name.clone(), m)
+        })
+        .collect();
     let extra = user
         .into_iter()
-        .map(
-            |(name, func, decode, reads_spec)| approx_bench::protocol::end_to_end::E2eMethod {
+        .map(|(name, func, decode, reads_spec, _, _)| {
+            approx_bench::protocol::end_to_end::E2eMethod {
                 method: Box::new(user_method::PyMethod::new(&name, func, reads_spec)),
                 name,
                 decode,
-            },
-        )
+            }
+        })
         .collect();
     let req = approx_bench::e2e::E2eRequest {
         inputs,
@@ -512,6 +523,7 @@ fn e2e(
         windows,
         n_f,
         methods: approx_bench::e2e::expand_methods(&methods),
+        user_methods,
         features,
         ids_file: ids,
         out: out.clone(),

@@ -107,8 +107,23 @@ def test_ctrl_c_stops_a_run_keeps_its_rows_and_the_same_call_completes_it(tmp_pa
     # Within a layer's calls (two layers of four query heads each), not the rest of the run.
     assert calls["after"] <= 8, calls
     kept = (out / "e2e.csv").read_text().splitlines()[1:]
-    rows = ab.e2e(model, ("mine", causal_window), out=out, methods=["window"], **o)
+    # The same function (it interrupts only at its 40th call) resumes the run.
+    rows = ab.e2e(model, ("mine", interrupting), out=out, methods=["window"], **o)
     assert len(rows) == 2 * 2 * 2
     assert json.loads((out / "manifest.json").read_text())["status"] == "complete"
     done = (out / "e2e.csv").read_text().splitlines()[1:]
     assert all(r in done for r in kept)
+
+
+def test_a_resume_with_another_function_under_the_same_name_is_refused(tmp_path):
+    # Issue 57: the rows of two functions must not end up under one name.
+    o = options(tmp_path)
+    model = o.pop("model_dir")
+    out = tmp_path / "run"
+    o["windows"] = 1
+    ab.e2e(model, ("mine", causal_window), out=out, **o)
+    o["windows"] = 2
+    with pytest.raises(ValueError, match="from another function"):
+        ab.e2e(model, ("mine", exact_attention), out=out, **o)
+    rows = ab.e2e(model, ("mine", causal_window), out=out, **o)  # the same function resumes
+    assert len(rows) == 2 * 2

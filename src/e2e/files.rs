@@ -140,6 +140,7 @@ impl Store {
             "shard": req.shard.map(|s| format!("{}/{}", s.index, s.count)),
             "positions": req.positions,
             "per_head": req.per_head,
+            "user_methods": req.user_methods,
             // Which weights (issue 57): two initialized models share every file, so their seed
             // and scheme are what tells them apart.
             "weights": match req.inputs.model {
@@ -385,6 +386,25 @@ fn check_same_run(out: &Path, manifest: &serde_json::Value) -> Result<()> {
             path.display()
         )
     })?;
+    // A user's method of the same name must be the same function: its rows would otherwise be
+    // two functions' under one name (issue 57). One added or left out changes no row.
+    if let (Some(was), Some(now)) = (
+        old["user_methods"].as_object(),
+        manifest["user_methods"].as_object(),
+    ) {
+        for (name, m) in now {
+            if let Some(w) = was.get(name).filter(|w| w["sha256"] != m["sha256"]) {
+                return Err(usage!(
+                    "{}: holds rows of the method '{name}' from another function ({} with sha256 {}…; now {} with {}…); rerun with the function as it was, give it another name, or give another --out",
+                    out.display(),
+                    w["origin"].as_str().unwrap_or("?"),
+                    w["sha256"].as_str().unwrap_or("?").get(..12).unwrap_or("?"),
+                    m["origin"].as_str().unwrap_or("?"),
+                    m["sha256"].as_str().unwrap_or("?").get(..12).unwrap_or("?")
+                ));
+            }
+        }
+    }
     let (old_w, new_w) = (&old["window_sha256"], &manifest["window_sha256"]);
     let prefix = match (old_w.as_array(), new_w.as_array()) {
         (Some(o), Some(n)) => o.len() <= n.len() && n[..o.len()] == o[..],
