@@ -98,6 +98,21 @@ impl Weight {
     }
 }
 
+/// Refuses a weight stored as integers (issue 57): converting them to floats would silently
+/// compute with a checkpoint that is not one.
+pub(super) fn check_float(t: &Tensor, name: &str, what: &str) -> Result<()> {
+    if !matches!(
+        t.dtype(),
+        DType::F32 | DType::F64 | DType::BF16 | DType::F16
+    ) {
+        return Err(usage!(
+            "weights {what}: tensor '{name}' is stored as {:?}; a weight must be f32, bf16 or f16 (an integer tensor is no weight of this model: the file is corrupt or another kind of checkpoint)",
+            t.dtype()
+        ));
+    }
+    Ok(())
+}
+
 /// ggml blocks [rows, cols] dequantized to f32 on the host, row ranges in parallel (candle's
 /// dequantization runs on one thread): each row is whole blocks, dequantized by the same
 /// function on the same bytes, so the values are those of one call on the whole tensor.

@@ -221,3 +221,29 @@ fn rows_of_ggml_blocks_dequantize_to_the_rows_of_the_whole() {
         );
     }
 }
+
+#[test]
+fn an_integer_weight_is_refused_by_name_not_converted() {
+    // Issue 57: a checkpoint whose weight is stored as integers is no checkpoint of this model.
+    let tmp = tempfile::tempdir().unwrap();
+    let src = fixtures().join("llama");
+    let mut tensors = std::collections::HashMap::new();
+    for i in 1..=4 {
+        let shard = src.join(format!("model-0000{i}-of-00004.safetensors"));
+        tensors.extend(candle_core::safetensors::load(shard, &Device::Cpu).unwrap());
+    }
+    let name = "model.layers.0.mlp.up_proj.weight";
+    let w = tensors[name].to_dtype(DType::I64).unwrap();
+    tensors.insert(name.to_string(), w);
+    let path = tmp.path().join("model.safetensors");
+    candle_core::safetensors::save(&tensors, &path).unwrap();
+    let cfg = DecoderConfig::load(&src.join("config.json")).unwrap();
+    for form in [WeightForm::Widened, WeightForm::Stored] {
+        let e = load_safetensors_as(&cfg, Depth::Whole, &path, &Device::Cpu, form).unwrap_err();
+        assert!(e.downcast_ref::<crate::UsageError>().is_some(), "{e}");
+        assert!(
+            e.to_string().contains(name) && e.to_string().contains("I64"),
+            "{e}"
+        );
+    }
+}

@@ -142,10 +142,19 @@ impl GgufFile {
     pub(crate) fn meta_f64(&self, key: &str) -> Result<Option<f64>> {
         self.meta(key)
             .map(|v| {
-                v.to_f32()
+                let x = v
+                    .to_f32()
                     .map(f64::from)
                     .or_else(|_| v.to_f64())
-                    .map_err(|_| usage!("GGUF {}: metadata {key} is not a float", self.path))
+                    .map_err(|_| usage!("GGUF {}: metadata {key} is not a float", self.path))?;
+                // A NaN or ∞ would reach the forward as one (issue 57): named here instead.
+                if !x.is_finite() {
+                    return Err(usage!(
+                        "GGUF {}: metadata {key} is {x}; it must be a finite number: the file is corrupt or was written wrongly",
+                        self.path
+                    ));
+                }
+                Ok(x)
             })
             .transpose()
     }

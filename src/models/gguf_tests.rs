@@ -261,3 +261,22 @@ fn other_architectures_are_refused_by_name() {
         "{m}"
     );
 }
+
+#[test]
+fn non_finite_metadata_is_named_not_defaulted() {
+    // Issue 57: a NaN or ∞ float in the metadata is refused by key, in the f32 and f64 forms.
+    let dir = tempfile::tempdir().unwrap();
+    for (key, v) in [
+        ("llama.rope.freq_base", Value::F32(f32::NAN)),
+        (
+            "llama.attention.layer_norm_rms_epsilon",
+            Value::F64(f64::INFINITY),
+        ),
+    ] {
+        let path = with_metadata(dir.path(), &[(key, v)]);
+        let e = load_gguf(&path, 0, &Device::Cpu).unwrap_err();
+        assert!(e.downcast_ref::<crate::UsageError>().is_some(), "{e}");
+        let m = e.to_string();
+        assert!(m.contains(key) && m.contains("finite"), "{m}");
+    }
+}

@@ -228,6 +228,7 @@ impl NamedTensors {
                 t.dims()
             ));
         }
+        super::blocks::check_float(&t, name, &self.what)?;
         let t = t.to_dtype(DType::F32)?;
         crate::tensor_util::check_finite(&t, || format!("weights {}: tensor '{name}'", self.what))?;
         Ok(t)

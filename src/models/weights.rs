@@ -278,6 +278,7 @@ impl Safetensors {
                 shape
             ));
         }
+        super::blocks::check_float(&t, found, &self.what)?;
         crate::tensor_util::check_finite(&t, || {
             format!("weights {}: tensor '{found}'", self.what)
         })?;
