@@ -679,3 +679,50 @@ fn a_missing_model_directory_is_named_as_missing() {
         stderr(&o)
     );
 }
+
+/// A rerun of a finished run that has nothing to compute never marks it `running` (issue 57): a
+/// rerun killed at any moment leaves it `complete`. The manifest is watched through the rerun.
+#[test]
+fn a_rerun_of_a_complete_run_never_says_running() {
+    use std::process::{Command, Stdio};
+    let dir = tempfile::tempdir().unwrap();
+    let model = llama_dir(&dir.path().join("m"), true);
+    let corpus = corpus(dir.path());
+    let out = dir.path().join("run");
+    let o = e2e(&model, &corpus, &out, "--windows 1");
+    assert!(o.status.success(), "{}", stderr(&o));
+    let manifest = out.join("manifest.json");
+    assert!(std::fs::read_to_string(&manifest)
+        .unwrap()
+        .contains("\"status\": \"complete\""));
+    let args = format!(
+        "e2e --features 8,16 --quiet --out {} --windows 1 --n-f 16 --methods window,streaming,snapkv,topk_dec --lengths 64 --model-dir {} --corpus {}",
+        out.display(),
+        model.display(),
+        corpus.display()
+    );
+    let mut child = Command::new(bin())
+        .args(args.split_whitespace())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut seen_running = false;
+    while child.try_wait().unwrap().is_none() {
+        let text = std::fs::read_to_string(&manifest).unwrap_or_default();
+        if text.contains("\"status\": \"running\"") {
+            seen_running = true;
+            let _ = child.kill();
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_micros(200));
+    }
+    let o = child.wait_with_output().unwrap();
+    assert!(
+        !seen_running,
+        "a rerun with nothing to do marked the run running"
+    );
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(std::fs::read_to_string(&manifest)
+        .unwrap()
+        .contains("\"status\": \"complete\""));
+}

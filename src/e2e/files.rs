@@ -107,6 +107,9 @@ pub struct Store {
     n_f: usize,
     manifest: serde_json::Value,
     exact: Option<(usize, ExactRun)>,
+    /// A rerun of a finished run says `running` only once it writes a new point (issue 57): a
+    /// rerun killed before that leaves the run `complete` (or `partial`), as it is.
+    running_pending: bool,
 }
 
 impl Store {
@@ -203,9 +206,18 @@ impl Store {
             n_f: req.n_f,
             manifest,
             exact: None,
+            running_pending: false,
         };
         store.manifest["command"] = serde_json::json!(req.command);
-        store.write_manifest("running")?;
+        let finished = std::fs::read_to_string(out.join("manifest.json"))
+            .ok()
+            .and_then(|t| serde_json::from_str::<serde_json::Value>(&t).ok())
+            .is_some_and(|m| m["status"] == "complete" || m["status"] == "partial");
+        if finished {
+            store.running_pending = true;
+        } else {
+            store.write_manifest("running")?;
+        }
         Ok(store)
     }
 
@@ -240,6 +252,9 @@ impl Store {
         d: usize,
         p: &E2ePoint,
     ) -> Result<()> {
+        if std::mem::take(&mut self.running_pending) {
+            self.write_manifest("running")?;
+        }
         let mode = m.mode(self.n_f).name();
         let key = format!("{w},{mode},{},{d}", m.name);
         let mut text = String::new();
@@ -306,6 +321,9 @@ impl Store {
     /// Marks the run `interrupted` (a signal) or `failed` (an error) before the error is returned:
     /// its rows stand, and the same command completes it.
     pub fn stopped(&mut self) {
+        if self.running_pending {
+            return; // nothing was written: the finished run stands as it was
+        }
         let status = if crate::interrupt::requested().is_some() {
             "interrupted"
         } else {
