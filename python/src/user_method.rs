@@ -266,6 +266,15 @@ impl PyMethod {
                     return Ok(Returned::Static(keys));
                 }
             }
+            // A complex result would lose its imaginary part to float64 with only a warning
+            // (issue 57): refused, as a wrong shape is.
+            let complex: bool = np
+                .call_method1("iscomplexobj", (result.bind(py),))
+                .and_then(|c| c.extract())
+                .map_err(|e| py_error(py, e))?;
+            if complex {
+                bail!("returned complex values; attention's output is real: return its real array");
+            }
             // numpy.asarray accepts torch (CPU) and JAX arrays as well as numpy's own.
             let arr = np
                 .call_method1("asarray", (result.bind(py), "float64"))

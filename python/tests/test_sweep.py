@@ -373,3 +373,12 @@ def test_a_users_function_may_return_the_prompt_keys_the_continuation_reads(tmp_
 
     with pytest.raises(RuntimeError, match="outside the prompt"):
         ab.sweep([outside], out=tmp_path / "bad", lengths=[64], windows=1, decode=16, features=[8], **llama)
+
+
+def test_a_complex_result_is_refused_not_cast(tiny, tmp_path):
+    # Issue 57: float64 casting would drop the imaginary part with only a warning.
+    def complex_out(q, k, v, d, rng):
+        return np.asarray(v, dtype=np.float64) + 1e-3j
+
+    with pytest.raises(RuntimeError, match="complex"):
+        ab.sweep([complex_out], out=tmp_path / "c", **tiny, **GRID)
