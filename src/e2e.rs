@@ -53,6 +53,30 @@ pub struct E2eRequest {
     pub shard: Option<crate::config::Shard>,
 }
 
+/// Refuses a run whose weights (as kept, their estimate made before loading) and activations
+/// (`activations`, for windows of up to `n` tokens) exceed the memory available (issue 56),
+/// before any window runs.
+fn check_run_memory(prepared: &inputs::Prepared, activations: u64, n: usize) -> Result<()> {
+    let weights = prepared
+        .weight_plan
+        .and_then(|p| p.estimate_bytes)
+        .unwrap_or(0);
+    if let Some(avail) = crate::runtime::memory_available()? {
+        if weights + activations > avail {
+            let gb = |b: u64| b as f64 / 1e9;
+            return Err(usage!(
+                "{}: this run needs about {:.2} GB ({:.2} GB of weights and {:.2} GB of activations for windows of n = {n}), but {:.2} GB of memory are available; use a shorter n, a smaller --n-f, --dtype f32, or free memory",
+                prepared.model_id,
+                gb(weights + activations),
+                gb(weights),
+                gb(activations),
+                gb(avail)
+            ));
+        }
+    }
+    Ok(())
+}
+
 /// What a finished run reports: the llama.cpp-style statistics of each point computed now (over
 /// its windows' positions), and the counts.
 pub struct E2eOutcome {
@@ -154,6 +178,13 @@ pub fn run_with(req: &E2eRequest, extra: Vec<E2eMethod>) -> Result<E2eOutcome> {
                 .map_err(|e| usage!("{}: {e}", m.name))?;
         }
     }
+    let activations = model.shape().e2e_activation_bytes(
+        n_max,
+        req.n_f,
+        req.inputs.candle_dtype().size_in_bytes(),
+        methods.iter().any(|m| m.decode),
+    );
+    check_run_memory(&prepared, activations, n_max)?;
     let _lock = crate::report::run_lock::create_and_lock(&req.out)?;
     // The model's files by content (the corpus is in the windows' own hashes, and an --ids run
     // reads no corpus rows).
@@ -171,7 +202,7 @@ pub fn run_with(req: &E2eRequest, extra: Vec<E2eMethod>) -> Result<E2eOutcome> {
         &inputs_list,
         &one_layer,
     )?;
-    store.record_weights(prepared.weight_plan);
+    store.record_weights(prepared.weight_plan, Some(activations));
     let dtype = req.inputs.candle_dtype();
     let mut reports = Vec::new();
     let mut new_points = 0;

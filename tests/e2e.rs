@@ -726,3 +726,42 @@ fn a_rerun_of_a_complete_run_never_says_running() {
         .unwrap()
         .contains("\"status\": \"complete\""));
 }
+
+/// The activations count too (issue 56): a run whose weights fit the memory a run may take but
+/// whose weights and activations do not is refused before any window runs, with both estimates;
+/// the manifest records them.
+#[test]
+fn a_run_whose_activations_do_not_fit_is_refused_before_it_starts() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = llama_dir(&dir.path().join("m"), true);
+    let corpus = corpus(dir.path());
+    let out = dir.path().join("run");
+    let o = e2e(&model, &corpus, &out, "--windows 1");
+    assert!(o.status.success(), "{}", stderr(&o));
+    let m: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(out.join("manifest.json")).unwrap()).unwrap();
+    let weights = m["memory"]["weights_estimate_bytes"].as_u64().unwrap();
+    let activations = m["memory"]["activations_estimate_bytes"].as_u64().unwrap();
+    assert!(weights > 0 && activations > 0, "{m}");
+    let gb = format!("{}", (weights + activations / 2) as f64 / 1e9);
+    let refused = dir.path().join("refused");
+    let args = format!(
+        "e2e --features 8,16 --quiet --out {} --windows 1 --n-f 16 --methods window,streaming,snapkv,topk_dec --lengths 64 --model-dir {} --corpus {}",
+        refused.display(),
+        model.display(),
+        corpus.display()
+    );
+    let args: Vec<&str> = args.split_whitespace().collect();
+    let env = [
+        ("APPROX_BENCH_MEMORY_GB", gb.as_str()),
+        ("APPROX_BENCH_WEIGHTS", "widened"),
+    ];
+    let o = run(&args, &env);
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    assert!(
+        stderr(&o).contains("of activations for windows of n = 64"),
+        "{}",
+        stderr(&o)
+    );
+    assert!(!refused.join("e2e.csv").exists());
+}

@@ -334,8 +334,13 @@ impl Store {
 
     /// Records how the model's weights are kept (issue 56); each manifest write then adds the
     /// process's peak resident memory so far.
-    pub fn record_weights(&mut self, plan: Option<crate::models::blocks::WeightPlan>) {
-        if let Some(memory) = crate::report::manifest::memory_record(plan) {
+    pub fn record_weights(
+        &mut self,
+        plan: Option<crate::models::blocks::WeightPlan>,
+        activations: Option<u64>,
+    ) {
+        if let Some(mut memory) = crate::report::manifest::memory_record(plan) {
+            memory["activations_estimate_bytes"] = serde_json::json!(activations);
             self.manifest["memory"] = memory;
         }
     }

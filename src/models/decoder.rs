@@ -35,6 +35,40 @@ pub struct DecoderShape {
     pub layers: usize,
     pub max_position_embeddings: usize,
     pub vocab_size: usize,
+    /// The hidden size (a row of X).
+    pub hidden: usize,
+    /// The widest MLP activation of a row (an MoE's: its experts per token and shared ones).
+    pub intermediate: usize,
+}
+
+impl DecoderShape {
+    /// The activations an end-to-end run holds at its peak beside the weights (issue 56), in bytes,
+    /// for windows of up to `n` tokens with `n_f` scored, in a dtype of `dtype_bytes`: one layer's
+    /// rows (X, its norm, Q, K, V, O and the MLP's widest activations), the scored rows' logits
+    /// and their f64 log-probabilities (the exact run's kept, the method's), the one-layer view's
+    /// two layers of Q, K, V, and with decode points every layer's prompt rows of Q, K, V. An
+    /// estimate: it leaves out what a method allocates for itself.
+    pub fn e2e_activation_bytes(
+        &self,
+        n: usize,
+        n_f: usize,
+        dtype_bytes: usize,
+        decode: bool,
+    ) -> u64 {
+        let b = dtype_bytes as u64;
+        let (n, n_f) = (n as u64, n_f as u64);
+        let qkv_row =
+            ((self.heads + 2 * self.kv_heads) * self.head_dim.max(self.head_dim_v)) as u64;
+        let layer = b * n * (4 * self.hidden as u64 + 2 * qkv_row + 3 * self.intermediate as u64);
+        let logits = n_f * self.vocab_size as u64 * (b + 2 * 8);
+        let one_layer = 2 * b * n * qkv_row;
+        let prompt = if decode {
+            self.layers as u64 * b * n * qkv_row
+        } else {
+            0
+        };
+        layer + logits + one_layer + prompt
+    }
 }
 
 /// Layer L's dump: what `dump-qkv` writes and a sweep measures.

@@ -223,6 +223,10 @@ impl Decoder for Deepseek {
             layers: c.layers,
             max_position_embeddings: c.max_position_embeddings,
             vocab_size: c.vocab,
+            hidden: c.hidden,
+            intermediate: c
+                .intermediate
+                .max((c.experts_per_token + c.shared_experts) * c.moe_intermediate),
         }
     }
 

@@ -438,6 +438,8 @@ impl Decoder for Gemma {
             layers: c.layers,
             max_position_embeddings: c.max_positions,
             vocab_size: c.vocab,
+            hidden: c.hidden,
+            intermediate: c.intermediate,
         }
     }
 

@@ -307,6 +307,8 @@ impl Decoder for GptOss {
             layers: c.layers,
             max_position_embeddings: c.max_position_embeddings,
             vocab_size: c.vocab,
+            hidden: c.hidden,
+            intermediate: c.experts_per_token * c.intermediate,
         }
     }
 

@@ -206,6 +206,8 @@ impl Decoder for Llama {
             layers: c.num_hidden_layers,
             max_position_embeddings: c.max_position_embeddings,
             vocab_size: c.vocab_size,
+            hidden: c.hidden_size,
+            intermediate: c.intermediate_size,
         }
     }
 

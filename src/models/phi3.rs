@@ -338,6 +338,8 @@ impl Decoder for Phi3 {
             layers: c.layers,
             max_position_embeddings: c.max_positions,
             vocab_size: c.vocab,
+            hidden: c.hidden,
+            intermediate: c.intermediate,
         }
     }
 
