@@ -282,6 +282,11 @@ fn no_tokenizer(dir: &Path) -> anyhow::Error {
 /// `widened` where set; else widened to f32 at load (the fastest forward) when that takes at most
 /// half the memory available now, and as stored otherwise. Both give the same bits.
 pub fn weight_form(files: &DecoderFiles) -> Result<models::blocks::WeightForm> {
+    form_for(footprint(files)?.as_ref())
+}
+
+/// [`weight_form`] of a checkpoint whose [`footprint`] is `f` (None: no file).
+fn form_for(f: Option<&models::gguf::Footprint>) -> Result<models::blocks::WeightForm> {
     use models::blocks::WeightForm;
     match std::env::var("APPROX_BENCH_WEIGHTS").as_deref() {
         Ok("stored") => return Ok(WeightForm::Stored),
@@ -293,7 +298,7 @@ pub fn weight_form(files: &DecoderFiles) -> Result<models::blocks::WeightForm> {
             ))
         }
     }
-    let widened = footprint(files)?.map_or(0, |f| f.widened);
+    let widened = f.map_or(0, |f| f.widened);
     Ok(match crate::runtime::memory_available()? {
         Some(avail) if widened > avail / 2 => WeightForm::Stored,
         _ => WeightForm::Widened,
@@ -325,12 +330,13 @@ fn footprint(files: &DecoderFiles) -> Result<Option<models::gguf::Footprint>> {
 /// Refuses, before anything is loaded, a model whose weights alone would need more memory than
 /// is available (issue 56): kept in `form`, plus what a forward in `dtype_bytes` widens at a
 /// time. The activations come on top (the message says what lowers them).
-pub fn check_memory(
+fn check_memory(
     files: &DecoderFiles,
+    f: Option<&models::gguf::Footprint>,
     form: models::blocks::WeightForm,
     dtype_bytes: u64,
 ) -> Result<Option<u64>> {
-    let Some(f) = footprint(files)? else {
+    let Some(f) = f else {
         return Ok(None);
     };
     let need = f.peak(form, dtype_bytes);
@@ -357,6 +363,7 @@ pub fn load(
     inputs: &InputConfig,
     depth: models::Depth,
     device: &candle_core::Device,
+    form: models::blocks::WeightForm,
 ) -> Result<(DecoderConfig, DecoderWeights)> {
     if inputs.embeddings_from != inputs.model {
         return Err(usage!(
@@ -369,9 +376,7 @@ pub fn load(
         models::Depth::Whole => 0,
     };
     let (cfg, weights) = match &files.weights {
-        Some(Weights::Gguf(g)) => {
-            models::gguf::load_gguf_as(g, depth, device, weight_form(files)?)?
-        }
+        Some(Weights::Gguf(g)) => models::gguf::load_gguf_as(g, depth, device, form)?,
         weights => {
             let cfg = if is_gguf(&files.config) {
                 models::GgufFile::open(&files.config)?.config()?
@@ -381,7 +386,6 @@ pub fn load(
             check_layer(&cfg, layer)?;
             let w = match weights {
                 Some(Weights::Safetensors { path, .. }) => {
-                    let form = weight_form(files)?;
                     models::weights::load_safetensors_as(&cfg, depth, path, device, form)?
                 }
                 _ => models::initialize(&cfg, depth, inputs.model_seed, device)?,
@@ -404,16 +408,19 @@ pub fn load_decoder(
     depth: models::Depth,
     device: &candle_core::Device,
 ) -> Result<(Box<dyn models::Decoder>, WeightPlan)> {
-    let form = weight_form(files)?;
-    let estimate_bytes = check_memory(files, form, inputs.candle_dtype().size_in_bytes() as u64)?;
+    // The checkpoint's footprint, read once: what decides the form and the memory check.
+    let f = footprint(files)?;
+    let form = form_for(f.as_ref())?;
+    let dtype_bytes = inputs.candle_dtype().size_in_bytes() as u64;
+    let estimate_bytes = check_memory(files, f.as_ref(), form, dtype_bytes)?;
     let plan = WeightPlan {
         form,
         estimate_bytes,
     };
-    if let Some(model) = load_family(files, inputs, depth, device)? {
+    if let Some(model) = load_family(files, inputs, depth, device, form)? {
         return Ok((model, plan));
     }
-    let (cfg, weights) = load(files, inputs, depth, device)?;
+    let (cfg, weights) = load(files, inputs, depth, device, form)?;
     Ok((Box::new(models::Llama { cfg, weights }), plan))
 }
 
@@ -425,9 +432,10 @@ pub fn load_family(
     inputs: &InputConfig,
     depth: models::Depth,
     device: &candle_core::Device,
+    form: models::blocks::WeightForm,
 ) -> Result<Option<Box<dyn models::Decoder>>> {
     if let Some(Weights::Gguf(g)) = &files.weights {
-        let stored = weight_form(files)? == models::blocks::WeightForm::Stored;
+        let stored = form == models::blocks::WeightForm::Stored;
         return load_family_gguf(g, inputs, depth, device, stored);
     }
     let Some(text) = read(&files.config).filter(|_| !is_gguf(&files.config)) else {
@@ -448,7 +456,7 @@ pub fn load_family(
             ))
         }
     };
-    let stored = weight_form(files)? == models::blocks::WeightForm::Stored;
+    let stored = form == models::blocks::WeightForm::Stored;
     let mut weights =
         models::named_tensors::NamedTensors::open(shards, &path.display().to_string(), device)?
             .keep_stored(stored);
@@ -510,7 +518,8 @@ pub fn default_layer(inputs: &InputConfig, command: &str) -> Result<usize> {
     let Some(files) = resolve(&inputs.source(), inputs, depth, super::hub::Hub::from_env)? else {
         return Ok(DEFAULT_LAYER);
     };
-    let Some(model) = load_family(&files, inputs, depth, &device)? else {
+    let form = weight_form(&files)?;
+    let Some(model) = load_family(&files, inputs, depth, &device, form)? else {
         return Ok(DEFAULT_LAYER);
     };
     let layer = default_family_layer(model.as_ref(), DEFAULT_LAYER);

@@ -116,10 +116,9 @@ pub(super) fn check_float(t: &Tensor, name: &str, what: &str) -> Result<()> {
 /// ggml blocks [rows, cols] dequantized to f32 on the host, row ranges in parallel (candle's
 /// dequantization runs on one thread): each row is whole blocks, dequantized by the same
 /// function on the same bytes, so the values are those of one call on the whole tensor.
-fn dequantize_parallel(q: &QTensor) -> Result<Tensor> {
+pub(super) fn dequantize_parallel(q: &QTensor) -> Result<Tensor> {
     use rayon::prelude::*;
-    let dims = q.shape().dims().to_vec();
-    let rows = dims[0];
+    let rows = q.shape().dims()[0];
     let threads = rayon::current_num_threads();
     const MIN_ROWS: usize = 64;
     if rows < 2 * MIN_ROWS || threads < 2 {
@@ -127,21 +126,14 @@ fn dequantize_parallel(q: &QTensor) -> Result<Tensor> {
     }
     let step = rows.div_ceil(threads * 4).max(MIN_ROWS);
     let starts: Vec<usize> = (0..rows).step_by(step).collect();
-    let parts: Vec<Result<Vec<f32>>> = starts
+    let parts = starts
         .par_iter()
         .map(|&s| {
             let order: Vec<usize> = (s..(s + step).min(rows)).collect();
-            Ok(ggml_rows(q, &order)?
-                .dequantize(&Device::Cpu)?
-                .flatten_all()?
-                .to_vec1::<f32>()?)
+            Ok(ggml_rows(q, &order)?.dequantize(&Device::Cpu)?)
         })
-        .collect();
-    let mut values = Vec::with_capacity(dims.iter().product());
-    for part in parts {
-        values.extend(part?);
-    }
-    Ok(Tensor::from_vec(values, dims, &Device::Cpu)?)
+        .collect::<Result<Vec<Tensor>>>()?;
+    Ok(Tensor::cat(&parts, 0)?)
 }
 
 /// The rows `order` of ggml blocks [rows, cols] as a new [order.len(), cols] block tensor: each

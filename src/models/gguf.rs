@@ -282,7 +282,7 @@ impl GgufFile {
                     self.path
                 )
             })?;
-        crate::tensor_util::check_finite(&q.dequantize(&Device::Cpu)?, || {
+        crate::tensor_util::check_finite(&super::blocks::dequantize_parallel(&q)?, || {
             format!("GGUF {}: tensor '{name}' (dequantized)", self.path)
         })?;
         Ok(Some(q))
