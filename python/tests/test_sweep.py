@@ -382,3 +382,26 @@ def test_a_complex_result_is_refused_not_cast(tiny, tmp_path):
 
     with pytest.raises(RuntimeError, match="complex"):
         ab.sweep([complex_out], out=tmp_path / "c", **tiny, **GRID)
+
+
+def test_ctrl_c_stops_a_sweep_keeps_its_trials_and_the_same_call_completes_it(tiny, tmp_path):
+    # Issue 57: SIGINT to the main thread while the sweep runs in Rust is seen between trials.
+    import _thread
+    import json
+
+    calls = {"n": 0}
+
+    def interrupting(q, k, v, d, rng):
+        calls["n"] += 1
+        if calls["n"] == 5:
+            _thread.interrupt_main()
+        return window_attention(q, k, v, d, rng)
+
+    out = tmp_path / "run"
+    with pytest.raises(KeyboardInterrupt):
+        ab.sweep([interrupting], out=out, **tiny, **GRID)
+    assert json.loads((out / "manifest.json").read_text())["status"] == "interrupted"
+    kept = len(rows(out))
+    ab.sweep([interrupting], out=out, **tiny, **GRID)
+    assert json.loads((out / "manifest.json").read_text())["status"] == "complete"
+    assert len(rows(out)) > kept
