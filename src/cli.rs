@@ -100,7 +100,8 @@ pub struct E2eArgs {
     pub n_f: usize,
     /// Methods, comma-separated ids or presets: `prefill` (the §7 causal methods), `quant` (the §8
     /// methods, d = 0), `decode` (the §9 methods and the cache reads dkv_q4_0, dkivi2), `all`
-    /// (the three). The mode follows the method: §9 ids and d-prefixed §8 caches run in decode mode.
+    /// (the three), `kvpress` (kvpress's presses, one set per K/V head: snapkv_press, …). The mode
+    /// follows the method: §9 ids, presses and d-prefixed §8 caches run in decode mode.
     #[arg(long, value_delimiter = ',', default_value = "all")]
     pub methods: Vec<String>,
     /// Budgets d (keys per query, prompt keys kept per head), comma-separated; §8 methods run once.
@@ -311,7 +312,8 @@ pub struct SweepArgs {
     /// The decode protocol (docs/reference.md §9.1): each window is a prompt and a continuation of
     /// N_F tokens; the §9 methods compress the prompt's cache, and the error is that of the N_F
     /// continuation queries reading it. 256 is the recommended value. Decoders only; implies
-    /// --mask causal; default methods `decode` (the §9 family; `quant` adds the §8 KV caches).
+    /// --mask causal; default methods `decode` (the §9 family; `quant` adds the §8 KV caches,
+    /// `kvpress` kvpress's presses).
     #[arg(long, value_name = "N_F")]
     pub decode: Option<usize>,
     /// Run only shard K of N (1-based): a deterministic 1/N slice of the (n, window) units, whose rows are

@@ -331,7 +331,7 @@ pub fn expand_methods(list: &[String]) -> Vec<String> {
         v
     };
     let decode = || {
-        let mut v = family_method_ids(Family::Decode);
+        let mut v = crate::attention::decode_preset_ids();
         v.extend(["dkv_q4_0", "dkivi2"]);
         v
     };
@@ -341,6 +341,7 @@ pub fn expand_methods(list: &[String]) -> Vec<String> {
             "prefill" => prefill(),
             "quant" => family_method_ids(Family::Quantized),
             "decode" => decode(),
+            "kvpress" => crate::attention::press_method_ids(),
             "all" => [prefill(), family_method_ids(Family::Quantized), decode()].concat(),
             other => vec![other],
         };

@@ -23,7 +23,10 @@ fn a_decode_run_scores_the_continuation_rows_of_every_method() {
     let trials = out.join("trials.csv");
     let family =
         approx_bench::attention::family_method_ids(approx_bench::attention::Family::Decode);
-    assert_eq!(family.len(), 11);
+    // The §9 methods of the `decode` preset and kvpress's eight presses (preset `kvpress`).
+    assert_eq!(family.len(), 19);
+    assert_eq!(approx_bench::attention::decode_preset_ids().len(), 11);
+    assert_eq!(approx_bench::attention::press_method_ids().len(), 8);
     // 2 windows × 4 heads × 11 methods × 4 d.
     assert_eq!(column(&trials, "method").len(), 2 * 4 * 11 * 4);
     assert!(column(&trials, "n_f").iter().all(|v| v == "16"));
@@ -51,9 +54,22 @@ fn a_decode_run_scores_the_continuation_rows_of_every_method() {
     let man: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(out.join("manifest.json")).unwrap()).unwrap();
     assert_eq!(
-        man["decode"],
-        serde_json::json!({"n_f": 16, "layer": 1, "layers": 3})
+        (
+            &man["decode"]["n_f"],
+            &man["decode"]["layer"],
+            &man["decode"]["layers"]
+        ),
+        (
+            &serde_json::json!(16),
+            &serde_json::json!(1),
+            &serde_json::json!(3)
+        )
     );
+    // Whose keys each method's d counts (issue 58), one entry per method of the run.
+    let rules = man["decode"]["budget_rules"].as_object().unwrap();
+    assert_eq!(rules.len(), 11);
+    assert_eq!(rules["snapkv"], "per_query_head");
+    assert_eq!(rules["tova"], "per_layer");
     assert_eq!(man["config"]["decode"], 16);
     assert!(out.join("decode.png").is_file());
     assert!(!out.join("decoder.png").exists());

@@ -34,9 +34,9 @@ pub mod zero;
 pub use batch::{HeadBatch, HeadTrials};
 pub use head_inputs::{HeadInputs, Memo};
 pub use registry::{
-    budgets, by_id, decode_method_ids, describe, family_method_ids, field_method_ids,
-    field_method_ids_masked, layer_budgets, mask_method_ids, method_ids, registry,
-    target_method_ids, FIGURE_METHODS,
+    budgets, by_id, decode_method_ids, decode_preset_ids, describe, family_method_ids,
+    field_method_ids, field_method_ids_masked, layer_budgets, mask_method_ids, method_ids,
+    press_method_ids, registry, target_method_ids, FIGURE_METHODS,
 };
 pub use spec::{AttentionSpec, LayerType, SpecFeatures};
 pub use target::{Mask, Target};
@@ -212,6 +212,31 @@ pub struct MethodInfo {
     pub targets: &'static [Target],
     /// The spec features beyond the mask the method implements (see [`Method::spec_support`]).
     pub spec: SpecFeatures,
+    /// Whose keys a budget d counts (see [`BudgetRule`]).
+    pub budget: BudgetRule,
+}
+
+/// Whose keys a budget d counts, for a method that selects keys (docs/reference.md §9.1, issue 58).
+/// The method's id fixes it (a `_press` id is kvpress's rule); the manifests record it per method.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BudgetRule {
+    /// Each query head selects its own d keys (the authors' codes, which run `repeat_kv` first):
+    /// a K/V head holds the union of its group's sets.
+    PerQueryHead,
+    /// One set of d keys per K/V head, from scores averaged over its group (kvpress).
+    PerKvHead,
+    /// One set of d keys for the whole layer (windows, TOVA).
+    PerLayer,
+}
+
+impl BudgetRule {
+    pub fn name(self) -> &'static str {
+        match self {
+            BudgetRule::PerQueryHead => "per_query_head",
+            BudgetRule::PerKvHead => "per_kv_head",
+            BudgetRule::PerLayer => "per_layer",
+        }
+    }
 }
 
 impl MethodInfo {
@@ -226,6 +251,7 @@ impl MethodInfo {
         masks: &[Mask::None],
         targets: &[Target::Softmax],
         spec: SpecFeatures::SCALE,
+        budget: BudgetRule::PerQueryHead,
     };
     /// Both masks: a method with a causal form (docs/reference.md §7.4).
     pub const BOTH_MASKS: &'static [Mask] = &[Mask::None, Mask::Causal];
@@ -260,6 +286,11 @@ pub trait Method: Send + Sync {
     /// `topk`) rather than an efficient approximation; its d is a size, not a cost.
     fn is_oracle(&self) -> bool {
         self.info().is_some_and(|i| i.oracle)
+    }
+    /// Whose keys its budget d counts (a user's own method: per query head, as it is called per
+    /// head).
+    fn budget_rule(&self) -> BudgetRule {
+        self.info().map_or(BudgetRule::PerQueryHead, |i| i.budget)
     }
     /// One line: what the feature count d means for this method.
     fn feature_meaning(&self) -> &'static str {

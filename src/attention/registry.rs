@@ -79,6 +79,15 @@ pub fn registry() -> Vec<Box<dyn Method>> {
         Box::new(decode::methods::StaticDecode(
             decode::kept::Static::EvictOracle,
         )),
+        // kvpress's presses (issue 58): one set per K/V head, kvpress's defaults.
+        Box::new(press(decode::press::Press::SnapKv)),
+        Box::new(press(decode::press::Press::PyramidKv)),
+        Box::new(press(decode::press::Press::AdaKv)),
+        Box::new(press(decode::press::Press::ObservedAttention)),
+        Box::new(press(decode::press::Press::Tova)),
+        Box::new(press(decode::press::Press::Knorm)),
+        Box::new(press(decode::press::Press::KeyDiff)),
+        Box::new(press(decode::press::Press::Cur)),
         // Quantized attention (docs/reference.md §8): the KV caches, KIVI, SageAttention's kernels.
         Box::new(quantized::kv_cache::KvCache {
             format: quantized::kv_cache::CacheFormat::F16,
@@ -113,6 +122,11 @@ pub fn registry() -> Vec<Box<dyn Method>> {
         Box::new(performer_gauss::PerformerGauss),
         Box::new(rff_gauss::RffGauss),
     ]
+}
+
+/// A kvpress press as a method.
+fn press(p: decode::press::Press) -> decode::methods::StaticDecode {
+    decode::methods::StaticDecode(decode::kept::Static::Press(p))
 }
 
 /// A registered method's family and whether it is an oracle, looked up without building the
@@ -206,6 +220,23 @@ pub fn decode_method_ids() -> Vec<&'static str> {
         .iter()
         .filter(|m| m.decoding().is_some())
         .map(|m| m.id())
+        .collect()
+}
+
+/// The kvpress presses' ids (issue 58: `*_press`, one per kvpress class), the `kvpress` preset;
+/// the `decode` preset is the other §9 methods.
+pub fn press_method_ids() -> Vec<&'static str> {
+    family_method_ids(Family::Decode)
+        .into_iter()
+        .filter(|id| id.ends_with("_press"))
+        .collect()
+}
+
+/// The §9 methods of the `decode` preset: the decode family without kvpress's presses.
+pub fn decode_preset_ids() -> Vec<&'static str> {
+    family_method_ids(Family::Decode)
+        .into_iter()
+        .filter(|id| !id.ends_with("_press"))
         .collect()
 }
 

@@ -81,7 +81,7 @@ pub fn parse_methods_decode(
         if let Some(v) = values
             .iter()
             .map(|s| s.trim())
-            .find(|v| *v == "decode" || family.contains(v))
+            .find(|v| *v == "decode" || *v == "kvpress" || family.contains(v))
         {
             return Err(usage!(
                 "--methods {v}: a decode-time method (docs/reference.md §9) runs only under the continuation protocol; add --decode N_F (e.g. --decode {})",
@@ -93,7 +93,14 @@ pub fn parse_methods_decode(
     let mut out: Vec<String> = Vec::new();
     for v in values.iter().map(|s| s.trim()).filter(|s| !s.is_empty()) {
         let ids: Vec<String> = match v {
-            "decode" => family.iter().map(|s| s.to_string()).collect(),
+            "decode" => attention::decode_preset_ids()
+                .iter()
+                .map(|s| s.to_string())
+                .collect(),
+            "kvpress" => attention::press_method_ids()
+                .iter()
+                .map(|s| s.to_string())
+                .collect(),
             "quant" => decode_ids
                 .iter()
                 .filter(|id| !family.contains(id))
@@ -104,7 +111,7 @@ pub fn parse_methods_decode(
             id if decode_ids.contains(&id) => vec![id.to_string()],
             id => {
                 return Err(usage!(
-                    "--methods {id}: not a method of the decode protocol (--decode {n_f}, docs/reference.md §9.1); it runs: {} (presets decode, quant, all)",
+                    "--methods {id}: not a method of the decode protocol (--decode {n_f}, docs/reference.md §9.1); it runs: {} (presets decode, kvpress, quant, all)",
                     decode_ids.join(", ")
                 ))
             }

@@ -144,6 +144,13 @@ impl Store {
             "positions": req.positions,
             "per_head": req.per_head,
             "user_methods": req.user_methods,
+            // Whose keys each method's d counts (issue 58): fixed by the id, recorded for a reader.
+            "budget_rules": super::expand_methods(&req.methods)
+                .iter()
+                .filter_map(|id| crate::attention::by_id(id).ok())
+                .filter(|m| m.decoding().is_some() && m.has_budget())
+                .map(|m| (m.id().to_string(), m.budget_rule().name()))
+                .collect::<std::collections::BTreeMap<_, _>>(),
             // Which weights (issue 57): two initialized models share every file, so their seed
             // and scheme are what tells them apart.
             "weights": match req.inputs.model {

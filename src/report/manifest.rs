@@ -86,6 +86,10 @@ pub struct DecodeInfo {
     pub n_f: usize,
     pub layer: usize,
     pub layers: usize,
+    /// Whose keys each method's d counts (issue 58: `per_query_head`, `per_kv_head`,
+    /// `per_layer`), fixed by the id; absent in runs from before it was recorded.
+    #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
+    pub budget_rules: std::collections::BTreeMap<String, String>,
 }
 
 /// A run's use of the Q/K/V cache (`--qkv-cache`): windows read back (`hits`), computed and

@@ -253,6 +253,13 @@ pub fn run_with(
         n_f,
         layer: cfg.inputs.layer,
         layers: prepared.layers(),
+        budget_rules: cfg
+            .methods
+            .iter()
+            .filter_map(|id| crate::attention::by_id(id).ok())
+            .filter(|m| m.decoding().is_some() && m.has_budget())
+            .map(|m| (m.id().to_string(), m.budget_rule().name().to_string()))
+            .collect(),
     });
     manifest.write(&opts.out)?;
 

@@ -16,6 +16,7 @@
 use anyhow::{ensure, Result};
 
 use super::budgets::{adakv_caps, pyramid_keep, PyramidKeep, WINDOW};
+use super::press::Press;
 use super::{scores, LayerContext};
 use crate::attention::prefill::select::{top_indices, SINKS};
 use crate::numerics::pooling::{avg_pool1d, max_pool1d};
@@ -57,6 +58,8 @@ pub enum Static {
     Tova,
     /// The eviction oracle: the top d of Σ_{t∈F} P_tj (it reads the future).
     EvictOracle,
+    /// A kvpress press (issue 58): one set per K/V head, which every query head of its group reads.
+    Press(Press),
 }
 
 /// The last `count` prompt positions.
@@ -129,11 +132,15 @@ impl Static {
             }
             Static::Tova => top_indices(&scores::tova(ctx)?, d),
             Static::EvictOracle => top_indices(&scores::evict(ctx, g)?, d),
+            Static::Press(press) => press.kept(ctx, ctx.kv_head(g), d)?,
         })
     }
 
     /// Whether every query head of the layer keeps the same set (so a K/V head's union is that set).
     pub fn one_set_per_layer(self) -> bool {
-        matches!(self, Static::Window | Static::Streaming | Static::Tova)
+        matches!(
+            self,
+            Static::Window | Static::Streaming | Static::Tova | Static::Press(Press::Tova)
+        )
     }
 }

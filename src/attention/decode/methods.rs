@@ -14,11 +14,12 @@ use candle_core::{DType, Tensor};
 
 use super::budgets::WINDOW;
 use super::kept::{Pool, Static};
+use super::press::Press;
 use super::{outside_the_protocol, require_causal, DecodeHead, Decoding};
 use super::{per_query_rows, scores, static_rows, union_size, with_union};
 use crate::attention::prefill::select::{top_indices, B};
 use crate::attention::sparse::topk::{rank_index, rank_key};
-use crate::attention::{Approximation, Family, HeadInputs, Method, MethodInfo};
+use crate::attention::{Approximation, BudgetRule, Family, HeadInputs, Method, MethodInfo};
 use crate::numerics::sampling::TrialRng;
 
 /// What the §9 methods share in their [`MethodInfo`]: the family, causal only, deterministic.
@@ -35,14 +36,30 @@ pub const fn decode(id: &'static str, meaning: &'static str) -> MethodInfo {
     }
 }
 
-pub const DEC_WINDOW: MethodInfo = decode(
+/// A method that keeps one set for the whole layer.
+const fn per_layer(info: MethodInfo) -> MethodInfo {
+    MethodInfo {
+        budget: BudgetRule::PerLayer,
+        ..info
+    }
+}
+
+/// A kvpress press (issue 58): one set per K/V head.
+const fn press(id: &'static str, meaning: &'static str) -> MethodInfo {
+    MethodInfo {
+        budget: BudgetRule::PerKvHead,
+        ..decode(id, meaning)
+    }
+}
+
+pub const DEC_WINDOW: MethodInfo = per_layer(decode(
     "dec_window",
     "prompt keys kept per query head: the last d prompt tokens (decode, §9)",
-);
-pub const DEC_STREAMING: MethodInfo = decode(
+));
+pub const DEC_STREAMING: MethodInfo = per_layer(decode(
     "dec_streaming",
     "prompt keys kept per query head: the first 4 + the last d − 4 prompt tokens (StreamingLLM; d ≥ 8)",
-);
+));
 pub const SNAPKV: MethodInfo = decode(
     "snapkv",
     "prompt keys kept per query head: top d − 32 by the last 32 prompt queries' attention, max-pooled (7), + those 32 (SnapKV)",
@@ -63,9 +80,45 @@ pub const H2O_DEC: MethodInfo = decode(
     "h2o_dec",
     "prompt keys kept per query head: ⌊d/2⌋ heavy hitters by the prompt's accumulated attention + the last ⌈d/2⌉ prompt tokens (H2O)",
 );
-pub const TOVA: MethodInfo = decode(
+pub const TOVA: MethodInfo = per_layer(decode(
     "tova",
     "prompt keys kept for the whole layer: top d of the last prompt query's head-averaged attention (TOVA)",
+));
+
+pub const SNAPKV_PRESS: MethodInfo = press(
+    "snapkv_press",
+    "prompt keys kept per K/V head: kvpress's SnapKVPress (window 64 kept, group-mean attention, avg pooling 5)",
+);
+pub const PYRAMIDKV_PRESS: MethodInfo = press(
+    "pyramidkv_press",
+    "average prompt keys kept per K/V head over the layers: kvpress's PyramidKVPress (SnapKVPress's scores, β = 20; uniform below d = 1280)",
+);
+pub const ADAKV_PRESS: MethodInfo = press(
+    "adakv_press",
+    "average prompt keys kept per K/V head of the layer: kvpress's AdaKVPress(SnapKVPress()) (layer-wide top, each head ≥ ⌊0.2·d⌋)",
+);
+pub const OBSERVED_ATTENTION_PRESS: MethodInfo = press(
+    "observed_attention_press",
+    "prompt keys kept per K/V head: kvpress's ObservedAttentionPress (the prompt's attention per seeing query, group mean; H2O's score)",
+);
+pub const TOVA_PRESS: MethodInfo = MethodInfo {
+    budget: BudgetRule::PerLayer,
+    ..press(
+        "tova_press",
+        "prompt keys kept for the whole layer: kvpress's TOVAPress (the last prompt token + top d − 1 of its head-averaged attention)",
+    )
+};
+pub const KNORM_PRESS: MethodInfo = press(
+    "knorm_press",
+    "prompt keys kept per K/V head: kvpress's KnormPress (the d keys of smallest norm)",
+);
+pub const KEYDIFF_PRESS: MethodInfo = press(
+    "keydiff_press",
+    "prompt keys kept per K/V head: kvpress's KeyDiffPress (the d keys least similar to the mean key direction)",
+);
+pub const CUR_PRESS: MethodInfo = press(
+    "cur_press",
+    "prompt keys kept per K/V head: kvpress's CURPress (4 sinks + top k²·v² leverage, local windows of 16)",
 );
 pub const QUEST_DEC: MethodInfo = decode(
     "quest_dec",
@@ -108,6 +161,16 @@ impl Method for StaticDecode {
             Static::H2o => &H2O_DEC,
             Static::Tova => &TOVA,
             Static::EvictOracle => &EVICT_ORACLE,
+            Static::Press(p) => match p {
+                Press::SnapKv => &SNAPKV_PRESS,
+                Press::PyramidKv => &PYRAMIDKV_PRESS,
+                Press::AdaKv => &ADAKV_PRESS,
+                Press::ObservedAttention => &OBSERVED_ATTENTION_PRESS,
+                Press::Tova => &TOVA_PRESS,
+                Press::Knorm => &KNORM_PRESS,
+                Press::KeyDiff => &KEYDIFF_PRESS,
+                Press::Cur => &CUR_PRESS,
+            },
         })
     }
     fn check(&self, _n: usize, d: usize) -> std::result::Result<(), String> {
@@ -148,6 +211,7 @@ impl Decoding for StaticDecode {
             Static::H2o => n_p * (n_p + 1.0) / 2.0 * pf,
             Static::Tova => n_p * pf,
             Static::EvictOracle => n_f as f64 * n as f64 * pf,
+            Static::Press(press) => press.select_macs(n_p, pf),
         };
         select + static_pair_macs(n, p, d, n_f)
     }

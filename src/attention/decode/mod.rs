@@ -24,8 +24,11 @@
 pub mod budgets;
 pub mod kept;
 pub mod methods;
+pub mod press;
 pub mod scores;
 
+#[cfg(test)]
+mod press_tests;
 #[cfg(test)]
 mod spec_tests;
 #[cfg(test)]

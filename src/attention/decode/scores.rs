@@ -49,17 +49,19 @@ fn column_sums(p: &Tensor) -> Result<Vec<f64>> {
 
 /// SnapKV's window scores of query head `g` (unpooled, length n_p − w). Needs n_p > w.
 pub fn snap(ctx: &LayerContext, g: usize) -> Result<Arc<Vec<f64>>> {
-    ctx.scores("snapkv", g, || {
-        let n_p = ctx.n_p();
-        ensure!(
-            n_p > WINDOW,
-            "SnapKV scores need a prompt longer than w = {WINDOW}"
-        );
-        let a = probability_rows(ctx, g, n_p - WINDOW, WINDOW)?;
-        let mut s = column_sums(&a)?;
-        s.truncate(n_p - WINDOW);
-        Ok(s)
-    })
+    ctx.scores("snapkv", g, || window_sums(ctx, g, WINDOW))
+}
+
+/// Σ_{i∈window} A_ij over the last `w` prompt queries of head `g`, for j < n_p − w: the causal
+/// softmax rows (the window's own block in the denominator), summed over the window. Needs
+/// n_p > w. (SnapKV's w = 32 here; kvpress's SnapKVPress takes w = 64.)
+pub fn window_sums(ctx: &LayerContext, g: usize, w: usize) -> Result<Vec<f64>> {
+    let n_p = ctx.n_p();
+    ensure!(n_p > w, "SnapKV scores need a prompt longer than w = {w}");
+    let a = probability_rows(ctx, g, n_p - w, w)?;
+    let mut s = column_sums(&a)?;
+    s.truncate(n_p - w);
+    Ok(s)
 }
 
 /// Σ_i P_ij, the column sums of the causal softmax rows of (q, k) ([n, p] each), with the fused

@@ -191,7 +191,12 @@ fn static_of(id: &str) -> Static {
         "h2o_dec" => Static::H2o,
         "tova" => Static::Tova,
         "evict_oracle" => Static::EvictOracle,
-        other => panic!("{other}"),
+        other => Static::Press(
+            super::press::Press::ALL
+                .into_iter()
+                .find(|p| p.id() == other)
+                .unwrap_or_else(|| panic!("{other}")),
+        ),
     }
 }
 

@@ -15,15 +15,15 @@ use super::{DecodeHead, LayerContext};
 use crate::attention::{HeadInputs, Mask, Method};
 use crate::numerics::sampling::rng_from_seed;
 
-const H: usize = 6;
-const HKV: usize = 2;
-const P: usize = 8;
+pub(super) const H: usize = 6;
+pub(super) const HKV: usize = 2;
+pub(super) const P: usize = 8;
 const W: usize = 32;
 
 /// [heads][n][p] host values.
-type Heads = Vec<Vec<Vec<f64>>>;
+pub(super) type Heads = Vec<Vec<Vec<f64>>>;
 
-fn layer(n: usize, seed: u64) -> (Heads, Heads, Heads) {
+pub(super) fn layer(n: usize, seed: u64) -> (Heads, Heads, Heads) {
     let mut rng = rng_from_seed(seed);
     let mut g = |heads: usize, sink: f64| -> Heads {
         (0..heads)
@@ -61,22 +61,22 @@ fn layer(n: usize, seed: u64) -> (Heads, Heads, Heads) {
     (q, k, v)
 }
 
-fn tensor(x: &Heads) -> Tensor {
+pub(super) fn tensor(x: &Heads) -> Tensor {
     let (a, b) = (x.len(), x[0].len());
     let flat: Vec<f64> = x.iter().flatten().flatten().copied().collect();
     Tensor::from_vec(flat, (a, b, P), &Device::Cpu).unwrap()
 }
 
-fn kv(g: usize) -> usize {
+pub(super) fn kv(g: usize) -> usize {
     g * HKV / H
 }
 
-fn dot(a: &[f64], b: &[f64]) -> f64 {
+pub(super) fn dot(a: &[f64], b: &[f64]) -> f64 {
     a.iter().zip(b).map(|(x, y)| x * y).sum()
 }
 
 /// Softmax of query row `i` of head g over keys 0..=upto (its causal row when upto = i).
-fn probs(q: &Heads, k: &Heads, g: usize, i: usize, upto: usize) -> Vec<f64> {
+pub(super) fn probs(q: &Heads, k: &Heads, g: usize, i: usize, upto: usize) -> Vec<f64> {
     let s: Vec<f64> = (0..=upto)
         .map(|j| dot(&q[g][i], &k[kv(g)][j]) / (P as f64).sqrt())
         .collect();
@@ -87,7 +87,7 @@ fn probs(q: &Heads, k: &Heads, g: usize, i: usize, upto: usize) -> Vec<f64> {
 }
 
 /// The top m indices by a stable sort on −score (ties to the lower index), ascending.
-fn top(scores: &[f64], m: usize) -> Vec<usize> {
+pub(super) fn top(scores: &[f64], m: usize) -> Vec<usize> {
     let mut idx: Vec<usize> = (0..scores.len()).collect();
     idx.sort_by(|&a, &b| scores[b].partial_cmp(&scores[a]).unwrap().then(a.cmp(&b)));
     let mut t: Vec<usize> = idx.into_iter().take(m).collect();
@@ -106,7 +106,7 @@ fn max_pool(x: &[f64], k: usize) -> Vec<f64> {
         .collect()
 }
 
-fn avg_pool(x: &[f64], k: usize) -> Vec<f64> {
+pub(super) fn avg_pool(x: &[f64], k: usize) -> Vec<f64> {
     let r = k / 2;
     (0..x.len())
         .map(|j| {

@@ -296,6 +296,10 @@ pub(super) fn field_style(method: &str, methods: &[String]) -> SeriesStyle {
                 RGBColor(70, 70, 200),
                 RGBColor(240, 50, 230),
                 RGBColor(0, 128, 128),
+                // With kvpress's presses (issue 58) the family has 19 methods: two more colours
+                // keep them within two cycles (solid, then dashed).
+                RGBColor(128, 0, 0),
+                RGBColor(0, 0, 128),
             ],
             // The quantized family (one colour each, registry order): the float caches in
             // browns, llama.cpp's blocks from orange (8 bits) to deep red (4), KIVI in olive,
