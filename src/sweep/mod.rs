@@ -131,6 +131,172 @@ pub fn run_and_report(cfg: &RunConfig, opts: &SweepOptions) -> Result<()> {
     Ok(())
 }
 
+/// The heads `--heads` selects (each once, in the order given: a repeated head would weigh twice
+/// in the means and fake a standard error), or every head.
+fn selected_heads(selected: Option<&[usize]>, all_heads: usize) -> Result<Vec<usize>> {
+    let Some(h) = selected else {
+        return Ok((0..all_heads).collect());
+    };
+    if let Some(bad) = h.iter().find(|&&x| x >= all_heads) {
+        return Err(usage!(
+            "--heads: head {bad} does not exist; the model has {all_heads} heads (0..={})",
+            all_heads - 1
+        ));
+    }
+    let mut unique = Vec::with_capacity(h.len());
+    for &x in h {
+        if !unique.contains(&x) {
+            unique.push(x);
+        }
+    }
+    Ok(unique)
+}
+
+/// The run's methods by id: the caller's own (`extra`) first, then the built-in ones.
+fn resolve_methods(
+    ids: &[String],
+    extra: &mut Vec<Box<dyn attention::Method>>,
+) -> Result<Vec<Box<dyn attention::Method>>> {
+    ids.iter()
+        .map(|m| match extra.iter().position(|e| e.id() == m) {
+            Some(i) => Ok(extra.swap_remove(i)),
+            None => attention::by_id(m).map_err(|e| usage!("{e}")),
+        })
+        .collect()
+}
+
+/// The manifest of a run that starts (or resumes), with the decode protocol's record.
+fn starting_manifest(
+    cfg: &RunConfig,
+    opts: &SweepOptions,
+    prepared: &inputs::Prepared,
+    methods: &[Box<dyn attention::Method>],
+    sliding_window: Option<usize>,
+    inputs_list: Vec<InputFile>,
+) -> Manifest {
+    let mut manifest = Manifest {
+        model_id: prepared.model_id.clone(),
+        heads: prepared.heads(),
+        head_dim: prepared.head_dim(),
+        corpus_tokens: prepared.corpus.ids.len(),
+        shard: opts.shard,
+        sliding_window,
+        memory: manifest::memory_record(prepared.weight_plan),
+        ..Manifest::starting(opts.command.clone(), cfg.clone(), inputs_list)
+    };
+    manifest.decode = cfg.decode.map(|n_f| manifest::DecodeInfo {
+        n_f,
+        layer: cfg.inputs.layer,
+        layers: prepared.layers(),
+        budget_rules: methods
+            .iter()
+            .filter(|m| m.decoding().is_some() && m.has_budget())
+            .map(|m| (m.id().to_string(), m.budget_rule().name().to_string()))
+            .collect(),
+    });
+    manifest
+}
+
+/// Runs `head_trials` for every head of `jobs` in parallel (each trial's result depends only on
+/// its own inputs and seed) and appends their rows in head order through a reorder buffer, so
+/// trials.csv has the same order whatever the thread count, and every finished head is on disk.
+/// Returns the rows written.
+fn heads_in_order(
+    writer: &mut TrialWriter,
+    jobs: &[usize],
+    head_trials: impl Fn(usize) -> Result<Vec<TrialRow>> + Sync,
+) -> Result<usize> {
+    let mut written = 0;
+    std::thread::scope(|scope| -> Result<()> {
+        let (tx, rx) = std::sync::mpsc::channel::<(usize, Result<Vec<TrialRow>>)>();
+        let head_trials = &head_trials;
+        scope.spawn(move || {
+            use rayon::prelude::*;
+            jobs.par_iter()
+                .enumerate()
+                .for_each_with(tx, |tx, (i, &h)| {
+                    let _ = tx.send((i, head_trials(h)));
+                });
+        });
+        let mut pending = std::collections::BTreeMap::new();
+        let mut next = 0;
+        for (i, rows) in rx {
+            pending.insert(i, rows);
+            while let Some(rows) = pending.remove(&next) {
+                for row in rows? {
+                    writer.append(&row)?;
+                    written += 1;
+                }
+                next += 1;
+            }
+        }
+        Ok(())
+    })?;
+    Ok(written)
+}
+
+/// The model's and corpus's files with their hashes; a resume must read the same files.
+fn hashed_inputs(
+    prepared: &inputs::Prepared,
+    resumed: Option<&Manifest>,
+    opts: &SweepOptions,
+) -> Result<Vec<InputFile>> {
+    let inputs_list = prepared
+        .files
+        .iter()
+        .map(|(role, path)| InputFile::hashed(role, path))
+        .collect::<Result<Vec<_>>>()?;
+    if let Some(old) = resumed {
+        manifest::check_same_inputs(
+            &old.inputs,
+            &inputs_list,
+            &opts.out,
+            "use another --out, or --force to start over",
+        )?;
+    }
+    Ok(inputs_list)
+}
+
+/// A refusal or a failure mid-run (an overflowing head, a full disk): the manifest says the run
+/// stopped, rather than `running` for ever; its rows stay and a rerun resumes. Best effort: the
+/// error that stopped the run is the one to report.
+fn record_failure(manifest: &mut Manifest, trials_path: &std::path::Path, out: &std::path::Path) {
+    manifest.finished = Some(manifest::now());
+    manifest.status = "failed".into();
+    if let Ok(rows) = trials::read_rows(trials_path) {
+        manifest.trials = rows.len();
+    }
+    let _ = manifest.write(out);
+}
+
+/// How the run ended (interrupted, a shard's part, complete), its rows, memory and Q/K/V cache.
+fn record_end(
+    manifest: &mut Manifest,
+    prepared: &inputs::Prepared,
+    rows: usize,
+    interrupted: bool,
+    opts: &SweepOptions,
+) -> Result<()> {
+    manifest.finished = Some(manifest::now());
+    manifest.status = match (interrupted, opts.shard) {
+        (true, _) => "interrupted".into(),
+        (false, Some(_)) => "partial".into(),
+        (false, None) => "complete".into(),
+    };
+    manifest.trials = rows;
+    manifest.memory = manifest::memory_record(prepared.weight_plan);
+    manifest.qkv_cache = prepared.qkv_cache.as_ref().map(|c| {
+        let u = c.usage();
+        manifest::QkvCacheUse {
+            dir: u.dir,
+            hits: u.hits,
+            misses: u.misses,
+            rejected: u.rejected,
+        }
+    });
+    manifest.write(&opts.out)
+}
+
 /// Runs (or resumes) a sweep into `opts.out`.
 pub fn run(cfg: &RunConfig, opts: &SweepOptions) -> Result<SweepOutcome> {
     run_with(cfg, opts, Vec::new())
@@ -177,52 +343,14 @@ pub fn run_with(
     }
     refuse_decode_of_encoder(cfg, &prepared)?;
     let all_heads = prepared.heads();
-    let heads: Vec<usize> = match &cfg.heads {
-        Some(h) => {
-            if let Some(bad) = h.iter().find(|&&x| x >= all_heads) {
-                return Err(usage!(
-                    "--heads: head {bad} does not exist; the model has {all_heads} heads (0..={})",
-                    all_heads - 1
-                ));
-            }
-            // Each head once, in the order given (as --lengths and --methods): a repeated head
-            // would weigh twice in the means and fake a standard error.
-            let mut unique = Vec::with_capacity(h.len());
-            for &x in h {
-                if !unique.contains(&x) {
-                    unique.push(x);
-                }
-            }
-            unique
-        }
-        None => (0..all_heads).collect(),
-    };
+    let heads = selected_heads(cfg.heads.as_deref(), all_heads)?;
     prepared.corpus.check_fits(&cfg.lengths, cfg.windows)?;
     let p = prepared.head_dim();
-    let methods: Vec<Box<dyn attention::Method>> = cfg
-        .methods
-        .iter()
-        .map(|m| match extra.iter().position(|e| e.id() == m) {
-            Some(i) => Ok(extra.swap_remove(i)),
-            None => attention::by_id(m).map_err(|e| usage!("{e}")),
-        })
-        .collect::<Result<_>>()?;
+    let methods = resolve_methods(&cfg.methods, &mut extra)?;
     spec_refusals::refuse_for_layer(cfg, &prepared, &methods)?;
     let layer_spec = prepared.layer_spec(cfg.inputs.layer, cfg.mask, p);
 
-    let inputs_list = prepared
-        .files
-        .iter()
-        .map(|(role, path)| InputFile::hashed(role, path))
-        .collect::<Result<Vec<_>>>()?;
-    if let Some(old) = &resumed {
-        manifest::check_same_inputs(
-            &old.inputs,
-            &inputs_list,
-            &opts.out,
-            "use another --out, or --force to start over",
-        )?;
-    }
+    let inputs_list = hashed_inputs(&prepared, resumed.as_ref(), opts)?;
     let model_name = cfg.inputs.model.name().to_string();
     let trials_path = opts.out.join("trials.csv");
     let (mut writer, old_rows) = TrialWriter::open(&trials_path)?;
@@ -239,28 +367,14 @@ pub fn run_with(
         "this directory holds rows of another run. Use another --out, or --force to start over",
     )?;
     // Every check is done: only now is the manifest rewritten (a refused resume leaves it as it was).
-    let mut manifest = Manifest {
-        model_id: prepared.model_id.clone(),
-        heads: all_heads,
-        head_dim: prepared.head_dim(),
-        corpus_tokens: prepared.corpus.ids.len(),
-        shard: opts.shard,
-        sliding_window: layer_spec.window,
-        memory: manifest::memory_record(prepared.weight_plan),
-        ..Manifest::starting(opts.command.clone(), cfg.clone(), inputs_list)
-    };
-    manifest.decode = cfg.decode.map(|n_f| manifest::DecodeInfo {
-        n_f,
-        layer: cfg.inputs.layer,
-        layers: prepared.layers(),
-        budget_rules: cfg
-            .methods
-            .iter()
-            .filter_map(|id| crate::attention::by_id(id).ok())
-            .filter(|m| m.decoding().is_some() && m.has_budget())
-            .map(|m| (m.id().to_string(), m.budget_rule().name().to_string()))
-            .collect(),
-    });
+    let mut manifest = starting_manifest(
+        cfg,
+        opts,
+        &prepared,
+        &methods,
+        layer_spec.window,
+        inputs_list,
+    );
     manifest.write(&opts.out)?;
 
     let done = trials::keys(&old_rows);
@@ -277,136 +391,26 @@ pub fn run_with(
     let bar = progress_bar(todo as u64, opts.quiet);
     let mut new_trials = 0;
 
-    // The units in order; stops between trials once a signal arrived (every finished row is on
-    // disk), returning Ok so that the run's files are brought up to date below.
-    let mut run_units = || -> Result<()> {
-        for (li, &n) in cfg.lengths.iter().enumerate() {
-            for w in 0..cfg.windows {
-                if opts.shard.is_some_and(|s| !s.takes(li * cfg.windows + w)) {
-                    continue;
-                }
-                if crate::interrupt::requested().is_some() {
-                    return Ok(());
-                }
-                let missing = |h: usize, m: &str, d: usize| {
-                    !done.contains(&(model_name.clone(), n, w, h, m.to_string(), d))
-                };
-                let head_needed = |h: usize| {
-                    methods.iter().any(|m| {
-                        attention::layer_budgets(m.id(), &cfg.features, layer_spec.window)
-                            .into_iter()
-                            .any(|d| missing(h, m.id(), d))
-                    })
-                };
-                let window_needed = heads.iter().any(|&h| head_needed(h));
-                if !window_needed {
-                    continue;
-                }
-                let jobs: Vec<usize> = heads.iter().copied().filter(|&h| head_needed(h)).collect();
-                let trial = TrialContext {
-                    cfg,
-                    n,
-                    window: w,
-                    model_name: &model_name,
-                    prepared: &prepared,
-                    methods: &methods,
-                    bar: &bar,
-                    spec: &layer_spec,
-                };
-                // The batched path builds the window's heads under the plain mask: a family's
-                // layer spec takes the per-head path (device-generic too).
-                let family = prepared.model.family().is_some();
-                if device_path(&prepared.device) && cfg.decode.is_none() && !family {
-                    // A device's work is issued from one host thread, batched over the window's
-                    // heads (device.rs); the window's rows are written when it finishes.
-                    let rows = crate::runtime::on_device_thread(&prepared.device, || {
-                        trial.window_on_device(&jobs, &missing)
-                    })?;
-                    for row in rows {
-                        writer.append(&row)?;
-                        new_trials += 1;
-                    }
-                    continue;
-                }
-                // On an MLA layer the window's latent view comes with it (the §8 caches read it).
-                let qkv = match prepared.window_qkv_latent(&cfg.inputs, n, w) {
-                    Ok(qkv) => qkv,
-                    Err(e) if e.downcast_ref::<crate::interrupt::Interrupted>().is_some() => {
-                        return Ok(())
-                    }
-                    Err(e) => return Err(e),
-                };
-                // Under the decode protocol every head's trial may read the whole layer (§9.2's
-                // layer-level methods): one context per window, shared by its heads.
-                let layer = layer_context(cfg, &prepared, &qkv.0, &qkv.1, &qkv.2)?;
-                if device_path(&prepared.device) {
-                    // A decode run on a device: its heads one after another from one host thread
-                    // (the device path's batching over heads is for the prefill targets).
-                    let rows = crate::runtime::on_device_thread(&prepared.device, || {
-                        let mut rows = Vec::new();
-                        for &h in &jobs {
-                            rows.extend(trial.head_trials(h, &qkv, layer.as_ref(), &missing)?);
-                        }
-                        Ok::<_, anyhow::Error>(rows)
-                    })?;
-                    for row in rows {
-                        writer.append(&row)?;
-                        new_trials += 1;
-                    }
-                    continue;
-                }
-                // Heads run in parallel (each trial's result depends only on its own inputs and seed);
-                // their rows are appended in head order through a reorder buffer, so trials.csv has
-                // the same order whatever the thread count, and every finished head is on disk.
-                std::thread::scope(|scope| -> Result<()> {
-                    let (tx, rx) = std::sync::mpsc::channel::<(usize, Result<Vec<TrialRow>>)>();
-                    let (qkv, jobs_ref, missing_ref, trial_ref, layer_ref) =
-                        (&qkv, &jobs, &missing, &trial, layer.as_ref());
-                    scope.spawn(move || {
-                        use rayon::prelude::*;
-                        jobs_ref
-                            .par_iter()
-                            .enumerate()
-                            .for_each_with(tx, |tx, (i, &h)| {
-                                let rows = trial_ref.head_trials(h, qkv, layer_ref, missing_ref);
-                                let _ = tx.send((i, rows));
-                            });
-                    });
-                    let mut pending = std::collections::BTreeMap::new();
-                    let mut next = 0;
-                    for (i, rows) in rx {
-                        pending.insert(i, rows);
-                        while let Some(rows) = pending.remove(&next) {
-                            for row in rows? {
-                                writer.append(&row)?;
-                                new_trials += 1;
-                            }
-                            next += 1;
-                        }
-                    }
-                    Ok(())
-                })?;
-            }
-        }
-        Ok(())
+    let sweep = SweepRun {
+        cfg,
+        opts,
+        prepared: &prepared,
+        methods: &methods,
+        layer_spec: &layer_spec,
+        model_name: &model_name,
+        heads: &heads,
+        done: &done,
+        bar: &bar,
     };
     // Held until the manifest says how the run ended: a signal that arrives while the summary
     // and manifest are written only sets the flag, instead of ending the process with the
     // manifest still at `running`.
     let polling = crate::interrupt::polling();
-    let ran = run_units();
+    let ran = sweep.run_units(&mut writer).map(|n| new_trials = n);
     bar.finish_and_clear();
     let interrupted = crate::interrupt::requested();
     if let (None, Err(e)) = (interrupted, ran) {
-        // A refusal or a failure mid-run (an overflowing head, a full disk): the manifest says
-        // the run stopped, rather than `running` for ever; its rows stay and a rerun resumes.
-        // Best effort: the error that stopped the run is the one to report.
-        manifest.finished = Some(manifest::now());
-        manifest.status = "failed".into();
-        if let Ok(rows) = trials::read_rows(&trials_path) {
-            manifest.trials = rows.len();
-        }
-        let _ = manifest.write(&opts.out);
+        record_failure(&mut manifest, &trials_path, &opts.out);
         return Err(e);
     }
     if let Some(report) = device::profile_report() {
@@ -415,24 +419,13 @@ pub fn run_with(
     let rows = trials::read_rows(&trials_path)?;
     let summary_rows = summary::summarize(&rows, &cfg.methods);
     summary::write(&opts.out.join("summary.csv"), &summary_rows)?;
-    manifest.finished = Some(manifest::now());
-    manifest.status = match (interrupted, opts.shard) {
-        (Some(_), _) => "interrupted".into(),
-        (None, Some(_)) => "partial".into(),
-        (None, None) => "complete".into(),
-    };
-    manifest.trials = rows.len();
-    manifest.memory = manifest::memory_record(prepared.weight_plan);
-    manifest.qkv_cache = prepared.qkv_cache.as_ref().map(|c| {
-        let u = c.usage();
-        manifest::QkvCacheUse {
-            dir: u.dir,
-            hits: u.hits,
-            misses: u.misses,
-            rejected: u.rejected,
-        }
-    });
-    manifest.write(&opts.out)?;
+    record_end(
+        &mut manifest,
+        &prepared,
+        rows.len(),
+        interrupted.is_some(),
+        opts,
+    )?;
     drop(polling);
     if let Some(signal) = interrupted {
         return Err(crate::interrupt::Interrupted {
@@ -487,6 +480,130 @@ pub fn layer_context(
         )?
         .with_spec(prepared.layer_spec(cfg.inputs.layer, cfg.mask, q.dims3()?.2))?,
     )))
+}
+
+/// What every window of a sweep shares.
+struct SweepRun<'a> {
+    cfg: &'a RunConfig,
+    opts: &'a SweepOptions,
+    prepared: &'a inputs::Prepared,
+    methods: &'a [Box<dyn attention::Method>],
+    layer_spec: &'a attention::AttentionSpec,
+    model_name: &'a str,
+    heads: &'a [usize],
+    done: &'a std::collections::HashSet<trials::TrialKeyOwned>,
+    bar: &'a indicatif::ProgressBar,
+}
+
+impl SweepRun<'_> {
+    /// The units in order, the rows written; stops between windows once a signal arrived (every
+    /// finished row is on disk), returning Ok so that the run's files are brought up to date.
+    fn run_units(&self, writer: &mut TrialWriter) -> Result<usize> {
+        let (cfg, mut written) = (self.cfg, 0);
+        for (li, &n) in cfg.lengths.iter().enumerate() {
+            for w in 0..cfg.windows {
+                if self
+                    .opts
+                    .shard
+                    .is_some_and(|s| !s.takes(li * cfg.windows + w))
+                {
+                    continue;
+                }
+                if crate::interrupt::requested().is_some() {
+                    return Ok(written);
+                }
+                match self.window(n, w, writer)? {
+                    Some(rows) => written += rows,
+                    None => return Ok(written),
+                }
+            }
+        }
+        Ok(written)
+    }
+
+    /// Window `w` of length `n`: its missing trials, the rows written (None: interrupted while
+    /// its Q/K/V were computed).
+    fn window(&self, n: usize, w: usize, writer: &mut TrialWriter) -> Result<Option<usize>> {
+        let missing = |h: usize, m: &str, d: usize| {
+            !self
+                .done
+                .contains(&(self.model_name.to_string(), n, w, h, m.to_string(), d))
+        };
+        let head_needed = |h: usize| {
+            self.methods.iter().any(|m| {
+                attention::layer_budgets(m.id(), &self.cfg.features, self.layer_spec.window)
+                    .into_iter()
+                    .any(|d| missing(h, m.id(), d))
+            })
+        };
+        let window_needed = self.heads.iter().any(|&h| head_needed(h));
+        if !window_needed {
+            return Ok(Some(0));
+        }
+        let jobs: Vec<usize> = self
+            .heads
+            .iter()
+            .copied()
+            .filter(|&h| head_needed(h))
+            .collect();
+        let (cfg, prepared) = (self.cfg, self.prepared);
+        let trial = TrialContext {
+            cfg,
+            n,
+            window: w,
+            model_name: self.model_name,
+            prepared,
+            methods: self.methods,
+            bar: self.bar,
+            spec: self.layer_spec,
+        };
+        // The batched path builds the window's heads under the plain mask: a family's
+        // layer spec takes the per-head path (device-generic too).
+        let family = prepared.model.family().is_some();
+        if device_path(&prepared.device) && cfg.decode.is_none() && !family {
+            // A device's work is issued from one host thread, batched over the window's
+            // heads (device.rs); the window's rows are written when it finishes.
+            let rows = crate::runtime::on_device_thread(&prepared.device, || {
+                trial.window_on_device(&jobs, &missing)
+            })?;
+            let written = rows.len();
+            for row in rows {
+                writer.append(&row)?;
+            }
+            return Ok(Some(written));
+        }
+        // On an MLA layer the window's latent view comes with it (the §8 caches read it).
+        let qkv = match prepared.window_qkv_latent(&cfg.inputs, n, w) {
+            Ok(qkv) => qkv,
+            Err(e) if e.downcast_ref::<crate::interrupt::Interrupted>().is_some() => {
+                return Ok(None)
+            }
+            Err(e) => return Err(e),
+        };
+        // Under the decode protocol every head's trial may read the whole layer (§9.2's
+        // layer-level methods): one context per window, shared by its heads.
+        let layer = layer_context(cfg, prepared, &qkv.0, &qkv.1, &qkv.2)?;
+        if device_path(&prepared.device) {
+            // A decode run on a device: its heads one after another from one host thread
+            // (the device path's batching over heads is for the prefill targets).
+            let rows = crate::runtime::on_device_thread(&prepared.device, || {
+                let mut rows = Vec::new();
+                for &h in &jobs {
+                    rows.extend(trial.head_trials(h, &qkv, layer.as_ref(), &missing)?);
+                }
+                Ok::<_, anyhow::Error>(rows)
+            })?;
+            let written = rows.len();
+            for row in rows {
+                writer.append(&row)?;
+            }
+            return Ok(Some(written));
+        }
+        let written = heads_in_order(writer, &jobs, |h| {
+            trial.head_trials(h, &qkv, layer.as_ref(), &missing)
+        })?;
+        Ok(Some(written))
+    }
 }
 
 /// What one window's trials share.

@@ -135,6 +135,109 @@ fn key_of(r: &SummaryRow) -> PointKey {
 /// Compares `current` with `baseline`. Pure: no files are read or written. Errors only for
 /// unusable options or `--exact` without trial-level data (usage errors).
 pub fn check(baseline: &RunData, current: &RunData, opts: &CheckOptions) -> Result<CheckReport> {
+    refuse_incomparable(baseline, current, opts)?;
+    let mut findings = config_findings(baseline, current, opts);
+    let b_trials = side_trials(&baseline.summary, baseline.trials.as_ref());
+    let c_trials = side_trials(&current.summary, current.trials.as_ref());
+    findings.extend(trial_findings(
+        baseline,
+        current,
+        (&b_trials, &c_trials),
+        opts,
+    ));
+
+    let cur: HashMap<PointKey, &SummaryRow> =
+        current.summary.iter().map(|r| (key_of(r), r)).collect();
+    let base_keys: std::collections::HashSet<PointKey> =
+        baseline.summary.iter().map(key_of).collect();
+
+    // Bonferroni family: points present on both sides with finite means.
+    let compared = if opts.exact {
+        0
+    } else {
+        baseline
+            .summary
+            .iter()
+            .filter(|b| {
+                cur.get(&key_of(b))
+                    .is_some_and(|c| b.mean.is_finite() && c.mean.is_finite())
+            })
+            .count()
+    };
+    let mut critical = CriticalValues::new(
+        opts.alpha / (compared.max(1) as f64) / if opts.two_sided { 2.0 } else { 1.0 },
+    );
+
+    let mut points = Vec::new();
+    let mut worst_trial: Option<WorstTrial> = None;
+    for b in &baseline.summary {
+        let key = key_of(b);
+        let mut p = PointResult::of_baseline(b);
+        for (label, t) in [("baseline", &b_trials), ("current", &c_trials)] {
+            if let Some(why) = inconsistency(t, &key) {
+                p.notes.push(if opts.exact {
+                    format!("{label} summary and trials disagree: {why}")
+                } else {
+                    format!("{label} trials not used: {why}")
+                });
+            }
+        }
+        let Some(c) = cur.get(&key) else {
+            absent_from_current(&mut p, b, current, opts);
+            points.push(p);
+            continue;
+        };
+        p.current = Some(stat(c));
+        p.difference = c.mean - b.mean;
+        if opts.exact {
+            let tb = exact::trial_map(baseline.trials.as_ref(), &key);
+            let tc = exact::trial_map(current.trials.as_ref(), &key);
+            let (status, worst_rel) =
+                exact::exact_point(&key, &tb, &tc, &mut p.notes, &mut worst_trial);
+            p.test = Test::Exact { worst_rel };
+            p.status = status;
+            p.failing = status != Status::Pass;
+        } else if b.mean.is_finite() && c.mean.is_finite() {
+            let paired = paired_differences(&key, (&b_trials, &c_trials), &mut p.notes);
+            statistical_test(&mut p, b, c, paired, &mut critical, opts);
+        } else {
+            p.status = Status::NotComparable;
+            p.notes
+                .push(match (b.mean.is_finite(), c.mean.is_finite()) {
+                    (false, false) => "no finite trials on either side".to_string(),
+                    (false, true) => {
+                        "the baseline has no finite trials; the current run has".to_string()
+                    }
+                    _ => "the current run has no finite trials".to_string(),
+                });
+        }
+        nonfinite_notes(&mut p, b, c);
+        points.push(p);
+    }
+    for c in &current.summary {
+        if !base_keys.contains(&key_of(c)) {
+            points.push(PointResult::new_in_current(c, baseline));
+        }
+    }
+    points.sort_by(|a, b| {
+        (!a.failing, a.status)
+            .cmp(&(!b.failing, b.status))
+            .then(b.ratio().total_cmp(&a.ratio()))
+            .then((&a.model, a.n, &a.method, a.d).cmp(&(&b.model, b.n, &b.method, b.d)))
+    });
+    Ok(CheckReport {
+        baseline: baseline.path.clone(),
+        current: current.path.clone(),
+        options: opts.clone(),
+        compared,
+        points,
+        findings,
+        worst_trial,
+    })
+}
+
+/// Options out of range, or two runs of different targets, masks or protocols: a usage error.
+fn refuse_incomparable(baseline: &RunData, current: &RunData, opts: &CheckOptions) -> Result<()> {
     if !(opts.alpha > 0.0 && opts.alpha < 1.0) {
         return Err(usage!(
             "--alpha {}: must lie strictly between 0 and 1",
@@ -189,8 +292,12 @@ pub fn check(baseline: &RunData, current: &RunData, opts: &CheckOptions) -> Resu
             }
         }
     }
-    let mut findings = Vec::new();
+    Ok(())
+}
 
+/// The configuration's changes (material ones fail unless allowed) and runs not complete.
+fn config_findings(baseline: &RunData, current: &RunData, opts: &CheckOptions) -> Vec<Finding> {
+    let mut findings = Vec::new();
     // Configuration.
     match (&baseline.manifest, &current.manifest) {
         (Some(b), Some(c)) => {
@@ -233,9 +340,18 @@ pub fn check(baseline: &RunData, current: &RunData, opts: &CheckOptions) -> Resu
         }
     }
 
-    let b_trials = side_trials(&baseline.summary, baseline.trials.as_ref());
-    let c_trials = side_trials(&current.summary, current.trials.as_ref());
-    for (side, t) in [(baseline, &b_trials), (current, &c_trials)] {
+    findings
+}
+
+/// A side whose trials.csv does not reproduce its summary at some points (a warning).
+fn trial_findings(
+    baseline: &RunData,
+    current: &RunData,
+    (b_trials, c_trials): (&Option<SideTrials>, &Option<SideTrials>),
+    opts: &CheckOptions,
+) -> Vec<Finding> {
+    let mut findings = Vec::new();
+    for (side, t) in [(baseline, b_trials), (current, c_trials)] {
         if let Some(t) = t {
             if !t.inconsistent.is_empty() {
                 findings.push(Finding {
@@ -256,57 +372,179 @@ pub fn check(baseline: &RunData, current: &RunData, opts: &CheckOptions) -> Resu
             }
         }
     }
-    let inconsistency = |t: &Option<SideTrials>, key: &PointKey| -> Option<String> {
-        t.as_ref().and_then(|t| {
-            t.inconsistent
-                .iter()
-                .find(|(k, _)| k == key)
-                .map(|(_, why)| why.clone())
-        })
-    };
+    findings
+}
 
-    let cur: HashMap<PointKey, &SummaryRow> =
-        current.summary.iter().map(|r| (key_of(r), r)).collect();
-    let base_keys: std::collections::HashSet<PointKey> =
-        baseline.summary.iter().map(key_of).collect();
-
-    // Bonferroni family: points present on both sides with finite means.
-    let compared = if opts.exact {
-        0
-    } else {
-        baseline
-            .summary
+/// Why a side's trials do not reproduce its summary at `key`, if they do not.
+fn inconsistency(t: &Option<SideTrials>, key: &PointKey) -> Option<String> {
+    t.as_ref().and_then(|t| {
+        t.inconsistent
             .iter()
-            .filter(|b| {
-                cur.get(&key_of(b))
-                    .is_some_and(|c| b.mean.is_finite() && c.mean.is_finite())
-            })
-            .count()
-    };
-    let upper = opts.alpha / (compared.max(1) as f64) / if opts.two_sided { 2.0 } else { 1.0 };
-    // Critical values by whole degrees of freedom (most points share one).
-    let mut critical_by_df: HashMap<u64, f64> = HashMap::new();
-    let mut critical = |df: f64| {
+            .find(|(k, _)| k == key)
+            .map(|(_, why)| why.clone())
+    })
+}
+
+/// Student-t critical values at the Bonferroni level `upper`, by whole degrees of freedom (most
+/// points share one).
+struct CriticalValues {
+    upper: f64,
+    by_df: HashMap<u64, f64>,
+}
+
+impl CriticalValues {
+    fn new(upper: f64) -> Self {
+        Self {
+            upper,
+            by_df: HashMap::new(),
+        }
+    }
+    fn at(&mut self, df: f64) -> f64 {
         let key = if df.is_finite() && df < stats::NORMAL_DF {
             df.floor() as u64
         } else {
             u64::MAX
         };
-        *critical_by_df
+        let upper = self.upper;
+        *self
+            .by_df
             .entry(key)
             .or_insert_with(|| stats::student_t_upper_quantile(upper, df))
-    };
+    }
+}
 
-    let mut points = Vec::new();
-    let mut worst_trial: Option<WorstTrial> = None;
-    for b in &baseline.summary {
-        let key = key_of(b);
-        let mut p = PointResult {
-            model: b.model.clone(),
-            n: b.n,
-            method: b.method.clone(),
-            d: b.d,
-            baseline: Some(stat(b)),
+/// A baseline point missing from the current run: dropped where the current configuration no
+/// longer has it (and that is allowed), missing (failing) otherwise.
+fn absent_from_current(
+    p: &mut PointResult,
+    b: &SummaryRow,
+    current: &RunData,
+    opts: &CheckOptions,
+) {
+    let explained = opts.allow_config_change
+        && current
+            .manifest
+            .as_ref()
+            .is_some_and(|m| !drift::grid_contains(m, &b.model, b.n, &b.method, b.d));
+    if explained {
+        p.status = Status::Dropped;
+        p.notes
+            .push("absent from the current run, whose configuration no longer includes it".into());
+    } else {
+        p.status = Status::Missing;
+        p.failing = true;
+        p.notes.push(format!(
+            "present in the baseline, missing from {}",
+            current.summary_source.display()
+        ));
+    }
+}
+
+/// The per-trial differences (current − baseline) at `key` where both sides' trials have the
+/// same (window, head) keys; None for the unpaired test.
+fn paired_differences(
+    key: &PointKey,
+    (b_trials, c_trials): (&Option<SideTrials>, &Option<SideTrials>),
+    notes: &mut Vec<String>,
+) -> Option<Vec<f64>> {
+    match (b_trials, c_trials) {
+        (Some(tb), Some(tc)) => match (tb.usable.get(key), tc.usable.get(key)) {
+            (Some(mb), Some(mc)) if mb.keys().eq(mc.keys()) => {
+                let diffs: Vec<f64> = mb
+                    .iter()
+                    .filter_map(|(k, eb)| Some(mc[k] - eb).filter(|x| x.is_finite()))
+                    .collect();
+                if diffs.is_empty() {
+                    None
+                } else {
+                    Some(diffs)
+                }
+            }
+            (Some(_), Some(_)) => {
+                notes.push(
+                    "trial keys (window, head) differ between the runs: unpaired test".into(),
+                );
+                None
+            }
+            _ => None,
+        },
+        _ => None,
+    }
+}
+
+/// The paired (or Welch's unpaired) one-sided test of the point's difference against its bound:
+/// the critical value times the standard error, plus the slack.
+fn statistical_test(
+    p: &mut PointResult,
+    b: &SummaryRow,
+    c: &SummaryRow,
+    paired: Option<Vec<f64>>,
+    critical: &mut CriticalValues,
+    opts: &CheckOptions,
+) {
+    match paired {
+        Some(diffs) => {
+            let (mean, se) = crate::report::summary::mean_stderr(&diffs);
+            p.difference = mean;
+            p.se = se;
+            p.df = if diffs.len() > 1 {
+                diffs.len() as f64 - 1.0
+            } else {
+                f64::INFINITY
+            };
+            p.test = Test::Paired { pairs: diffs.len() };
+        }
+        None => {
+            p.se = (b.stderr * b.stderr + c.stderr * c.stderr).sqrt();
+            p.df = stats::welch_df(b.stderr, b.trials, c.stderr, c.trials);
+            p.test = Test::Unpaired;
+        }
+    }
+    p.critical = critical.at(p.df);
+    p.bound = if p.se > 0.0 { p.critical * p.se } else { 0.0 } + opts.slack * b.mean.abs();
+    if p.difference > p.bound {
+        p.status = Status::Regression;
+        p.failing = true;
+    } else if p.difference < -p.bound {
+        p.status = Status::Improvement;
+        p.failing = opts.two_sided;
+    }
+}
+
+/// Notes on the point's non-finite and flagged trials; more non-finite trials fail.
+fn nonfinite_notes(p: &mut PointResult, b: &SummaryRow, c: &SummaryRow) {
+    if c.nonfinite_trials > b.nonfinite_trials {
+        p.notes.push(format!(
+            "non-finite trials rose from {} to {}",
+            b.nonfinite_trials, c.nonfinite_trials
+        ));
+        p.failing = true;
+        if p.status > Status::NewNonFinite {
+            p.status = Status::NewNonFinite;
+        }
+    } else if c.nonfinite_trials < b.nonfinite_trials {
+        p.notes.push(format!(
+            "non-finite trials fell from {} to {}",
+            b.nonfinite_trials, c.nonfinite_trials
+        ));
+    }
+    if c.flagged_trials > b.flagged_trials {
+        p.notes.push(format!(
+            "trials with flagged rows (non-finite or D̂ ≤ 0) rose from {} to {}",
+            b.flagged_trials, c.flagged_trials
+        ));
+    }
+}
+
+impl PointResult {
+    /// The point of `r`, not yet compared: no sides, no test, passing.
+    fn blank(r: &SummaryRow) -> Self {
+        PointResult {
+            model: r.model.clone(),
+            n: r.n,
+            method: r.method.clone(),
+            d: r.d,
+            baseline: None,
             current: None,
             difference: f64::NAN,
             se: f64::NAN,
@@ -317,173 +555,27 @@ pub fn check(baseline: &RunData, current: &RunData, opts: &CheckOptions) -> Resu
             status: Status::Pass,
             failing: false,
             notes: Vec::new(),
-        };
-        for (label, t) in [("baseline", &b_trials), ("current", &c_trials)] {
-            if let Some(why) = inconsistency(t, &key) {
-                p.notes.push(if opts.exact {
-                    format!("{label} summary and trials disagree: {why}")
-                } else {
-                    format!("{label} trials not used: {why}")
-                });
-            }
-        }
-        let Some(c) = cur.get(&key) else {
-            let explained = opts.allow_config_change
-                && current
-                    .manifest
-                    .as_ref()
-                    .is_some_and(|m| !drift::grid_contains(m, &b.model, b.n, &b.method, b.d));
-            if explained {
-                p.status = Status::Dropped;
-                p.notes.push(
-                    "absent from the current run, whose configuration no longer includes it".into(),
-                );
-            } else {
-                p.status = Status::Missing;
-                p.failing = true;
-                p.notes.push(format!(
-                    "present in the baseline, missing from {}",
-                    current.summary_source.display()
-                ));
-            }
-            points.push(p);
-            continue;
-        };
-        p.current = Some(stat(c));
-        p.difference = c.mean - b.mean;
-
-        if opts.exact {
-            let tb = exact::trial_map(baseline.trials.as_ref(), &key);
-            let tc = exact::trial_map(current.trials.as_ref(), &key);
-            let (status, worst_rel) =
-                exact::exact_point(&key, &tb, &tc, &mut p.notes, &mut worst_trial);
-            p.test = Test::Exact { worst_rel };
-            p.status = status;
-            p.failing = status != Status::Pass;
-        } else if b.mean.is_finite() && c.mean.is_finite() {
-            let paired = match (&b_trials, &c_trials) {
-                (Some(tb), Some(tc)) => match (tb.usable.get(&key), tc.usable.get(&key)) {
-                    (Some(mb), Some(mc)) if mb.keys().eq(mc.keys()) => {
-                        let diffs: Vec<f64> = mb
-                            .iter()
-                            .filter_map(|(k, eb)| Some(mc[k] - eb).filter(|x| x.is_finite()))
-                            .collect();
-                        if diffs.is_empty() {
-                            None
-                        } else {
-                            Some(diffs)
-                        }
-                    }
-                    (Some(_), Some(_)) => {
-                        p.notes.push(
-                            "trial keys (window, head) differ between the runs: unpaired test"
-                                .into(),
-                        );
-                        None
-                    }
-                    _ => None,
-                },
-                _ => None,
-            };
-            match paired {
-                Some(diffs) => {
-                    let (mean, se) = crate::report::summary::mean_stderr(&diffs);
-                    p.difference = mean;
-                    p.se = se;
-                    p.df = if diffs.len() > 1 {
-                        diffs.len() as f64 - 1.0
-                    } else {
-                        f64::INFINITY
-                    };
-                    p.test = Test::Paired { pairs: diffs.len() };
-                }
-                None => {
-                    p.se = (b.stderr * b.stderr + c.stderr * c.stderr).sqrt();
-                    p.df = stats::welch_df(b.stderr, b.trials, c.stderr, c.trials);
-                    p.test = Test::Unpaired;
-                }
-            }
-            p.critical = critical(p.df);
-            p.bound = if p.se > 0.0 { p.critical * p.se } else { 0.0 } + opts.slack * b.mean.abs();
-            if p.difference > p.bound {
-                p.status = Status::Regression;
-                p.failing = true;
-            } else if p.difference < -p.bound {
-                p.status = Status::Improvement;
-                p.failing = opts.two_sided;
-            }
-        } else {
-            p.status = Status::NotComparable;
-            p.notes
-                .push(match (b.mean.is_finite(), c.mean.is_finite()) {
-                    (false, false) => "no finite trials on either side".to_string(),
-                    (false, true) => {
-                        "the baseline has no finite trials; the current run has".to_string()
-                    }
-                    _ => "the current run has no finite trials".to_string(),
-                });
-        }
-
-        if c.nonfinite_trials > b.nonfinite_trials {
-            p.notes.push(format!(
-                "non-finite trials rose from {} to {}",
-                b.nonfinite_trials, c.nonfinite_trials
-            ));
-            p.failing = true;
-            if p.status > Status::NewNonFinite {
-                p.status = Status::NewNonFinite;
-            }
-        } else if c.nonfinite_trials < b.nonfinite_trials {
-            p.notes.push(format!(
-                "non-finite trials fell from {} to {}",
-                b.nonfinite_trials, c.nonfinite_trials
-            ));
-        }
-        if c.flagged_trials > b.flagged_trials {
-            p.notes.push(format!(
-                "trials with flagged rows (non-finite or D̂ ≤ 0) rose from {} to {}",
-                b.flagged_trials, c.flagged_trials
-            ));
-        }
-        points.push(p);
-    }
-    for c in &current.summary {
-        if !base_keys.contains(&key_of(c)) {
-            points.push(PointResult {
-                model: c.model.clone(),
-                n: c.n,
-                method: c.method.clone(),
-                d: c.d,
-                baseline: None,
-                current: Some(stat(c)),
-                difference: f64::NAN,
-                se: f64::NAN,
-                df: f64::NAN,
-                critical: f64::NAN,
-                bound: f64::NAN,
-                test: Test::None,
-                status: Status::New,
-                failing: false,
-                notes: vec![format!(
-                    "not in the baseline {}",
-                    baseline.summary_source.display()
-                )],
-            });
         }
     }
-    points.sort_by(|a, b| {
-        (!a.failing, a.status)
-            .cmp(&(!b.failing, b.status))
-            .then(b.ratio().total_cmp(&a.ratio()))
-            .then((&a.model, a.n, &a.method, a.d).cmp(&(&b.model, b.n, &b.method, b.d)))
-    });
-    Ok(CheckReport {
-        baseline: baseline.path.clone(),
-        current: current.path.clone(),
-        options: opts.clone(),
-        compared,
-        points,
-        findings,
-        worst_trial,
-    })
+
+    /// A baseline point before it is compared.
+    fn of_baseline(b: &SummaryRow) -> Self {
+        PointResult {
+            baseline: Some(stat(b)),
+            ..Self::blank(b)
+        }
+    }
+
+    /// A point of the current run that the baseline does not have.
+    fn new_in_current(c: &SummaryRow, baseline: &RunData) -> Self {
+        PointResult {
+            current: Some(stat(c)),
+            status: Status::New,
+            notes: vec![format!(
+                "not in the baseline {}",
+                baseline.summary_source.display()
+            )],
+            ..Self::blank(c)
+        }
+    }
 }
