@@ -20,7 +20,7 @@ use crate::numerics::sampling::TrialKey;
 use crate::protocol::pipeline::{self, HeadTarget, Protocol, RowAt};
 use crate::report::manifest::{self, InputFile, Manifest};
 use crate::report::summary;
-use crate::report::trials::TrialWriter;
+use crate::report::trials::{TrialRow, TrialWriter};
 use crate::sweep::SweepOutcome;
 use crate::usage;
 
@@ -231,89 +231,10 @@ pub fn score(req: &ScoreRequest) -> Result<SweepOutcome> {
         .iter()
         .map(|d| ((d.info.n, d.info.window), d))
         .collect();
-    // The Ô files of this method, by (n, window, d).
-    let mut approx: BTreeMap<(usize, usize, usize), PathBuf> = BTreeMap::new();
-    for path in safetensors_in(&req.approx, "--approx")? {
-        let file = path.file_name().unwrap_or_default().to_string_lossy();
-        if let Some(key) = parse_approx_name(&file, &req.name) {
-            if !by_unit.contains_key(&(key.0, key.1)) {
-                return Err(usage!(
-                    "--approx: {} is for n = {}, window {}, which has no dump in --qkv {}",
-                    path.display(),
-                    key.0,
-                    key.1,
-                    req.qkv.display()
-                ));
-            }
-            approx.insert(key, path);
-        }
-    }
-    if approx.is_empty() {
-        return Err(usage!(
-            "--approx {}: no files named {}-n<N>-w<W>-d<D>.safetensors",
-            req.approx.display(),
-            req.name
-        ));
-    }
-    let lengths: Vec<usize> = by_unit
-        .keys()
-        .map(|k| k.0)
-        .collect::<BTreeSet<_>>()
-        .into_iter()
-        .collect();
-    let features: Vec<usize> = approx
-        .keys()
-        .map(|k| k.2)
-        .collect::<BTreeSet<_>>()
-        .into_iter()
-        .collect();
-    let windows = lengths
-        .iter()
-        .map(|&n| by_unit.keys().filter(|k| k.0 == n).count())
-        .min()
-        .unwrap_or(0);
-    // The grid must be whole: windows 0..W of every n, every d.
-    let mut missing = Vec::new();
-    for &n in &lengths {
-        for w in 0..windows {
-            for &d in &features {
-                if !approx.contains_key(&(n, w, d)) {
-                    missing.push(format!("{}-n{n}-w{w}-d{d}.safetensors", req.name));
-                }
-            }
-        }
-    }
-    if !missing.is_empty() {
-        return Err(usage!(
-            "--approx {}: the grid n ∈ {lengths:?} × windows 0..{windows} × d ∈ {features:?} lacks {} file(s): {}",
-            req.approx.display(),
-            missing.len(),
-            missing.iter().take(5).cloned().collect::<Vec<_>>().join(", ")
-        ));
-    }
+    let approx = approx_files(req, &by_unit)?;
+    let (lengths, features, windows) = whole_grid(req, &by_unit, &approx)?;
 
-    // The decode protocol needs causal dumps (a decoder's) and a prompt at every length.
-    if let Some(n_f) = req.decode {
-        if n_f == 0 {
-            return Err(usage!(
-                "--decode 0: give the continuation length n_f, at least 1"
-            ));
-        }
-        if info0.mask != crate::attention::Mask::Causal
-            || req.target != crate::attention::Target::Softmax
-        {
-            return Err(usage!(
-                "--decode {n_f}: the continuation protocol scores causal softmax attention (docs/reference.md §9.1); the dumps in --qkv {} are under the {} mask (dump a decoder's Q/K/V)",
-                req.qkv.display(),
-                info0.mask
-            ));
-        }
-        if let Some(&n) = lengths.iter().find(|&&n| n <= n_f) {
-            return Err(usage!(
-                "--decode {n_f} leaves no prompt at n = {n}: every dumped length must exceed n_f"
-            ));
-        }
-    }
+    refuse_decode(req, &info0, &lengths)?;
     // The rows an Ô file holds: the window's, or the continuation's under --decode.
     let scored = |n: usize| req.decode.unwrap_or(n);
     // Every Ô file's header is checked before anything is written: a refused score leaves --out
@@ -330,37 +251,7 @@ pub fn score(req: &ScoreRequest) -> Result<SweepOutcome> {
         .chain(approx.values().map(|p| ("approx", p.clone())))
         .map(|(role, path)| InputFile::hashed(role, &path))
         .collect::<Result<Vec<_>>>()?;
-    use sha2::Digest;
-    let approx_sha = format!(
-        "{:x}",
-        sha2::Sha256::digest(
-            files
-                .iter()
-                .filter(|f| f.role == "approx")
-                .map(|f| f.sha256.as_str())
-                .collect::<String>()
-        )
-    );
-    let cfg = RunConfig {
-        inputs: info0.inputs.clone(),
-        target: req.target,
-        mask: info0.mask,
-        lengths: lengths.clone(),
-        features: features.clone(),
-        methods: vec![req.name.clone()],
-        windows,
-        heads: None,
-        seed: 0,
-        user_methods: BTreeMap::from([(
-            req.name.clone(),
-            UserMethod {
-                kind: "score files".into(),
-                origin: req.approx.display().to_string(),
-                sha256: approx_sha,
-            },
-        )]),
-        decode: req.decode,
-    };
+    let cfg = score_config(req, &info0, (&lengths, &features, windows), &files);
 
     let lock = crate::report::run_lock::create_and_lock(&req.out)?;
     crate::report::run_lock::probe_writable(&req.out)?;
@@ -386,83 +277,15 @@ pub fn score(req: &ScoreRequest) -> Result<SweepOutcome> {
     let mut rows = Vec::new();
     for &n in &lengths {
         for w in 0..windows {
-            let dump = by_unit[&(n, w)];
-            // MLA's V (and O) are d_v wide, Q and K p wide (issue 57): V is checked at its own width.
-            let pv = dump.info.head_dim_v(&dump.path.display().to_string())?;
-            let shape = [dump.info.heads, n, dump.info.head_dim];
-            let kv_shape = [dump.info.kv_heads(), n, dump.info.head_dim];
-            let q = load_tensor(&dump.path, "q", &shape);
-            let k = load_tensor(&dump.path, "k", &kv_shape);
-            let v = load_tensor(&dump.path, "v", &[dump.info.kv_heads(), n, pv]);
-            let (q, k, v) = (q?, k?, v?);
-            let spec = dump_spec(dump)?;
-            // A non-finite input would surface as a failed exact target (the device message).
-            for (name, t) in [("q", &q), ("k", &k), ("v", &v)] {
-                crate::tensor_util::check_finite(t, || {
-                    format!("--qkv {}: tensor {name}", dump.path.display())
-                })?;
-            }
-            let q = q.to_dtype(cfg.inputs.candle_dtype())?;
-            let k = k.to_dtype(cfg.inputs.candle_dtype())?;
-            let v = v.to_dtype(cfg.inputs.candle_dtype())?;
-            let o_shape = [dump.info.heads, scored(n), pv];
-            let outs: Vec<Tensor> = features
-                .iter()
-                .map(|d| load_tensor(&approx[&(n, w, *d)], "o_hat", &o_shape))
-                .collect::<Result<_>>()?;
-            let model = cfg.inputs.model.name();
-            let protocol = Protocol::of(req.decode);
-            for h in 0..dump.info.heads {
-                let lh = pipeline::layer_head(&q, &k, &v, h, &spec, None, None)?;
-                let kv_head = lh.kv_head;
-                let target =
-                    HeadTarget::new(&lh.head, None, req.target, protocol).with_context(|| {
-                        format!(
-                            "--qkv {}: n = {n}, window {w}, head {h}",
-                            dump.path.display()
-                        )
-                    })?;
-                for (&d, o) in features.iter().zip(&outs) {
-                    let o_hat = Approximation::plain(o.get(h)?.to_dtype(DType::F64)?);
-                    let seed = TrialKey {
-                        seed: cfg.seed,
-                        n,
-                        window: w,
-                        head: h,
-                        method: &req.name,
-                        d,
-                    }
-                    .derive_seed();
-                    // A user's file: no method here made it, so no cost or cache columns, and
-                    // its time is not ours to report.
-                    let measured = target
-                        .measure(None, d, &o_hat, seed, f64::NAN)
-                        .with_context(|| {
-                            format!(
-                                "scoring {} at n = {n}, window {w}, head {h}, d = {d}",
-                                req.name
-                            )
-                        })?;
-                    let row = RowAt {
-                        model,
-                        model_id: &info0.model_id,
-                        layer: cfg.inputs.layer,
-                        n,
-                        window: w,
-                        head: h,
-                        kv_head,
-                        method: &req.name,
-                        d,
-                        target: req.target,
-                        mask: dump.info.mask,
-                        protocol,
-                        spec: &target.head.spec,
-                    }
-                    .row(&measured);
-                    writer.append(&row)?;
-                    rows.push(row);
-                }
-            }
+            rows.extend(score_window(
+                req,
+                &cfg,
+                by_unit[&(n, w)],
+                (n, w),
+                &features,
+                &approx,
+                &mut writer,
+            )?);
         }
     }
     let summary_rows = summary::summarize(&rows, &cfg.methods);
@@ -478,6 +301,241 @@ pub fn score(req: &ScoreRequest) -> Result<SweepOutcome> {
         total_trials: rows.len(),
         lock: Some(lock),
     })
+}
+
+/// The Ô files of the method `req.name` in --approx, by (n, window, d); each must have its dump.
+fn approx_files(
+    req: &ScoreRequest,
+    by_unit: &BTreeMap<(usize, usize), &Dump>,
+) -> Result<BTreeMap<(usize, usize, usize), PathBuf>> {
+    let mut approx: BTreeMap<(usize, usize, usize), PathBuf> = BTreeMap::new();
+    for path in safetensors_in(&req.approx, "--approx")? {
+        let file = path.file_name().unwrap_or_default().to_string_lossy();
+        if let Some(key) = parse_approx_name(&file, &req.name) {
+            if !by_unit.contains_key(&(key.0, key.1)) {
+                return Err(usage!(
+                    "--approx: {} is for n = {}, window {}, which has no dump in --qkv {}",
+                    path.display(),
+                    key.0,
+                    key.1,
+                    req.qkv.display()
+                ));
+            }
+            approx.insert(key, path);
+        }
+    }
+    if approx.is_empty() {
+        return Err(usage!(
+            "--approx {}: no files named {}-n<N>-w<W>-d<D>.safetensors",
+            req.approx.display(),
+            req.name
+        ));
+    }
+    Ok(approx)
+}
+
+/// The grid the files cover, (lengths, budgets, windows per length): it must be whole, windows
+/// 0..W of every n at every d.
+fn whole_grid(
+    req: &ScoreRequest,
+    by_unit: &BTreeMap<(usize, usize), &Dump>,
+    approx: &BTreeMap<(usize, usize, usize), PathBuf>,
+) -> Result<(Vec<usize>, Vec<usize>, usize)> {
+    let lengths: Vec<usize> = by_unit
+        .keys()
+        .map(|k| k.0)
+        .collect::<BTreeSet<_>>()
+        .into_iter()
+        .collect();
+    let features: Vec<usize> = approx
+        .keys()
+        .map(|k| k.2)
+        .collect::<BTreeSet<_>>()
+        .into_iter()
+        .collect();
+    let windows = lengths
+        .iter()
+        .map(|&n| by_unit.keys().filter(|k| k.0 == n).count())
+        .min()
+        .unwrap_or(0);
+    let mut missing = Vec::new();
+    for &n in &lengths {
+        for w in 0..windows {
+            for &d in &features {
+                if !approx.contains_key(&(n, w, d)) {
+                    missing.push(format!("{}-n{n}-w{w}-d{d}.safetensors", req.name));
+                }
+            }
+        }
+    }
+    if !missing.is_empty() {
+        return Err(usage!(
+            "--approx {}: the grid n ∈ {lengths:?} × windows 0..{windows} × d ∈ {features:?} lacks {} file(s): {}",
+            req.approx.display(),
+            missing.len(),
+            missing.iter().take(5).cloned().collect::<Vec<_>>().join(", ")
+        ));
+    }
+
+    Ok((lengths, features, windows))
+}
+
+/// The decode protocol needs causal dumps (a decoder's) and a prompt at every length.
+fn refuse_decode(req: &ScoreRequest, info0: &DumpInfo, lengths: &[usize]) -> Result<()> {
+    if let Some(n_f) = req.decode {
+        if n_f == 0 {
+            return Err(usage!(
+                "--decode 0: give the continuation length n_f, at least 1"
+            ));
+        }
+        if info0.mask != crate::attention::Mask::Causal
+            || req.target != crate::attention::Target::Softmax
+        {
+            return Err(usage!(
+                "--decode {n_f}: the continuation protocol scores causal softmax attention (docs/reference.md §9.1); the dumps in --qkv {} are under the {} mask (dump a decoder's Q/K/V)",
+                req.qkv.display(),
+                info0.mask
+            ));
+        }
+        if let Some(&n) = lengths.iter().find(|&&n| n <= n_f) {
+            return Err(usage!(
+                "--decode {n_f} leaves no prompt at n = {n}: every dumped length must exceed n_f"
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// The run configuration of a score: the dumps' inputs, the grid, the method as a user's own
+/// (its origin and the hash of its files).
+fn score_config(
+    req: &ScoreRequest,
+    info0: &DumpInfo,
+    (lengths, features, windows): (&[usize], &[usize], usize),
+    files: &[InputFile],
+) -> RunConfig {
+    use sha2::Digest;
+    let approx_sha = format!(
+        "{:x}",
+        sha2::Sha256::digest(
+            files
+                .iter()
+                .filter(|f| f.role == "approx")
+                .map(|f| f.sha256.as_str())
+                .collect::<String>()
+        )
+    );
+    RunConfig {
+        inputs: info0.inputs.clone(),
+        target: req.target,
+        mask: info0.mask,
+        lengths: lengths.to_vec(),
+        features: features.to_vec(),
+        methods: vec![req.name.clone()],
+        windows,
+        heads: None,
+        seed: 0,
+        user_methods: BTreeMap::from([(
+            req.name.clone(),
+            UserMethod {
+                kind: "score files".into(),
+                origin: req.approx.display().to_string(),
+                sha256: approx_sha,
+            },
+        )]),
+        decode: req.decode,
+    }
+}
+
+/// The rows of one dumped window (n, w): every head at every d of the grid, each appended to
+/// trials.csv as it is scored.
+fn score_window(
+    req: &ScoreRequest,
+    cfg: &RunConfig,
+    dump: &Dump,
+    (n, w): (usize, usize),
+    features: &[usize],
+    approx: &BTreeMap<(usize, usize, usize), PathBuf>,
+    writer: &mut TrialWriter,
+) -> Result<Vec<TrialRow>> {
+    let scored = |n: usize| req.decode.unwrap_or(n);
+    let mut rows = Vec::new();
+    // MLA's V (and O) are d_v wide, Q and K p wide (issue 57): V is checked at its own width.
+    let pv = dump.info.head_dim_v(&dump.path.display().to_string())?;
+    let shape = [dump.info.heads, n, dump.info.head_dim];
+    let kv_shape = [dump.info.kv_heads(), n, dump.info.head_dim];
+    let q = load_tensor(&dump.path, "q", &shape);
+    let k = load_tensor(&dump.path, "k", &kv_shape);
+    let v = load_tensor(&dump.path, "v", &[dump.info.kv_heads(), n, pv]);
+    let (q, k, v) = (q?, k?, v?);
+    let spec = dump_spec(dump)?;
+    // A non-finite input would surface as a failed exact target (the device message).
+    for (name, t) in [("q", &q), ("k", &k), ("v", &v)] {
+        crate::tensor_util::check_finite(t, || {
+            format!("--qkv {}: tensor {name}", dump.path.display())
+        })?;
+    }
+    let q = q.to_dtype(cfg.inputs.candle_dtype())?;
+    let k = k.to_dtype(cfg.inputs.candle_dtype())?;
+    let v = v.to_dtype(cfg.inputs.candle_dtype())?;
+    let o_shape = [dump.info.heads, scored(n), pv];
+    let outs: Vec<Tensor> = features
+        .iter()
+        .map(|d| load_tensor(&approx[&(n, w, *d)], "o_hat", &o_shape))
+        .collect::<Result<_>>()?;
+    let model = cfg.inputs.model.name();
+    let protocol = Protocol::of(req.decode);
+    for h in 0..dump.info.heads {
+        let lh = pipeline::layer_head(&q, &k, &v, h, &spec, None, None)?;
+        let kv_head = lh.kv_head;
+        let target = HeadTarget::new(&lh.head, None, req.target, protocol).with_context(|| {
+            format!(
+                "--qkv {}: n = {n}, window {w}, head {h}",
+                dump.path.display()
+            )
+        })?;
+        for (&d, o) in features.iter().zip(&outs) {
+            let o_hat = Approximation::plain(o.get(h)?.to_dtype(DType::F64)?);
+            let seed = TrialKey {
+                seed: cfg.seed,
+                n,
+                window: w,
+                head: h,
+                method: &req.name,
+                d,
+            }
+            .derive_seed();
+            // A user's file: no method here made it, so no cost or cache columns, and
+            // its time is not ours to report.
+            let measured = target
+                .measure(None, d, &o_hat, seed, f64::NAN)
+                .with_context(|| {
+                    format!(
+                        "scoring {} at n = {n}, window {w}, head {h}, d = {d}",
+                        req.name
+                    )
+                })?;
+            let row = RowAt {
+                model,
+                model_id: &dump.info.model_id,
+                layer: cfg.inputs.layer,
+                n,
+                window: w,
+                head: h,
+                kv_head,
+                method: &req.name,
+                d,
+                target: req.target,
+                mask: dump.info.mask,
+                protocol,
+                spec: &target.head.spec,
+            }
+            .row(&measured);
+            writer.append(&row)?;
+            rows.push(row);
+        }
+    }
+    Ok(rows)
 }
 
 #[cfg(test)]
