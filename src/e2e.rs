@@ -119,18 +119,7 @@ pub fn run(req: &E2eRequest) -> Result<E2eOutcome> {
 /// `req.methods` that one of `extra` bears is that method, in the mode it was given.
 pub fn run_with(req: &E2eRequest, extra: Vec<E2eMethod>) -> Result<E2eOutcome> {
     check_request(req)?;
-    let mut extra = extra;
-    let methods = req
-        .methods
-        .iter()
-        .map(|id| match extra.iter().position(|m| &m.name == id) {
-            Some(i) => Ok(extra.remove(i)),
-            None => E2eMethod::resolve(id),
-        })
-        .collect::<Result<Vec<_>>>()?;
-    if methods.is_empty() {
-        return Err(usage!("--methods: name at least one method"));
-    }
+    let methods = resolve_methods(&req.methods, extra)?;
     // The windows of an --ids run are the file's: no corpus is tokenized, or downloaded (issue 57).
     let need = match req.ids_file {
         Some(_) => 0,
@@ -146,38 +135,8 @@ pub fn run_with(req: &E2eRequest, extra: Vec<E2eMethod>) -> Result<E2eOutcome> {
     };
     let n_max = windows.iter().map(Vec::len).max().unwrap_or(0);
     refuse_unsupported(model, &methods, n_max)?;
-    let one_layer = req
-        .one_layer
-        .clone()
-        .unwrap_or_else(|| default_one_layer(model.shape().layers));
-    if let Some(&l) = one_layer.iter().find(|&&l| l >= model.shape().layers) {
-        return Err(usage!(
-            "--one-layer {l}: the model has {} layers (0..={})",
-            model.shape().layers,
-            model.shape().layers - 1
-        ));
-    }
-    for (m, d) in methods
-        .iter()
-        .flat_map(|m| m.budgets(&req.features).into_iter().map(move |d| (m, d)))
-    {
-        for ids in &windows {
-            let n = ids.len();
-            if req.n_f >= n {
-                return Err(usage!(
-                    "--n-f {}: the continuation must leave a prompt of at least one token in a window of n = {n}; give --n-f below n",
-                    req.n_f
-                ));
-            }
-            let budget_n = if m.decode { n - req.n_f } else { n };
-            m.method
-                .check(budget_n, d)
-                .map_err(|e| usage!("{} at d = {d}: {e}", m.name))?;
-            m.method
-                .check_head_dim(checked_head_dim(model, m))
-                .map_err(|e| usage!("{}: {e}", m.name))?;
-        }
-    }
+    let one_layer = one_layer_view(req, model.shape().layers)?;
+    refuse_points(req, model, &methods, &windows)?;
     let activations = model.shape().e2e_activation_bytes(
         n_max,
         req.n_f,
@@ -194,13 +153,106 @@ pub fn run_with(req: &E2eRequest, extra: Vec<E2eMethod>) -> Result<E2eOutcome> {
         .filter(|(role, _)| role != "corpus")
         .map(|(role, path)| crate::report::manifest::InputFile::hashed(role, path))
         .collect::<Result<Vec<_>>>()?;
+    let (reports, new_points, total_points) = run_points(
+        req,
+        &prepared,
+        &methods,
+        &windows,
+        &one_layer,
+        &inputs_list,
+        activations,
+    )?;
+    Ok(E2eOutcome {
+        out: req.out.clone(),
+        reports,
+        new_points,
+        total_points,
+    })
+}
+
+/// The run's methods by id: the caller's own (`extra`) first, then the registry's.
+fn resolve_methods(ids: &[String], mut extra: Vec<E2eMethod>) -> Result<Vec<E2eMethod>> {
+    let methods = ids
+        .iter()
+        .map(|id| match extra.iter().position(|m| &m.name == id) {
+            Some(i) => Ok(extra.remove(i)),
+            None => E2eMethod::resolve(id),
+        })
+        .collect::<Result<Vec<_>>>()?;
+    if methods.is_empty() {
+        return Err(usage!("--methods: name at least one method"));
+    }
+    Ok(methods)
+}
+
+/// The layers of the one-layer view (--one-layer, default 0 and L/2), each within the model.
+fn one_layer_view(req: &E2eRequest, layers: usize) -> Result<Vec<usize>> {
+    let one_layer = req
+        .one_layer
+        .clone()
+        .unwrap_or_else(|| default_one_layer(layers));
+    if let Some(&l) = one_layer.iter().find(|&&l| l >= layers) {
+        return Err(usage!(
+            "--one-layer {l}: the model has {layers} layers (0..={})",
+            layers - 1
+        ));
+    }
+    Ok(one_layer)
+}
+
+/// Every point's refusals before anything runs: a continuation that leaves no prompt, a budget
+/// the method refuses at that n, a head dimension it cannot take.
+fn refuse_points(
+    req: &E2eRequest,
+    model: &dyn crate::models::Decoder,
+    methods: &[E2eMethod],
+    windows: &[Vec<u32>],
+) -> Result<()> {
+    for (m, d) in methods
+        .iter()
+        .flat_map(|m| m.budgets(&req.features).into_iter().map(move |d| (m, d)))
+    {
+        for ids in windows {
+            let n = ids.len();
+            if req.n_f >= n {
+                return Err(usage!(
+                    "--n-f {}: the continuation must leave a prompt of at least one token in a window of n = {n}; give --n-f below n",
+                    req.n_f
+                ));
+            }
+            let budget_n = if m.decode { n - req.n_f } else { n };
+            m.method
+                .check(budget_n, d)
+                .map_err(|e| usage!("{} at d = {d}: {e}", m.name))?;
+            m.method
+                .check_head_dim(checked_head_dim(model, m))
+                .map_err(|e| usage!("{}: {e}", m.name))?;
+        }
+    }
+    Ok(())
+}
+
+/// The points not yet in --out, window-major, and each point's KL report over the windows run
+/// now: (reports, points written now, points in the run).
+fn run_points(
+    req: &E2eRequest,
+    prepared: &inputs::Prepared,
+    methods: &[E2eMethod],
+    windows: &[Vec<u32>],
+    one_layer: &[usize],
+    inputs_list: &[crate::report::manifest::InputFile],
+    activations: u64,
+) -> Result<(Vec<(String, KldReport)>, usize, usize)> {
+    let model = prepared
+        .whole_decoder()
+        .expect("prepare_depth refuses an encoder at Depth::Whole");
     let mut store = files::Store::open(
         &req.out,
         req,
-        &windows,
+        windows,
         &prepared.model_id,
-        &inputs_list,
-        &one_layer,
+        inputs_list,
+        one_layer,
     )?;
     store.record_weights(prepared.weight_plan, Some(activations));
     let dtype = req.inputs.candle_dtype();
@@ -230,7 +282,7 @@ pub fn run_with(req: &E2eRequest, extra: Vec<E2eMethod>) -> Result<E2eOutcome> {
                 dtype,
                 seed: req.seed,
                 index: w,
-                one_layer: one_layer.clone(),
+                one_layer: one_layer.to_vec(),
                 keep_prompt,
             };
             for (i, &(m, d)) in points.iter().enumerate() {
@@ -289,12 +341,7 @@ pub fn run_with(req: &E2eRequest, extra: Vec<E2eMethod>) -> Result<E2eOutcome> {
     }
     let total_points = store.finish()?;
     drop(polling);
-    Ok(E2eOutcome {
-        out: req.out.clone(),
-        reports,
-        new_points,
-        total_points,
-    })
+    Ok((reports, new_points, total_points))
 }
 
 /// What the request must hold before anything is read or written (issue 57): a refused run leaves
