@@ -190,163 +190,213 @@ impl PyMethod {
         let (n, p) = (head.n(), head.p());
         let returned = Python::attach(|py| -> Result<Returned> {
             let np = py.import("numpy").map_err(|e| py_error(py, e))?;
-            let rng = np
-                .getattr("random")
-                .and_then(|r| r.call_method1("default_rng", (seed,)))
-                .map_err(|e| py_error(py, e))?;
-            let args = (
-                head_array(py, &head.q)?,
-                head_array(py, &head.k)?,
-                head_array(py, &head.v)?,
-                d,
-                rng,
-            );
-            // Under the causal mask the function is told so (`mask="causal"`), and must take
-            // that keyword: an estimate of bidirectional attention would be scored against the
-            // causal target without anyone noticing. Unmasked runs call f(q, k, v, d, rng) as before.
-            // Under the decode protocol (docs/reference.md §9.1, `decode=n_f`) it is also told n_f: the
-            // last n_f rows of q are the continuation, the rows scored, and it may return them
-            // alone ([n_f, p]) or the whole window ([n, p], of which they are taken).
-            // A function with a `spec` parameter is told the layer's attention on every call.
-            let result = if head.mask == Mask::Causal || self.reads_spec {
-                let kw = pyo3::types::PyDict::new(py);
-                if head.mask == Mask::Causal {
-                    kw.set_item("mask", "causal").map_err(|e| py_error(py, e))?;
-                }
-                if let Some(dec) = dec {
-                    kw.set_item("n_f", dec.n_f()).map_err(|e| py_error(py, e))?;
-                }
-                if self.reads_spec {
-                    let spec = spec_dict(py, head).map_err(|e| py_error(py, e))?;
-                    kw.set_item("spec", spec).map_err(|e| py_error(py, e))?;
-                }
-                self.func.call(py, args, Some(&kw)).map_err(|e| {
-                    let hint = if e.is_instance_of::<pyo3::exceptions::PyTypeError>(py) {
-                        " (under mask=\"causal\" the function is called as f(q, k, v, d, rng, mask=\"causal\"), and under \
-                         decode= also with n_f=…; add `mask=None` (and `n_f=None`) parameters and compute attention over keys j ≤ i when it is \"causal\")"
-                    } else {
-                        ""
-                    };
-                    anyhow!("{}{hint}", py_error(py, e))
-                })?
-            } else {
-                self.func.call1(py, args).map_err(|e| py_error(py, e))?
-            };
-            // Under the decode protocol the function may say which prompt keys the continuation
-            // reads instead of computing Ô: one integer array (a static set, every continuation
-            // row) or a list of n_f of them (one per continuation row); the tool then computes
-            // the restricted rows, `keys`, `mass` and `kv_read` as for a built-in §9 method.
+            let result = self.invoke(py, &np, head, dec, d, seed)?;
             if dec.is_some() {
-                let r = result.bind(py);
-                let is_seq = r.is_instance_of::<pyo3::types::PyList>()
-                    || r.is_instance_of::<pyo3::types::PyTuple>();
-                if is_seq {
-                    let sets: Vec<Vec<i64>> = r.extract().map_err(|_| {
-                        anyhow!("returned a list that is not one integer array of prompt keys per continuation row")
-                    })?;
-                    return Ok(Returned::PerRow(sets));
-                }
-                let arr = np
-                    .call_method1("asarray", (r,))
-                    .map_err(|e| py_error(py, e))?;
-                let kind: String = arr
-                    .getattr("dtype")
-                    .and_then(|d| d.getattr("kind"))
-                    .and_then(|k| k.extract())
-                    .map_err(|e| py_error(py, e))?;
-                let ndim: usize = arr
-                    .getattr("ndim")
-                    .and_then(|d| d.extract())
-                    .map_err(|e| py_error(py, e))?;
-                if ndim == 1 && (kind == "i" || kind == "u") {
-                    let keys: Vec<i64> = arr
-                        .call_method0("tolist")
-                        .and_then(|l| l.extract())
-                        .map_err(|e| py_error(py, e))?;
-                    return Ok(Returned::Static(keys));
+                if let Some(sets) = returned_key_sets(py, &np, &result)? {
+                    return Ok(sets);
                 }
             }
-            // A complex result would lose its imaginary part to float64 with only a warning
-            // (issue 57): refused, as a wrong shape is.
-            let complex: bool = np
-                .call_method1("iscomplexobj", (result.bind(py),))
-                .and_then(|c| c.extract())
-                .map_err(|e| py_error(py, e))?;
-            if complex {
-                bail!("returned complex values; attention's output is real: return its real array");
-            }
-            // numpy.asarray accepts torch (CPU) and JAX arrays as well as numpy's own.
-            let arr = np
-                .call_method1("asarray", (result.bind(py), "float64"))
-                .map_err(|e| py_error(py, e))?;
-            let arr: PyReadonlyArray2<'_, f64> = arr.extract().map_err(|_| {
-                anyhow!(
-                    "returned an array of shape {:?}; expected one head's output [n, p] = [{n}, {p}]",
-                    arr.getattr("shape").map(|s| s.to_string()).unwrap_or_default()
-                )
-            })?;
-            let rows = match dec {
-                Some(dec) if arr.shape() == [dec.n_f(), p] => 0..dec.n_f(),
-                Some(dec) if arr.shape() == [n, p] => dec.n_p()..n,
-                Some(dec) => bail!(
-                    "returned shape {:?}; expected the continuation's rows [n_f, p] = [{}, {p}] or the window's [n, p] = [{n}, {p}]",
-                    arr.shape(),
-                    dec.n_f()
-                ),
-                None if arr.shape() == [n, p] => 0..n,
-                None => bail!(
-                    "returned shape {:?}; expected [n, p] = [{n}, {p}]",
-                    arr.shape()
-                ),
-            };
-            Ok(Returned::Rows(
-                arr.as_array()
-                    .rows()
-                    .into_iter()
-                    .skip(rows.start)
-                    .take(rows.len())
-                    .flatten()
-                    .copied()
-                    .collect(),
-            ))
+            returned_rows(py, &np, &result, (n, p), dec)
         })?;
-        let out = match returned {
-            Returned::Rows(out) => out,
-            Returned::Static(keys) => {
-                let dec = dec.expect("key sets only under decode");
-                let kept = prompt_keys(keys, dec.n_p(), "the kept set")?;
-                return approx_bench::attention::decode::static_rows(head, dec, &kept);
-            }
-            Returned::PerRow(sets) => {
-                let dec = dec.expect("key sets only under decode");
-                if sets.len() != dec.n_f() {
-                    bail!(
-                        "returned {} key sets; expected one per continuation row, n_f = {}",
-                        sets.len(),
-                        dec.n_f()
-                    );
-                }
-                let sets = sets
-                    .into_iter()
-                    .enumerate()
-                    .map(|(i, s)| prompt_keys(s, dec.n_p(), &format!("continuation row {i}'s set")))
-                    .collect::<Result<Vec<_>>>()?;
-                return approx_bench::attention::decode::per_query_rows(head, dec, sets);
-            }
-        };
-        let n = out.len() / p;
-        if let Some(i) = out.iter().position(|x| !x.is_finite()) {
-            bail!(
-                "returned a non-finite value ({}) at row {}, column {}",
-                out[i],
-                i / p,
-                i % p
-            );
-        }
-        Ok(Approximation::plain(Tensor::from_vec(
-            out,
-            (n, p),
-            head.device(),
-        )?))
+        approximation(returned, head, dec, p)
     }
+
+    /// The function called on the head's arrays, with the keywords its run needs.
+    fn invoke(
+        &self,
+        py: Python<'_>,
+        np: &Bound<'_, PyModule>,
+        head: &HeadInputs,
+        dec: Option<&DecodeHead>,
+        d: usize,
+        seed: u64,
+    ) -> Result<Py<PyAny>> {
+        let rng = np
+            .getattr("random")
+            .and_then(|r| r.call_method1("default_rng", (seed,)))
+            .map_err(|e| py_error(py, e))?;
+        let args = (
+            head_array(py, &head.q)?,
+            head_array(py, &head.k)?,
+            head_array(py, &head.v)?,
+            d,
+            rng,
+        );
+        // Under the causal mask the function is told so (`mask="causal"`), and must take
+        // that keyword: an estimate of bidirectional attention would be scored against the
+        // causal target without anyone noticing. Unmasked runs call f(q, k, v, d, rng) as before.
+        // Under the decode protocol (docs/reference.md §9.1, `decode=n_f`) it is also told n_f: the
+        // last n_f rows of q are the continuation, the rows scored, and it may return them
+        // alone ([n_f, p]) or the whole window ([n, p], of which they are taken).
+        // A function with a `spec` parameter is told the layer's attention on every call.
+        if !(head.mask == Mask::Causal || self.reads_spec) {
+            return self.func.call1(py, args).map_err(|e| py_error(py, e));
+        }
+        let kw = pyo3::types::PyDict::new(py);
+        if head.mask == Mask::Causal {
+            kw.set_item("mask", "causal").map_err(|e| py_error(py, e))?;
+        }
+        if let Some(dec) = dec {
+            kw.set_item("n_f", dec.n_f()).map_err(|e| py_error(py, e))?;
+        }
+        if self.reads_spec {
+            let spec = spec_dict(py, head).map_err(|e| py_error(py, e))?;
+            kw.set_item("spec", spec).map_err(|e| py_error(py, e))?;
+        }
+        self.func.call(py, args, Some(&kw)).map_err(|e| {
+            let hint = if e.is_instance_of::<pyo3::exceptions::PyTypeError>(py) {
+                " (under mask=\"causal\" the function is called as f(q, k, v, d, rng, mask=\"causal\"), and under \
+                 decode= also with n_f=…; add `mask=None` (and `n_f=None`) parameters and compute attention over keys j ≤ i when it is \"causal\")"
+            } else {
+                ""
+            };
+            anyhow!("{}{hint}", py_error(py, e))
+        })
+    }
+}
+
+/// Under the decode protocol the function may say which prompt keys the continuation reads
+/// instead of computing Ô: one integer array (a static set, every continuation row) or a list
+/// of n_f of them (one per continuation row); the tool then computes the restricted rows,
+/// `keys`, `mass` and `kv_read` as for a built-in §9 method. None: it returned rows.
+fn returned_key_sets(
+    py: Python<'_>,
+    np: &Bound<'_, PyModule>,
+    result: &Py<PyAny>,
+) -> Result<Option<Returned>> {
+    let r = result.bind(py);
+    let is_seq =
+        r.is_instance_of::<pyo3::types::PyList>() || r.is_instance_of::<pyo3::types::PyTuple>();
+    if is_seq {
+        let sets: Vec<Vec<i64>> = r.extract().map_err(|_| {
+            anyhow!(
+                "returned a list that is not one integer array of prompt keys per continuation row"
+            )
+        })?;
+        return Ok(Some(Returned::PerRow(sets)));
+    }
+    let arr = np
+        .call_method1("asarray", (r,))
+        .map_err(|e| py_error(py, e))?;
+    let kind: String = arr
+        .getattr("dtype")
+        .and_then(|d| d.getattr("kind"))
+        .and_then(|k| k.extract())
+        .map_err(|e| py_error(py, e))?;
+    let ndim: usize = arr
+        .getattr("ndim")
+        .and_then(|d| d.extract())
+        .map_err(|e| py_error(py, e))?;
+    if ndim == 1 && (kind == "i" || kind == "u") {
+        let keys: Vec<i64> = arr
+            .call_method0("tolist")
+            .and_then(|l| l.extract())
+            .map_err(|e| py_error(py, e))?;
+        return Ok(Some(Returned::Static(keys)));
+    }
+    Ok(None)
+}
+
+/// The rows the function returned, as f64: the window's [n, p] or, under the decode protocol, the
+/// continuation's [n_f, p] (of a window's, the continuation rows are taken).
+fn returned_rows(
+    py: Python<'_>,
+    np: &Bound<'_, PyModule>,
+    result: &Py<PyAny>,
+    (n, p): (usize, usize),
+    dec: Option<&DecodeHead>,
+) -> Result<Returned> {
+    // A complex result would lose its imaginary part to float64 with only a warning
+    // (issue 57): refused, as a wrong shape is.
+    let complex: bool = np
+        .call_method1("iscomplexobj", (result.bind(py),))
+        .and_then(|c| c.extract())
+        .map_err(|e| py_error(py, e))?;
+    if complex {
+        bail!("returned complex values; attention's output is real: return its real array");
+    }
+    // numpy.asarray accepts torch (CPU) and JAX arrays as well as numpy's own.
+    let arr = np
+        .call_method1("asarray", (result.bind(py), "float64"))
+        .map_err(|e| py_error(py, e))?;
+    let arr: PyReadonlyArray2<'_, f64> = arr.extract().map_err(|_| {
+        anyhow!(
+            "returned an array of shape {:?}; expected one head's output [n, p] = [{n}, {p}]",
+            arr.getattr("shape")
+                .map(|s| s.to_string())
+                .unwrap_or_default()
+        )
+    })?;
+    let rows = match dec {
+        Some(dec) if arr.shape() == [dec.n_f(), p] => 0..dec.n_f(),
+        Some(dec) if arr.shape() == [n, p] => dec.n_p()..n,
+        Some(dec) => bail!(
+            "returned shape {:?}; expected the continuation's rows [n_f, p] = [{}, {p}] or the window's [n, p] = [{n}, {p}]",
+            arr.shape(),
+            dec.n_f()
+        ),
+        None if arr.shape() == [n, p] => 0..n,
+        None => bail!(
+            "returned shape {:?}; expected [n, p] = [{n}, {p}]",
+            arr.shape()
+        ),
+    };
+    Ok(Returned::Rows(
+        arr.as_array()
+            .rows()
+            .into_iter()
+            .skip(rows.start)
+            .take(rows.len())
+            .flatten()
+            .copied()
+            .collect(),
+    ))
+}
+
+/// What the function returned, as the head's approximation: its rows (finite), or the rows of the
+/// key sets it chose.
+fn approximation(
+    returned: Returned,
+    head: &HeadInputs,
+    dec: Option<&DecodeHead>,
+    p: usize,
+) -> Result<Approximation> {
+    let out = match returned {
+        Returned::Rows(out) => out,
+        Returned::Static(keys) => {
+            let dec = dec.expect("key sets only under decode");
+            let kept = prompt_keys(keys, dec.n_p(), "the kept set")?;
+            return approx_bench::attention::decode::static_rows(head, dec, &kept);
+        }
+        Returned::PerRow(sets) => {
+            let dec = dec.expect("key sets only under decode");
+            if sets.len() != dec.n_f() {
+                bail!(
+                    "returned {} key sets; expected one per continuation row, n_f = {}",
+                    sets.len(),
+                    dec.n_f()
+                );
+            }
+            let sets = sets
+                .into_iter()
+                .enumerate()
+                .map(|(i, s)| prompt_keys(s, dec.n_p(), &format!("continuation row {i}'s set")))
+                .collect::<Result<Vec<_>>>()?;
+            return approx_bench::attention::decode::per_query_rows(head, dec, sets);
+        }
+    };
+    let n = out.len() / p;
+    if let Some(i) = out.iter().position(|x| !x.is_finite()) {
+        bail!(
+            "returned a non-finite value ({}) at row {}, column {}",
+            out[i],
+            i / p,
+            i % p
+        );
+    }
+    Ok(Approximation::plain(Tensor::from_vec(
+        out,
+        (n, p),
+        head.device(),
+    )?))
 }

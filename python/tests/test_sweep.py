@@ -332,7 +332,9 @@ def test_a_decode_sweep_tells_a_users_function_n_f_and_scores_the_continuation(t
     for key, e in builtin.items():
         assert mine[key] == pytest.approx(e, rel=1e-4, abs=1e-7), key
     manifest = json.loads((out / "manifest.json").read_text())
-    assert manifest["decode"] == {"n_f": 16, "layer": 1, "layers": 3}
+    assert {k: manifest["decode"][k] for k in ("n_f", "layer", "layers")} == {"n_f": 16, "layer": 1, "layers": 3}
+    # Whose keys d counts (issue 58): a user's function is called per query head.
+    assert manifest["decode"]["budget_rules"] == {"dec_window": "per_layer", "recent_prompt": "per_query_head"}
     # A prefill method is refused under the protocol.
     with pytest.raises(ValueError, match="not a method of the decode protocol"):
         ab.sweep(["window"], out=tmp_path / "bad", lengths=[64], windows=1, decode=16, **llama)
