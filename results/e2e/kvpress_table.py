@@ -1,21 +1,23 @@
 #!/usr/bin/env python3
 """kvpress's presses beside the §9 methods (issue 58), from results/e2e: for each model, the mean KL
 over the windows that both the press run (run-kvpress.sh) and the committed e2e run have, with the
-same ids (checked line by line in ids.txt), at d = 64 and 256; and the prompt keys a K/V head stores
+same ids (checked line by line in ids.txt), at d = 64 and 256 (the presses also at 384, about what the per-query-head forms store at 256); and
+the prompt keys a K/V head stores
 (`kv_union` of the single-layer decode sweeps in results/e2e/kvpress-union-*, a mean over their
-layers; d itself for one set per K/V head or per layer). Prints the markdown of docs/reproductions.md's
+rows, two layers a model; d itself for one set per K/V head or per layer). Prints the markdown of docs/reproductions.md's
 "kvpress's presses"; with --write, rewrites it between <!-- kvpress-table --> and <!-- /kvpress-table -->.
 Run from the repository root."""
 
 import csv
+import glob
 import os
 import re
 import sys
 from collections import defaultdict
 
 MODELS = {
-    "SmolLM2-135M": ("results/e2e/smollm2-n2048", "results/e2e/kvpress-smollm2-n2048", "results/e2e/kvpress-union-smollm2"),
-    "Gemma 3 270M": ("results/e2e/gemma3-270m-n2048", "results/e2e/kvpress-gemma3-270m-n2048", "results/e2e/kvpress-union-gemma3"),
+    "SmolLM2-135M": ("results/e2e/smollm2-n2048", "results/e2e/kvpress-smollm2-n2048", "results/e2e/kvpress-union-smollm2-l*"),
+    "Gemma 3 270M": ("results/e2e/gemma3-270m-n2048", "results/e2e/kvpress-gemma3-270m-n2048", "results/e2e/kvpress-union-gemma3-l*"),
 }
 # (kvpress form, the §9 method it is the per-query-head or per-layer form of); oracles last.
 PAIRS = [
@@ -62,15 +64,13 @@ def kl_means(base, press):
     return {k: sum(v) / len(v) for k, v in out.items() if len(v) == len(windows)}, len(windows)
 
 
-def unions(run):
-    """{(method, d): mean kv_union over the sweep's rows}."""
-    path = os.path.join(run, "trials.csv")
-    if not os.path.exists(path):
-        return {}
+def unions(pattern):
+    """{(method, d): mean kv_union over the rows of the sweeps matching `pattern` (one per layer)}."""
     acc = defaultdict(list)
-    for r in csv.DictReader(open(path)):
-        if r["kv_union"]:
-            acc[(r["method"], int(r["d"]))].append(float(r["kv_union"]))
+    for run in sorted(glob.glob(pattern)):
+        for r in csv.DictReader(open(os.path.join(run, "trials.csv"))):
+            if r["kv_union"]:
+                acc[(r["method"], int(r["d"]))].append(float(r["kv_union"]))
     return {k: sum(v) / len(v) for k, v in acc.items()}
 
 
@@ -83,10 +83,10 @@ def table():
         un = unions(union_run)
         lines.append(f"**{model}** (mean KL over {nw} windows of n = 2048, n_f = 256; stored = prompt keys a K/V head holds)")
         lines.append("")
-        lines.append("| kvpress form | KL d=64 | KL d=256 | §9 form (its rule) | stored d=64 | stored d=256 | KL d=64 | KL d=256 |")
-        lines.append("|---|---|---|---|---|---|---|---|")
+        lines.append("| kvpress form (stores d) | KL d=64 | KL d=256 | KL d=384 | §9 form (its rule) | stored d=64 | stored d=256 | KL d=64 | KL d=256 |")
+        lines.append("|---|---|---|---|---|---|---|---|---|")
         for p, ours in PAIRS:
-            left = [f"`{p}`" if p else "", fmt(kl.get((p, 64))) if p else "", fmt(kl.get((p, 256))) if p else ""]
+            left = [f"`{p}`" if p else ""] + [fmt(kl.get((p, d))) if p else "" for d in (64, 256, 384)]
             if ours:
                 rule = "per query head" if ours in PER_QUERY else ("per query" if ours == "topk_dec" else "per layer")
                 stored = [fmt(un.get((ours, d))) if ours in PER_QUERY else str(d) for d in DS]
