@@ -69,6 +69,8 @@ def presses():
         "knorm_press": (lambda r: kp.KnormPress(compression_ratio=r), True, "KnormPress"),
         "keydiff_press": (lambda r: kp.KeyDiffPress(compression_ratio=r), True, "KeyDiffPress"),
         "cur_press": (lambda r: kp.CURPress(compression_ratio=r), True, "CURPress"),
+        "expected_attention_press": (lambda r: kp.ExpectedAttentionPress(compression_ratio=r), True,
+                                     "ExpectedAttentionPress"),
     }
 
 

@@ -30,6 +30,7 @@ PAIRS = [
     ("knorm_press", None),
     ("keydiff_press", None),
     ("cur_press", None),
+    ("expected_attention_press", None),
     (None, "topk_dec"),
     (None, "evict_oracle"),
 ]

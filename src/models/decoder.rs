@@ -149,6 +149,12 @@ pub trait Decoder: Send + Sync {
     /// Layer `layer`'s exact attention, for a loaded layer (0..=L): from the config, and for
     /// gpt-oss the sinks of its weights.
     fn attention_spec(&self, layer: usize) -> AttentionSpec;
+    /// Layer `layer`'s rotary map, where the family has one read beyond a window (the Llama path,
+    /// Gemma): kvpress's ExpectedAttentionPress averages it over future positions (issue 58).
+    fn layer_rope(&self, layer: usize) -> Option<super::rope::LayerRope> {
+        let _ = layer;
+        None
+    }
     /// Layer `layer`'s sliding window, for any layer of the model: from the config alone.
     fn window(&self, layer: usize) -> Option<usize> {
         self.attention_spec(layer).window

@@ -447,6 +447,19 @@ impl Decoder for Gemma {
         self.cfg.spec(layer)
     }
 
+    /// The layer type's RoPE (global or local), as `embed`'s tables.
+    fn layer_rope(&self, layer: usize) -> Option<rope::LayerRope> {
+        let cfg = &self.cfg;
+        let config = match cfg.layer_types[layer] {
+            LayerType::Full => &cfg.rope_global,
+            LayerType::Sliding => &cfg.rope_local,
+        };
+        Some(rope::LayerRope {
+            inv_freq: rope::inv_freq(config, cfg.head_dim),
+            attention_factor: 1.0,
+        })
+    }
+
     fn loaded_layers(&self) -> usize {
         self.layers.len()
     }

@@ -216,6 +216,13 @@ impl Decoder for Llama {
         self.cfg.attention_spec(layer)
     }
 
+    fn layer_rope(&self, _layer: usize) -> Option<rope::LayerRope> {
+        Some(rope::LayerRope {
+            inv_freq: rope::inv_freq(&self.cfg.rope, self.cfg.head_dim),
+            attention_factor: 1.0,
+        })
+    }
+
     fn loaded_layers(&self) -> usize {
         self.weights.layers.len()
     }

@@ -10,6 +10,8 @@ use super::decoder_config::{RopeConfig, RopeScaling};
 // yarn and the pair layouts of §7.7.4–7.7.5, in their own file.
 mod yarn;
 pub use yarn::{deinterleave, interleave, yarn_mscale, FamilyRope, Yarn};
+// The tables of any positions and a layer's map, below the methods that read them.
+pub use crate::numerics::rope::{cos_sin_from, rotate_half, LayerRope};
 
 /// inv_freq_t, t = 0..p/2, in f64, with the config's scaling applied.
 pub fn inv_freq(rope: &RopeConfig, head_dim: usize) -> Vec<f64> {
@@ -75,28 +77,7 @@ pub fn cos_sin_of(
     dtype: DType,
     device: &Device,
 ) -> Result<(Tensor, Tensor)> {
-    let half = inv.len();
-    let dim = 2 * half;
-    let mut cos = vec![0f64; n * dim];
-    let mut sin = vec![0f64; n * dim];
-    for i in 0..n {
-        for (t, &f) in inv.iter().enumerate() {
-            let angle = if dtype == DType::F64 {
-                i as f64 * f
-            } else {
-                (i as f32 * f as f32) as f64
-            };
-            let (s, c) = angle.sin_cos();
-            for j in [t, t + half] {
-                cos[i * dim + j] = c * attention_factor;
-                sin[i * dim + j] = s * attention_factor;
-            }
-        }
-    }
-    let table = |v: Vec<f64>| -> Result<Tensor> {
-        Ok(Tensor::from_vec(v, (n, dim), device)?.to_dtype(dtype)?)
-    };
-    Ok((table(cos)?, table(sin)?))
+    cos_sin_from(inv, 0, n, attention_factor, dtype, device)
 }
 
 /// Longrope's inverse frequencies (docs/reference.md §7.7.3): inv_freq_t = 1/(e_t·θ^(2t/d)) over
@@ -127,14 +108,6 @@ pub fn apply_partial(x: &Tensor, cos: &Tensor, sin: &Tensor) -> Result<Tensor> {
     let rotated = apply(&x.narrow(D::Minus1, 0, d)?, cos, sin)?;
     let rest = x.narrow(D::Minus1, d, p - d)?;
     Ok(Tensor::cat(&[&rotated, &rest], D::Minus1)?)
-}
-
-/// rotate_half(x) = [−x_{p/2..p}, x_{0..p/2}] over the last dimension.
-pub fn rotate_half(x: &Tensor) -> Result<Tensor> {
-    let p = x.dim(D::Minus1)?;
-    let x1 = x.narrow(D::Minus1, 0, p / 2)?;
-    let x2 = x.narrow(D::Minus1, p / 2, p / 2)?;
-    Ok(Tensor::cat(&[&x2.neg()?, &x1], D::Minus1)?)
 }
 
 /// RoPE on x [heads, n, p] with the tables of [`cos_sin`] ([n, p], same dtype).

@@ -15,6 +15,7 @@ pub mod key_sets;
 pub mod lsh;
 pub mod next_token;
 pub mod pooling;
+pub mod rope;
 pub mod sampling;
 pub mod shifted_exp;
 pub mod spectral;

@@ -168,14 +168,16 @@ impl Window<'_> {
 
     /// `m` at budget `d` as every layer's attention of this window.
     fn hook<'m>(&self, m: &'m E2eMethod, d: usize) -> MethodHook<'m> {
+        let layers = self.model.shape().layers;
         MethodHook::new(
             m.method.as_ref(),
             d,
             m.mode(self.n_f),
-            self.model.shape().layers,
+            layers,
             self.seed,
             self.index,
         )
+        .with_ropes((0..layers).map(|l| self.model.layer_rope(l)).collect())
     }
 
     /// The exact run: the window through the model with exact attention in the run's dtype.

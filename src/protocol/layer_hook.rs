@@ -68,6 +68,8 @@ pub struct MethodHook<'a> {
     pub window: usize,
     /// Each layer's local error, as the forward passes it.
     errors: Mutex<Vec<Option<LayerError>>>,
+    /// Each layer's rotary map, for a decode method that reads it (kvpress's ExpectedAttention).
+    ropes: Vec<Option<crate::numerics::rope::LayerRope>>,
 }
 
 impl<'a> MethodHook<'a> {
@@ -87,7 +89,14 @@ impl<'a> MethodHook<'a> {
             seed,
             window,
             errors: Mutex::new(vec![None; layers]),
+            ropes: Vec::new(),
         }
+    }
+
+    /// The model's rotary map per layer (the decode contexts carry their layer's).
+    pub fn with_ropes(mut self, ropes: Vec<Option<crate::numerics::rope::LayerRope>>) -> Self {
+        self.ropes = ropes;
+        self
     }
 
     /// Every layer's local error, in layer order (after a forward).
@@ -116,7 +125,8 @@ impl<'a> MethodHook<'a> {
         let ctx = match self.mode.n_f() {
             Some(n_f) => Some(Arc::new(
                 LayerContext::new(q.clone(), k.clone(), v.clone(), n_f, layer, self.layers)?
-                    .with_spec(spec.clone())?,
+                    .with_spec(spec.clone())?
+                    .with_rope(self.ropes.get(layer).cloned().flatten()),
             )),
             None => None,
         };

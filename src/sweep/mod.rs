@@ -478,7 +478,13 @@ pub fn layer_context(
             cfg.inputs.layer,
             prepared.layers(),
         )?
-        .with_spec(prepared.layer_spec(cfg.inputs.layer, cfg.mask, q.dims3()?.2))?,
+        .with_spec(prepared.layer_spec(cfg.inputs.layer, cfg.mask, q.dims3()?.2))?
+        .with_rope(
+            prepared
+                .model
+                .decoder()
+                .and_then(|m| m.layer_rope(cfg.inputs.layer)),
+        ),
     )))
 }
 

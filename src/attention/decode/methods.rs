@@ -116,6 +116,10 @@ pub const KEYDIFF_PRESS: MethodInfo = press(
     "keydiff_press",
     "prompt keys kept per K/V head: kvpress's KeyDiffPress (the d keys least similar to the mean key direction)",
 );
+pub const EXPECTED_ATTENTION_PRESS: MethodInfo = press(
+    "expected_attention_press",
+    "prompt keys kept per K/V head: kvpress's ExpectedAttentionPress (the attention future queries can expect, from the prompt's query mean and covariance under RoPE averaged over 512 positions, × ‖v‖; 4 sinks kept)",
+);
 pub const CUR_PRESS: MethodInfo = press(
     "cur_press",
     "prompt keys kept per K/V head: kvpress's CURPress (4 sinks + top k²·v² leverage, local windows of 16)",
@@ -170,6 +174,7 @@ impl Method for StaticDecode {
                 Press::Knorm => &KNORM_PRESS,
                 Press::KeyDiff => &KEYDIFF_PRESS,
                 Press::Cur => &CUR_PRESS,
+                Press::ExpectedAttention => &EXPECTED_ATTENTION_PRESS,
             },
         })
     }

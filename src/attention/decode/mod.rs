@@ -70,6 +70,8 @@ pub struct LayerContext {
     /// The layer's attention (docs/reference.md §7.7.6): the scores read its probabilities (τ,
     /// capped, windowed, over real keys beside the sink), `topk_dec` ranks its raw τ·q·k.
     pub spec: AttentionSpec,
+    /// The layer's rotary map where the model has one (kvpress's ExpectedAttention reads it).
+    pub rope: Option<crate::numerics::rope::LayerRope>,
     memo: Mutex<HashMap<MemoKey, Arc<OnceLock<Memoised>>>>,
 }
 
@@ -101,8 +103,15 @@ impl LayerContext {
             layer,
             layers,
             spec,
+            rope: None,
             memo: Mutex::new(HashMap::new()),
         })
+    }
+
+    /// The context with the layer's rotary map.
+    pub fn with_rope(mut self, rope: Option<crate::numerics::rope::LayerRope>) -> Self {
+        self.rope = rope;
+        self
     }
 
     /// The context under a layer's own spec (a §7.7 family's; plain causal otherwise).

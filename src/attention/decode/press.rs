@@ -26,6 +26,7 @@ use super::scores;
 use super::LayerContext;
 use crate::attention::prefill::select::top_indices;
 use crate::numerics::pooling::avg_pool1d;
+use crate::numerics::rope::rotate_half;
 
 /// kvpress's SnapKV window (`window_size`, also PyramidKV's; Ada-KV wraps SnapKV).
 pub const PRESS_WINDOW: usize = 64;
@@ -37,6 +38,9 @@ const PRESS_BETA: f64 = 20.0;
 const PRESS_ALPHA: f64 = 0.2;
 /// The relative tilt that orders ties by construction (see [`toward_lower`]).
 pub const TIE_TILT: f64 = 1e-10;
+/// ExpectedAttentionPress's `n_sink` and `n_future_positions`.
+const EA_SINKS: usize = 4;
+const EA_FUTURE: usize = 512;
 /// CURPress's `num_sinks` and `local_window_size`.
 const CUR_SINKS: usize = 4;
 const CUR_LOCAL: usize = 16;
@@ -64,10 +68,14 @@ pub enum Press {
     KeyDiff,
     /// CURPress: leverage k²·v² normalised in local windows of 16, the first 4 kept.
     Cur,
+    /// ExpectedAttentionPress: the attention a key can expect from future queries, whose mean and
+    /// covariance are the prompt's (pre-RoPE, past the 4 sinks) under the RoPE map averaged over
+    /// the next 512 positions; times ‖v‖; the 4 sinks kept.
+    ExpectedAttention,
 }
 
 impl Press {
-    pub const ALL: [Press; 8] = [
+    pub const ALL: [Press; 9] = [
         Press::SnapKv,
         Press::PyramidKv,
         Press::AdaKv,
@@ -76,6 +84,7 @@ impl Press {
         Press::Knorm,
         Press::KeyDiff,
         Press::Cur,
+        Press::ExpectedAttention,
     ];
 
     /// The method id (kvpress's class name in snake case).
@@ -89,6 +98,7 @@ impl Press {
             Press::Knorm => "knorm_press",
             Press::KeyDiff => "keydiff_press",
             Press::Cur => "cur_press",
+            Press::ExpectedAttention => "expected_attention_press",
         }
     }
 
@@ -103,6 +113,7 @@ impl Press {
             Press::Knorm => "KnormPress",
             Press::KeyDiff => "KeyDiffPress",
             Press::Cur => "CURPress",
+            Press::ExpectedAttention => "ExpectedAttentionPress",
         }
     }
 
@@ -137,17 +148,13 @@ impl Press {
             Press::KeyDiff => top_indices(&key_only(ctx, kv, "keydiff_press", keydiff)?, d),
             Press::Cur => {
                 let s = toward_lower(&ctx.scores("cur_press", kv, || cur(ctx, kv))?);
-                let sinks = CUR_SINKS.min(n_p);
-                if d <= sinks {
-                    return Ok((0..d).collect());
-                }
-                let mut kept: Vec<usize> = (0..sinks).collect();
-                kept.extend(
-                    top_indices(&s[sinks..], d - sinks)
-                        .iter()
-                        .map(|j| j + sinks),
-                );
-                kept
+                sinks_plus_top(&s[CUR_SINKS.min(n_p)..], CUR_SINKS.min(n_p), d)
+            }
+            Press::ExpectedAttention => {
+                let s = ctx.scores("expected_attention_press", kv, || {
+                    expected_attention(ctx, kv)
+                })?;
+                sinks_plus_top(&s, EA_SINKS.min(n_p), d)
             }
         })
     }
@@ -159,6 +166,8 @@ impl Press {
             Press::ObservedAttention => n_p * (n_p + 1.0) / 2.0 * p,
             Press::Tova => n_p * p,
             Press::Knorm | Press::KeyDiff | Press::Cur => n_p * p,
+            // Per query head: the prompt's query covariance (n_p·p²), the keys' quadratic form.
+            Press::ExpectedAttention => 2.0 * n_p * p * p,
         }
     }
 }
@@ -176,6 +185,17 @@ pub fn toward_lower(s: &[f64]) -> Vec<f64> {
         .enumerate()
         .map(|(t, &x)| x - TIE_TILT * x.abs() * t as f64 / n)
         .collect()
+}
+
+/// The first `sinks` positions (forced: kvpress scores them max + 1) and the top d − sinks of
+/// `rest`, the scores of the positions after them; at d ≤ sinks the first d.
+fn sinks_plus_top(rest: &[f64], sinks: usize, d: usize) -> Vec<usize> {
+    if d <= sinks {
+        return (0..d).collect();
+    }
+    let mut kept: Vec<usize> = (0..sinks).collect();
+    kept.extend(top_indices(rest, d - sinks).iter().map(|j| j + sinks));
+    kept
 }
 
 /// The window {n_p − 64..n_p − 1} and the top `keep − 64` of `scores` (which cover j < n_p − 64).
@@ -369,4 +389,61 @@ fn cur(ctx: &LayerContext, kv: usize) -> Result<Vec<f64>> {
     let prod: Vec<f64> = k2.iter().zip(&v2).map(|(a, b)| a * b).collect();
     let total: f64 = prod.iter().sum();
     Ok(prod.into_iter().map(|x| x / total).collect())
+}
+
+/// ExpectedAttentionPress's scores of K/V head `kv` over positions 4..n_p: per query head g of its
+/// group, the prompt's pre-RoPE queries q̃_t (t ≥ 4; here the run's rotated ones rotated back,
+/// (q·cos − rotate_half(q)·sin)/a²) give μ and the biased covariance Σ; R̄ is the RoPE map averaged
+/// over positions n_p … n_p + 511 (cos·I + sin·P, P the rotate-half matrix); then
+/// z_t = (R̄μ)·k_t/√p + k_tᵀ(R̄ΣR̄ᵀ)k_t/(2p), softmax over t, the group's mean, times ‖v_t‖.
+/// kvpress's scale is 1/√p whatever the layer's τ (it recomputes the scores itself).
+fn expected_attention(ctx: &LayerContext, kv: usize) -> Result<Vec<f64>> {
+    let rope = ctx.rope.as_ref().ok_or_else(|| {
+        anyhow::anyhow!(
+            "expected_attention_press reads the layer's rotary map, which this model family does not give (the Llama path and Gemma do); use another press"
+        )
+    })?;
+    let (n_p, p) = (ctx.n_p(), ctx.k.dims()[2]);
+    ensure!(
+        rope.dim() == p,
+        "expected_attention_press: a partial rotary map ({} of {p} dims) is not kvpress's case",
+        rope.dim()
+    );
+    ensure!(
+        n_p > EA_SINKS,
+        "expected_attention_press needs a prompt longer than its {EA_SINKS} sinks"
+    );
+    let (dev, dt, m) = (ctx.q.device(), ctx.q.dtype(), n_p - EA_SINKS);
+    let (cos, sin) = rope.tables(EA_SINKS, m, dt, dev)?;
+    let (fc, fs) = rope.tables(n_p, EA_FUTURE, dt, dev)?;
+    let (cbar, sbar) = (fc.mean_keepdim(0)?.t()?, fs.mean_keepdim(0)?.t()?);
+    let eye = Tensor::eye(p, dt, dev)?;
+    // rotate_half of the identity's rows is Pᵀ (row i = P e_i).
+    let rot = rotate_half(&eye)?.t()?;
+    let rbar = (eye.broadcast_mul(&cbar)? + rot.broadcast_mul(&sbar)?)?;
+    let a2 = rope.attention_factor * rope.attention_factor;
+    let k = ctx.k.get(kv)?.narrow(0, EA_SINKS, m)?;
+    let v = ctx.v.get(kv)?.narrow(0, EA_SINKS, m)?;
+    let group: Vec<usize> = (0..ctx.heads()).filter(|&g| ctx.kv_head(g) == kv).collect();
+    let mut sum: Option<Tensor> = None;
+    for &g in &group {
+        let q = ctx.q.get(g)?.narrow(0, EA_SINKS, m)?;
+        let pre = ((q.mul(&cos)? - rotate_half(&q)?.mul(&sin)?)? / a2)?;
+        let mu = pre.mean_keepdim(0)?;
+        let centred = pre.broadcast_sub(&mu)?;
+        let cov = (centred.t()?.matmul(&centred)? / m as f64)?;
+        let mu_r = rbar.matmul(&mu.t()?)?;
+        let cov_r = rbar.matmul(&cov)?.matmul(&rbar.t()?)?;
+        let z = ((k.matmul(&mu_r)?.squeeze(1)? / (p as f64).sqrt())?
+            + (k.matmul(&cov_r)?.mul(&k)?.sum(1)? / (2.0 * p as f64))?)?;
+        let e = z.broadcast_sub(&z.max_keepdim(0)?)?.exp()?;
+        let probs = e.broadcast_div(&e.sum_keepdim(0)?)?;
+        sum = Some(match sum {
+            None => probs,
+            Some(s) => (s + probs)?,
+        });
+    }
+    let mean = (sum.expect("a K/V head has query heads") / group.len() as f64)?;
+    let scores = mean.mul(&v.sqr()?.sum(1)?.sqrt()?)?;
+    Ok(scores.to_dtype(DType::F64)?.to_vec1()?)
 }

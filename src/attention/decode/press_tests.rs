@@ -249,3 +249,115 @@ fn keys_that_tie_by_construction_go_to_the_lower_position() {
         );
     }
 }
+
+/// R_t x = x∘cos + rotate_half(x)∘sin at angle t·f per pair (c, c + p/2), in f64.
+fn rotate(x: &[f64], t: f64, inv: &[f64], sign: f64) -> Vec<f64> {
+    let h = inv.len();
+    let mut out = x.to_vec();
+    for (c, f) in inv.iter().enumerate() {
+        let (s, co) = (sign * t * f).sin_cos();
+        out[c] = x[c] * co - x[c + h] * s;
+        out[c + h] = x[c + h] * co + x[c] * s;
+    }
+    out
+}
+
+#[test]
+fn expected_attention_press_follows_kvpress_s_formula() {
+    let (q, k, v) = layer(N, 8);
+    let inv: Vec<f64> = (0..4)
+        .map(|t| 10_000f64.powf(-((2 * t) as f64) / 8.0))
+        .collect();
+    let rope = crate::numerics::rope::LayerRope {
+        inv_freq: inv.clone(),
+        attention_factor: 1.0,
+    };
+    let ctx = LayerContext::new(tensor(&q), tensor(&k), tensor(&v), N_F, 0, 8)
+        .unwrap()
+        .with_rope(Some(rope));
+    let p = 8;
+    // R̄ = mean over the next 512 positions of R_p, as a matrix (column j = R̄ e_j).
+    let rbar: Vec<Vec<f64>> = (0..p)
+        .map(|j| {
+            let mut e = vec![0.0; p];
+            e[j] = 1.0;
+            let mut col = vec![0.0; p];
+            for t in N_P..N_P + 512 {
+                for (c, x) in rotate(&e, t as f64, &inv, 1.0).iter().enumerate() {
+                    col[c] += x / 512.0;
+                }
+            }
+            col
+        })
+        .collect();
+    let apply = |x: &[f64]| -> Vec<f64> {
+        (0..p)
+            .map(|i| (0..p).map(|j| rbar[j][i] * x[j]).sum())
+            .collect()
+    };
+    for kvh in 0..HKV {
+        let s = group_mean(kvh, |g| {
+            // The pre-RoPE queries past the 4 sinks, their mean and biased covariance.
+            let pre: Vec<Vec<f64>> = (4..N_P)
+                .map(|t| rotate(&q[g][t], t as f64, &inv, -1.0))
+                .collect();
+            let m = pre.len() as f64;
+            let mu: Vec<f64> = (0..p)
+                .map(|c| pre.iter().map(|x| x[c]).sum::<f64>() / m)
+                .collect();
+            let cov: Vec<Vec<f64>> = (0..p)
+                .map(|a| {
+                    (0..p)
+                        .map(|b| {
+                            pre.iter()
+                                .map(|x| (x[a] - mu[a]) * (x[b] - mu[b]))
+                                .sum::<f64>()
+                                / m
+                        })
+                        .collect()
+                })
+                .collect();
+            let mu_r = apply(&mu);
+            // R̄ Σ R̄ᵀ, column by column.
+            let rc: Vec<Vec<f64>> = (0..p)
+                .map(|b| apply(&(0..p).map(|a| cov[a][b]).collect::<Vec<_>>()))
+                .collect();
+            let cov_r: Vec<Vec<f64>> = (0..p)
+                .map(|a| apply(&(0..p).map(|b| rc[b][a]).collect::<Vec<_>>()))
+                .collect();
+            let z: Vec<f64> = (4..N_P)
+                .map(|t| {
+                    let kt = &k[kvh][t];
+                    let quad: f64 = (0..p)
+                        .map(|a| (0..p).map(|b| kt[a] * cov_r[a][b] * kt[b]).sum::<f64>())
+                        .sum();
+                    dot(&mu_r, kt) / (p as f64).sqrt() + quad / (2.0 * p as f64)
+                })
+                .collect();
+            let mx = z.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+            let e: Vec<f64> = z.iter().map(|x| (x - mx).exp()).collect();
+            let total: f64 = e.iter().sum();
+            e.into_iter().map(|x| x / total).collect()
+        });
+        let s: Vec<f64> = s
+            .iter()
+            .enumerate()
+            .map(|(i, x)| x * dot(&v[kvh][i + 4], &v[kvh][i + 4]).sqrt())
+            .collect();
+        for d in [3, 30, 120] {
+            let mut want: Vec<usize> = (0..4.min(d)).collect();
+            if d > 4 {
+                want.extend(top(&s, d - 4).into_iter().map(|j| j + 4));
+            }
+            assert_eq!(
+                Press::ExpectedAttention.kept(&ctx, kvh, d).unwrap(),
+                want,
+                "d={d}"
+            );
+        }
+    }
+    // Without the layer's rotary map it is refused, naming the press.
+    let bare = LayerContext::new(tensor(&q), tensor(&k), tensor(&v), N_F, 0, 8).unwrap();
+    let e = Press::ExpectedAttention.kept(&bare, 0, 30).unwrap_err();
+    assert!(e.to_string().contains("expected_attention_press"), "{e}");
+}

@@ -59,7 +59,20 @@ impl Layer {
             4,
         )
         .unwrap();
-        Arc::new(ctx.with_spec(self.spec.clone()).unwrap())
+        // A rotary map for the presses that read one (ExpectedAttention; its scores ignore the
+        // spec, as kvpress's do: the rows below are what this test checks).
+        let p = P;
+        let rope = crate::numerics::rope::LayerRope {
+            inv_freq: (0..p / 2)
+                .map(|t| 10_000f64.powf(-((2 * t) as f64) / p as f64))
+                .collect(),
+            attention_factor: 1.0,
+        };
+        Arc::new(
+            ctx.with_spec(self.spec.clone())
+                .unwrap()
+                .with_rope(Some(rope)),
+        )
     }
     /// §7.7.0's logit of query head g's row i at key j, None where the row does not see it.
     fn logit(&self, g: usize, i: usize, j: usize) -> Option<f64> {
