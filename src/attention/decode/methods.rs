@@ -143,6 +143,27 @@ pub const EVICT_ORACLE: MethodInfo = MethodInfo {
     )
 };
 
+/// What every §9 method's [`Method`] shares: its cost at the recommended n_f, its decode form,
+/// and the refusal outside the protocol.
+macro_rules! decode_only {
+    () => {
+        fn macs(&self, n: usize, p: usize, d: usize) -> f64 {
+            self.macs_decode(
+                n,
+                p,
+                d,
+                super::RECOMMENDED_N_F.min(n.saturating_sub(1)).max(1),
+            )
+        }
+        fn decoding(&self) -> Option<&dyn Decoding> {
+            Some(self)
+        }
+        fn approximate(&self, _: &HeadInputs, _: usize, _: &mut TrialRng) -> Result<Approximation> {
+            Err(outside_the_protocol(self.id()))
+        }
+    };
+}
+
 /// 2p per visited pair of a static set of min(d, n_p) keys: n_f·kept + n_f(n_f+1)/2 pairs.
 fn static_pair_macs(n: usize, p: usize, d: usize, n_f: usize) -> f64 {
     let kept = d.min(n - n_f) as f64;
@@ -187,20 +208,7 @@ impl Method for StaticDecode {
             _ => Ok(()),
         }
     }
-    fn macs(&self, n: usize, p: usize, d: usize) -> f64 {
-        self.macs_decode(
-            n,
-            p,
-            d,
-            super::RECOMMENDED_N_F.min(n.saturating_sub(1)).max(1),
-        )
-    }
-    fn decoding(&self) -> Option<&dyn Decoding> {
-        Some(self)
-    }
-    fn approximate(&self, _: &HeadInputs, _: usize, _: &mut TrialRng) -> Result<Approximation> {
-        Err(outside_the_protocol(self.id()))
-    }
+    decode_only!();
 }
 
 impl Decoding for StaticDecode {
@@ -373,20 +381,7 @@ impl Method for QuestDec {
     fn info(&self) -> Option<&'static MethodInfo> {
         Some(&QUEST_DEC)
     }
-    fn macs(&self, n: usize, p: usize, d: usize) -> f64 {
-        self.macs_decode(
-            n,
-            p,
-            d,
-            super::RECOMMENDED_N_F.min(n.saturating_sub(1)).max(1),
-        )
-    }
-    fn decoding(&self) -> Option<&dyn Decoding> {
-        Some(self)
-    }
-    fn approximate(&self, _: &HeadInputs, _: usize, _: &mut TrialRng) -> Result<Approximation> {
-        Err(outside_the_protocol(self.id()))
-    }
+    decode_only!();
 }
 
 impl Decoding for QuestDec {
@@ -415,20 +410,7 @@ impl Method for TopkDec {
     fn info(&self) -> Option<&'static MethodInfo> {
         Some(&TOPK_DEC)
     }
-    fn macs(&self, n: usize, p: usize, d: usize) -> f64 {
-        self.macs_decode(
-            n,
-            p,
-            d,
-            super::RECOMMENDED_N_F.min(n.saturating_sub(1)).max(1),
-        )
-    }
-    fn decoding(&self) -> Option<&dyn Decoding> {
-        Some(self)
-    }
-    fn approximate(&self, _: &HeadInputs, _: usize, _: &mut TrialRng) -> Result<Approximation> {
-        Err(outside_the_protocol(self.id()))
-    }
+    decode_only!();
 }
 
 impl Decoding for TopkDec {
