@@ -8,10 +8,12 @@ pub mod decoder;
 pub mod dump;
 pub mod gguf_tokenizer;
 pub mod hub;
-pub mod model;
+// BERT's weights and its Q/K/V forward live in models/ (bert.rs, bert_qkv.rs, issue 54); these
+// paths keep working.
+pub use crate::models::bert as model;
+pub use crate::models::bert_qkv as qkv;
 // The model room moved to `crate::models`; `inputs::models::…` paths keep working.
 pub use crate::models;
-pub mod qkv;
 pub mod qkv_cache;
 
 use std::path::PathBuf;

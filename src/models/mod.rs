@@ -19,6 +19,8 @@
 //! - `rope`: RoPE tables (default, linear, llama3, yarn, longrope) and their application;
 //! - `tokens`: the BOS policy and the token windows.
 
+pub mod bert;
+pub mod bert_qkv;
 pub mod blocks;
 pub mod continuation;
 pub mod decoder;

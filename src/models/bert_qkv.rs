@@ -6,7 +6,7 @@ use anyhow::Result;
 use candle_core::{DType, Tensor, D};
 use candle_transformers::models::bert::Config;
 
-use super::model::{BertWeights, LayerNormWeights, Linear};
+use super::bert::{BertWeights, LayerNormWeights, Linear};
 use crate::config::EmbeddingPolicy;
 
 fn layer_norm(x: &Tensor, w: &LayerNormWeights, eps: f64) -> Result<Tensor> {
@@ -81,7 +81,7 @@ fn split_heads(x: &Tensor, heads: usize) -> Result<Tensor> {
 }
 
 /// One full BERT encoder layer (eval mode, no mask: windows are full), exact attention over n.
-fn encoder_layer(x: &Tensor, lw: &super::model::LayerWeights, cfg: &Config) -> Result<Tensor> {
+fn encoder_layer(x: &Tensor, lw: &super::bert::LayerWeights, cfg: &Config) -> Result<Tensor> {
     let rest = lw.rest.as_ref().expect("earlier layers carry all weights");
     let heads = cfg.num_attention_heads;
     let p = cfg.hidden_size / heads;
@@ -170,7 +170,7 @@ pub use crate::device::device;
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::inputs::model::{load, WeightSource};
+    use crate::models::bert::{load, WeightSource};
     use crate::tensor_util::test_device;
 
     fn tiny() -> (Config, BertWeights) {
