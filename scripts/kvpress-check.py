@@ -71,7 +71,21 @@ def presses():
         "cur_press": (lambda r: kp.CURPress(compression_ratio=r), True, "CURPress"),
         "expected_attention_press": (lambda r: kp.ExpectedAttentionPress(compression_ratio=r), True,
                                      "ExpectedAttentionPress"),
+        # A twin only where no tie sits on the budget's edge (lagkv_untied).
+        "lagkv_press": (lambda r: kp.LagKVPress(compression_ratio=r), True, "LagKVPress"),
     }
+
+
+def lagkv_untied(n_p, d, sinks=4, lag=128):
+    """Whether LagKVPress's top d is free of ties at its edge: its scores are 1 on the sinks and the
+    last partition with the remainder, then the ranks r/128 of each earlier partition, each rank
+    once per partition; d must take whole rank levels (or, on a short prompt, at least the sinks)."""
+    if n_p < sinks + 2 * lag:
+        return d >= sinks
+    end = sinks + (n_p - sinks) // lag * lag
+    ones = sinks + lag + n_p - end
+    parts = (end - sinks) // lag - 1
+    return d >= ones and (d - ones) % parts == 0
 
 
 # Presses whose scores tie by construction: a key's norm is RoPE's invariant and a layer-0 key or
@@ -254,6 +268,8 @@ def main():
             make, twin, note = table[m]
             if d < WINDOWED.get(m, 0):
                 twin, note = False, f"{note}: d < {WINDOWED[m]} keeps d of the window's equal scores"
+            if m == "lagkv_press" and not lagkv_untied(n_p, d):
+                twin, note = False, f"{note}: d splits a level of ranks that tie across partitions"
             ratio = 1 - d / n_p if m in ROUNDING else (n_p - d - 0.5) / n_p
             press = make(ratio)
             # ObservedAttention reads eager attention weights; a masking press (Ada-KV) works

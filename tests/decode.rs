@@ -23,10 +23,10 @@ fn a_decode_run_scores_the_continuation_rows_of_every_method() {
     let trials = out.join("trials.csv");
     let family =
         approx_bench::attention::family_method_ids(approx_bench::attention::Family::Decode);
-    // The §9 methods of the `decode` preset and kvpress's nine presses (preset `kvpress`).
-    assert_eq!(family.len(), 20);
+    // The §9 methods of the `decode` preset and kvpress's ten presses (preset `kvpress`).
+    assert_eq!(family.len(), 21);
     assert_eq!(approx_bench::attention::decode_preset_ids().len(), 11);
-    assert_eq!(approx_bench::attention::press_method_ids().len(), 9);
+    assert_eq!(approx_bench::attention::press_method_ids().len(), 10);
     // 2 windows × 4 heads × 11 methods × 4 d.
     assert_eq!(column(&trials, "method").len(), 2 * 4 * 11 * 4);
     assert!(column(&trials, "n_f").iter().all(|v| v == "16"));

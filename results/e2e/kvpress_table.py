@@ -31,6 +31,7 @@ PAIRS = [
     ("keydiff_press", None),
     ("cur_press", None),
     ("expected_attention_press", None),
+    ("lagkv_press", None),
     (None, "topk_dec"),
     (None, "evict_oracle"),
 ]

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# kvpress's presses beside the §9 methods (issue 58): the nine `_press` methods (one kept set per K/V
+# kvpress's presses beside the §9 methods (issue 58): the ten `_press` methods (one kept set per K/V
 # head, kvpress 0.5.5's classes and defaults) at d = 64, 256 and 384 (384: about what the per-query-head forms
 # store at 256) in every layer, on the first WINDOWS
 # windows of n = 2048 of the two committed e2e runs (results/e2e/smollm2-n2048, gemma3-270m-n2048),

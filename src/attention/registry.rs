@@ -89,6 +89,7 @@ pub fn registry() -> Vec<Box<dyn Method>> {
         Box::new(press(decode::press::Press::KeyDiff)),
         Box::new(press(decode::press::Press::Cur)),
         Box::new(press(decode::press::Press::ExpectedAttention)),
+        Box::new(press(decode::press::Press::LagKv)),
         // Quantized attention (docs/reference.md §8): the KV caches, KIVI, SageAttention's kernels.
         Box::new(quantized::kv_cache::KvCache {
             format: quantized::kv_cache::CacheFormat::F16,

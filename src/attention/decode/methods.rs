@@ -120,6 +120,10 @@ pub const EXPECTED_ATTENTION_PRESS: MethodInfo = press(
     "expected_attention_press",
     "prompt keys kept per K/V head: kvpress's ExpectedAttentionPress (the attention future queries can expect, from the prompt's query mean and covariance under RoPE averaged over 512 positions, × ‖v‖; 4 sinks kept)",
 );
+pub const LAGKV_PRESS: MethodInfo = press(
+    "lagkv_press",
+    "prompt keys kept per K/V head: kvpress's LagKVPress (per partition of 128, the rank of each token's K and V spread relative to the next partition; 4 sinks and the last partition kept)",
+);
 pub const CUR_PRESS: MethodInfo = press(
     "cur_press",
     "prompt keys kept per K/V head: kvpress's CURPress (4 sinks + top k²·v² leverage, local windows of 16)",
@@ -196,6 +200,7 @@ impl Method for StaticDecode {
                 Press::KeyDiff => &KEYDIFF_PRESS,
                 Press::Cur => &CUR_PRESS,
                 Press::ExpectedAttention => &EXPECTED_ATTENTION_PRESS,
+                Press::LagKv => &LAGKV_PRESS,
             },
         })
     }

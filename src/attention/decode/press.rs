@@ -41,6 +41,9 @@ pub const TIE_TILT: f64 = 1e-10;
 /// ExpectedAttentionPress's `n_sink` and `n_future_positions`.
 const EA_SINKS: usize = 4;
 const EA_FUTURE: usize = 512;
+/// LagKVPress's `n_sink` and `lag_size`.
+const LAG_SINKS: usize = 4;
+const LAG: usize = 128;
 /// CURPress's `num_sinks` and `local_window_size`.
 const CUR_SINKS: usize = 4;
 const CUR_LOCAL: usize = 16;
@@ -72,10 +75,14 @@ pub enum Press {
     /// covariance are the prompt's (pre-RoPE, past the 4 sinks) under the RoPE map averaged over
     /// the next 512 positions; times ‖v‖; the 4 sinks kept.
     ExpectedAttention,
+    /// LagKVPress: per partition of 128 prompt tokens, the rank of each token's spread
+    /// (lag-relative to the next partition's range) in K and V; 4 sinks and the last partition
+    /// and remainder kept.
+    LagKv,
 }
 
 impl Press {
-    pub const ALL: [Press; 9] = [
+    pub const ALL: [Press; 10] = [
         Press::SnapKv,
         Press::PyramidKv,
         Press::AdaKv,
@@ -85,6 +92,7 @@ impl Press {
         Press::KeyDiff,
         Press::Cur,
         Press::ExpectedAttention,
+        Press::LagKv,
     ];
 
     /// The method id (kvpress's class name in snake case).
@@ -99,6 +107,7 @@ impl Press {
             Press::KeyDiff => "keydiff_press",
             Press::Cur => "cur_press",
             Press::ExpectedAttention => "expected_attention_press",
+            Press::LagKv => "lagkv_press",
         }
     }
 
@@ -114,6 +123,7 @@ impl Press {
             Press::KeyDiff => "KeyDiffPress",
             Press::Cur => "CURPress",
             Press::ExpectedAttention => "ExpectedAttentionPress",
+            Press::LagKv => "LagKVPress",
         }
     }
 
@@ -156,6 +166,7 @@ impl Press {
                 })?;
                 sinks_plus_top(&s, EA_SINKS.min(n_p), d)
             }
+            Press::LagKv => top_indices(&ctx.scores("lagkv_press", kv, || lagkv(ctx, kv))?, d),
         })
     }
 
@@ -168,6 +179,7 @@ impl Press {
             Press::Knorm | Press::KeyDiff | Press::Cur => n_p * p,
             // Per query head: the prompt's query covariance (n_p·p²), the keys' quadratic form.
             Press::ExpectedAttention => 2.0 * n_p * p * p,
+            Press::LagKv => 4.0 * n_p * p,
         }
     }
 }
@@ -446,4 +458,74 @@ fn expected_attention(ctx: &LayerContext, kv: usize) -> Result<Vec<f64>> {
     let mean = (sum.expect("a K/V head has query heads") / group.len() as f64)?;
     let scores = mean.mul(&v.sqr()?.sum(1)?.sqrt()?)?;
     Ok(scores.to_dtype(DType::F64)?.to_vec1()?)
+}
+
+/// LagKVPress's scores of K/V head `kv` over the prompt (`cross_scoring` off). A prompt shorter
+/// than 4 + 2·128 scores its sinks 1 and position 4 + i as i/(n_p − 4) (the most recent kept).
+/// Otherwise the positions 4..end, end = 4 + ⌊(n_p − 4)/128⌋·128, are partitions of 128; token t of
+/// partition i < last scores, for X = K and V, s_X = the softmax over the partition of the
+/// unbiased standard deviation over channels of (X_t − lo)/(hi − lo), lo and hi the next
+/// partition's channel minima and maxima; its score is the rank of (s_K + s_V)/2 within its
+/// partition over 128. The sinks and the last partition with the remainder score 1. The ranks tie
+/// across partitions by construction: kvpress's order among them is torch.topk's, here the lower
+/// position's (§9.1).
+fn lagkv(ctx: &LayerContext, kv: usize) -> Result<Vec<f64>> {
+    let n_p = ctx.n_p();
+    if n_p < LAG_SINKS + 2 * LAG {
+        let ramp = (n_p.saturating_sub(LAG_SINKS)).max(1) as f64;
+        return Ok((0..n_p)
+            .map(|t| {
+                if t < LAG_SINKS {
+                    1.0
+                } else {
+                    (t - LAG_SINKS) as f64 / ramp
+                }
+            })
+            .collect());
+    }
+    let end = LAG_SINKS + (n_p - LAG_SINKS) / LAG * LAG;
+    let parts = (end - LAG_SINKS) / LAG;
+    let rows = |t: &Tensor| -> Result<Vec<Vec<f64>>> {
+        Ok(t.narrow(0, 0, n_p)?.to_dtype(DType::F64)?.to_vec2()?)
+    };
+    let (k, v) = (rows(&ctx.k.get(kv)?)?, rows(&ctx.v.get(kv)?)?);
+    let mut scores = vec![1.0; n_p];
+    for i in 0..parts - 1 {
+        let (start, next) = (LAG_SINKS + i * LAG, LAG_SINKS + (i + 1) * LAG);
+        let lag = |x: &[Vec<f64>]| -> Vec<f64> {
+            let p = x[0].len();
+            let (mut lo, mut hi) = (vec![f64::INFINITY; p], vec![f64::NEG_INFINITY; p]);
+            for row in &x[next..next + LAG] {
+                for c in 0..p {
+                    lo[c] = lo[c].min(row[c]);
+                    hi[c] = hi[c].max(row[c]);
+                }
+            }
+            let spread: Vec<f64> = x[start..start + LAG]
+                .iter()
+                .map(|row| {
+                    let z: Vec<f64> = (0..p).map(|c| (row[c] - lo[c]) / (hi[c] - lo[c])).collect();
+                    let mean = z.iter().sum::<f64>() / p as f64;
+                    (z.iter().map(|y| (y - mean).powi(2)).sum::<f64>() / (p - 1) as f64).sqrt()
+                })
+                .collect();
+            let mx = spread.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+            let e: Vec<f64> = spread.iter().map(|s| (s - mx).exp()).collect();
+            let total: f64 = e.iter().sum();
+            e.into_iter().map(|x| x / total).collect()
+        };
+        let (sk, sv) = (lag(&k), lag(&v));
+        let combined: Vec<f64> = sk.iter().zip(&sv).map(|(a, b)| (a + b) / 2.0).collect();
+        ensure!(
+            combined.iter().all(|x| x.is_finite()),
+            "lagkv_press: a channel is constant over a partition of 128 keys or values (its lag-relative range is 0)"
+        );
+        // The rank within the partition (0 the smallest), ties to the lower position.
+        let mut order: Vec<usize> = (0..LAG).collect();
+        order.sort_by(|&a, &b| combined[a].total_cmp(&combined[b]).then(a.cmp(&b)));
+        for (rank, &j) in order.iter().enumerate() {
+            scores[start + j] = rank as f64 / LAG as f64;
+        }
+    }
+    Ok(scores)
 }

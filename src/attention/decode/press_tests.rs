@@ -361,3 +361,68 @@ fn expected_attention_press_follows_kvpress_s_formula() {
     let e = Press::ExpectedAttention.kept(&bare, 0, 30).unwrap_err();
     assert!(e.to_string().contains("expected_attention_press"), "{e}");
 }
+
+#[test]
+fn lagkv_press_ranks_each_partition_against_the_next_one_s_range() {
+    // n_p = 560: partitions of 128 from 4 to 516, the last one (388..516) and the remainder kept.
+    let (n, n_f) = (600, 40);
+    let (q, k, v) = layer(n, 9);
+    let ctx = LayerContext::new(tensor(&q), tensor(&k), tensor(&v), n_f, 0, 8).unwrap();
+    let n_p = n - n_f;
+    for kvh in 0..HKV {
+        let mut score = vec![1.0; n_p];
+        for i in 0..3 {
+            let (start, next) = (4 + 128 * i, 4 + 128 * (i + 1));
+            let spread = |x: &Heads| -> Vec<f64> {
+                let rows = &x[kvh];
+                let lo: Vec<f64> = (0..8)
+                    .map(|c| {
+                        rows[next..next + 128]
+                            .iter()
+                            .map(|r| r[c])
+                            .fold(f64::INFINITY, f64::min)
+                    })
+                    .collect();
+                let hi: Vec<f64> = (0..8)
+                    .map(|c| {
+                        rows[next..next + 128]
+                            .iter()
+                            .map(|r| r[c])
+                            .fold(f64::NEG_INFINITY, f64::max)
+                    })
+                    .collect();
+                let sd: Vec<f64> = (start..start + 128)
+                    .map(|t| {
+                        let z: Vec<f64> = (0..8)
+                            .map(|c| (rows[t][c] - lo[c]) / (hi[c] - lo[c]))
+                            .collect();
+                        let m = z.iter().sum::<f64>() / 8.0;
+                        (z.iter().map(|y| (y - m) * (y - m)).sum::<f64>() / 7.0).sqrt()
+                    })
+                    .collect();
+                let e: Vec<f64> = sd.iter().map(|s| s.exp()).collect();
+                let total: f64 = e.iter().sum();
+                e.into_iter().map(|x| x / total).collect()
+            };
+            let (sk, sv) = (spread(&k), spread(&v));
+            for j in 0..128 {
+                let mine = (sk[j] + sv[j]) / 2.0;
+                let below = (0..128).filter(|&o| (sk[o] + sv[o]) / 2.0 < mine).count();
+                score[start + j] = below as f64 / 128.0;
+            }
+        }
+        // d = 176 + 3·r takes whole rank levels: the 176 ones, then the top r ranks of each partition.
+        for d in [176, 179, 200] {
+            assert_eq!(
+                Press::LagKv.kept(&ctx, kvh, d).unwrap(),
+                top(&score, d),
+                "d={d}"
+            );
+        }
+    }
+    // A prompt under 4 + 2·128: the sinks and the most recent.
+    let (_, _, _, short) = context(10);
+    let mut want: Vec<usize> = (0..4).collect();
+    want.extend(N_P - 26..N_P);
+    assert_eq!(Press::LagKv.kept(&short, 0, 30).unwrap(), want);
+}
