@@ -504,7 +504,19 @@ fn lagkv(ctx: &LayerContext, kv: usize) -> Result<Vec<f64>> {
             let spread: Vec<f64> = x[start..start + LAG]
                 .iter()
                 .map(|row| {
-                    let z: Vec<f64> = (0..p).map(|c| (row[c] - lo[c]) / (hi[c] - lo[c])).collect();
+                    // A channel constant over the next partition (hi = lo; Gemma 3 has them) puts
+                    // 0/0 here in kvpress, and NaN through its ranks; it carries no lag-relative
+                    // information, so it counts 0 (a reading where kvpress is undefined).
+                    let z: Vec<f64> = (0..p)
+                        .map(|c| {
+                            let range = hi[c] - lo[c];
+                            if range > 0.0 {
+                                (row[c] - lo[c]) / range
+                            } else {
+                                0.0
+                            }
+                        })
+                        .collect();
                     let mean = z.iter().sum::<f64>() / p as f64;
                     (z.iter().map(|y| (y - mean).powi(2)).sum::<f64>() / (p - 1) as f64).sqrt()
                 })
@@ -518,7 +530,8 @@ fn lagkv(ctx: &LayerContext, kv: usize) -> Result<Vec<f64>> {
         let combined: Vec<f64> = sk.iter().zip(&sv).map(|(a, b)| (a + b) / 2.0).collect();
         ensure!(
             combined.iter().all(|x| x.is_finite()),
-            "lagkv_press: a channel is constant over a partition of 128 keys or values (its lag-relative range is 0)"
+            "lagkv_press: a non-finite key or value in layer {} (K/V head {kv})",
+            ctx.layer
         );
         // The rank within the partition (0 the smallest), ties to the lower position.
         let mut order: Vec<usize> = (0..LAG).collect();

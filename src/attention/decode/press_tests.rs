@@ -364,10 +364,18 @@ fn expected_attention_press_follows_kvpress_s_formula() {
 
 #[test]
 fn lagkv_press_ranks_each_partition_against_the_next_one_s_range() {
+    let (q, k, v) = layer(600, 9);
+    lagkv_against_its_formula(&q, &k, &v);
+    // A channel constant over a partition (hi = lo) counts 0 instead of kvpress's 0/0.
+    let mut flat = k.clone();
+    flat.iter_mut().flatten().for_each(|row| row[3] = 0.5);
+    lagkv_against_its_formula(&q, &flat, &v);
+}
+
+fn lagkv_against_its_formula(q: &Heads, k: &Heads, v: &Heads) {
     // n_p = 560: partitions of 128 from 4 to 516, the last one (388..516) and the remainder kept.
     let (n, n_f) = (600, 40);
-    let (q, k, v) = layer(n, 9);
-    let ctx = LayerContext::new(tensor(&q), tensor(&k), tensor(&v), n_f, 0, 8).unwrap();
+    let ctx = LayerContext::new(tensor(q), tensor(k), tensor(v), n_f, 0, 8).unwrap();
     let n_p = n - n_f;
     for kvh in 0..HKV {
         let mut score = vec![1.0; n_p];
@@ -394,7 +402,13 @@ fn lagkv_press_ranks_each_partition_against_the_next_one_s_range() {
                 let sd: Vec<f64> = (start..start + 128)
                     .map(|t| {
                         let z: Vec<f64> = (0..8)
-                            .map(|c| (rows[t][c] - lo[c]) / (hi[c] - lo[c]))
+                            .map(|c| {
+                                if hi[c] > lo[c] {
+                                    (rows[t][c] - lo[c]) / (hi[c] - lo[c])
+                                } else {
+                                    0.0
+                                }
+                            })
                             .collect();
                         let m = z.iter().sum::<f64>() / 8.0;
                         (z.iter().map(|y| (y - m) * (y - m)).sum::<f64>() / 7.0).sqrt()
@@ -404,7 +418,7 @@ fn lagkv_press_ranks_each_partition_against_the_next_one_s_range() {
                 let total: f64 = e.iter().sum();
                 e.into_iter().map(|x| x / total).collect()
             };
-            let (sk, sv) = (spread(&k), spread(&v));
+            let (sk, sv) = (spread(k), spread(v));
             for j in 0..128 {
                 let mine = (sk[j] + sv[j]) / 2.0;
                 let below = (0..128).filter(|&o| (sk[o] + sv[o]) / 2.0 < mine).count();
