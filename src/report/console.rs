@@ -52,11 +52,19 @@ pub fn print_summary(out: &Path, summary: &[SummaryRow], new_trials: usize, tota
 /// what d means (`approx-bench --list-methods`).
 pub fn method_table() -> String {
     use crate::attention::{registry, Family, Mask};
+    let methods = registry();
+    // The id column fits the longest id (kvpress's `observed_attention_press`).
+    let w = methods
+        .iter()
+        .map(|m| m.id().len())
+        .max()
+        .unwrap_or(6)
+        .max(20);
     let mut out = format!(
-        "{:<20} {:<10} {:<12} {:<10} {:<7} {:>7}  {}\n",
+        "{:<w$} {:<10} {:<12} {:<10} {:<7} {:>7}  {}\n",
         "method", "family", "masks", "target", "kind", "kv_bits", "what d means"
     );
-    for m in registry() {
+    for m in methods {
         let masks: Vec<&str> = m
             .masks()
             .iter()
@@ -81,7 +89,7 @@ pub fn method_table() -> String {
             None => "-".into(),
         };
         out.push_str(&format!(
-            "{:<20} {:<10} {:<12} {:<10} {:<7} {:>7}  {}\n",
+            "{:<w$} {:<10} {:<12} {:<10} {:<7} {:>7}  {}\n",
             m.id(),
             m.family().name(),
             masks.join(","),
@@ -91,6 +99,6 @@ pub fn method_table() -> String {
             m.feature_meaning()
         ));
     }
-    out.push_str("\npresets: all (every method of --target with a budget d), field, quant (the quantized family), figure, kernelized\n");
+    out.push_str("\npresets: all (every method of --target with a budget d), field, quant (the quantized family), figure, kernelized; under --decode: decode (the §9 methods), kvpress (kvpress's presses), quant, all\n");
     out
 }
