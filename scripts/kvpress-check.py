@@ -300,8 +300,10 @@ def main():
                 verdict = "ok"
             elif not twin:
                 verdict = f"DIFFERS (not a twin: {note})"
+            elif dtype != "f64" and rel < 1e-2:
+                verdict = "DIFFERS in f32 (as much as a near-tie that rounding flips; the f64 run decides)"
             elif dtype != "f64":
-                verdict = "DIFFERS in f32 (a near-tie that rounding flips; the f64 run decides)"
+                verdict = "DIFFERS in f32, beyond what a rounding flip moves (see docs/reproductions.md)"
             else:
                 verdict = "FAIL"
                 failures += 1
