@@ -244,7 +244,7 @@ impl Decoding for StaticDecode {
         self.check(head.n(), d).map_err(anyhow::Error::msg)?;
         let ctx = &dec.layer;
         let kept = self.0.kept(ctx, dec.head, d)?;
-        let union = if self.0.one_set_per_layer() {
+        let union = if self.0.one_set_per_kv_head() {
             kept.len()
         } else {
             let sets = ctx

@@ -147,7 +147,10 @@ impl LayerContext {
     }
     /// The query heads that share `g`'s K/V head (its GQA group), in order.
     pub fn group(&self, g: usize) -> Vec<usize> {
-        let kv = self.kv_head(g);
+        self.query_heads_of(self.kv_head(g))
+    }
+    /// The query heads that read K/V head `kv`, in order.
+    pub fn query_heads_of(&self, kv: usize) -> Vec<usize> {
         (0..self.heads())
             .filter(|&x| self.kv_head(x) == kv)
             .collect()

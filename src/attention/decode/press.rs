@@ -210,14 +210,13 @@ fn sinks_plus_top(rest: &[f64], sinks: usize, d: usize) -> Vec<usize> {
     kept
 }
 
-/// The window {n_p − 64..n_p − 1} and the top `keep − 64` of `scores` (which cover j < n_p − 64).
+/// The window {n_p − 64..n_p − 1} and the top `keep − 64` of `scores` (which cover j < n_p − 64);
+/// at keep ≤ 64 the last `keep`.
 fn window_plus_top(scores: &[f64], keep: usize, n_p: usize) -> Vec<usize> {
     if keep <= PRESS_WINDOW {
         return (n_p - keep..n_p).collect();
     }
-    let mut kept = top_indices(scores, keep - PRESS_WINDOW);
-    kept.extend(n_p - PRESS_WINDOW..n_p);
-    kept
+    super::kept::top_plus_window_of(scores, keep - PRESS_WINDOW, n_p, PRESS_WINDOW)
 }
 
 /// The mean over K/V head `kv`'s query heads of a per-query-head score vector.
@@ -226,7 +225,7 @@ fn group_mean(
     kv: usize,
     per_head: impl Fn(usize) -> Result<Vec<f64>>,
 ) -> Result<Vec<f64>> {
-    let group: Vec<usize> = (0..ctx.heads()).filter(|&g| ctx.kv_head(g) == kv).collect();
+    let group = ctx.query_heads_of(kv);
     let mut mean: Vec<f64> = Vec::new();
     for &g in &group {
         let s = per_head(g)?;
@@ -436,7 +435,7 @@ fn expected_attention(ctx: &LayerContext, kv: usize) -> Result<Vec<f64>> {
     let a2 = rope.attention_factor * rope.attention_factor;
     let k = ctx.k.get(kv)?.narrow(0, EA_SINKS, m)?;
     let v = ctx.v.get(kv)?.narrow(0, EA_SINKS, m)?;
-    let group: Vec<usize> = (0..ctx.heads()).filter(|&g| ctx.kv_head(g) == kv).collect();
+    let group = ctx.query_heads_of(kv);
     let mut sum: Option<Tensor> = None;
     for &g in &group {
         let q = ctx.q.get(g)?.narrow(0, EA_SINKS, m)?;

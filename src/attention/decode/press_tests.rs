@@ -383,22 +383,21 @@ fn lagkv_against_its_formula(q: &Heads, k: &Heads, v: &Heads) {
             let (start, next) = (4 + 128 * i, 4 + 128 * (i + 1));
             let spread = |x: &Heads| -> Vec<f64> {
                 let rows = &x[kvh];
-                let lo: Vec<f64> = (0..8)
-                    .map(|c| {
-                        rows[next..next + 128]
-                            .iter()
-                            .map(|r| r[c])
-                            .fold(f64::INFINITY, f64::min)
-                    })
-                    .collect();
-                let hi: Vec<f64> = (0..8)
-                    .map(|c| {
-                        rows[next..next + 128]
-                            .iter()
-                            .map(|r| r[c])
-                            .fold(f64::NEG_INFINITY, f64::max)
-                    })
-                    .collect();
+                // Each channel's range over the next partition.
+                let range = |start: f64, pick: fn(f64, f64) -> f64| -> Vec<f64> {
+                    (0..8)
+                        .map(|c| {
+                            rows[next..next + 128]
+                                .iter()
+                                .map(|r| r[c])
+                                .fold(start, pick)
+                        })
+                        .collect()
+                };
+                let (lo, hi) = (
+                    range(f64::INFINITY, f64::min),
+                    range(f64::NEG_INFINITY, f64::max),
+                );
                 let sd: Vec<f64> = (start..start + 128)
                     .map(|t| {
                         let z: Vec<f64> = (0..8)
