@@ -68,15 +68,10 @@ fn recent(n_p: usize, count: usize) -> Vec<usize> {
 }
 
 /// The top `m` of `scores` ∪ the window {n_p − w..n_p − 1}, sorted (the scores cover j < n_p − w,
-/// so the two parts are disjoint). SnapKV's w (32) here; kvpress's presses pass theirs (64).
-pub(super) fn top_plus_window(scores: &[f64], m: usize, n_p: usize) -> Vec<usize> {
-    top_plus_window_of(scores, m, n_p, WINDOW)
-}
-
-/// [`top_plus_window`] with the window `w`.
-pub(super) fn top_plus_window_of(scores: &[f64], m: usize, n_p: usize, w: usize) -> Vec<usize> {
+/// so the two parts are disjoint).
+fn top_plus_window(scores: &[f64], m: usize, n_p: usize) -> Vec<usize> {
     let mut kept = top_indices(scores, m);
-    kept.extend(recent(n_p, w));
+    kept.extend(recent(n_p, WINDOW));
     kept
 }
 

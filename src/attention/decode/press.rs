@@ -216,7 +216,10 @@ fn window_plus_top(scores: &[f64], keep: usize, n_p: usize) -> Vec<usize> {
     if keep <= PRESS_WINDOW {
         return (n_p - keep..n_p).collect();
     }
-    super::kept::top_plus_window_of(scores, keep - PRESS_WINDOW, n_p, PRESS_WINDOW)
+    // kept.rs' SnapKV form with kvpress's window (kept.rs names the presses: not imported back).
+    let mut kept = top_indices(scores, keep - PRESS_WINDOW);
+    kept.extend(n_p - PRESS_WINDOW..n_p);
+    kept
 }
 
 /// The mean over K/V head `kv`'s query heads of a per-query-head score vector.
